@@ -1,0 +1,3 @@
+from leantrain.cli import main
+
+raise SystemExit(main())

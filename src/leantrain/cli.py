@@ -1,0 +1,142 @@
+"""Command line: subcommands only, no training logic. Options may stand anywhere among key=value overrides."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+
+from leantrain.errors import UserError
+
+EXAMPLES = """\
+examples:
+  leantrain train                                  # packaged MiniLM on the built-in demo reviews
+  leantrain train my.yaml train.lr=3e-5 output_dir=runs/x
+  leantrain train model.name=path/or/hub-id data.train=train.csv data.eval=dev.csv \\
+      data.text_column=review data.label_column=stars train.epochs=2
+  leantrain train data.train=pairs.tsv data.text_column=q1 data.text_pair_column=q2
+  leantrain train --print-config train.batch_size=64
+  leantrain inspect path/or/hub-id
+  leantrain predict runs/x/model --input new.csv --output preds.jsonl
+  leantrain eval runs/x/model data.eval=dev.csv
+"""
+
+
+def _split_positionals(values: list[str]) -> tuple[str | None, list[str]]:
+    """The one positional without '=' is the YAML config file; the rest are key=value overrides."""
+    files = [v for v in values if "=" not in v]
+    if len(files) > 1:
+        raise UserError(f"expected at most one config file, got {files}; overrides are written key=value")
+    return (files[0] if files else None), [v for v in values if "=" in v]
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    from leantrain.config import describe_keys
+
+    p = argparse.ArgumentParser(
+        prog="leantrain", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
+        description="Fine-tune Hugging Face models efficiently with PyTorch and Accelerate: one config, "
+        "from a laptop CPU to a cluster.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    keys = "config keys (defaults < YAML file < key=value):\n" + describe_keys()
+    t = sub.add_parser("train", help="fine-tune a model (the default: packaged MiniLM on built-in demo data)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES + "\n" + keys,
+                       description="Fine-tune a sequence classifier. Positional arguments: an optional YAML "
+                       "config file and any number of dotted key=value overrides, e.g. train.lr=3e-5.")
+    t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
+    t.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+
+    i = sub.add_parser("inspect", help="a model's config and parameter counts (total / trainable / embeddings)")
+    i.add_argument("name", help="Hub id or local folder")
+    i.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    pr = sub.add_parser("predict", help="predict labels for a file with a fine-tuned model folder",
+                        description="Writes one JSON line per input row: {row, label, score}. Column choice "
+                        "follows the same data.* keys as train.")
+    pr.add_argument("model", help="a fine-tuned model folder, e.g. runs/x/model")
+    pr.add_argument("args", nargs="*", metavar="key=value")
+    pr.add_argument("--input", required=True, help="CSV/TSV/JSON/JSONL/Parquet file or dataset folder")
+    pr.add_argument("--output", default="predictions.jsonl", help="JSON lines file to write (default: %(default)s)")
+    pr.add_argument("--batch-size", type=int, default=64)
+
+    e = sub.add_parser("eval", help="metrics of a fine-tuned model folder on labelled data (data.eval=...)")
+    e.add_argument("model", help="a fine-tuned model folder, e.g. runs/x/model")
+    e.add_argument("args", nargs="*", metavar="key=value")
+    e.add_argument("--output", default=None, help="also write the metrics as JSON here")
+    e.add_argument("--batch-size", type=int, default=64)
+    return p, {"train": t, "inspect": i, "predict": pr, "eval": e}
+
+
+def _cmd_train(ns) -> int:
+    from leantrain.config import resolve
+
+    source, overrides = _split_positionals(ns.args)
+    cfg = resolve(source, overrides)
+    if ns.print_config:
+        sys.stdout.write(cfg.to_yaml())
+        return 0
+    from leantrain.engine.inputs import validate_data
+    from leantrain.engine.loop import train
+
+    validate_data(cfg)  # bad data fails here, before any model or worker starts
+    summary = train(cfg)
+    ev = summary.get("eval") or {}
+    if ev:
+        print(f"eval accuracy: {ev['accuracy']:.4f}  macro-F1: {ev['f1_macro']:.4f}  ({summary['train']['steps']} steps, "
+              f"{summary['train']['samples_per_second']:.1f} samples/s) -> {summary.get('output_dir', '')}")
+    return 0
+
+
+def _cmd_inspect(ns) -> int:
+    from leantrain.config import ModelConfig
+    from leantrain.modeling import inspect_model
+
+    info = inspect_model(ModelConfig(name=ns.name))
+    if ns.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"model: {info['name']}  ({info['class']})")
+    for k, v in info["parameters"].items():
+        print(f"  {k + ' parameters:':<28} {v:>14,}")
+    print("config:")
+    print(textwrap.indent(json.dumps(info["config"], indent=2), "  "))
+    return 0
+
+
+def _cmd_predict(ns) -> int:
+    from leantrain.config import resolve
+    from leantrain.predict import predict
+
+    _, overrides = _split_positionals(ns.args)
+    predict(ns.model, ns.input, ns.output, resolve(None, overrides), batch_size=ns.batch_size)
+    return 0
+
+
+def _cmd_eval(ns) -> int:
+    from leantrain.config import resolve
+    from leantrain.predict import evaluate_file
+
+    _, overrides = _split_positionals(ns.args)
+    result = evaluate_file(ns.model, resolve(None, overrides), ns.output, batch_size=ns.batch_size)
+    print(json.dumps(result["eval"], indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser, subs = _parser()
+    if not argv or argv[0] not in subs:
+        parser.parse_args(argv)  # prints help / the usage error and exits
+        return 2
+    # argparse cannot intermix options and positionals through subparsers: parse each subcommand on its own
+    ns = subs[argv[0]].parse_intermixed_args(argv[1:])
+    try:
+        return {"train": _cmd_train, "inspect": _cmd_inspect, "predict": _cmd_predict, "eval": _cmd_eval}[argv[0]](ns)
+    except UserError as e:
+        print(f"leantrain: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("leantrain: interrupted", file=sys.stderr)
+        return 130

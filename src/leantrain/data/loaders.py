@@ -1,0 +1,46 @@
+"""DataLoaders over processed datasets: the training loader follows the global batch plan for this rank;
+the evaluation loader reads in length order (least padding) and is sharded by Accelerate."""
+
+from __future__ import annotations
+
+import numpy as np
+from torch.utils.data import DataLoader
+
+from leantrain.data.batching import MicroBatchPlan, WeightedView, epoch_batches
+from leantrain.data.text import TextCollator, model_columns
+
+
+def make_collator(tokenizer, *, batching: str, max_length: int, pad_multiple: int | None = None) -> TextCollator:
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return TextCollator(pad_id, pad_to=max_length if batching == "padded" else None, multiple_of=pad_multiple)
+
+
+def epoch_plan(dataset, *, batch_size: int, seed: int, epoch: int, batching: str, group_size: int,
+               drop_last: bool, rank: int, world_size: int, accum: int, start_step: int = 0) -> MicroBatchPlan:
+    lengths = np.asarray(dataset["length"])
+    batches = epoch_batches(lengths, batch_size, seed=seed, epoch=epoch, batching=batching,
+                            group_size=group_size, drop_last=drop_last)
+    return MicroBatchPlan(batches, rank=rank, world_size=world_size, accum=accum, start_step=start_step)
+
+
+def train_loader(dataset, plan: MicroBatchPlan, collator, *, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
+    return DataLoader(
+        WeightedView(dataset, model_columns(dataset)),
+        batch_sampler=plan,
+        collate_fn=collator,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=False,
+    )
+
+
+def eval_loader(dataset, batch_size: int, collator, *, num_workers: int = 0) -> DataLoader:
+    """Longest first, so an out-of-memory shows at once; the order does not change any metric."""
+    order = np.argsort(-np.asarray(dataset["length"]), kind="stable").tolist()
+    return DataLoader(
+        WeightedView(dataset, model_columns(dataset)),
+        batch_size=batch_size,
+        sampler=order,
+        collate_fn=collator,
+        num_workers=num_workers,
+    )

@@ -1,0 +1,279 @@
+"""Open a data source (file, saved folder, dataset folder or Hub name) as a ``datasets`` Dataset or DatasetDict.
+
+Files go through ``datasets.load_dataset(<builder>, data_files=...)`` so that they get the Arrow cache. Loader
+errors are cryptic, so CSV/TSV files get a structure check with the ``csv`` module first (it also catches rows
+with too few or too many fields, which pandas would silently fill or shift), and JSON files get a diagnostic
+pass when loading fails. Every message names the config key, the file and the line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import datasets
+
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl",
+           ".parquet": "parquet", ".pq": "parquet"}
+csv.field_size_limit(2**31 - 1)  # long documents are fine; the default limit is 128 KiB per field
+
+
+class SourceError(Exception):
+    """One problem that stops a source from being read; the message names key, file and line."""
+
+
+@dataclass
+class Source:
+    key: str | None  # config key in messages ("data.train"), None for a command-line input
+    spec: str  # what the user wrote
+    kind: str  # csv | tsv | jsonl | json | parquet | disk | folder | hub
+    data: datasets.Dataset | datasets.DatasetDict
+    path: Path | None = None
+    _lines: list[int] | None = field(default=None, repr=False)
+
+    def line_numbers(self) -> list[int] | None:
+        """File line of each data row (CSV/TSV/JSON lines), else None (rows are then numbered from 1)."""
+        if self._lines is None and self.kind == "jsonl" and self.path is not None:
+            with open(self.path, encoding="utf-8-sig") as f:
+                self._lines = [n for n, line in enumerate(f, 1) if line.strip()]
+        return self._lines
+
+
+@dataclass
+class Part:
+    """One split of a source: the Dataset, and how to name it and its rows in messages."""
+
+    source: Source
+    ds: datasets.Dataset
+    split: str | None = None
+    key: str | None = None  # when it differs from the source's: the eval split of data.train is data.eval
+
+    @property
+    def name(self) -> str:
+        base = self.source.path.name if self.source.path is not None and self.source.kind != "folder" else self.source.spec
+        return f"split {self.split!r} of {base}" if self.split is not None else base
+
+    @property
+    def where(self) -> str:
+        """``data.train: train.csv`` — the start of every message about this part."""
+        key = self.key or self.source.key
+        return f"{key}: {self.name}" if key else self.name
+
+    def rows(self, indices: Sequence[int], limit: int = 5) -> str:
+        """``lines 3, 8 and 2 more`` for files with line numbers, else ``rows 3, 8``."""
+        lines = self.source.line_numbers()
+        nums = [lines[i] if lines is not None else i + 1 for i in indices[:limit]]
+        word = ("line" if lines is not None else "row") + ("s" if len(indices) > 1 else "")
+        more = f" and {len(indices) - limit} more" if len(indices) > limit else ""
+        return f"{word} {', '.join(map(str, nums))}{more}"
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """No ``datasets`` progress bars while loading and mapping; the caller prints what matters."""
+    was_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            datasets.enable_progress_bars()
+
+
+# ----------------------------------------------------------------------------------------------- opening
+
+
+def open_source(spec: str, key: str | None) -> Source:
+    """Load ``spec`` (a path or a Hub name). Raises SourceError with a message that names key and file."""
+    pre = f"{key}: " if key else ""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            try:
+                with quiet():
+                    return Source(key, spec, "disk", datasets.load_from_disk(str(path)), path)
+            except Exception as e:  # noqa: BLE001 - any loader failure becomes one clear message
+                raise SourceError(f"{pre}{spec}: not a readable save_to_disk folder ({_cause(e)})") from None
+        if not any(path.iterdir()):
+            raise SourceError(f"{pre}folder {spec} is empty")
+        return Source(key, spec, "folder", _load_named(str(path), pre, f"folder {spec}:"), path)
+    suffix = path.suffix.lower()
+    if path.is_file():
+        if suffix not in FORMATS:
+            raise SourceError(f"{pre}{path.name}: unsupported file type {suffix or '(no extension)'!r}; use "
+                              ".csv, .tsv, .json, .jsonl, .parquet or a dataset folder")
+        return _open_file(path, FORMATS[suffix], key)
+    if suffix in FORMATS or spec.startswith(("/", "./", "../", "~")):
+        raise SourceError(f"{pre}file not found: {path.resolve() if not spec.startswith('~') else path}")
+    return Source(key, spec, "hub", _load_named(spec, pre, f"{spec!r} is not a local file or folder, and"))
+
+
+def _open_file(path: Path, fmt: str, key: str | None) -> Source:
+    where = f"{key}: {path.name}" if key else path.name
+    lines, kwargs = None, {}
+    if fmt in ("csv", "tsv"):
+        delimiter = "," if fmt == "csv" else "\t"
+        lines = check_csv(path, delimiter, where)
+        # Only an empty field is missing: "NA", "null" and "None" are ordinary texts and labels.
+        kwargs = {"delimiter": delimiter, "keep_default_na": False, "na_values": [""]}
+    elif fmt == "json" and _first_char(path) != "[":
+        fmt = "jsonl"  # a .json file of JSON lines
+    builder = {"tsv": "csv", "jsonl": "json"}.get(fmt, fmt)
+    try:
+        with quiet():
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+    except Exception as e:  # noqa: BLE001
+        diagnose = {"json": diagnose_json, "parquet": _diagnose_parquet}.get(builder)
+        found = diagnose(path, where) if diagnose else None
+        raise SourceError(found or f"{where}: could not be read as {fmt.upper()} ({_cause(e)})") from None
+    return Source(key, str(path), fmt, ds, path, lines)
+
+
+def _load_named(name: str, pre: str, what: str) -> datasets.Dataset | datasets.DatasetDict:
+    """A dataset folder or a Hub name, through ``datasets.load_dataset``."""
+    try:
+        with quiet():
+            return datasets.load_dataset(name)
+    except Exception as e:  # noqa: BLE001
+        raise SourceError(f"{pre}{what} datasets.load_dataset could not load it ({_cause(e)}); data files need one "
+                          "of the extensions .csv .tsv .json .jsonl .parquet") from None
+
+
+def _cause(e: BaseException) -> str:
+    inner = e.__cause__ or e.__context__ or e
+    text = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _first_char(path: Path) -> str:
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
+        while chunk := f.read(4096):
+            if chunk.strip():
+                return chunk.strip()[0]
+    return ""
+
+
+# ----------------------------------------------------------------------------------------------- diagnostics
+
+
+def check_csv(path: Path, delimiter: str, where: str) -> list[int]:
+    """The file line where each data row starts; SourceError naming the first malformed line, if any."""
+    starts: list[int] = []
+    bad: list[tuple[int, int, int]] = []  # (first line, last line, fields)
+    reader = None
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f, delimiter=delimiter)
+            header = next((row for row in reader if row), None)
+            if header is None:
+                raise SourceError(f"{where} is empty (no header line)")
+            width, prev = len(header), reader.line_num
+            for row in reader:
+                start, prev = prev + 1, reader.line_num
+                if row:
+                    starts.append(start)
+                    if len(row) != width:
+                        bad.append((start, prev, len(row)))
+    except UnicodeDecodeError:
+        raise SourceError(f"{where} line {_bad_utf8_line(path)}: not valid UTF-8 text; save the file as UTF-8") from None
+    except csv.Error as e:
+        raise SourceError(f"{where} line {reader.line_num if reader else 1}: {e}") from None
+    if bad:
+        raise SourceError(_describe_bad_rows(where, bad, width, delimiter))
+    if not starts:
+        raise SourceError(f"{where} has no rows (only a header line)")
+    return starts
+
+
+def _describe_bad_rows(where: str, bad: list[tuple[int, int, int]], width: int, delimiter: str) -> str:
+    first, last, found = bad[0]
+    text = f"{where} line {first}: expected {width} fields, found {found}"
+    if last > first:
+        text += f" (the row runs on to line {last}: is a quote character (\") left open?)"
+    elif found > width:
+        text += f" (a field that contains a {'comma' if delimiter == ',' else 'tab'} must be quoted)"
+    if len(bad) > 1:
+        more = ", ".join(str(b[0]) for b in bad[1:6]) + (", ..." if len(bad) > 6 else "")
+        text += f"; {len(bad) - 1} more malformed line{'s' if len(bad) > 2 else ''} ({more})"
+    return text
+
+
+def _bad_utf8_line(path: Path) -> int:
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return n
+    return 1
+
+
+def diagnose_json(path: Path, where: str) -> str | None:
+    """The first bad line of a JSON / JSON-lines file, or None when nothing is found."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        return f"{where} line {_bad_utf8_line(path)}: not valid UTF-8 text; save the file as UTF-8"
+    if not text.strip():
+        return f"{where} is empty"
+    if text.lstrip()[0] == "[":
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as e:
+            return f"{where} line {e.lineno}: invalid JSON ({e.msg})"
+        if not records:
+            return f"{where} has no rows (an empty list)"
+        kinds = [i for i, r in enumerate(records) if not isinstance(r, dict)]
+        return f"{where} row {kinds[0] + 1}: expected an object {{...}}, found {_json_kind(records[kinds[0]])}" if kinds else None
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            return f"{where} line {n}: invalid JSON ({e.msg})"
+        if not isinstance(record, dict):
+            return f"{where} line {n}: expected a JSON object {{...}}, found {_json_kind(record)}"
+    return None
+
+
+def _diagnose_parquet(path: Path, where: str) -> str | None:
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except Exception as e:  # noqa: BLE001
+        return f"{where}: not a readable Parquet file ({type(e).__name__}: {e})"
+    return f"{where} has no rows" if rows == 0 else None
+
+
+def _json_kind(value: object) -> str:
+    return {list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(type(value), "a number")
+
+
+# ----------------------------------------------------------------------------------------------- splits
+
+
+def pick_split(source: Source, wanted: Sequence[str], *, setting: str | None, single_ok: bool) -> Part | None:
+    """The first split of ``wanted`` that exists (any single split if ``single_ok``), else None.
+
+    ``setting`` names the config key that asked for the first of ``wanted`` explicitly; then a missing
+    split is an error that lists the splits there are.
+    """
+    data = source.data
+    if isinstance(data, datasets.Dataset):
+        return Part(source, data)
+    for name in wanted:
+        if name in data:
+            return Part(source, data[name], name)
+    if single_ok and len(data) == 1:
+        name = next(iter(data))
+        return Part(source, data[name], name)
+    if setting is not None:
+        raise SourceError(f"{setting}: no split {wanted[0]!r} in {source.spec} "
+                          f"(splits: {', '.join(data)}); set {setting} to one of them")
+    return None

@@ -1,0 +1,75 @@
+"""Text inputs: tokenise with the model's AutoTokenizer (datasets.map, cached by fingerprint), pad per batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _encode(batch: dict[str, list], tokenizer, max_length: int) -> dict[str, list]:
+    pair = batch.get("text_pair")
+    enc = tokenizer(batch["text"], pair, truncation=True, max_length=max_length)
+    out = {k: enc[k] for k in MODEL_INPUTS if k in enc}
+    out["length"] = [len(ids) for ids in enc["input_ids"]]
+    return out
+
+
+def tokenize(dataset, tokenizer, max_length: int, desc: str = "Tokenizing"):
+    """Canonical text dataset (text, [text_pair], [label]) -> input_ids, attention_mask, [token_type_ids],
+    [labels], length. The result is cached by datasets; a second run with the same data, tokenizer and
+    max_length reads it back instead of tokenising again."""
+    drop = [c for c in ("text", "text_pair") if c in dataset.column_names]
+    out = dataset.map(
+        _encode,
+        batched=True,
+        batch_size=1000,
+        fn_kwargs={"tokenizer": tokenizer, "max_length": max_length},
+        remove_columns=drop,
+        desc=desc,
+    )
+    if "label" in out.column_names:
+        out = out.rename_column("label", "labels")
+    return out
+
+
+def model_columns(dataset) -> list[str]:
+    return [c for c in (*MODEL_INPUTS, "labels", "length") if c in dataset.column_names]
+
+
+class TextCollator:
+    """Pads a list of rows to the longest row (or to ``max_length``), optionally to a multiple of N.
+
+    Adds ``loss_weight`` (1 for real examples, 0 for padding examples that only keep ranks in step).
+    """
+
+    def __init__(self, pad_token_id: int, *, pad_to: int | None = None, multiple_of: int | None = None):
+        self.pad_token_id = pad_token_id
+        self.pad_to = pad_to
+        self.multiple_of = multiple_of
+
+    def _width(self, rows: list[dict]) -> int:
+        width = self.pad_to or max(len(r["input_ids"]) for r in rows)
+        if self.multiple_of:
+            width = -(-width // self.multiple_of) * self.multiple_of
+        return width
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        width = self._width(rows)
+        n = len(rows)
+        out: dict[str, torch.Tensor] = {}
+        for key in MODEL_INPUTS:
+            if key not in rows[0]:
+                continue
+            fill = self.pad_token_id if key == "input_ids" else 0
+            t = torch.full((n, width), fill, dtype=torch.long)
+            for i, r in enumerate(rows):
+                seq = r[key][:width]
+                t[i, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+            out[key] = t
+        if "labels" in rows[0]:
+            out["labels"] = torch.tensor([r["labels"] for r in rows], dtype=torch.long)
+        out["loss_weight"] = torch.tensor([r.get("loss_weight", 1.0) for r in rows], dtype=torch.float32)
+        return out

@@ -1,0 +1,222 @@
+"""Load the configured data, check all of it in one pass, and return canonical datasets.
+
+Every problem found (missing file, malformed row, missing column, blank text, missing or unknown label) is
+collected, and they are raised together as one DataError, before any model or worker process is started.
+The datasets returned keep only ``text``, optional ``text_pair`` and ``label`` (an int64 id).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import datasets
+import pyarrow.compute as pc
+
+from leantrain.config import DataConfig
+from leantrain.data import columns as cols_
+from leantrain.data.labels import LabelMap, from_data, from_known, missing, nonzero, scan
+from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
+from leantrain.errors import DataError
+
+
+@dataclass
+class PreparedData:
+    train: datasets.Dataset | None  # canonical columns: text, optional text_pair, label (int id)
+    eval: datasets.Dataset | None  # same columns
+    label_names: list[str]  # id -> name
+    columns: dict[str, str | None]  # {"text": user column, "text_pair": user column or None, "label": user column}
+    notes: list[str] = field(default_factory=list)  # choices made (auto-detected columns, hold-out, label order)
+    warnings: list[str] = field(default_factory=list)  # e.g. fewer training examples than one batch
+
+
+def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labels: list[str] | None = None
+                      ) -> PreparedData:
+    """The training and eval data of ``cfg``, validated; raises one DataError listing every problem."""
+    notes: list[str] = []
+    train_spec, eval_spec = cfg.train, cfg.eval
+    if train_spec is None:
+        from leantrain.data.demo import demo_files
+
+        demo_train, demo_eval = demo_files()
+        train_spec, eval_spec = str(demo_train), eval_spec or str(demo_eval)
+        notes.append("data: the built-in demo dataset (set data.train to use your own)")
+    train_part, eval_part = _open_parts(cfg, train_spec, eval_spec, notes)
+    parts = [train_part] + ([eval_part] if eval_part is not None else [])
+
+    chosen, more_notes, problems = cols_.detect(cfg, train_part, need_label=True)
+    notes += more_notes
+    if eval_part is not None:
+        problems += cols_.check_present(eval_part, chosen)
+    warnings, more = _check_texts(parts, chosen)
+    problems += more
+    label_map, label_notes, label_warnings, more = _labels(cfg, chosen["label"], parts, known_labels)
+    notes, warnings, problems = notes + label_notes, warnings + label_warnings, problems + more
+    if problems or label_map is None:
+        raise _error(problems)
+
+    train = _canonical(train_part, chosen, label_map)
+    evaluation = _canonical(eval_part, chosen, label_map) if eval_part is not None else None
+    if evaluation is None:
+        train, evaluation = _hold_out(train, cfg.eval_fraction, seed, notes)
+    train = _first(train, cfg.max_train_samples, "data.max_train_samples", "training", notes)
+    evaluation = _first(evaluation, cfg.max_eval_samples, "data.max_eval_samples", "eval", notes)
+    if len(train) < batch_size:
+        warnings.append(f"only {len(train)} training examples, fewer than one batch (train.batch_size={batch_size})")
+    return PreparedData(train, evaluation, label_map.names, chosen, notes, warnings)
+
+
+def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels: list[str] | None
+              ) -> tuple[datasets.Dataset, list[str]]:
+    """One source for ``predict`` / ``eval``, canonical columns; ``label`` only when present (or required)."""
+    try:
+        source = open_source(path, None)
+        wanted = [cfg.eval_split] if cfg.eval_split else ["validation", "test"]
+        part = pick_split(source, wanted, setting="data.eval_split" if cfg.eval_split else None, single_ok=True)
+    except SourceError as e:
+        raise _error([str(e)]) from None
+    if part is None:
+        raise _error([f"{path}: several splits ({', '.join(source.data)}) and none is named validation or test; "
+                      "set data.eval_split"])
+    problems = [f"{part.where} has no rows"] if len(part.ds) == 0 else []
+    chosen, notes, more = cols_.detect(cfg, part, need_label=require_labels)
+    warnings, texts = _check_texts([part], chosen)
+    problems += more + texts
+    label_map = None
+    if chosen["label"] is not None:
+        label_map, label_notes, label_warnings, more = _labels(cfg, chosen["label"], [part], known_labels)
+        if more and not require_labels:
+            notes.append(f"labels of column {chosen['label']!r} left out: {more[0]}")
+            chosen["label"] = None
+        else:
+            problems += more
+            notes += label_notes + label_warnings
+    if problems:
+        raise _error(problems)
+    return _canonical(part, chosen, label_map), notes + warnings
+
+
+# ----------------------------------------------------------------------------------------------- steps
+
+
+def _error(problems: list[str]) -> DataError:
+    n = len(problems)
+    return DataError(f"the data has {n} problem{'s' if n != 1 else ''}:", problems)
+
+
+def _open_parts(cfg: DataConfig, train_spec: str, eval_spec: str | None, notes: list[str]
+                ) -> tuple[Part, Part | None]:
+    """The train split and the eval split (None: hold out from train); one DataError for all that fails."""
+    problems: list[str] = []
+    sources = {}
+    for key, spec in (("data.train", train_spec), ("data.eval", eval_spec)):
+        try:
+            sources[key] = open_source(spec, key) if spec is not None else None
+        except SourceError as e:
+            problems.append(str(e))
+    if problems:
+        raise _error(problems)
+    train_src, eval_src = sources["data.train"], sources["data.eval"]
+    train_part = eval_part = None
+    try:
+        train_part = pick_split(train_src, [cfg.train_split], setting="data.train_split", single_ok=False)
+        if eval_src is not None:
+            eval_part = _eval_split(cfg, eval_src, [cfg.eval_split] if cfg.eval_split else ["validation", "test"])
+        elif isinstance(train_src.data, datasets.DatasetDict):
+            wanted = [cfg.eval_split] if cfg.eval_split else [s for s in ("validation", "test") if s != cfg.train_split]
+            eval_part = pick_split(train_src, wanted, setting="data.eval_split" if cfg.eval_split else None,
+                                   single_ok=False)
+            if eval_part is not None:
+                eval_part.key = "data.eval"
+        elif cfg.eval_split:
+            problems.append(f"data.eval_split={cfg.eval_split!r}, but data.train ({train_spec}) has no splits; "
+                            "set data.eval to a file instead")
+    except SourceError as e:
+        problems.append(str(e))
+    for part in (train_part, eval_part):
+        if part is not None and len(part.ds) == 0:
+            problems.append(f"{part.where} has no rows")
+        if part is not None and part.split is not None:
+            splits = ", ".join(part.source.data)
+            notes.append(f"{'training' if part is train_part else 'eval'} data: {part.name} (splits: {splits})")
+    if problems:
+        raise _error(problems)
+    return train_part, eval_part
+
+
+def _eval_split(cfg: DataConfig, source, wanted: list[str]) -> Part:  # noqa: ANN001
+    part = pick_split(source, wanted, setting="data.eval_split" if cfg.eval_split else None, single_ok=True)
+    if part is None:
+        raise SourceError(f"data.eval: {source.spec} has several splits ({', '.join(source.data)}) and none is "
+                          "named validation or test; set data.eval_split")
+    return part
+
+
+def _check_texts(parts: list[Part], chosen: cols_.Columns) -> tuple[list[str], list[str]]:
+    """(warnings, problems): text columns that are not strings; missing, empty or whitespace-only texts."""
+    warnings, problems = [], []
+    for part in parts:
+        more_warnings, more = cols_.check_text_types(part, chosen)
+        warnings, problems = warnings + more_warnings, problems + more
+        for role in ("text", "text_pair"):
+            name = chosen[role]
+            if name is None or name not in part.ds.column_names or not isinstance(part.ds.features[name], datasets.Value):
+                continue
+            values = part.ds.with_format("arrow")[name]
+            blank = pc.is_null(values)
+            if cols_.is_text(part.ds.features[name]):
+                blank = pc.or_kleene(blank, pc.equal(pc.utf8_trim_whitespace(values), ""))
+            idx = nonzero(blank)
+            if idx.size:
+                what = "text" if role == "text" else "second text (text pair)"
+                problems.append(f"{part.where}: {len(idx)} row{'s' if len(idx) > 1 else ''} with a missing or blank "
+                                f"{what} in column {name!r} ({part.rows(idx)})")
+    return warnings, problems
+
+
+def _labels(cfg: DataConfig, col: str | None, parts: list[Part], known: list[str] | None
+            ) -> tuple[LabelMap | None, list[str], list[str], list[str]]:
+    """(map, notes, warnings, problems); parts[0] is the training data (or the one input of load_rows)."""
+    scans, problems = [], []
+    for part in parts:
+        if col is None or col not in part.ds.column_names:
+            continue
+        try:
+            labels = scan(part, col)
+        except SourceError as e:
+            problems.append(str(e))
+            continue
+        problems += missing(part, labels, col)
+        scans.append((part, labels))
+    if not scans or scans[0][0] is not parts[0]:
+        return None, [], [], problems
+    if known is not None:
+        label_map, notes, more = from_known(known, scans)
+        return (None if problems or more else label_map), notes, [], problems + more
+    label_map, notes, warnings, more = from_data(cfg, col, scans[0], scans[1:])
+    return (None if problems or more else label_map), notes, warnings, problems + more
+
+
+def _canonical(part: Part, chosen: cols_.Columns, label_map: LabelMap | None) -> datasets.Dataset:
+    with quiet():
+        ds = cols_.canonical(part.ds, chosen)
+        return label_map.apply(ds) if label_map is not None and "label" in ds.column_names else ds
+
+
+def _hold_out(train: datasets.Dataset, fraction: float, seed: int, notes: list[str]
+              ) -> tuple[datasets.Dataset, datasets.Dataset]:
+    try:
+        with quiet():
+            split = train.train_test_split(test_size=fraction, seed=seed)
+    except ValueError as e:
+        raise _error([f"data.eval_fraction={fraction}: cannot hold out eval rows from {len(train)} training "
+                      f"rows ({e}); set data.eval"]) from None
+    notes.append(f"eval data: none given, so {len(split['test'])} of {len(train)} training rows ({fraction:.0%}) are "
+                 f"held out (seed {seed}; set data.eval to use your own)")
+    return split["train"], split["test"]
+
+
+def _first(ds: datasets.Dataset, n: int | None, setting: str, what: str, notes: list[str]) -> datasets.Dataset:
+    if n is None or len(ds) <= n:
+        return ds
+    notes.append(f"{setting}: using the first {n} of {len(ds)} {what} rows")
+    return ds.select(range(n))

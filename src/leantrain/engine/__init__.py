@@ -1,0 +1,1 @@
+"""Engine: run set-up, train loop, step, evaluation."""

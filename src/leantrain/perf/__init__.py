@@ -1,0 +1,1 @@
+"""Measuring what a run costs: time, throughput, memory."""

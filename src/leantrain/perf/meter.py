@@ -1,0 +1,59 @@
+"""Throughput over the training loop's own wall time: evaluation and saving excluded, warm-up steps excluded."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Throughput:
+    """Counts samples and non-padding tokens (all processes together) per optimizer step.
+
+    The first ``skip`` steps are left out (allocator warm-up, lazy init, compilation); if the run is too short
+    to have any step after them, every step counts. ``pause()``/``resume()`` cut evaluation and saving out.
+    """
+
+    skip: int = 3
+    steps: int = 0
+    _t0: float = field(default_factory=time.perf_counter)
+    _paused_at: float | None = None
+    all_time: float = 0.0
+    all_samples: int = 0
+    all_tokens: int = 0
+    time: float = 0.0
+    samples: int = 0
+    tokens: int = 0
+
+    def start_step(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def end_step(self, samples: int, tokens: int) -> None:
+        dt = time.perf_counter() - self._t0
+        self.steps += 1
+        self.all_time += dt
+        self.all_samples += samples
+        self.all_tokens += tokens
+        if self.steps > self.skip:
+            self.time += dt
+            self.samples += samples
+            self.tokens += tokens
+
+    def _window(self) -> tuple[float, int, int]:
+        if self.steps > self.skip and self.time > 0:
+            return self.time, self.samples, self.tokens
+        return self.all_time, self.all_samples, self.all_tokens
+
+    @property
+    def samples_per_second(self) -> float:
+        t, s, _ = self._window()
+        return s / t if t > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        t, _, k = self._window()
+        return k / t if t > 0 else 0.0
+
+    @property
+    def measured_steps(self) -> int:
+        return self.steps - self.skip if self.steps > self.skip else self.steps

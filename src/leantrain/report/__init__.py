@@ -1,0 +1,1 @@
+"""Progress, run logs, plots and the model card."""

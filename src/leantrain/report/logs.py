@@ -1,0 +1,55 @@
+"""Run folder writers: metrics.jsonl (one object per logged step and per evaluation), summary.json, config.yaml.
+
+Only the main process writes; the others get a writer that does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Write JSON atomically (temp file + rename), so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_clean(data), indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+class MetricsLog:
+    def __init__(self, path: str | os.PathLike | None, accelerator=None):
+        self.path = Path(path) if path else None
+        self.accelerator = accelerator
+        self.records: list[dict[str, Any]] = []
+        if self.path:
+            self.path.write_text("")
+
+    def write(self, record: dict[str, Any]) -> None:
+        record = _clean(record)
+        self.records.append(record)
+        if self.path:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+        if self.accelerator is not None and self.accelerator.trackers:
+            nums = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+            prefix = "" if record.get("type") == "eval" else f"{record.get('type', 'train')}/"
+            self.accelerator.log({f"{prefix}{k}": v for k, v in nums.items()}, step=record.get("step"))
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,74 @@
+"""Loss curve of a run from its metrics.jsonl records: train loss, eval loss and accuracy, learning rate."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _series(records: list[dict[str, Any]], kind: str, key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of one metric, skipping rows without it or with a non-finite value ("nan" in JSON)."""
+    xs, ys = [], []
+    for r in records:
+        x, y = r.get("step"), r.get(key)
+        if r.get("type", "train") != kind or isinstance(y, bool) or not isinstance(x, (int, float)):
+            continue
+        if isinstance(y, (int, float)) and math.isfinite(y):
+            xs.append(float(x))
+            ys.append(float(y))
+    return xs, ys
+
+
+def plot_loss_curve(records: list[dict[str, Any]], path: str | os.PathLike, title: str = "") -> Path | None:
+    """Save a PNG: loss (train line, eval markers) and eval accuracy above, learning rate below.
+
+    Returns the path, or None when the records hold no loss to plot.
+    """
+    train = _series(records, "train", "loss")
+    evl = _series(records, "eval", "eval.loss")
+    acc = _series(records, "eval", "eval.accuracy")
+    lr = _series(records, "train", "lr")
+    if not (train[0] or evl[0] or acc[0]):
+        return None
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax_lr) = plt.subplots(
+        2, 1, sharex=True, figsize=(8, 5.5), gridspec_kw={"height_ratios": [3, 1]}, constrained_layout=True
+    )
+    try:
+        handles = []
+        if train[0]:
+            handles += ax.plot(*train, color="tab:blue", lw=1.5, label="train loss")
+        if evl[0]:
+            handles += ax.plot(*evl, "o", color="tab:orange", ms=6, label="eval loss")
+        ax.set_ylabel("loss")
+        ax.grid(alpha=0.3)
+        top = ax
+        if acc[0]:
+            top = ax.twinx()
+            handles += top.plot(*acc, "s--", color="tab:green", ms=5, lw=1, label="eval accuracy")
+            top.set_ylabel("eval accuracy")
+            top.set_ylim(0, 1.02)
+        # on the topmost axes so nothing draws over it; loss falls and accuracy rises, the middle right stays clear
+        top.legend(handles=handles, loc="center right", fontsize=9, framealpha=0.9)
+        ax.set_title(title or "training run")
+        if lr[0]:
+            ax_lr.plot(*lr, color="tab:purple", lw=1.2)
+            ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        else:
+            ax_lr.text(0.5, 0.5, "no learning-rate records", ha="center", va="center", transform=ax_lr.transAxes)
+        ax_lr.set_ylabel("lr")
+        ax_lr.set_xlabel("optimizer step")
+        ax_lr.grid(alpha=0.3)
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=120)
+    finally:
+        plt.close(fig)
+    return out

@@ -1,0 +1,64 @@
+"""Integration: the packaged pretrained MiniLM on real data from ../shared/data, and the README's commands."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import REPO, shared_data
+from leantrain import train
+from leantrain.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sst2_run(tmp_path_factory):
+    """MiniLM fine-tuned for one epoch on a seeded 2,000-row slice of SST-2 train, evaluated on all of dev."""
+    tmp = tmp_path_factory.mktemp("sst2")
+    full = pd.read_csv(shared_data("sst2", "train.tsv"), sep="\t", quoting=3)
+    full.sample(n=2000, random_state=0).to_csv(tmp / "train.tsv", sep="\t", index=False)
+    out = tmp / "run"
+    summary = train(None, [f"data.train={tmp / 'train.tsv'}", f"data.eval={shared_data('sst2', 'dev.tsv')}",
+                           "train.epochs=1", f"output_dir={out}", "train.seed=0"])
+    return summary, out
+
+
+def test_minilm_learns_sst2(sst2_run):
+    summary, out = sst2_run
+    assert summary["eval"]["samples"] == 872
+    assert summary["eval"]["accuracy"] > 0.75, summary["eval"]  # chance is ~0.51 (majority class)
+    assert summary["train"]["steps"] == 63  # ceil(2000 / 32)
+    assert summary["train"]["tokens_per_second"] > 0 and summary["train"]["peak_memory_bytes"] > 0
+
+
+def test_saved_model_pipeline_matches_predict(sst2_run, tmp_path):
+    from transformers import pipeline
+
+    _, out = sst2_run
+    dev = pd.read_csv(shared_data("sst2", "dev.tsv"), sep="\t", quoting=3).head(100)
+    dev[["sentence"]].to_csv(tmp_path / "new.csv", index=False)
+    assert main(["predict", str(out / "model"), "--input", str(tmp_path / "new.csv"), "--output",
+                 str(tmp_path / "p.jsonl")]) == 0
+    ours = [json.loads(x)["label"] for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    theirs = [p["label"] for p in pipeline("text-classification", model=str(out / "model"), device="cpu")(
+        dev["sentence"].tolist())]
+    assert ours == theirs and set(ours) <= {"0", "1"}
+
+
+def test_readme_default_command_smoke(tmp_path):
+    """`leantrain train` (the README's main job) through the installed console script, a few steps only."""
+    exe = Path(sys.executable).with_name("leantrain")
+    env = dict(os.environ, LEANTRAIN_CACHE=str(tmp_path / "cache"))
+    r = subprocess.run([str(exe), "train", "train.max_steps=3", f"output_dir={tmp_path / 'run'}"],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "eval accuracy:" in r.stdout and "built-in demo" in r.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["model"]["labels"] == ["negative", "neutral", "positive"] and summary["train"]["steps"] == 3
+    readme = (REPO / "README.md").read_text()
+    assert readme.index("make run") < readme.index("make test") < readme.index("## ")
