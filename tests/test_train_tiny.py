@@ -68,6 +68,8 @@ def test_pipeline_and_predict_agree(tmp_path, tiny_bert, files):
     train(None, [f"model.name={tiny_bert}", f"data.train={train_f}", f"data.eval={dev_f}", "train.max_steps=6",
                  "data.text_column=review", "data.label_column=stars",
                  "train.lr=1e-3", f"output_dir={out}", "report.plots=false"])
+    evals = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "eval"]
+    assert evals == [4, 6]  # eval_every_steps=0: at each epoch's end (4 steps/epoch) and at the end
     preds = tmp_path / "preds.jsonl"
     assert main(["predict", str(out / "model"), "--input", str(dev_f), "--output", str(preds)]) == 0
     ours = [json.loads(line) for line in preds.read_text().splitlines()]

@@ -72,7 +72,9 @@ class TrainConfig(Section):
     lr: float = Field(5e-5, gt=0, description="peak learning rate")
     max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping; null = off")
     seed: int = 42
-    eval_every_steps: int = Field(0, ge=0, description="evaluate every N optimizer steps; 0 = at the end only")
+    eval_every_steps: int = Field(
+        0, ge=0, description="evaluate every N optimizer steps; 0 = at the end of each epoch (and of training)"
+    )
     log_every_steps: int = Field(10, gt=0, description="log loss/lr/throughput every N optimizer steps")
     warmup_steps_excluded: int = Field(
         3, ge=0, description="first optimizer steps left out of samples/s and tokens/s (compile, allocator warm-up)"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from leantrain.modeling import PACKAGED_MODEL
 from leantrain.perf.memory import device_memory, peak_rss_bytes
 from leantrain.report.logs import write_json
 
@@ -84,12 +85,12 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
 def _report_files(cfg, out: Path, model_dir: Path, inputs, summary: dict, records: list) -> None:
     from leantrain.report.card import write_model_card
 
-    write_model_card(model_dir, base_model=cfg.model.name or "sentence-transformers/all-MiniLM-L6-v2",
+    write_model_card(model_dir, base_model=cfg.model.name or PACKAGED_MODEL,
                      label_names=inputs.label_names, summary=summary, config=cfg.to_dict())
     if cfg.report.plots:
         from leantrain.report.plots import plot_loss_curve
 
-        plot_loss_curve(records, out / "loss_curve.png", title=f"{Path(inputs.model_name).name} — {out.name}")
+        plot_loss_curve(records, out / "loss_curve.png", title=f"{cfg.model.name or PACKAGED_MODEL} — {out.name}")
 
 
 def _device_name(device: torch.device) -> str:

@@ -107,7 +107,7 @@ def train(cfg: Config) -> dict:
                 running.zero_()
                 running_count = 0
             progress.update(step, {k: logged[k] for k in ("loss", "lr", "samples_per_second")} if logged else None)
-            if cfg.train.eval_every_steps and step % cfg.train.eval_every_steps == 0 and step < plan.total_steps:
+            if _eval_due(cfg.train.eval_every_steps, step, plan):
                 last_eval = _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, progress)
         epoch += 1
     progress.close()
@@ -119,6 +119,13 @@ def train(cfg: Config) -> dict:
     )
     accelerator.end_training()
     return summary
+
+
+def _eval_due(every: int, step: int, plan) -> bool:
+    """Every N steps, or at each epoch's end when N is 0; the final evaluation is made after the loop."""
+    if step >= plan.total_steps:
+        return False
+    return step % (every or plan.steps_per_epoch) == 0
 
 
 def _log_step(accelerator, running, count, grad_norm, scheduler, meter, step, epoch) -> dict:
