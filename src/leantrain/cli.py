@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 
@@ -31,6 +32,21 @@ def _split_positionals(values: list[str]) -> tuple[str | None, list[str]]:
     return (files[0] if files else None), [v for v in values if "=" in v]
 
 
+def _launch_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("processes and machines (started through torchrun)")
+    g.add_argument("--nproc", type=int, default=1, help="processes on this machine (GPUs, or CPU processes on gloo)")
+    g.add_argument("--nnodes", type=int, default=1, help="machines taking part")
+    g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nnodes-1")
+    g.add_argument("--master-addr", default=None, help="address of the machine with --node-rank 0")
+    g.add_argument("--master-port", type=int, default=None, help="a free port on that machine (default 29500)")
+
+
+def _launch_opts(ns):
+    from leantrain.launch import LaunchOptions
+
+    return LaunchOptions(ns.nproc, ns.nnodes, ns.node_rank, ns.master_addr, ns.master_port)
+
+
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     from leantrain.config import describe_keys
 
@@ -47,6 +63,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                        "config file and any number of dotted key=value overrides, e.g. train.lr=3e-5.")
     t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     t.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    _launch_options(t)
 
     i = sub.add_parser("inspect", help="a model's config and parameter counts (total / trainable / embeddings)")
     i.add_argument("name", help="Hub id or local folder")
@@ -79,11 +96,17 @@ def _cmd_train(ns) -> int:
         return 0
     from leantrain.engine.inputs import validate_data
     from leantrain.engine.loop import train
+    from leantrain.launch import inside_launcher, launch
 
-    validate_data(cfg)  # bad data fails here, before any model or worker starts
+    opts = _launch_opts(ns)
+    if not inside_launcher():
+        opts.check()
+        validate_data(cfg)  # bad data fails here, before any model or worker starts
+        if opts.wanted:
+            return launch(cfg, opts)
     summary = train(cfg)
     ev = summary.get("eval") or {}
-    if ev:
+    if ev and os.environ.get("RANK", "0") == "0":
         print(f"eval accuracy: {ev['accuracy']:.4f}  macro-F1: {ev['f1_macro']:.4f}  ({summary['train']['steps']} steps, "
               f"{summary['train']['samples_per_second']:.1f} samples/s) -> {summary.get('output_dir', '')}")
     return 0
@@ -125,6 +148,17 @@ def _cmd_eval(ns) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point. Under torchrun, an uncaught error is recorded (rank, traceback) for torchrun's failure report."""
+    from leantrain.launch import inside_launcher
+
+    if inside_launcher():
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        return record(_main)(argv)
+    return _main(argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser, subs = _parser()
     if not argv or argv[0] not in subs:

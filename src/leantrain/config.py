@@ -101,12 +101,25 @@ class ReportConfig(Section):
     plots: bool = True
 
 
+class DistributedConfig(Section):
+    strategy: Literal["auto", "ddp", "fsdp", "deepspeed"] = Field(
+        "auto", description="auto: DDP when there are several processes; fsdp: torch FSDP2 (fully_shard) "
+        "parameter sharding; deepspeed: ZeRO from distributed.deepspeed_config (CUDA only)"
+    )
+    deepspeed_config: str | None = Field(None, description="path to a DeepSpeed ZeRO JSON config")
+    local_sgd_steps: int = Field(
+        0, ge=0, description="K > 1: each process steps alone and parameters are averaged every K steps (local SGD)"
+    )
+    timeout_seconds: int = Field(300, gt=0, description="process-group timeout: a hung collective fails after this")
+
+
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     output_dir: str | None = Field(None, description="run folder; unset = runs/<date-time>")
 
     @field_validator("output_dir")
@@ -124,6 +137,11 @@ class Config(Section):
                 f"train.batch_size={t.batch_size} is not a multiple of train.micro_batch_size={t.micro_batch_size}; "
                 f"use a micro batch that divides it, e.g. {largest_divisor(t.batch_size, t.micro_batch_size)}"
             )
+        d = self.distributed
+        if d.strategy == "deepspeed" and not d.deepspeed_config:
+            raise ValueError("distributed.strategy=deepspeed needs distributed.deepspeed_config=path/to/zero.json")
+        if d.local_sgd_steps > 1 and d.strategy in ("fsdp", "deepspeed"):
+            raise ValueError(f"distributed.local_sgd_steps works with DDP only, not distributed.strategy={d.strategy}")
         return self
 
     def to_dict(self) -> dict[str, Any]:

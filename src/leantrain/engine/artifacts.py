@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from leantrain.engine.distributed import full_state_dict
 from leantrain.modeling import PACKAGED_MODEL
 from leantrain.perf.memory import device_memory, peak_rss_bytes
 from leantrain.report.logs import write_json
@@ -35,9 +36,11 @@ def peak_memory(accelerator) -> dict[str, int]:
     return {k: int(v) for k, v in zip(keys, peak.tolist())}
 
 
-def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds) -> dict:
+def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds,
+                 distributed: dict) -> dict:
     out = Path(cfg.output_dir)
     memory = peak_memory(accelerator)
+    state_dict = full_state_dict(model)  # gathered from the shards under FSDP (every rank takes part)
     accelerator.wait_for_everyone()
     summary = {
         "output_dir": str(out),
@@ -61,7 +64,7 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
         "model": {"name": inputs.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
                   "parameters": counts, "labels": inputs.label_names},
         "data": {"train_rows": len(inputs.train), "eval_rows": len(inputs.eval), "columns": inputs.columns},
-        "distributed": {"world_size": accelerator.num_processes, "strategy": "ddp" if accelerator.num_processes > 1 else "none"},
+        "distributed": distributed,
         "device": {"type": accelerator.device.type, "name": _device_name(accelerator.device),
                    "threads": torch.get_num_threads()},
         "versions": versions(),
@@ -69,7 +72,7 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
     if accelerator.is_main_process:
         (out / "config.yaml").write_text(cfg.to_yaml())
         model_dir = out / "model"
-        accelerator.unwrap_model(model).save_pretrained(model_dir, safe_serialization=True)
+        accelerator.unwrap_model(model).save_pretrained(model_dir, state_dict=state_dict, safe_serialization=True)
         inputs.tokenizer.save_pretrained(model_dir)
         write_json(out / "summary.json", summary)
         _report_files(cfg, out, model_dir, inputs, summary, records)

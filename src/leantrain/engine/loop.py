@@ -11,7 +11,10 @@ import torch
 
 from leantrain.config import Config
 from leantrain.engine.artifacts import save_outputs
+from leantrain.engine.distributed import (CommStats, apply_fsdp, distributed_summary, local_sgd, replica_spread,
+                                          strategy_name, time_allreduce)
 from leantrain.engine.evaluate import evaluate
+from leantrain.engine.faults import FaultInjector
 from leantrain.engine.inputs import prepare_inputs
 from leantrain.engine.setup import default_output_dir, make_accelerator, setup_logging, step_plan
 from leantrain.engine.step import train_step
@@ -66,59 +69,46 @@ def train(cfg: Config) -> dict:
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", inputs.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
     model.train()
-    optimizer = build_optimizer(model, cfg.optim, cfg.train.lr)
-    scheduler = build_scheduler(optimizer, cfg.optim, plan.total_steps)
-    eval_dl = inputs.eval_loader(plan.micro_batch_size)
-    model, optimizer, scheduler, eval_dl = accelerator.prepare(model, optimizer, scheduler, eval_dl)
+    model, optimizer, scheduler, eval_dl, comm = _prepare(cfg, accelerator, model, plan, inputs)
     if cfg.report.trackers:
         accelerator.init_trackers("leantrain", config=_flat_scalars(cfg.to_dict()))
 
     metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
-    progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress)
-    lengths = np.asarray(inputs.train["length"])
-    step, epoch, last_eval = 0, 0, {}
-    running = torch.zeros((), device=accelerator.device)
-    running_count, grad_norm = 0, None
-    while step < plan.total_steps:
-        mb_plan = epoch_plan(inputs.train, batch_size=plan.batch_size, seed=cfg.train.seed, epoch=epoch,
-                             batching=cfg.data.batching, group_size=cfg.data.group_size, drop_last=cfg.data.drop_last,
-                             rank=accelerator.process_index, world_size=plan.world_size, accum=plan.accum)
-        batches = iter(train_loader(inputs.train, mb_plan, inputs.collator, num_workers=cfg.data.num_workers,
-                                    pin_memory=accelerator.device.type == "cuda"))
-        for global_batch in mb_plan.batches:
-            if step >= plan.total_steps:
-                break
-            meter.start_step()
-            micro = [_to_device(next(batches), accelerator.device) for _ in range(plan.accum)]
-            loss_sum, grad_norm = train_step(
-                model, micro, global_count=len(global_batch), accelerator=accelerator, optimizer=optimizer,
-                scheduler=scheduler, max_grad_norm=cfg.train.max_grad_norm,
-            )
-            running += loss_sum
-            running_count += len(global_batch)
-            step += 1
-            meter.end_step(len(global_batch), int(lengths[global_batch].sum()))
-            logged = None
-            if step % cfg.train.log_every_steps == 0 or step == plan.total_steps:
-                logged = _log_step(accelerator, running, running_count, grad_norm, scheduler, meter, step,
-                                   epoch=step / plan.steps_per_epoch)
-                metrics_log.write(logged)
-                running.zero_()
-                running_count = 0
-            progress.update(step, {k: logged[k] for k in ("loss", "lr", "samples_per_second")} if logged else None)
-            if _eval_due(cfg.train.eval_every_steps, step, plan):
-                last_eval = _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, progress)
-        epoch += 1
-    progress.close()
+    loop = Loop(cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter)
+    with local_sgd(accelerator, model, cfg.distributed.local_sgd_steps, comm) as lsgd:
+        loop.run(lsgd)
+    step = loop.step
 
     last_eval = _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, None)
     summary = save_outputs(
         cfg, accelerator, model, inputs, counts=counts, meter=meter, plan=plan, last_eval=last_eval,
         records=metrics_log.records, wall_seconds=time.perf_counter() - t_start,
+        distributed=distributed_summary(cfg, accelerator, model, comm, meter),
     )
     accelerator.end_training()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # else gloo aborts at exit under torchrun
     return summary
+
+
+def _prepare(cfg, accelerator, model, plan, inputs):
+    """Model, optimizer, schedule and eval data placed and wrapped for the strategy (DDP via Accelerate's
+    prepare; FSDP2 shards before the optimizer is built, so the optimizer state is sharded too)."""
+    strategy = strategy_name(cfg, accelerator.num_processes)
+    comm = CommStats()
+    if strategy == "fsdp":
+        model = apply_fsdp(model, accelerator)
+    optimizer = build_optimizer(model, cfg.optim, cfg.train.lr)
+    scheduler = build_scheduler(optimizer, cfg.optim, plan.total_steps)
+    eval_dl = inputs.eval_loader(plan.micro_batch_size)
+    if strategy == "fsdp":
+        optimizer, scheduler, eval_dl = accelerator.prepare(optimizer, scheduler, eval_dl)
+    else:
+        model, optimizer, scheduler, eval_dl = accelerator.prepare(model, optimizer, scheduler, eval_dl)
+    if strategy == "ddp":
+        time_allreduce(model, comm)
+    return model, optimizer, scheduler, eval_dl, comm
 
 
 def _eval_due(every: int, step: int, plan) -> bool:
@@ -128,14 +118,17 @@ def _eval_due(every: int, step: int, plan) -> bool:
     return step % (every or plan.steps_per_epoch) == 0
 
 
-def _log_step(accelerator, running, count, grad_norm, scheduler, meter, step, epoch) -> dict:
+def _log_step(accelerator, model, running, count, grad_norm, lr, meter, step, epoch) -> dict:
     """The one place the step's device values reach the host (a logging step)."""
     loss = accelerator.reduce(running.clone(), reduction="sum").item() / max(count, 1)
     rec = {"type": "train", "step": step, "epoch": round(epoch, 4), "loss": loss,
-           "lr": float(scheduler.get_last_lr()[0]),
+           "lr": float(lr),
            "samples_per_second": meter.samples_per_second, "tokens_per_second": meter.tokens_per_second}
     if grad_norm is not None:
         rec["grad_norm"] = float(grad_norm)
+    spread = replica_spread(model, accelerator)
+    if spread is not None:
+        rec["replica_spread"] = spread
     return rec
 
 
@@ -161,3 +154,64 @@ def _flat_scalars(tree: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = str(v)
     return out
+
+
+class Loop:
+    """The epoch / step iteration with its running state (step, epoch, loss accumulated on device)."""
+
+    def __init__(self, cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter):
+        self.cfg, self.accelerator, self.model = cfg, accelerator, model
+        self.optimizer, self.scheduler, self.eval_dl = optimizer, scheduler, eval_dl
+        self.inputs, self.plan, self.metrics_log, self.meter = inputs, plan, metrics_log, meter
+        self.lengths = np.asarray(inputs.train["length"])
+        self.step, self.epoch, self.last_eval = 0, 0, {}
+        self.running = torch.zeros((), device=accelerator.device)
+        self.running_count, self.grad_norm = 0, None
+        self.faults = FaultInjector(accelerator.process_index)
+        self.progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress)
+
+    def run(self, lsgd=None) -> None:
+        while self.step < self.plan.total_steps:
+            self.run_epoch(lsgd)
+            self.epoch += 1
+        self.progress.close()
+
+    def run_epoch(self, lsgd) -> None:
+        cfg, plan, acc = self.cfg, self.plan, self.accelerator
+        mb_plan = epoch_plan(self.inputs.train, batch_size=plan.batch_size, seed=cfg.train.seed, epoch=self.epoch,
+                             batching=cfg.data.batching, group_size=cfg.data.group_size, drop_last=cfg.data.drop_last,
+                             rank=acc.process_index, world_size=plan.world_size, accum=plan.accum)
+        batches = iter(train_loader(self.inputs.train, mb_plan, self.inputs.collator,
+                                    num_workers=cfg.data.num_workers, pin_memory=acc.device.type == "cuda"))
+        for global_batch in mb_plan.batches:
+            if self.step >= plan.total_steps:
+                return
+            self.meter.start_step()
+            micro = [_to_device(next(batches), acc.device) for _ in range(plan.accum)]
+            self.lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (host value, no sync)
+            loss_sum, self.grad_norm = train_step(
+                self.model, micro, global_count=len(global_batch), accelerator=acc, optimizer=self.optimizer,
+                scheduler=self.scheduler, max_grad_norm=cfg.train.max_grad_norm,
+            )
+            if lsgd is not None:
+                lsgd.step()
+            self.running += loss_sum
+            self.running_count += len(global_batch)
+            self.step += 1
+            self.meter.end_step(len(global_batch), int(self.lengths[global_batch].sum()))
+            self.faults.at_step(self.step)
+            self.after_step()
+
+    def after_step(self) -> None:
+        cfg, step = self.cfg, self.step
+        logged = None
+        if step % cfg.train.log_every_steps == 0 or step == self.plan.total_steps:
+            logged = _log_step(self.accelerator, self.model, self.running, self.running_count, self.grad_norm,
+                               self.lr, self.meter, step, epoch=step / self.plan.steps_per_epoch)
+            self.metrics_log.write(logged)
+            self.running.zero_()
+            self.running_count = 0
+        self.progress.update(step, {k: logged[k] for k in ("loss", "lr", "samples_per_second")} if logged else None)
+        if _eval_due(cfg.train.eval_every_steps, step, self.plan):
+            self.last_eval = _evaluate(self.model, self.eval_dl, self.accelerator, self.inputs, step,
+                                       self.metrics_log, self.progress)

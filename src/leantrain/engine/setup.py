@@ -47,8 +47,10 @@ def has_accelerator() -> bool:
 
 
 def make_accelerator(cfg: Config, project_dir: Path | None):
+    from datetime import timedelta
+
     from accelerate import Accelerator
-    from accelerate.utils import ProjectConfiguration
+    from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
 
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if not has_accelerator() and local > 1:
@@ -58,6 +60,8 @@ def make_accelerator(cfg: Config, project_dir: Path | None):
         log_with=list(cfg.report.trackers) or None,
         project_config=ProjectConfiguration(project_dir=str(project_dir)) if project_dir else None,
         step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step ourselves
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.distributed.timeout_seconds))],
+        deepspeed_plugin=deepspeed_plugin(cfg),
     )
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if accelerator.num_processes != world:
@@ -66,6 +70,24 @@ def make_accelerator(cfg: Config, project_dir: Path | None):
             "Accelerate disagree (e.g. `accelerate launch --cpu` starts one process); use `leantrain train --nproc N`"
         )
     return accelerator
+
+
+def deepspeed_plugin(cfg: Config):
+    """DeepSpeed ZeRO from the user's JSON config (CUDA only); None for every other strategy."""
+    if cfg.distributed.strategy != "deepspeed":
+        return None
+    if not torch.cuda.is_available():
+        raise ConfigError("distributed.strategy=deepspeed needs CUDA GPUs; on CPU use ddp or fsdp")
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        raise ConfigError("distributed.strategy=deepspeed needs the deepspeed package: pip install deepspeed") from None
+    from accelerate.utils import DeepSpeedPlugin
+
+    path = Path(cfg.distributed.deepspeed_config)
+    if not path.is_file():
+        raise ConfigError(f"distributed.deepspeed_config: file not found: {path}")
+    return DeepSpeedPlugin(hf_ds_config=str(path))
 
 
 def default_output_dir() -> str:

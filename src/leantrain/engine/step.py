@@ -10,11 +10,12 @@ exactly d(sum of losses / global count). Gradients are all-reduced once, on the 
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Iterable
 
 import torch
 import torch.nn.functional as F
+
+from leantrain.engine.distributed import clip_gradients, grad_sync
 
 
 def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -49,13 +50,13 @@ def train_step(
     loss_sum = torch.zeros((), device=accelerator.device)
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
-        with nullcontext() if last else accelerator.no_sync(model):
+        with grad_sync(model, accelerator, enabled=last):
             loss = weighted_loss_sum(model, batch)
             accelerator.backward(loss * scale)
         loss_sum += loss.detach()
     grad_norm = None
     if max_grad_norm is not None:
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+        grad_norm = clip_gradients(model, accelerator, max_grad_norm)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

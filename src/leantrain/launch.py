@@ -1,0 +1,85 @@
+"""Start the workers of a multi-process run through torchrun (torch.distributed.run), the engine clusters use.
+
+leantrain writes no launcher of its own: ``--nproc`` / ``--nnodes`` / ``--node-rank`` / ``--master-addr`` /
+``--master-port`` map onto torchrun's flags. The config and data are validated once, here, before any worker
+starts; the workers read the resolved config from a file. Under your own launcher (``torchrun ... -m leantrain
+train cfg.yaml`` or ``accelerate launch --multi_gpu --num_processes N -m leantrain train cfg.yaml``) nothing here
+runs: each worker finds its rank in the environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from leantrain.config import Config
+from leantrain.errors import UserError
+
+log = logging.getLogger("leantrain")
+
+
+@dataclass
+class LaunchOptions:
+    nproc: int = 1  # processes on this machine
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @property
+    def wanted(self) -> bool:
+        return self.nproc > 1 or self.nnodes > 1
+
+    def check(self) -> None:
+        if self.nproc < 1 or self.nnodes < 1:
+            raise UserError("--nproc and --nnodes must be at least 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UserError(f"--node-rank {self.node_rank} must be in 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
+        if self.nnodes > 1 and not self.master_addr:
+            raise UserError("--nnodes > 1 needs --master-addr (the address of the node with --node-rank 0)")
+
+
+def inside_launcher() -> bool:
+    """True in a worker started by torchrun / accelerate launch (never launch again from there)."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def torchrun_command(opts: LaunchOptions, config_file: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc}"]
+    if opts.nnodes == 1 and opts.master_port is None:
+        cmd.append("--standalone")  # a free local port for the rendezvous
+    else:
+        cmd += [f"--nnodes={opts.nnodes}", f"--node-rank={opts.node_rank}",
+                f"--master-addr={opts.master_addr or '127.0.0.1'}", f"--master-port={opts.master_port or 29500}"]
+    return cmd + ["-m", "leantrain", "train", str(config_file)]
+
+
+def worker_env(opts: LaunchOptions) -> dict[str, str]:
+    from leantrain.engine.setup import has_accelerator
+
+    env = dict(os.environ)
+    if not has_accelerator() and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // opts.nproc))  # cores shared by local workers
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def launch(cfg: Config, opts: LaunchOptions) -> int:
+    """Run ``cfg`` on ``opts.nproc`` processes here (x ``opts.nnodes`` machines); returns the exit status."""
+    opts.check()
+    with tempfile.TemporaryDirectory(prefix="leantrain-launch-") as tmp:
+        config_file = Path(tmp) / "config.yaml"
+        config_file.write_text(cfg.to_yaml())
+        cmd = torchrun_command(opts, config_file)
+        total = opts.nproc * opts.nnodes
+        log.info("launching %d process(es) on this machine (%d in all): %s", opts.nproc, total, " ".join(cmd))
+        rc = subprocess.run(cmd, env=worker_env(opts)).returncode
+    if rc != 0:
+        print(f"leantrain: error: a worker failed (exit status {rc}); its rank and error are shown above",
+              file=sys.stderr)
+    return rc

@@ -1,0 +1,194 @@
+"""Multi-process training through the real launchers (torchrun, accelerate launch, leantrain --nproc / --nnodes),
+2-4 CPU processes on gloo over loopback, tiny random BERT. Each layout must compute what one process computes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from conftest import write_rows
+from leantrain import train
+from leantrain.report.logs import read_metrics
+
+pytestmark = pytest.mark.distributed
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env(**extra) -> dict:
+    e = dict(os.environ, GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+             OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    e.pop("LEANTRAIN_FAULT", None)
+    e.update(extra)
+    return e
+
+
+def run(cmd: list[str], timeout: int = 300, **extra) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(**extra))
+
+
+def _rows(n: int, seed: int) -> list[dict]:
+    import random
+
+    r = random.Random(seed)
+    words = {"yes": ["good", "fine", "great"], "no": ["bad", "poor", "awful"]}
+    out = []
+    for _ in range(n):
+        lab = r.choice(["yes", "no"])
+        out.append({"text": " ".join(r.choice(words[lab]) for _ in range(r.randint(1, 20))), "label": lab})
+    return out
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, tiny_bert):
+    """A config file: 42 training rows with batch 8 (a last batch of 2: two of four micro-batches are padding),
+    13 eval rows (uneven over processes), micro-batch 2, fp32, no dropout."""
+    tmp = tmp_path_factory.mktemp("dist")
+    cfg = {
+        "model": {"name": str(tiny_bert)},
+        "data": {"train": str(write_rows(tmp / "train.csv", _rows(42, 0))),
+                 "eval": str(write_rows(tmp / "eval.csv", _rows(13, 1)))},
+        "train": {"batch_size": 8, "micro_batch_size": 2, "epochs": 2, "lr": 1e-3, "log_every_steps": 1,
+                  "seed": 7},
+        "report": {"plots": False, "progress": "plain"},
+    }
+    path = tmp / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, tmp
+
+
+@pytest.fixture(scope="module")
+def single(job):
+    """The reference: one process, accumulation 4."""
+    path, tmp = job
+    summary = train(path, [f"output_dir={tmp / 'single'}"])
+    assert summary["train"]["accumulation_steps"] == 4 and summary["train"]["steps"] == 12
+    return tmp / "single"
+
+
+def _params(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "model" / "model.safetensors")
+
+
+def _losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["type"] == "train"]
+
+
+def assert_same_run(a: Path, b: Path, atol: float = 2e-5) -> None:
+    pa, pb = _params(a), _params(b)
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=atol, msg=k)
+    assert _losses(a) == pytest.approx(_losses(b), rel=1e-5)
+    ea, eb = (json.loads((d / "summary.json").read_text())["eval"] for d in (a, b))
+    assert ea["samples"] == eb["samples"] == 13  # no duplicates from padding the uneven shards
+    assert ea["accuracy"] == eb["accuracy"] and ea["loss"] == pytest.approx(eb["loss"], rel=1e-5)
+
+
+def _summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_two_processes_accumulation_two_equals_one_process(job, single):
+    """leantrain's own launcher: --nproc 2 (2 processes x accumulation 2)."""
+    path, tmp = job
+    r = run([str(BIN / "leantrain"), "train", str(path), "--nproc", "2", f"output_dir={tmp / 'p2'}"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert_same_run(single, tmp / "p2")
+    s = _summary(tmp / "p2")
+    assert s["distributed"]["world_size"] == 2 and s["distributed"]["strategy"] == "ddp"
+    assert s["train"]["accumulation_steps"] == 2
+    # one all-reduce of all gradients per optimizer step, none on accumulation micro-steps
+    assert s["distributed"]["communicated_bytes_per_step"] == s["distributed"]["parameter_bytes_full"]
+    spreads = [r["replica_spread"] for r in read_metrics(tmp / "p2" / "metrics.jsonl") if r["type"] == "train"]
+    assert len(spreads) == 12 and max(spreads) == 0.0  # replicas bitwise identical after every step
+
+
+def test_four_processes_under_torchrun(job, single):
+    """The user's own launcher: torchrun --nproc-per-node 4 -m leantrain train cfg.yaml (4 x accumulation 1)."""
+    path, tmp = job
+    r = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
+             str(free_port()), "-m", "leantrain", "train", str(path), f"output_dir={tmp / 'p4'}"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "terminate called" not in r.stderr  # the process group is destroyed before exit
+    assert_same_run(single, tmp / "p4")
+    assert _summary(tmp / "p4")["train"]["accumulation_steps"] == 1
+
+
+def test_two_nodes_on_loopback(job, single):
+    """Two launcher invocations, node ranks 0 and 1, one process each, meeting at 127.0.0.1."""
+    path, tmp = job
+    port = str(free_port())
+    cmd = [str(BIN / "leantrain"), "train", str(path), "--nnodes", "2", "--nproc", "1", "--master-addr",
+           "127.0.0.1", "--master-port", port, f"output_dir={tmp / 'nodes'}"]
+    nodes = [subprocess.Popen(cmd + ["--node-rank", str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env()) for i in range(2)]
+    outs = [n.communicate(timeout=300) for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    assert_same_run(single, tmp / "nodes")
+    assert _summary(tmp / "nodes")["distributed"]["world_size"] == 2
+
+
+def test_fsdp_shards_parameters_and_matches(job, single):
+    """accelerate launch --multi_gpu --num_processes 2 (a CPU accelerator) with distributed.strategy=fsdp."""
+    path, tmp = job
+    r = run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+             "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+             "-m", "leantrain", "train", str(path), "distributed.strategy=fsdp", f"output_dir={tmp / 'fsdp'}"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    d = _summary(tmp / "fsdp")["distributed"]
+    assert d["strategy"] == "fsdp" and d["world_size"] == 2
+    assert d["parameter_bytes_per_process"] <= 0.55 * d["parameter_bytes_full"]  # really sharded (DTensors)
+    assert_same_run(single, tmp / "fsdp")  # model/ saved from the gathered full state dict
+
+
+def test_local_sgd_drifts_then_syncs(job):
+    path, tmp = job
+    common = ["--nproc", "2", "train.max_steps=6", "train.micro_batch_size=4", "optim.warmup_steps=0"]
+    r = run([str(BIN / "leantrain"), "train", str(path), *common, "distributed.local_sgd_steps=3",
+             f"output_dir={tmp / 'lsgd'}"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    spread = {rec["step"]: rec["replica_spread"] for rec in read_metrics(tmp / "lsgd" / "metrics.jsonl")
+              if rec["type"] == "train"}
+    assert spread[3] == spread[6] == 0.0  # averaged every 3 steps
+    assert all(spread[s] > 0 for s in (1, 2, 4, 5))  # each process steps alone inside the window
+    lsgd = _summary(tmp / "lsgd")["distributed"]
+    assert lsgd["parameter_syncs"] == 2 and lsgd["gradient_allreduce_calls"] == 0
+    # bytes per step: DDP all-reduces every gradient every step; local SGD averages the parameters every 3 steps
+    assert lsgd["communicated_bytes_per_step"] == pytest.approx(lsgd["parameter_bytes_full"] / 3)
+
+
+@pytest.mark.parametrize("kind", ["raise", "kill"])
+def test_a_failing_rank_stops_the_run(job, kind):
+    path, tmp = job
+    r = run([str(BIN / "leantrain"), "train", str(path), "--nproc", "2", f"output_dir={tmp / kind}"],
+            timeout=120, LEANTRAIN_FAULT=f"{kind}@2:1")
+    assert r.returncode != 0
+    assert "a worker failed" in r.stderr
+    if kind == "raise":
+        assert "injected fault at step 2" in r.stderr and "rank 1" in r.stderr.lower().replace("rank: 1", "rank 1")
+    else:
+        assert "SIGKILL" in r.stderr or "Signal 9" in r.stderr or "-9" in r.stderr
+    assert not (tmp / kind / "summary.json").exists()
+
+
+def test_bad_launch_options_fail_before_any_worker(job, capsys):
+    from leantrain.cli import main
+
+    path, tmp = job
+    assert main(["train", str(path), "--nnodes", "2", "--nproc", "1"]) == 2
+    assert "--master-addr" in capsys.readouterr().err
