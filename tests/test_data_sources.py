@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 
 import datasets
@@ -98,24 +96,15 @@ def test_dataset_folder_goes_through_load_dataset(tmp_path):
     assert any("split 'test'" in n for n in data.notes)
 
 
-def test_other_names_go_to_load_dataset(tmp_path, monkeypatch):
-    calls = []
-
-    def fake_load_dataset(name, *args, **kwargs):
-        calls.append(name)
-        if name == "owner/broken":
-            raise ConnectionError("Couldn't reach 'owner/broken' on the Hub (LocalEntryNotFoundError)")
-        ds = datasets.Dataset.from_list(ROWS)
-        return datasets.DatasetDict({"train": ds, "validation": ds.select(range(4))})
-
-    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    data = prepare(train="owner/sentiment")
-    assert calls == ["owner/sentiment"] and (len(data.train), len(data.eval)) == (20, 4)
-    assert "eval data: split 'validation' of owner/sentiment (splits: train, validation)" in data.notes
+def test_other_names_go_to_load_dataset_for_real(tmp_path, monkeypatch):
+    """A name that is no local path goes to datasets.load_dataset, the real Hub path (offline here: it fails
+    fast with HF_HUB_OFFLINE=1, and the failure is reported with the key and the name)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     with pytest.raises(DataError) as e:
-        prepare(train="owner/broken", eval="./local/dev.csv")
-    assert problems_of(e)[0].startswith("data.train: 'owner/broken' is not a local file or folder, and "
-                                        "datasets.load_dataset could not load it (ConnectionError: Couldn't reach")
+        prepare(train="owner/sentiment", eval="./local/dev.csv")
+    assert problems_of(e)[0].startswith("data.train: 'owner/sentiment' is not a local file or folder, and "
+                                        "datasets.load_dataset could not load it")
     assert problems_of(e)[1].startswith("data.eval: file not found: ")  # a path, never a Hub name
 
 
@@ -208,12 +197,10 @@ def test_broken_parquet(tmp_path):
 
 
 def test_demo_when_train_is_unset(tmp_path, monkeypatch):
-    train, dev = write(tmp_path, "demo_train.csv", CSV), write(tmp_path, "demo_eval.csv", "\n".join(CSV.splitlines()[:4]))
-    fake = types.ModuleType("leantrain.data.demo")
-    fake.demo_files = lambda: (Path(train), Path(dev))
-    monkeypatch.setitem(sys.modules, "leantrain.data.demo", fake)
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
     data = prepare()
-    assert (len(data.train), len(data.eval)) == (20, 3)
+    assert (len(data.train), len(data.eval)) == (1500, 300)
+    assert data.label_names == ["negative", "neutral", "positive"]
     assert any("built-in demo" in n for n in data.notes)
 
 
