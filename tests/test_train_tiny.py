@@ -118,3 +118,15 @@ def test_text_pairs_autodetected(tmp_path, tiny_bert):
                            f"output_dir={out}", "report.plots=false"])
     assert summary["data"]["columns"]["text"] == "sentence1" and summary["data"]["columns"]["text_pair"] == "sentence2"
     assert summary["data"]["eval_rows"] == 41  # a seeded 10% hold-out of 408 rows
+
+
+def test_stop_when_target_is_met(tmp_path, tiny_bert, files):
+    train_f, dev_f = files
+    out = tmp_path / "run"
+    summary = train(None, [f"model.name={tiny_bert}", f"data.train={train_f}", f"data.eval={dev_f}",
+                           "data.text_column=review", "data.label_column=stars", "train.max_steps=20",
+                           "train.eval_every_steps=3", "train.stop_when=eval.loss<=100", f"output_dir={out}",
+                           "report.plots=false"])
+    assert summary["train"]["steps"] == 3
+    evals = [r for r in read_metrics(out / "metrics.jsonl") if r["type"] == "eval"]
+    assert [r["step"] for r in evals] == [3] and evals[0]["loop_seconds"] > 0

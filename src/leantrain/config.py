@@ -76,9 +76,30 @@ class TrainConfig(Section):
         0, ge=0, description="evaluate every N optimizer steps; 0 = at the end of each epoch (and of training)"
     )
     log_every_steps: int = Field(10, gt=0, description="log loss/lr/throughput every N optimizer steps")
+    stop_when: str | None = Field(
+        None, description="stop at the first evaluation meeting it, e.g. 'eval.accuracy>=0.85' (time to accuracy)"
+    )
     warmup_steps_excluded: int = Field(
         3, ge=0, description="first optimizer steps left out of samples/s and tokens/s (compile, allocator warm-up)"
     )
+
+
+    @field_validator("stop_when")
+    @classmethod
+    def _stop_when(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_stop_when(v)
+        return v
+
+
+def parse_stop_when(text: str) -> tuple[str, str, float]:
+    """'eval.accuracy>=0.85' -> ('accuracy', '>=', 0.85)."""
+    import re
+
+    m = re.fullmatch(r"\s*eval\.(\w+)\s*(>=|<=)\s*([-+0-9.eE]+)\s*", text)
+    if not m:
+        raise ValueError(f"expected eval.<metric> >= or <= a number, e.g. 'eval.accuracy>=0.85' (got {text!r})")
+    return m.group(1), m.group(2), float(m.group(3))
 
 
 class OptimConfig(Section):
@@ -235,13 +256,14 @@ def _describe_validation(err: ValidationError, tree: dict[str, Any]) -> list[str
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, int) or True)
         value = e.get("input")
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "literal_error":
             msg = "expected " + msg.removeprefix("Input should be ")
         elif e["type"].endswith("_parsing") or e["type"].endswith("_type"):
             msg = "expected " + msg.removeprefix("Input should be ").removeprefix("a valid ")
         if loc:
-            out.append(f"{loc}: {msg} (got {value!r})" if "input" in e and not isinstance(value, dict) else f"{loc}: {msg}")
+            shown = "input" in e and not isinstance(value, dict) and repr(value) not in msg
+            out.append(f"{loc}: {msg} (got {value!r})" if shown else f"{loc}: {msg}")
         else:
             out.append(msg.removeprefix("Value error, "))
     return out

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from leantrain.config import Config
+from leantrain.config import Config, parse_stop_when
+from leantrain.errors import ConfigError
 from leantrain.engine.artifacts import save_outputs
 from leantrain.engine.distributed import (CommStats, apply_fsdp, distributed_summary, local_sgd, replica_spread,
                                           strategy_name, time_allreduce)
@@ -80,7 +81,8 @@ def train(cfg: Config) -> dict:
         loop.run(lsgd)
     step = loop.step
 
-    last_eval = _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, None)
+    last_eval = loop.last_eval if loop.stopped else _evaluate(model, eval_dl, accelerator, inputs, step,
+                                                              metrics_log, None, meter)
     summary = save_outputs(
         cfg, accelerator, model, inputs, counts=counts, meter=meter, plan=plan, last_eval=last_eval,
         records=metrics_log.records, wall_seconds=time.perf_counter() - t_start,
@@ -132,9 +134,18 @@ def _log_step(accelerator, model, running, count, grad_norm, lr, meter, step, ep
     return rec
 
 
-def _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, progress) -> dict:
+def _target_met(stop_when: str | None, metrics: dict) -> bool:
+    if not stop_when or not metrics:
+        return False
+    key, op, value = parse_stop_when(stop_when)
+    if key not in metrics:
+        raise ConfigError(f"train.stop_when: no metric {key!r}; evaluation gives {sorted(metrics)}")
+    return metrics[key] >= value if op == ">=" else metrics[key] <= value
+
+
+def _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, progress, meter) -> dict:
     metrics = evaluate(model, eval_dl, accelerator, len(inputs.label_names))
-    record = {"type": "eval", "step": step, **{f"eval.{k}": v for k, v in metrics.items()}}
+    record = {"type": "eval", "step": step, "loop_seconds": meter.all_time, **{f"eval.{k}": v for k, v in metrics.items()}}
     metrics_log.write(record)
     text = "eval @ step %d: %s" % (step, " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "samples"))
     if progress is not None:
@@ -168,10 +179,11 @@ class Loop:
         self.running = torch.zeros((), device=accelerator.device)
         self.running_count, self.grad_norm = 0, None
         self.faults = FaultInjector(accelerator.process_index)
+        self.stopped = False
         self.progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress)
 
     def run(self, lsgd=None) -> None:
-        while self.step < self.plan.total_steps:
+        while self.step < self.plan.total_steps and not self.stopped:
             self.run_epoch(lsgd)
             self.epoch += 1
         self.progress.close()
@@ -184,7 +196,7 @@ class Loop:
         batches = iter(train_loader(self.inputs.train, mb_plan, self.inputs.collator,
                                     num_workers=cfg.data.num_workers, pin_memory=acc.device.type == "cuda"))
         for global_batch in mb_plan.batches:
-            if self.step >= plan.total_steps:
+            if self.step >= plan.total_steps or self.stopped:
                 return
             self.meter.start_step()
             micro = [_to_device(next(batches), acc.device) for _ in range(plan.accum)]
@@ -214,4 +226,7 @@ class Loop:
         self.progress.update(step, {k: logged[k] for k in ("loss", "lr", "samples_per_second")} if logged else None)
         if _eval_due(cfg.train.eval_every_steps, step, self.plan):
             self.last_eval = _evaluate(self.model, self.eval_dl, self.accelerator, self.inputs, step,
-                                       self.metrics_log, self.progress)
+                                       self.metrics_log, self.progress, self.meter)
+            self.stopped = _target_met(cfg.train.stop_when, self.last_eval)
+            if self.stopped:
+                log.info("stopping at step %d: %s", step, cfg.train.stop_when)
