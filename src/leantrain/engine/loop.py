@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from leantrain.config import Config, parse_stop_when
 from leantrain.errors import ConfigError
@@ -199,7 +200,8 @@ class Loop:
             if self.step >= plan.total_steps or self.stopped:
                 return
             self.meter.start_step()
-            micro = [_to_device(next(batches), acc.device) for _ in range(plan.accum)]
+            with record_function("data"):
+                micro = [_to_device(next(batches), acc.device) for _ in range(plan.accum)]
             self.lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (host value, no sync)
             loss_sum, self.grad_norm = train_step(
                 self.model, micro, global_count=len(global_batch), accelerator=acc, optimizer=self.optimizer,
@@ -218,8 +220,9 @@ class Loop:
         cfg, step = self.cfg, self.step
         logged = None
         if step % cfg.train.log_every_steps == 0 or step == self.plan.total_steps:
-            logged = _log_step(self.accelerator, self.model, self.running, self.running_count, self.grad_norm,
-                               self.lr, self.meter, step, epoch=step / self.plan.steps_per_epoch)
+            with record_function("logging"):
+                logged = _log_step(self.accelerator, self.model, self.running, self.running_count, self.grad_norm,
+                                   self.lr, self.meter, step, epoch=step / self.plan.steps_per_epoch)
             self.metrics_log.write(logged)
             self.running.zero_()
             self.running_count = 0

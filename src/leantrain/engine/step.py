@@ -14,6 +14,7 @@ from typing import Iterable
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from leantrain.engine.distributed import clip_gradients, grad_sync
 
@@ -51,13 +52,14 @@ def train_step(
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with grad_sync(model, accelerator, enabled=last):
-            loss = weighted_loss_sum(model, batch)
-            accelerator.backward(loss * scale)
+            with record_function("forward"):
+                loss = weighted_loss_sum(model, batch)
+            with record_function("backward"):
+                accelerator.backward(loss * scale)
         loss_sum += loss.detach()
-    grad_norm = None
-    if max_grad_norm is not None:
-        grad_norm = clip_gradients(model, accelerator, max_grad_norm)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    with record_function("optimizer"):
+        grad_norm = clip_gradients(model, accelerator, max_grad_norm) if max_grad_norm is not None else None
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm
