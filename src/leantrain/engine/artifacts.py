@@ -35,7 +35,9 @@ def peak_memory(accelerator) -> dict[str, int]:
     return {k: int(v) for k, v in zip(keys, peak.tolist())}
 
 
-def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds) -> dict:
+def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds,
+                 extra: dict | None = None) -> dict:
+    """``extra``: sections merged into the summary (e.g. {"train": {"steps": ...}, "best": {...}})."""
     out = Path(cfg.output_dir)
     memory = peak_memory(accelerator)
     accelerator.wait_for_everyone()
@@ -66,6 +68,8 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
                    "threads": torch.get_num_threads()},
         "versions": versions(),
     }
+    for key, value in (extra or {}).items():
+        summary[key] = {**summary[key], **value} if isinstance(summary.get(key), dict) else value
     if accelerator.is_main_process:
         (out / "config.yaml").write_text(cfg.to_yaml())
         model_dir = out / "model"

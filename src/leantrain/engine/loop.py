@@ -11,8 +11,12 @@ import torch
 
 from leantrain.config import Config
 from leantrain.engine.artifacts import save_outputs
+from leantrain.engine.best import BestModel
+from leantrain.engine.checkpoint import Checkpointer, data_fingerprint, kill_hook
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.inputs import prepare_inputs
+from leantrain.engine.nonfinite import NonFiniteGuard
+from leantrain.engine.resume import apply_rng, decide, prior_records, restore
 from leantrain.engine.setup import default_output_dir, make_accelerator, setup_logging, step_plan
 from leantrain.engine.step import train_step
 from leantrain.data.loaders import epoch_plan, train_loader
@@ -53,6 +57,9 @@ def train(cfg: Config) -> dict:
     out = _output_dir(cfg, accelerator)
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     accelerator.project_configuration.set_directories(str(out))
+    decision = decide(cfg, out, accelerator)
+    if decision.kind == "complete":
+        return decision.summary
     set_seed(cfg.train.seed)
 
     inputs = prepare_inputs(cfg, accelerator)
@@ -73,34 +80,44 @@ def train(cfg: Config) -> dict:
     if cfg.report.trackers:
         accelerator.init_trackers("leantrain", config=_flat_scalars(cfg.to_dict()))
 
-    metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator)
+    ckpt = Checkpointer(cfg, accelerator, out, plan, data_fingerprint(inputs.train))
+    state = restore(decision, cfg, accelerator, plan, ckpt.fingerprint, model, optimizer, scheduler)
+    metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator,
+                             prior=prior_records(out, state) if accelerator.is_main_process else None)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
-    progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress)
+    progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress,
+                        initial=state.step)
     lengths = np.asarray(inputs.train["length"])
-    step, epoch, last_eval = 0, 0, {}
-    running = torch.zeros((), device=accelerator.device)
-    running_count, grad_norm = 0, None
-    while step < plan.total_steps:
+    guard = NonFiniteGuard(cfg, accelerator, out, lengths, plan, lambda: ckpt.last or state.resumed_from)
+    best = BestModel(cfg, accelerator, out, inputs.tokenizer, state.best)
+    step, epoch, last_eval, eval_step = state.step, state.epoch, state.last_eval, state.eval_step
+    running, running_count, grad_norm = state.running, state.running_count, None
+    step_optimizer = guard.optimizer(optimizer)
+    apply_rng(state, cfg, accelerator)
+    while step < plan.total_steps and not best.should_stop:
         mb_plan = epoch_plan(inputs.train, batch_size=plan.batch_size, seed=cfg.train.seed, epoch=epoch,
                              batching=cfg.data.batching, group_size=cfg.data.group_size, drop_last=cfg.data.drop_last,
-                             rank=accelerator.process_index, world_size=plan.world_size, accum=plan.accum)
+                             rank=accelerator.process_index, world_size=plan.world_size, accum=plan.accum,
+                             start_step=state.start_step if epoch == state.epoch else 0)
         batches = iter(train_loader(inputs.train, mb_plan, inputs.collator, num_workers=cfg.data.num_workers,
                                     pin_memory=accelerator.device.type == "cuda"))
-        for global_batch in mb_plan.batches:
-            if step >= plan.total_steps:
+        for global_batch in mb_plan.batches[mb_plan.start_step:]:
+            if step >= plan.total_steps or best.should_stop:
                 break
             meter.start_step()
-            micro = [_to_device(next(batches), accelerator.device) for _ in range(plan.accum)]
+            micro = guard.inject([_to_device(next(batches), accelerator.device) for _ in range(plan.accum)], step + 1)
             loss_sum, grad_norm = train_step(
-                model, micro, global_count=len(global_batch), accelerator=accelerator, optimizer=optimizer,
+                model, micro, global_count=len(global_batch), accelerator=accelerator, optimizer=step_optimizer,
                 scheduler=scheduler, max_grad_norm=cfg.train.max_grad_norm,
             )
+            guard.observe(step + 1, loss_sum, grad_norm, step_optimizer, metrics_log)
             running += loss_sum
             running_count += len(global_batch)
             step += 1
             meter.end_step(len(global_batch), int(lengths[global_batch].sum()))
             logged = None
             if step % cfg.train.log_every_steps == 0 or step == plan.total_steps:
+                guard.check()
                 logged = _log_step(accelerator, running, running_count, grad_norm, scheduler, meter, step,
                                    epoch=step / plan.steps_per_epoch)
                 metrics_log.write(logged)
@@ -108,14 +125,29 @@ def train(cfg: Config) -> dict:
                 running_count = 0
             progress.update(step, {k: logged[k] for k in ("loss", "lr", "samples_per_second")} if logged else None)
             if _eval_due(cfg.train.eval_every_steps, step, plan):
-                last_eval = _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, progress)
+                last_eval, eval_step = _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, progress), step
+                best.update(last_eval, step, model)
+            if ckpt.due(step):
+                guard.check()  # a checkpoint is always a finite state
+                ckpt.save(step, model, optimizer, scheduler, epoch=epoch, running=running, running_count=running_count,
+                          extra={"best": best.state(), "eval_step": eval_step, "last_eval": last_eval})
+            kill_hook(step)
         epoch += 1
     progress.close()
 
-    last_eval = _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, None)
+    guard.check()
+    if eval_step != step:
+        last_eval = _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, None)
+        best.update(last_eval, step, model)
+    if cfg.checkpoint.save_model == "best":
+        last_eval = best.load_into(model) or last_eval
     summary = save_outputs(
         cfg, accelerator, model, inputs, counts=counts, meter=meter, plan=plan, last_eval=last_eval,
         records=metrics_log.records, wall_seconds=time.perf_counter() - t_start,
+        extra={"train": {"steps": step, "epochs": round(step / plan.steps_per_epoch, 4),
+                         "resumed_from_step": state.step if state.resumed_from else None,
+                         "skipped_steps": guard.skipped},
+               "best": best.summary()},
     )
     accelerator.end_training()
     return summary
