@@ -92,8 +92,6 @@ def save_state(state: Any, folder: Path, name: str) -> list[Path]:
 
 def load_state(folder: Path, name: str) -> Any:
     """Read what ``save_state`` wrote; raises StateFormatError for anything else (never unpickles)."""
-    from safetensors.torch import load_file
-
     jpath = folder / f"{name}.json"
     try:
         tree = json.loads(jpath.read_text())
@@ -102,18 +100,18 @@ def load_state(folder: Path, name: str) -> Any:
     tpath = folder / f"{name}.safetensors"
     tensors = {}
     if tpath.exists():
-        tensors = load_safetensors(tpath, load_file)
+        tensors = load_safetensors(tpath)
     try:
         return _decode(tree, tensors)
     except KeyError as e:
         raise StateFormatError(f"{tpath}: tensor {e} named in {jpath.name} is missing") from None
 
 
-def load_safetensors(path: Path, loader=None) -> dict[str, torch.Tensor]:
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
-        return (loader or load_file)(str(path))
+        return load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise StateFormatError(f"{path}: not a valid safetensors file ({e})") from None
