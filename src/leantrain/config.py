@@ -82,6 +82,13 @@ class TrainConfig(Section):
     warmup_steps_excluded: int = Field(
         3, ge=0, description="first optimizer steps left out of samples/s and tokens/s (compile, allocator warm-up)"
     )
+    early_stopping_patience: int = Field(
+        0, ge=0, description="stop after N evaluations without improvement of checkpoint.best_metric; 0 = off"
+    )
+    nonfinite: Literal["abort", "skip_step"] = Field(
+        "abort", description="on a NaN/Inf loss or grad norm: abort (stop with a diagnostic; checked on logging "
+        "steps and before each checkpoint) or skip_step (skip that update; one host sync per step)"
+    )
 
 
     @field_validator("stop_when")
@@ -112,6 +119,31 @@ class OptimConfig(Section):
     warmup_steps: int | None = Field(None, ge=0, description="overrides warmup_ratio when set")
 
 
+class CheckpointConfig(Section):
+    every_steps: int = Field(500, ge=0, description="save a resumable checkpoint every N optimizer steps; 0 = never")
+    keep: int = Field(3, ge=1, description="newest complete checkpoints kept in output_dir/checkpoints/")
+    resume: str = Field(
+        "auto", description="auto: continue from the last complete checkpoint in output_dir (same config); "
+        "never: start afresh (old checkpoints are removed); or a checkpoint folder"
+    )
+    best_metric: str | None = Field(
+        None, description="eval metric that picks output_dir/best/, e.g. eval.f1_macro, eval.loss; unset = no best/"
+    )
+    best_mode: Literal["auto", "max", "min"] = Field("auto", description="auto: min for eval.loss, else max")
+    save_model: Literal["last", "best"] = Field("last", description="what output_dir/model/ holds")
+    allow_inexact_resume: bool = Field(
+        False, description="resume although the world size, global batch, data or RNG state differ (with a warning)"
+    )
+
+    @field_validator("best_metric")
+    @classmethod
+    def _known_metric(cls, v: str | None) -> str | None:
+        names = ("eval.loss", "eval.accuracy", "eval.f1_macro", "eval.mcc")
+        if v is not None and v not in names:
+            raise ValueError(f"must be one of {', '.join(names)}")
+        return v
+
+
 class ReportConfig(Section):
     trackers: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive"]] = Field(
         default_factory=list, description="Accelerate trackers, e.g. [tensorboard]; none by default"
@@ -139,6 +171,7 @@ class Config(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     output_dir: str | None = Field(None, description="run folder; unset = runs/<date-time>")
@@ -163,6 +196,15 @@ class Config(Section):
             raise ValueError("distributed.strategy=deepspeed needs distributed.deepspeed_config=path/to/zero.json")
         if d.local_sgd_steps > 1 and d.strategy in ("fsdp", "deepspeed"):
             raise ValueError(f"distributed.local_sgd_steps works with DDP only, not distributed.strategy={d.strategy}")
+        return self
+
+    @model_validator(mode="after")
+    def _best_metric_needed(self) -> "Config":
+        if self.checkpoint.best_metric is None:
+            if self.checkpoint.save_model == "best":
+                raise ValueError("checkpoint.save_model=best needs checkpoint.best_metric, e.g. eval.f1_macro")
+            if self.train.early_stopping_patience:
+                raise ValueError("train.early_stopping_patience needs checkpoint.best_metric, e.g. eval.f1_macro")
         return self
 
     def to_dict(self) -> dict[str, Any]:

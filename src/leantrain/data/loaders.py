@@ -4,6 +4,7 @@ the evaluation loader reads in length order (least padding) and is sharded by Ac
 from __future__ import annotations
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader
 
 from leantrain.data.batching import MicroBatchPlan, WeightedView, epoch_batches
@@ -31,6 +32,7 @@ def train_loader(dataset, plan: MicroBatchPlan, collator, *, num_workers: int = 
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=False,
+        generator=_own_generator(),
     )
 
 
@@ -43,4 +45,11 @@ def eval_loader(dataset, batch_size: int, collator, *, num_workers: int = 0) -> 
         sampler=order,
         collate_fn=collator,
         num_workers=num_workers,
+        generator=_own_generator(),
     )
+
+
+def _own_generator() -> torch.Generator:
+    """Starting a DataLoader iterator draws a worker seed from its generator; with the global one that draw would
+    shift dropout's random stream by whether (and how often) loaders were started, which breaks exact resume."""
+    return torch.Generator().manual_seed(0)

@@ -37,7 +37,8 @@ def peak_memory(accelerator) -> dict[str, int]:
 
 
 def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds,
-                 distributed: dict) -> dict:
+                 distributed: dict, extra: dict | None = None) -> dict:
+    """``extra``: sections merged into the summary (e.g. {"train": {"steps": ...}, "best": {...}})."""
     out = Path(cfg.output_dir)
     memory = peak_memory(accelerator)
     state_dict = full_state_dict(model)  # gathered from the shards under FSDP (every rank takes part)
@@ -69,6 +70,8 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
                    "threads": torch.get_num_threads()},
         "versions": versions(),
     }
+    for key, value in (extra or {}).items():
+        summary[key] = {**summary[key], **value} if isinstance(summary.get(key), dict) else value
     if accelerator.is_main_process:
         (out / "config.yaml").write_text(cfg.to_yaml())
         model_dir = out / "model"

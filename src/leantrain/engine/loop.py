@@ -13,11 +13,15 @@ from torch.profiler import record_function
 from leantrain.config import Config, parse_stop_when
 from leantrain.errors import ConfigError
 from leantrain.engine.artifacts import save_outputs
+from leantrain.engine.best import BestModel
+from leantrain.engine.checkpoint import Checkpointer, data_fingerprint, kill_hook
 from leantrain.engine.distributed import (CommStats, apply_fsdp, distributed_summary, local_sgd, replica_spread,
                                           strategy_name, time_allreduce)
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.inputs import prepare_inputs
+from leantrain.engine.nonfinite import NonFiniteGuard
+from leantrain.engine.resume import apply_rng, decide, prior_records, restore
 from leantrain.engine.setup import default_output_dir, make_accelerator, setup_logging, step_plan
 from leantrain.engine.step import train_step
 from leantrain.data.loaders import epoch_plan, train_loader
@@ -58,6 +62,9 @@ def train(cfg: Config) -> dict:
     out = _output_dir(cfg, accelerator)
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     accelerator.project_configuration.set_directories(str(out))
+    decision = decide(cfg, out, accelerator)
+    if decision.kind == "complete":
+        return decision.summary
     set_seed(cfg.train.seed)
 
     inputs = prepare_inputs(cfg, accelerator)
@@ -75,19 +82,32 @@ def train(cfg: Config) -> dict:
     if cfg.report.trackers:
         accelerator.init_trackers("leantrain", config=_flat_scalars(cfg.to_dict()))
 
-    metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator)
+    ckpt = Checkpointer(cfg, accelerator, out, plan, data_fingerprint(inputs.train))
+    state = restore(decision, cfg, accelerator, plan, ckpt.fingerprint, model, optimizer, scheduler)
+    metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator,
+                             prior=prior_records(out, state) if accelerator.is_main_process else None)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
-    loop = Loop(cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter)
+    loop = Loop(cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter, ckpt, state)
+    apply_rng(state, cfg, accelerator)
     with local_sgd(accelerator, model, cfg.distributed.local_sgd_steps, comm) as lsgd:
         loop.run(lsgd)
     step = loop.step
 
-    last_eval = loop.last_eval if loop.stopped else _evaluate(model, eval_dl, accelerator, inputs, step,
-                                                              metrics_log, None, meter)
+    loop.guard.check()
+    last_eval = loop.last_eval
+    if loop.eval_step != step:
+        last_eval = _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, None, meter)
+        loop.best.update(last_eval, step, model)
+    if cfg.checkpoint.save_model == "best":
+        last_eval = loop.best.load_into(model) or last_eval
     summary = save_outputs(
         cfg, accelerator, model, inputs, counts=counts, meter=meter, plan=plan, last_eval=last_eval,
         records=metrics_log.records, wall_seconds=time.perf_counter() - t_start,
         distributed=distributed_summary(cfg, accelerator, model, comm, meter),
+        extra={"train": {"steps": step, "epochs": round(step / plan.steps_per_epoch, 4),
+                         "resumed_from_step": state.step if state.resumed_from else None,
+                         "skipped_steps": loop.guard.skipped},
+               "best": loop.best.summary()},
     )
     accelerator.end_training()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -169,44 +189,59 @@ def _flat_scalars(tree: dict, prefix: str = "") -> dict:
 
 
 class Loop:
-    """The epoch / step iteration with its running state (step, epoch, loss accumulated on device)."""
+    """The epoch / step iteration with its running state (step, epoch, loss accumulated on device), resumed from
+    ``state`` (a fresh start or a checkpoint), with checkpoints, the best model and the non-finite guard."""
 
-    def __init__(self, cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter):
+    def __init__(self, cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter,
+                 ckpt, state):
         self.cfg, self.accelerator, self.model = cfg, accelerator, model
         self.optimizer, self.scheduler, self.eval_dl = optimizer, scheduler, eval_dl
         self.inputs, self.plan, self.metrics_log, self.meter = inputs, plan, metrics_log, meter
+        self.ckpt, self.state = ckpt, state
         self.lengths = np.asarray(inputs.train["length"])
-        self.step, self.epoch, self.last_eval = 0, 0, {}
-        self.running = torch.zeros((), device=accelerator.device)
-        self.running_count, self.grad_norm = 0, None
+        self.step, self.epoch = state.step, state.epoch
+        self.last_eval, self.eval_step = state.last_eval, state.eval_step
+        self.running, self.running_count, self.grad_norm = state.running, state.running_count, None
+        self.guard = NonFiniteGuard(cfg, accelerator, Path(cfg.output_dir), self.lengths, plan,
+                                    lambda: ckpt.last or state.resumed_from)
+        self.step_optimizer = self.guard.optimizer(optimizer)
+        self.best = BestModel(cfg, accelerator, Path(cfg.output_dir), inputs.tokenizer, state.best)
         self.faults = FaultInjector(accelerator.process_index)
         self.stopped = False
-        self.progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress)
+        self.progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress,
+                                 initial=state.step)
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.plan.total_steps or self.stopped or self.best.should_stop
 
     def run(self, lsgd=None) -> None:
-        while self.step < self.plan.total_steps and not self.stopped:
+        while not self.done:
             self.run_epoch(lsgd)
             self.epoch += 1
         self.progress.close()
 
     def run_epoch(self, lsgd) -> None:
         cfg, plan, acc = self.cfg, self.plan, self.accelerator
+        start = self.state.start_step if self.epoch == self.state.epoch else 0
         mb_plan = epoch_plan(self.inputs.train, batch_size=plan.batch_size, seed=cfg.train.seed, epoch=self.epoch,
                              batching=cfg.data.batching, group_size=cfg.data.group_size, drop_last=cfg.data.drop_last,
-                             rank=acc.process_index, world_size=plan.world_size, accum=plan.accum)
+                             rank=acc.process_index, world_size=plan.world_size, accum=plan.accum, start_step=start)
         batches = iter(train_loader(self.inputs.train, mb_plan, self.inputs.collator,
                                     num_workers=cfg.data.num_workers, pin_memory=acc.device.type == "cuda"))
-        for global_batch in mb_plan.batches:
-            if self.step >= plan.total_steps or self.stopped:
+        for global_batch in mb_plan.batches[start:]:
+            if self.done:
                 return
             self.meter.start_step()
             with record_function("data"):
-                micro = [_to_device(next(batches), acc.device) for _ in range(plan.accum)]
+                micro = self.guard.inject([_to_device(next(batches), acc.device) for _ in range(plan.accum)],
+                                          self.step + 1)
             self.lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (host value, no sync)
             loss_sum, self.grad_norm = train_step(
-                self.model, micro, global_count=len(global_batch), accelerator=acc, optimizer=self.optimizer,
+                self.model, micro, global_count=len(global_batch), accelerator=acc, optimizer=self.step_optimizer,
                 scheduler=self.scheduler, max_grad_norm=cfg.train.max_grad_norm,
             )
+            self.guard.observe(self.step + 1, loss_sum, self.grad_norm, self.step_optimizer, self.metrics_log)
             if lsgd is not None:
                 lsgd.step()
             self.running += loss_sum
@@ -220,6 +255,7 @@ class Loop:
         cfg, step = self.cfg, self.step
         logged = None
         if step % cfg.train.log_every_steps == 0 or step == self.plan.total_steps:
+            self.guard.check()
             with record_function("logging"):
                 logged = _log_step(self.accelerator, self.model, self.running, self.running_count, self.grad_norm,
                                    self.lr, self.meter, step, epoch=step / self.plan.steps_per_epoch)
@@ -230,6 +266,14 @@ class Loop:
         if _eval_due(cfg.train.eval_every_steps, step, self.plan):
             self.last_eval = _evaluate(self.model, self.eval_dl, self.accelerator, self.inputs, step,
                                        self.metrics_log, self.progress, self.meter)
+            self.eval_step = step
+            self.best.update(self.last_eval, step, self.model)
             self.stopped = _target_met(cfg.train.stop_when, self.last_eval)
             if self.stopped:
                 log.info("stopping at step %d: %s", step, cfg.train.stop_when)
+        if self.ckpt.due(step):
+            self.guard.check()  # a checkpoint is always a finite state
+            self.ckpt.save(step, self.model, self.optimizer, self.scheduler, epoch=self.epoch, running=self.running,
+                           running_count=self.running_count,
+                           extra={"best": self.best.state(), "eval_step": self.eval_step, "last_eval": self.last_eval})
+        kill_hook(step)

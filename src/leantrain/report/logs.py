@@ -32,12 +32,13 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
 
 
 class MetricsLog:
-    def __init__(self, path: str | os.PathLike | None, accelerator=None):
+    def __init__(self, path: str | os.PathLike | None, accelerator=None, prior: list[dict[str, Any]] | None = None):
+        """``prior``: records of the run so far (a resumed run), written back first."""
         self.path = Path(path) if path else None
         self.accelerator = accelerator
-        self.records: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = list(prior or [])
         if self.path:
-            self.path.write_text("")
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
 
     def write(self, record: dict[str, Any]) -> None:
         record = _clean(record)

@@ -1,0 +1,97 @@
+"""The best model by ``checkpoint.best_metric`` (kept in output_dir/best/) and early stopping.
+
+best/ is a save_pretrained folder (with tokenizer and best.json: metric, value, step), replaced atomically on each
+improvement. ``train.early_stopping_patience`` = N stops training after N evaluations without improvement. The
+record (value, step, evaluations since) travels in every checkpoint, so a resumed run decides exactly as the
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from pathlib import Path
+
+from leantrain.errors import UserError
+from leantrain.report.logs import write_json
+
+log = logging.getLogger("leantrain")
+
+
+class BestModel:
+    def __init__(self, cfg, accelerator, out: Path, tokenizer, state: dict | None = None):
+        ck = cfg.checkpoint
+        self.metric = ck.best_metric
+        self.key = self.metric.removeprefix("eval.") if self.metric else None
+        self.mode = ck.best_mode if ck.best_mode != "auto" else ("min" if self.key == "loss" else "max")
+        self.patience = cfg.train.early_stopping_patience
+        self.accelerator, self.out, self.tokenizer = accelerator, Path(out), tokenizer
+        state = state or {}
+        self.value = state.get("value")
+        self.step = state.get("step")
+        self.evals_since = int(state.get("evals_since", 0))
+        self.metrics = state.get("metrics")
+
+    def state(self) -> dict:
+        return {"value": self.value, "step": self.step, "evals_since": self.evals_since, "metrics": self.metrics}
+
+    @property
+    def should_stop(self) -> bool:
+        return bool(self.patience) and self.evals_since >= self.patience
+
+    def _better(self, v: float) -> bool:
+        if not math.isfinite(v):
+            return False
+        if self.value is None:
+            return True
+        return v > self.value if self.mode == "max" else v < self.value
+
+    def update(self, metrics: dict, step: int, model) -> None:
+        """After each evaluation (every process calls it)."""
+        if self.key is None or not metrics:
+            return
+        if self.key not in metrics:
+            raise UserError(f"checkpoint.best_metric={self.metric} is not computed for this run; "
+                            f"available: {', '.join('eval.' + k for k in metrics if k != 'samples')}")
+        v = float(metrics[self.key])
+        if self._better(v):
+            self.value, self.step, self.metrics, self.evals_since = v, step, dict(metrics), 0
+            self._save(model)
+        else:
+            self.evals_since += 1
+            if self.should_stop:
+                log.info("early stopping at step %d: %s has not improved for %d evaluations (best %.4f at step %d)",
+                         step, self.metric, self.evals_since, self.value, self.step)
+
+    def _save(self, model) -> None:
+        acc = self.accelerator
+        if acc.is_main_process:
+            final, tmp, old = self.out / "best", self.out / ".best.tmp", self.out / ".best.old"
+            shutil.rmtree(tmp, ignore_errors=True)
+            acc.unwrap_model(model).save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            write_json(tmp / "best.json", {"metric": self.metric, "mode": self.mode, "value": self.value,
+                                           "step": self.step, "metrics": self.metrics})
+            shutil.rmtree(old, ignore_errors=True)
+            if final.exists():
+                os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+            log.info("best %s=%.4f at step %d -> %s", self.metric, self.value, self.step, final)
+        acc.wait_for_everyone()
+
+    def load_into(self, model) -> dict | None:
+        """checkpoint.save_model=best: put the best weights into ``model``; returns their eval metrics."""
+        from safetensors.torch import load_model
+
+        if self.key is None or self.step is None:
+            return None
+        load_model(self.accelerator.unwrap_model(model), str(self.out / "best" / "model.safetensors"), strict=False)
+        return self.metrics
+
+    def summary(self) -> dict | None:
+        if self.key is None:
+            return None
+        return {"metric": self.metric, "mode": self.mode, "value": self.value, "step": self.step}

@@ -1,0 +1,135 @@
+"""Nothing hides a NaN: ``train.nonfinite`` = abort (default) or skip_step.
+
+abort: each step folds ``isfinite(loss) & isfinite(grad_norm)`` into a device-side record of the first bad step (no
+host sync); the record is read on logging steps and before every checkpoint save, where the host syncs anyway. On a
+non-finite value the run stops (exit 3) naming the step, the process(es) and the batch's example indices, and writes
+``output_dir/nonfinite.json``. The diagnostic checkpoint is the newest complete checkpoint: it is the last finite
+state, because the record is checked before every save, and resuming from it replays the run exactly up to the bad
+step (parameters after the bad step are not kept: they are no longer finite).
+
+skip_step: before each optimizer update the gradients (already all-reduced, so every process agrees) are checked,
+one host sync per step; a non-finite update is skipped, logged as a warning and a ``nonfinite`` metrics record, and
+counted in summary.json (``train.skipped_steps``). The learning-rate schedule still advances.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from leantrain.data.batching import epoch_batches, split_global_batch
+from leantrain.errors import UserError
+from leantrain.report.logs import write_json
+
+log = logging.getLogger("leantrain")
+
+NAN_AT_STEP = "LEANTRAIN_TEST_NAN_AT_STEP"  # test hook: the loss of optimizer step k becomes NaN
+
+
+class NonFiniteError(UserError):
+    exit_code = 3
+
+
+class _SkipOptimizer:
+    """The optimizer, with ``step()`` skipped when any gradient is non-finite (one host sync)."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+        self.skipped = False
+
+    def step(self, *args, **kwargs):
+        grads = [p.grad for g in self._optimizer.param_groups for p in g["params"] if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        self.skipped = not bool(torch.isfinite(norm))
+        if not self.skipped:
+            return self._optimizer.step(*args, **kwargs)
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self._optimizer, name)
+
+
+class NonFiniteGuard:
+    def __init__(self, cfg, accelerator, out: Path, lengths, plan, last_checkpoint):
+        self.mode = cfg.train.nonfinite
+        self.cfg, self.accelerator, self.out, self.lengths, self.plan = cfg, accelerator, Path(out), lengths, plan
+        self.last_checkpoint = last_checkpoint  # () -> Path | None
+        dev = accelerator.device
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=dev)
+        self.bad_values = torch.zeros(2, device=dev)  # loss sum, grad norm at the first bad step
+        self.skipped: list[int] = []
+        self._nan_at = os.environ.get(NAN_AT_STEP)
+
+    def optimizer(self, optimizer):
+        return _SkipOptimizer(optimizer) if self.mode == "skip_step" else optimizer
+
+    def inject(self, micro: list[dict], step: int) -> list[dict]:
+        """Test hook: make optimizer step ``step`` produce a NaN loss (and so NaN gradients)."""
+        if self._nan_at == str(step):
+            micro[0]["loss_weight"] = micro[0]["loss_weight"] * float("nan")
+        return micro
+
+    def observe(self, step: int, loss_sum: torch.Tensor, grad_norm, optimizer, metrics_log) -> None:
+        if self.mode == "skip_step":
+            if optimizer.skipped:
+                self.skipped.append(step)
+                rec = {"type": "nonfinite", "step": step, "action": "skipped", **self.batch_of(step)}
+                metrics_log.write(rec)
+                log.warning("warning: non-finite gradients at step %d: update skipped (batch rows %s)",
+                            step, rec["batch"][:16])
+            return
+        ok = torch.isfinite(loss_sum)
+        if grad_norm is not None:
+            ok = ok & torch.isfinite(grad_norm)
+        first = (self.first_bad < 0) & ~ok
+        self.first_bad.masked_fill_(first, step)
+        values = torch.stack([loss_sum.detach().float(), (grad_norm if grad_norm is not None else loss_sum).float()])
+        self.bad_values = torch.where(first, values, self.bad_values)
+
+    def check(self) -> None:
+        """A collective on logging steps and before saves (abort mode): stop if any process saw a NaN/Inf."""
+        if self.mode != "abort":
+            return
+        acc = self.accelerator
+        seen = torch.zeros(acc.num_processes, dtype=torch.long, device=acc.device)
+        seen[acc.process_index] = self.first_bad + 1
+        if acc.num_processes > 1:
+            seen = acc.reduce(seen, reduction="sum")
+        seen = seen.tolist()
+        if not any(seen):
+            return
+        step = min(s for s in seen if s) - 1
+        ranks = [r for r, s in enumerate(seen) if s == step + 1]
+        self._abort(step, ranks)
+
+    def _abort(self, step: int, ranks: list[int]) -> None:
+        loss_sum, norm = self.bad_values.tolist()
+        last = self.last_checkpoint()
+        diag = {"step": step, "ranks": ranks, "epoch": (step - 1) // self.plan.steps_per_epoch,
+                "loss_sum_on_rank": loss_sum if self.accelerator.process_index in ranks else None,
+                "grad_norm": norm if self.cfg.train.max_grad_norm is not None else None,
+                **self.batch_of(step), "last_finite_checkpoint": str(last) if last else None}
+        if self.accelerator.is_main_process:
+            write_json(self.out / "nonfinite.json", diag)
+        where = (f"the last finite state is {last} (resume from it to replay up to the bad step)" if last
+                 else "no checkpoint was saved before it (set checkpoint.every_steps lower to keep one)")
+        raise NonFiniteError(
+            f"non-finite loss or gradient norm at optimizer step {step} on process(es) {ranks}; training stopped "
+            f"(train.nonfinite=abort). Details in {self.out / 'nonfinite.json'}:",
+            [f"batch rows (training-set indices) {diag['batch'][:32]}", where,
+             "train.nonfinite=skip_step skips such updates instead"])
+
+    def batch_of(self, step: int) -> dict:
+        """The global batch of optimizer step ``step`` (1-based) and each process's part, from the pure batch plan."""
+        plan, d = self.plan, self.cfg.data
+        epoch, index = divmod(step - 1, plan.steps_per_epoch)
+        batches = epoch_batches(self.lengths, plan.batch_size, seed=self.cfg.train.seed, epoch=epoch,
+                                batching=d.batching, group_size=d.group_size, drop_last=d.drop_last)
+        batch = batches[index]
+        parts = split_global_batch(batch, plan.world_size * plan.accum)
+        per_rank = {r: [int(i) for a in range(plan.accum) for i in parts[a * plan.world_size + r] if i >= 0]
+                    for r in range(plan.world_size)}
+        return {"batch": [int(i) for i in batch], "batch_by_rank": per_rank}

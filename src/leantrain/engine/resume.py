@@ -1,0 +1,239 @@
+"""Where a run starts: afresh, from a checkpoint (exactly, or refused), or not at all (already complete).
+
+``checkpoint.resume=auto`` resumes from the newest complete checkpoint in output_dir whose resolved config equals
+this one, ignoring keys that cannot change the computation (HARMLESS). Any other difference exits 2 naming the keys.
+Changes that make a resume inexact (world size, global batch, data, a missing RNG state) are refused unless
+``checkpoint.allow_inexact_resume=true``, which turns them into a warning that says what will differ.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+from leantrain.engine.checkpoint import ROOT, complete_checkpoints, rank_file, set_rng_state, verify
+from leantrain.engine.state_io import StateFormatError, load_state
+from leantrain.errors import UserError
+
+log = logging.getLogger("leantrain")
+
+# config keys (or prefixes ending in '.') that cannot change what is computed
+HARMLESS = ("output_dir", "report.", "train.log_every_steps", "train.eval_every_steps", "train.eval_batch_size",
+            "train.warmup_steps_excluded", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.resume",
+            "checkpoint.allow_inexact_resume", "data.num_workers")
+# config keys whose change makes a resume inexact: allowed only with checkpoint.allow_inexact_resume
+INEXACT = {"train.batch_size": "the data position is a step index: the examples after the resume point differ",
+           "train.micro_batch_size": "the float summation order of each step differs"}
+
+
+@dataclass
+class Decision:
+    kind: str  # fresh | resume | complete
+    path: Path | None = None
+    summary: dict | None = None
+    inexact: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoopState:
+    """What the loop needs to continue: position, running loss, RNG, and the best-model record."""
+
+    step: int = 0
+    epoch: int = 0
+    start_step: int = 0  # global batches of ``epoch`` already done
+    running: torch.Tensor | None = None
+    running_count: int = 0
+    rng: dict | None = None
+    best: dict | None = None
+    eval_step: int = -1  # the step of the last evaluation, and its metrics
+    last_eval: dict = field(default_factory=dict)
+    resumed_from: Path | None = None
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(old: dict, new: dict) -> tuple[list[str], list[str]]:
+    """(blocking differences, inexact differences) as 'key: old -> new' lines; harmless keys are ignored."""
+    a, b = _flat(old), _flat(new)
+    blocking, inexact = [], []
+    for key in sorted(set(a) | set(b)):
+        if any(key == h or (h.endswith(".") and key.startswith(h)) for h in HARMLESS):
+            continue
+        if a.get(key) != b.get(key) and json.dumps(a.get(key)) != json.dumps(b.get(key)):
+            line = f"{key}: {a.get(key)!r} -> {b.get(key)!r}"
+            (inexact if key in INEXACT else blocking).append(line + (f" ({INEXACT[key]})" if key in INEXACT else ""))
+    return blocking, inexact
+
+
+def _differs_error(where: Path, blocking: list[str]) -> UserError:
+    return UserError(
+        f"{where} was written with a different config; change these back, or pass checkpoint.resume=never "
+        "(start afresh, removing the old checkpoints) or another output_dir:", blocking)
+
+
+def _decide(cfg, out: Path) -> Decision:
+    mode = cfg.checkpoint.resume
+    now = cfg.to_dict()
+    if mode == "never":
+        if (out / ROOT).is_dir():
+            log.info("checkpoint.resume=never: removing the old checkpoints in %s", out / ROOT)
+            shutil.rmtree(out / ROOT)
+        return Decision("fresh")
+    if mode != "auto":
+        path = Path(mode)
+        if not path.is_dir():
+            raise UserError(f"checkpoint.resume={mode}: no such checkpoint folder")
+        try:
+            verify(path)
+        except ValueError as e:
+            raise UserError(f"checkpoint.resume={mode}: {e}") from None
+        return _with_config(path, now)
+    if (out / "summary.json").is_file() and (out / "config.yaml").is_file():
+        blocking, inexact = config_diff(yaml.safe_load((out / "config.yaml").read_text()), now)
+        if blocking or inexact:
+            raise _differs_error(out, blocking + inexact)
+        return Decision("complete", summary=json.loads((out / "summary.json").read_text()))
+    bad = []
+    for path in complete_checkpoints(out):
+        try:
+            verify(path)
+        except ValueError as e:
+            log.warning("warning: skipping checkpoint %s", e)
+            bad.append(str(e))
+            continue
+        return _with_config(path, now)
+    if bad:
+        raise UserError(f"no checkpoint in {out / ROOT} verifies; pass checkpoint.resume=never to start afresh:", bad)
+    return Decision("fresh")
+
+
+def _with_config(path: Path, now: dict) -> Decision:
+    try:
+        old = load_state(path, "config")
+    except StateFormatError as e:
+        raise UserError(f"cannot resume from {path}: {e}") from None
+    blocking, inexact = config_diff(old, now)
+    if blocking:
+        raise _differs_error(path, blocking)
+    return Decision("resume", path=path, inexact=inexact)
+
+
+def decide(cfg, out: Path, accelerator) -> Decision:
+    """Rank 0 decides (it alone may remove folders); every rank gets the same decision or the same error."""
+    from accelerate.utils import broadcast_object_list
+
+    box: list = [None, None]
+    if accelerator.is_main_process:
+        try:
+            box[0] = _decide(cfg, out)
+        except UserError as e:
+            box[1] = (str(e.args[0]), e.problems)
+    if accelerator.num_processes > 1:
+        broadcast_object_list(box, from_process=0)
+    if box[1] is not None:
+        raise UserError(*box[1])
+    decision = box[0]
+    if decision.kind == "complete":
+        log.info("the run in %s is already complete (summary.json, same config): nothing to do", out)
+    return decision
+
+
+def restore(decision: Decision, cfg, accelerator, plan, fingerprint: str, model, optimizer, scheduler) -> LoopState:
+    """Load a checkpoint into the prepared model, optimizer and scheduler; refuse silent inexactness."""
+    if decision.kind != "resume":
+        return LoopState(running=torch.zeros((), device=accelerator.device))
+    path = decision.path
+    try:
+        trainer = load_state(path, "trainer_state")
+        problems = _inexact(decision, trainer, accelerator, plan, fingerprint, path)
+        if problems and not cfg.checkpoint.allow_inexact_resume:
+            raise UserError(f"cannot resume exactly from {path}; pass checkpoint.allow_inexact_resume=true to "
+                            "resume anyway:", problems)
+        for p in problems:
+            log.warning("warning: inexact resume: %s", p)
+        _load_model(path, accelerator.unwrap_model(model))
+        optimizer.load_state_dict(load_state(path, "optimizer"))
+        scheduler.load_state_dict(load_state(path, "scheduler"))
+        if getattr(accelerator, "scaler", None) is not None and (path / "scaler.json").is_file():
+            accelerator.scaler.load_state_dict(load_state(path, "scaler"))
+        mine = path / f"{rank_file(accelerator.process_index)}.json"
+        rank = load_state(path, rank_file(accelerator.process_index)) if mine.is_file() else {}
+    except StateFormatError as e:
+        raise UserError(f"cannot resume from {path}: {e}") from None
+    step = int(trainer["step"])
+    running = rank.get("running_loss", torch.zeros(())).to(accelerator.device)
+    log.info("resuming from %s (step %d of %d)", path, step, plan.total_steps)
+    return LoopState(step=step, epoch=step // plan.steps_per_epoch, start_step=step % plan.steps_per_epoch,
+                     running=running, running_count=int(rank.get("running_count", 0)), rng=rank.get("rng"),
+                     best=trainer.get("best"), eval_step=int(trainer.get("eval_step", -1)),
+                     last_eval=trainer.get("last_eval") or {}, resumed_from=path)
+
+
+def _inexact(decision: Decision, trainer: dict, accelerator, plan, fingerprint: str, path: Path) -> list[str]:
+    problems = list(decision.inexact)
+    world = accelerator.num_processes
+    if trainer.get("world_size") != world:
+        problems.append(f"world size {trainer.get('world_size')} -> {world}: each process's random stream "
+                        "(dropout) and the float summation order differ")
+    if trainer.get("global_batch") != plan.batch_size and not any(p.startswith("train.batch_size") for p in problems):
+        problems.append(f"global batch {trainer.get('global_batch')} -> {plan.batch_size}: the examples after the "
+                        "resume point differ")
+    if trainer.get("data_fingerprint") != fingerprint:
+        problems.append(f"the training data changed (fingerprint {str(trainer.get('data_fingerprint'))[:12]} -> "
+                        f"{fingerprint[:12]}): the batches after the resume point differ from the run's")
+    missing = [r for r in range(world) if not (path / f"{rank_file(r)}.json").is_file()]
+    if missing:
+        problems.append(f"no RNG / running-loss state for process(es) {missing}: they continue with fresh "
+                        "random streams (dropout differs) and the first logged loss covers fewer steps")
+    return problems
+
+
+def _load_model(path: Path, model) -> None:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_model
+
+    try:
+        missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise StateFormatError(f"{path / 'model.safetensors'}: not a valid safetensors file ({e})") from None
+    if missing or unexpected:
+        raise StateFormatError(f"model.safetensors does not fit the model (missing {sorted(missing)[:5]}, "
+                               f"unexpected {sorted(unexpected)[:5]})")
+
+
+def apply_rng(state: LoopState, cfg, accelerator) -> None:
+    """The last thing before the loop: every generator exactly where the checkpoint left it."""
+    if state.rng is not None:
+        set_rng_state(state.rng)
+    elif state.resumed_from is not None:  # allowed inexact resume without this rank's RNG
+        from accelerate.utils import set_seed
+
+        set_seed(cfg.train.seed + 1000003 * state.step + accelerator.process_index)
+
+
+def prior_records(out: Path, state: LoopState) -> list[dict]:
+    """A resumed run's metrics.jsonl: the records up to the resume step (a killed run may have logged past it)."""
+    from leantrain.report.logs import read_metrics
+
+    path = Path(out) / "metrics.jsonl"
+    if state.resumed_from is None or not path.is_file():
+        return []
+    try:
+        return [r for r in read_metrics(path) if r.get("step", 0) <= state.step]
+    except ValueError:  # a line cut by the kill
+        lines = path.read_text().splitlines()
+        return [r for r in (json.loads(x) for x in lines[:-1] if x.strip()) if r.get("step", 0) <= state.step]
