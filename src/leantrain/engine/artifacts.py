@@ -35,7 +35,8 @@ def peak_memory(accelerator) -> dict[str, int]:
     return {k: int(v) for k, v in zip(keys, peak.tolist())}
 
 
-def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds) -> dict:
+def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds,
+                 optim_state: dict | None = None) -> dict:
     out = Path(cfg.output_dir)
     memory = peak_memory(accelerator)
     accelerator.wait_for_everyone()
@@ -60,6 +61,7 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
         },
         "model": {"name": inputs.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
                   "parameters": counts, "labels": inputs.label_names},
+        "optim": optim_state or {"name": cfg.optim.name},
         "data": {"train_rows": len(inputs.train), "eval_rows": len(inputs.eval), "columns": inputs.columns},
         "distributed": {"world_size": accelerator.num_processes, "strategy": "ddp" if accelerator.num_processes > 1 else "none"},
         "device": {"type": accelerator.device.type, "name": _device_name(accelerator.device),

@@ -17,7 +17,8 @@ from leantrain.engine.setup import default_output_dir, make_accelerator, setup_l
 from leantrain.engine.step import train_step
 from leantrain.data.loaders import epoch_plan, train_loader
 from leantrain.modeling import build_model, parameter_counts
-from leantrain.optim import build_optimizer, build_scheduler
+from leantrain.optim import build_optimizer, build_scheduler, state_report
+from leantrain.optim.state import describe as describe_optim_state
 from leantrain.perf.meter import Throughput
 from leantrain.report.logs import MetricsLog
 from leantrain.report.progress import Progress
@@ -79,7 +80,7 @@ def train(cfg: Config) -> dict:
     lengths = np.asarray(inputs.train["length"])
     step, epoch, last_eval = 0, 0, {}
     running = torch.zeros((), device=accelerator.device)
-    running_count, grad_norm = 0, None
+    running_count, grad_norm, optim_state = 0, None, None
     while step < plan.total_steps:
         mb_plan = epoch_plan(inputs.train, batch_size=plan.batch_size, seed=cfg.train.seed, epoch=epoch,
                              batching=cfg.data.batching, group_size=cfg.data.group_size, drop_last=cfg.data.drop_last,
@@ -99,6 +100,9 @@ def train(cfg: Config) -> dict:
             running_count += len(global_batch)
             step += 1
             meter.end_step(len(global_batch), int(lengths[global_batch].sum()))
+            if optim_state is None:  # once, after the first step allocated the state (metadata only, no sync)
+                optim_state = state_report(optimizer, cfg.optim.name)
+                progress.write(describe_optim_state(optim_state))
             logged = None
             if step % cfg.train.log_every_steps == 0 or step == plan.total_steps:
                 logged = _log_step(accelerator, running, running_count, grad_norm, scheduler, meter, step,
@@ -115,7 +119,7 @@ def train(cfg: Config) -> dict:
     last_eval = _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, None)
     summary = save_outputs(
         cfg, accelerator, model, inputs, counts=counts, meter=meter, plan=plan, last_eval=last_eval,
-        records=metrics_log.records, wall_seconds=time.perf_counter() - t_start,
+        records=metrics_log.records, wall_seconds=time.perf_counter() - t_start, optim_state=optim_state,
     )
     accelerator.end_training()
     return summary
