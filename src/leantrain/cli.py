@@ -21,6 +21,7 @@ examples:
   leantrain inspect path/or/hub-id
   leantrain predict runs/x/model --input new.csv --output preds.jsonl
   leantrain eval runs/x/model data.eval=dev.csv
+  leantrain bench my.yaml --sweep optim.name=adamw,adafactor,adamw8bit,sgd train.max_steps=20 output_dir=runs/b
 """
 
 
@@ -83,7 +84,18 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     e.add_argument("args", nargs="*", metavar="key=value")
     e.add_argument("--output", default=None, help="also write the metrics as JSON here")
     e.add_argument("--batch-size", type=int, default=64)
-    return p, {"train": t, "inspect": i, "predict": pr, "eval": e}
+    b = sub.add_parser("bench", help="short trials of a config across a sweep of key=value lists, side by side",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES + "\n" + keys,
+                       description="Runs each point of the cartesian product of the sweeps in a fresh training "
+                       "process and writes a table (samples/s, tokens/s, peak memory, optimizer state, eval loss and "
+                       "accuracy, each also as a ratio to the first variant) to the terminal and to output_dir/"
+                       "bench.csv, bench.json and bench.png. Exit status 0 when at least one variant ran.")
+    b.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
+    b.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="one key and its values; repeat for a cartesian product")
+    b.add_argument("--repeat", type=int, default=1, help="rounds over all variants, interleaved (default: 1)")
+    b.add_argument("--timeout", type=float, default=None, help="seconds per training run (default: none)")
+    return p, {"train": t, "inspect": i, "predict": pr, "eval": e, "bench": b}
 
 
 def _cmd_train(ns) -> int:
@@ -147,6 +159,14 @@ def _cmd_eval(ns) -> int:
     return 0
 
 
+def _cmd_bench(ns) -> int:
+    from leantrain.perf.bench import run_bench
+
+    source, overrides = _split_positionals(ns.args)
+    result = run_bench(source, overrides, ns.sweep, repeat=ns.repeat, timeout=ns.timeout)
+    return 0 if any(r["status"] == "ok" for r in result["rows"]) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Under torchrun, an uncaught error is recorded (rank, traceback) for torchrun's failure report."""
     from leantrain.launch import inside_launcher
@@ -167,7 +187,8 @@ def _main(argv: list[str] | None = None) -> int:
     # argparse cannot intermix options and positionals through subparsers: parse each subcommand on its own
     ns = subs[argv[0]].parse_intermixed_args(argv[1:])
     try:
-        return {"train": _cmd_train, "inspect": _cmd_inspect, "predict": _cmd_predict, "eval": _cmd_eval}[argv[0]](ns)
+        return {"train": _cmd_train, "inspect": _cmd_inspect, "predict": _cmd_predict, "eval": _cmd_eval,
+                "bench": _cmd_bench}[argv[0]](ns)
     except UserError as e:
         print(f"leantrain: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -110,11 +110,29 @@ def parse_stop_when(text: str) -> tuple[str, str, float]:
 
 
 class OptimConfig(Section):
-    name: Literal["adamw"] = "adamw"
-    weight_decay: float = Field(0.01, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    scheduler: Literal["linear", "cosine", "constant"] = "linear"
+    name: Literal["adamw", "adafactor", "adamw8bit", "sgd", "lion", "muon"] = Field(
+        "adamw", description="adamw (torch, fused/foreach), adafactor (transformers), adamw8bit (bitsandbytes, "
+        "extra leantrain[8bit]), sgd, lion (extra leantrain[lion]), muon (torch Muon for hidden 2-D weights + AdamW "
+        "for the rest)"
+    )
+    weight_decay: float = Field(0.01, ge=0, description="decoupled weight decay (biases and norm weights excluded)")
+    decay_norms_and_biases: bool = Field(
+        False, description="also decay biases and LayerNorm/RMSNorm weights (parameters with ndim < 2)"
+    )
+    betas: tuple[float, float] | None = Field(
+        None, description="unset = the optimizer's default: AdamW/8-bit/Muon's AdamW (0.9, 0.999), Lion (0.9, 0.99)"
+    )
+    eps: float = Field(1e-8, gt=0, description="AdamW / 8-bit AdamW epsilon")
+    momentum: float | None = Field(
+        None, ge=0, lt=1, description="sgd and muon momentum; unset = 0.9 for sgd, 0.95 for muon"
+    )
+    nesterov: bool | None = Field(None, description="Nesterov momentum for sgd and muon; unset = off for sgd, on for muon")
+    adafactor_relative_step: bool = Field(
+        False, description="Adafactor's own time-dependent step size: train.lr and optim.scheduler are then ignored"
+    )
+    scheduler: Literal["linear", "cosine", "constant", "inverse_sqrt"] = Field(
+        "linear", description="learning-rate schedule after warm-up; stepped once per optimizer step"
+    )
     warmup_ratio: float = Field(0.06, ge=0, lt=1, description="share of the steps spent warming up")
     warmup_steps: int | None = Field(None, ge=0, description="overrides warmup_ratio when set")
 

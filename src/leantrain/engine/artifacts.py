@@ -37,7 +37,7 @@ def peak_memory(accelerator) -> dict[str, int]:
 
 
 def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds,
-                 distributed: dict, extra: dict | None = None) -> dict:
+                 distributed: dict, optim_state: dict | None = None, extra: dict | None = None) -> dict:
     """``extra``: sections merged into the summary (e.g. {"train": {"steps": ...}, "best": {...}})."""
     out = Path(cfg.output_dir)
     memory = peak_memory(accelerator)
@@ -64,6 +64,7 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
         },
         "model": {"name": inputs.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
                   "parameters": counts, "labels": inputs.label_names},
+        "optim": optim_state or {"name": cfg.optim.name},
         "data": {"train_rows": len(inputs.train), "eval_rows": len(inputs.eval), "columns": inputs.columns},
         "distributed": distributed,
         "device": {"type": accelerator.device.type, "name": _device_name(accelerator.device),

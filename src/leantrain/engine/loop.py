@@ -26,7 +26,8 @@ from leantrain.engine.setup import default_output_dir, make_accelerator, setup_l
 from leantrain.engine.step import train_step
 from leantrain.data.loaders import epoch_plan, train_loader
 from leantrain.modeling import build_model, parameter_counts
-from leantrain.optim import build_optimizer, build_scheduler
+from leantrain.optim import build_optimizer, build_scheduler, state_report
+from leantrain.optim.state import describe as describe_optim_state
 from leantrain.perf.meter import Throughput
 from leantrain.report.logs import MetricsLog
 from leantrain.report.progress import Progress
@@ -103,7 +104,7 @@ def train(cfg: Config) -> dict:
     summary = save_outputs(
         cfg, accelerator, model, inputs, counts=counts, meter=meter, plan=plan, last_eval=last_eval,
         records=metrics_log.records, wall_seconds=time.perf_counter() - t_start,
-        distributed=distributed_summary(cfg, accelerator, model, comm, meter),
+        distributed=distributed_summary(cfg, accelerator, model, comm, meter), optim_state=loop.optim_state,
         extra={"train": {"steps": step, "epochs": round(step / plan.steps_per_epoch, 4),
                          "resumed_from_step": state.step if state.resumed_from else None,
                          "skipped_steps": loop.guard.skipped},
@@ -208,6 +209,7 @@ class Loop:
         self.best = BestModel(cfg, accelerator, Path(cfg.output_dir), inputs.tokenizer, state.best)
         self.faults = FaultInjector(accelerator.process_index)
         self.stopped = False
+        self.optim_state = None
         self.progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress,
                                  initial=state.step)
 
@@ -249,6 +251,9 @@ class Loop:
             self.step += 1
             self.meter.end_step(len(global_batch), int(self.lengths[global_batch].sum()))
             self.faults.at_step(self.step)
+            if self.optim_state is None:  # once, after the first step allocated the state (metadata only, no sync)
+                self.optim_state = state_report(self.optimizer, cfg.optim.name)
+                self.progress.write(describe_optim_state(self.optim_state))
             self.after_step()
 
     def after_step(self) -> None:

@@ -1,0 +1,61 @@
+"""Optimizer and learning-rate schedule registry; optimizer-state accounting.
+
+``optim.name`` picks a builder in ``leantrain.optim.builders``; every builder receives the same parameter groups
+(no weight decay on biases and normalisation weights unless ``optim.decay_norms_and_biases``). The scheduler is
+stepped once per optimizer step, never per micro-batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from leantrain.config import OptimConfig
+from leantrain.optim.builders import BUILDERS
+from leantrain.optim.state import state_bytes, state_report
+
+__all__ = ["build_optimizer", "build_scheduler", "param_groups", "warmup_steps", "state_bytes", "state_report"]
+
+log = logging.getLogger("leantrain")
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, decay_all: bool = False) -> list[dict]:
+    """Decay matrices; leave biases and LayerNorm/RMSNorm weights (any parameter with ndim < 2) undecayed."""
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if decay_all or p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
+    """The optimizer named by ``cfg.name`` over ``model``'s trainable parameters, peak learning rate ``lr``."""
+    return BUILDERS[cfg.name](model, cfg, lr, param_groups)
+
+
+def warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
+    if cfg.warmup_steps is not None:
+        return min(cfg.warmup_steps, total_steps)
+    return math.ceil(cfg.warmup_ratio * total_steps)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
+    """One scheduler step per optimizer step (never per micro-batch). linear / cosine decay to 0 after warm-up;
+    constant after warm-up; inverse_sqrt: lr x sqrt(warm-up / step) after warm-up (transformers' definitions)."""
+    from transformers import get_scheduler
+    from transformers.optimization import AdafactorSchedule
+
+    if cfg.name == "adafactor" and cfg.adafactor_relative_step:
+        log.info("optim.adafactor_relative_step: Adafactor sets its own step size; optim.scheduler and train.lr unused")
+        return AdafactorSchedule(optimizer)
+    warmup = warmup_steps(cfg, total_steps)
+    name = {"constant": "constant_with_warmup"}.get(cfg.scheduler, cfg.scheduler)
+    if name == "inverse_sqrt":  # transformers' default timescale without warm-up is 10,000 steps
+        return get_scheduler(name, optimizer, num_warmup_steps=warmup,
+                             scheduler_specific_kwargs={"timescale": max(warmup, 1)})
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)

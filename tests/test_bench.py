@@ -1,0 +1,79 @@
+"""`leantrain bench`: sweeps, per-variant validation, fresh training processes, table/CSV/JSON/PNG."""
+
+import csv
+import json
+
+import pytest
+
+from conftest import write_rows
+from leantrain.cli import main
+from leantrain.errors import UserError
+from leantrain.perf.bench import make_variants, parse_sweeps, split_values
+
+
+def test_sweep_parsing_and_cartesian_product():
+    assert split_values("adamw,sgd") == ["adamw", "sgd"]
+    assert split_values("[0.9,0.99],[0.9, 0.999]") == ["[0.9,0.99]", "[0.9, 0.999]"]
+    sweeps = parse_sweeps(["optim.name=adamw,sgd,lion", "train.lr=1e-3,1e-4"])
+    variants = make_variants(sweeps)
+    assert len(variants) == 6
+    assert variants[0].overrides == ["optim.name=adamw", "train.lr=1e-3"]
+    assert variants[1].overrides == ["optim.name=adamw", "train.lr=1e-4"]
+    assert variants[0].slug == "optim.name-adamw__train.lr-1e-3"
+    assert [v.label for v in make_variants([])] == ["base"]
+    for bad in (["optim.name"], ["optim.name="], ["=a,b"], ["optim.name=a,,b"], ["train.lr=1", "train.lr=2"]):
+        with pytest.raises(UserError):
+            parse_sweeps(bad)
+
+
+def test_unknown_sweep_key_becomes_error_rows(tmp_path, capsys):
+    """A key this build does not know (another issue's key) is an error row per variant, not a crash."""
+    out = tmp_path / "b"
+    rc = main(["bench", "--sweep", "efficiency.precision=fp32,bf16", f"output_dir={out}", "train.max_steps=1"])
+    assert rc == 1  # nothing ran
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["error", "error"]
+    assert all("unknown key 'efficiency.precision'" in r["error"] for r in rows)
+    assert (out / "bench.csv").is_file() and (out / "bench.png").is_file()
+    assert "efficiency.precision=bf16" in capsys.readouterr().out
+
+
+def test_bench_2x1_sweep_writes_table_files_and_chart(tmp_path, tiny_bert, capsys):
+    rows = [{"text": ("good fine " if i % 2 else "bad poor ") * (1 + i % 4), "label": i % 2} for i in range(48)]
+    data = write_rows(tmp_path / "train.csv", rows)
+    out = tmp_path / "bench"
+    rc = main(["bench", f"model.name={tiny_bert}", "--sweep", "optim.name=adamw,sgd,nonsense", f"data.train={data}",
+               "train.max_steps=2", "train.batch_size=16", "--sweep", "train.lr=1e-3", "report.plots=false",
+               f"output_dir={out}"])
+    assert rc == 0
+    table = capsys.readouterr().out
+    assert "optim.name=adamw train.lr=1e-3" in table and "samples/s" in table and "(1.00x)" in table
+    result = json.loads((out / "bench.json").read_text())
+    by = {r["variant"]: r for r in result["rows"]}
+    ok_a, ok_s = by["optim.name=adamw train.lr=1e-3"], by["optim.name=sgd train.lr=1e-3"]
+    bad = by["optim.name=nonsense train.lr=1e-3"]
+    assert ok_a["status"] == ok_s["status"] == "ok" and bad["status"] == "error" and "optim.name" in bad["error"]
+    assert round(ok_a["optim_state_bytes_per_param"], 2) == 8.0 and ok_s["optim_state_bytes_per_param"] == 4.0
+    assert ok_s["optim_state_bytes_ratio"] == pytest.approx(0.5, abs=1e-3) and ok_a["samples_per_second_ratio"] == 1.0
+    assert ok_a["steps"] == 2 and ok_a["samples_per_second"] > 0 and ok_a["peak_memory_bytes"] > 50e6
+    assert ok_a["eval_accuracy"] is not None and ok_a["baseline"] == ok_a["variant"]
+    # each variant trained in its own process and folder
+    for r in (ok_a, ok_s):
+        folder = out / f"optim.name-{r['variant'].split()[0].split('=')[1]}__train.lr-1e-3"
+        assert json.loads((folder / "summary.json").read_text())["optim"]["name"] in ("adamw", "sgd")
+    with (out / "bench.csv").open() as f:
+        csv_rows = list(csv.DictReader(f))
+    assert [r["status"] for r in csv_rows] == ["ok", "ok", "error"]
+    assert (out / "bench.png").stat().st_size > 5000
+
+
+def test_a_failing_training_process_is_reported_with_its_error(tmp_path):
+    import sys
+
+    from leantrain.perf.bench import run_once
+
+    cmd = [sys.executable, "-c", "import sys; print('loading'); print('leantrain: error: optim.name=adamw8bit needs "
+           "bitsandbytes'); print('  - a detail'); sys.exit(2)"]
+    summary, error = run_once(cmd, tmp_path / "v", timeout=60)
+    assert summary is None and error.startswith("exit status 2: optim.name=adamw8bit needs bitsandbytes")
+    assert "a detail" in error and (tmp_path / "v" / "train.log").is_file()
