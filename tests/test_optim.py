@@ -214,7 +214,7 @@ def test_lr_steps_once_per_optimizer_step_under_accumulation(tmp_path, tiny_bert
                            "report.plots=false"])
     assert summary["train"]["accumulation_steps"] == 4
     lrs = [r["lr"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "train"]
-    assert lrs == pytest.approx([5e-4, 1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0])
+    assert lrs == pytest.approx([0.0, 5e-4, 1e-3, 7.5e-4, 5e-4, 2.5e-4])  # the rate each step applied
     optim = json.loads((out / "summary.json").read_text())["optim"]
     assert optim["name"] == "adamw" and optim["class"] == "AdamW"
     assert optim["parameters"] == summary["model"]["parameters"]["trainable"]
