@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from leantrain.config import Config
+from leantrain.config import Config, largest_divisor
 from leantrain.errors import ConfigError
 
 log = logging.getLogger("leantrain")
@@ -85,7 +85,9 @@ class StepPlan:
     notes: list[str] = field(default_factory=list)
 
 
-def step_plan(cfg: Config, train_rows: int, world_size: int) -> StepPlan:
+def step_plan(cfg: Config, train_rows: int, world_size: int, micro_batch_size: int | None = None) -> StepPlan:
+    """``micro_batch_size`` overrides the config's (``train.micro_batch_size=auto`` once it is chosen); while
+    ``auto`` is unresolved the plan uses the whole per-process batch."""
     t = cfg.train
     if t.batch_size % world_size:
         raise ConfigError(
@@ -93,11 +95,12 @@ def step_plan(cfg: Config, train_rows: int, world_size: int) -> StepPlan:
             f"use a multiple of {world_size}, e.g. {math.ceil(t.batch_size / world_size) * world_size}"
         )
     per_proc = t.batch_size // world_size
-    micro = t.micro_batch_size or per_proc
+    micro = micro_batch_size or (t.micro_batch_size if isinstance(t.micro_batch_size, int) else per_proc)
     if per_proc % micro:
         raise ConfigError(
             f"train.micro_batch_size={micro} does not divide the per-process batch {per_proc} "
-            f"(train.batch_size={t.batch_size} / {world_size} processes)"
+            f"(train.batch_size={t.batch_size} / {world_size} processes): use train.micro_batch_size="
+            f"{largest_divisor(per_proc, micro)}, or train.batch_size={math.ceil(per_proc / micro) * micro * world_size}"
         )
     accum = per_proc // micro
     full, rest = divmod(train_rows, t.batch_size)
