@@ -68,3 +68,98 @@ def test_micro_batch_that_does_not_divide_says_what_would():
     cfg = resolve(None, ["train.batch_size=48", "train.micro_batch_size=16"])  # 24 per process over 2
     with pytest.raises(ConfigError, match=r"use train.micro_batch_size=12, or train.batch_size=64"):
         step_plan(cfg, 100, world_size=2)
+
+
+# ------------------------------------------------------------------------------------------ gradient checkpointing
+
+
+def _batch(n=6, seed=0):
+    from leantrain.data.text import TextCollator
+
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(3, 30, (n,), generator=g).tolist()  # uneven lengths: padding and attention masks matter
+    rows = [{"input_ids": [101] + torch.randint(1000, 2000, (k,), generator=g).tolist() + [102],
+             "attention_mask": [1] * (k + 2), "labels": i % 2} for i, k in enumerate(lens)]
+    return TextCollator(0)(rows)
+
+
+def _grads(model, batch):
+    from leantrain.engine.step import weighted_loss_sum
+
+    model.zero_grad(set_to_none=True)
+    weighted_loss_sum(model, batch).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert):
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain.config import EfficiencyConfig
+    from leantrain.engine.efficiency import apply_model_switches
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2).train()
+    batch = _batch()
+    plain = _grads(model, batch)
+    notes = apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True))
+    assert model.is_gradient_checkpointing and any("checkpointing: on" in n for n in notes)
+    ckpt = _grads(model, batch)
+    assert ckpt.keys() == plain.keys() and len(plain) > 20
+    for k in plain:
+        torch.testing.assert_close(ckpt[k], plain[k], rtol=1e-5, atol=1e-7, msg=k)
+
+
+# ------------------------------------------------------------------------------------------------ mixed precision
+
+
+def test_loss_is_fp32_under_bf16_autocast(tiny_bert):
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain.engine.step import model_inputs, per_example_loss, weighted_loss_sum
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2)
+    batch = _batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(**model_inputs(batch)).logits
+        assert logits.dtype == torch.bfloat16  # the autocast is real ...
+        assert per_example_loss(logits, batch["labels"]).dtype == torch.float32  # ... and the loss is not in it
+        assert weighted_loss_sum(model, batch).dtype == torch.float32
+
+
+def test_precision_choice_on_cpu():
+    from leantrain.engine.efficiency import cpu_has_native_bf16, resolve_precision
+
+    assert resolve_precision("fp32", "cpu")[0] == "fp32" and resolve_precision("bf16", "cpu")[0] == "bf16"
+    choice, why = resolve_precision("auto", "cpu")
+    assert choice == ("bf16" if cpu_has_native_bf16() else "fp32") and why
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp8"])
+def test_fp16_and_fp8_refused_on_cpu_with_exit_2(precision, tmp_path, capsys):
+    from leantrain.cli import main
+
+    assert main(["train", f"efficiency.precision={precision}", f"output_dir={tmp_path / 'o'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"efficiency.precision={precision} is not supported on cpu" in err and "bf16" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bf16_run_trains_and_says_so(tmp_path, tiny_bert, data, plain):
+    summary, params = run(tmp_path, tiny_bert, data, "bf16", "efficiency.precision=bf16")
+    assert summary["efficiency"]["precision"] == "bf16"
+    diff = max((params[k] - plain[1][k]).abs().max().item() for k in params)
+    assert 0 < diff < 0.05  # bf16 differs from fp32 (it really ran in bf16), but only by rounding
+
+
+# ------------------------------------------------------------------------------------------------ MFU, time split
+
+
+def test_summary_has_mfu_and_time_split(plain):
+    t, n = plain[0]["train"], plain[0]["model"]["parameters"]["non_embedding"]
+    assert 15_000 < n < 25_000  # 2 layers x (4 x 32^2 + 2 x 32 x 64) weights + biases, pooler, head
+    assert 6 * n + 12 * 2 * 32 * 3 < t["flops_per_token"] < 6 * n + 12 * 2 * 32 * 34  # attention at 3..34 tokens
+    assert t["peak_flops"] > 1e8 and 0 < t["mfu"] < 1
+    assert t["mfu"] == pytest.approx(t["flops_per_token"] * t["tokens_per_second"] / t["peak_flops"])
+    split = t["time_split_seconds"]
+    assert set(split) == {"data", "compute", "optimizer"} and all(v > 0 for v in split.values())
+    assert sum(split.values()) <= t["loop_seconds"] * 1.01

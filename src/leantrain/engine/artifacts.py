@@ -35,7 +35,8 @@ def peak_memory(accelerator) -> dict[str, int]:
     return {k: int(v) for k, v in zip(keys, peak.tolist())}
 
 
-def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds) -> dict:
+def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds,
+                 extra_train: dict | None = None, efficiency: dict | None = None) -> dict:
     out = Path(cfg.output_dir)
     memory = peak_memory(accelerator)
     accelerator.wait_for_everyone()
@@ -57,7 +58,9 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
             "accumulation_steps": plan.accum,
             "final_loss": next((r["loss"] for r in reversed(records) if r.get("type") == "train"), None),
             **memory,
+            **(extra_train or {}),
         },
+        "efficiency": efficiency or {},
         "model": {"name": inputs.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
                   "parameters": counts, "labels": inputs.label_names},
         "data": {"train_rows": len(inputs.train), "eval_rows": len(inputs.eval), "columns": inputs.columns},

@@ -11,14 +11,18 @@ import torch
 
 from leantrain.config import Config
 from leantrain.engine.artifacts import save_outputs
+from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, compile_seconds,
+                                         resolve_precision)
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.inputs import prepare_inputs
-from leantrain.engine.setup import default_output_dir, make_accelerator, setup_logging, step_plan
+from leantrain.engine.setup import default_output_dir, device_type, make_accelerator, setup_logging, step_plan
 from leantrain.engine.step import train_step
 from leantrain.data.loaders import epoch_plan, train_loader
 from leantrain.modeling import build_model, parameter_counts
 from leantrain.optim import build_optimizer, build_scheduler
-from leantrain.perf.meter import Throughput
+from leantrain.perf.flops import MfuMeter
+from leantrain.perf.meter import PhaseClock, Throughput
+from leantrain.perf.plan import auto_micro_batch
 from leantrain.report.logs import MetricsLog
 from leantrain.report.progress import Progress
 
@@ -48,8 +52,10 @@ def train(cfg: Config) -> dict:
     from accelerate.utils import set_seed
 
     t_start = time.perf_counter()
-    accelerator = make_accelerator(cfg, None)
+    precision, why = resolve_precision(cfg.efficiency.precision, device_type())
+    accelerator = make_accelerator(cfg, None, ACCELERATE_PRECISION[precision])
     setup_logging(accelerator.is_main_process)
+    log.info("precision: %s (%s)", precision, why)
     out = _output_dir(cfg, accelerator)
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     accelerator.project_configuration.set_directories(str(out))
@@ -65,6 +71,14 @@ def train(cfg: Config) -> dict:
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", inputs.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
+    notes = apply_model_switches(model, cfg.efficiency)
+    if cfg.train.micro_batch_size == "auto":
+        plan = step_plan(cfg, len(inputs.train), accelerator.num_processes,
+                         auto_micro_batch(cfg, model, inputs, accelerator, plan))
+        notes += plan.notes
+    notes += compile_model(model, cfg.efficiency)
+    for note in notes:
+        log.info(note)
     model.train()
     optimizer = build_optimizer(model, cfg.optim, cfg.train.lr)
     scheduler = build_scheduler(optimizer, cfg.optim, plan.total_steps)
@@ -77,6 +91,10 @@ def train(cfg: Config) -> dict:
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
     progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress)
     lengths = np.asarray(inputs.train["length"])
+    flops = MfuMeter(accelerator.unwrap_model(model).config, counts["non_embedding"], float(lengths.mean()),
+                     accelerator.device, precision, accelerator.num_processes)
+    clock = PhaseClock()
+    host_is_device = accelerator.device.type == "cpu"  # compute/optimizer split without any device sync
     step, epoch, last_eval = 0, 0, {}
     running = torch.zeros((), device=accelerator.device)
     running_count, grad_norm = 0, None
@@ -90,10 +108,13 @@ def train(cfg: Config) -> dict:
             if step >= plan.total_steps:
                 break
             meter.start_step()
+            clock.start()
             micro = [_to_device(next(batches), accelerator.device) for _ in range(plan.accum)]
+            clock.lap("data")
             loss_sum, grad_norm = train_step(
                 model, micro, global_count=len(global_batch), accelerator=accelerator, optimizer=optimizer,
                 scheduler=scheduler, max_grad_norm=cfg.train.max_grad_norm,
+                on_phase=clock.lap if host_is_device else None,
             )
             running += loss_sum
             running_count += len(global_batch)
@@ -103,6 +124,7 @@ def train(cfg: Config) -> dict:
             if step % cfg.train.log_every_steps == 0 or step == plan.total_steps:
                 logged = _log_step(accelerator, running, running_count, grad_norm, scheduler, meter, step,
                                    epoch=step / plan.steps_per_epoch)
+                logged["mfu"] = flops.of(logged["tokens_per_second"])
                 metrics_log.write(logged)
                 running.zero_()
                 running_count = 0
@@ -116,6 +138,11 @@ def train(cfg: Config) -> dict:
     summary = save_outputs(
         cfg, accelerator, model, inputs, counts=counts, meter=meter, plan=plan, last_eval=last_eval,
         records=metrics_log.records, wall_seconds=time.perf_counter() - t_start,
+        extra_train={**flops.summary(meter.tokens_per_second), "time_split_seconds": clock.summary()},
+        efficiency={**cfg.efficiency.model_dump(), "precision_requested": cfg.efficiency.precision,
+                    "precision": precision, "precision_reason": why,
+                    "attn_implementation": accelerator.unwrap_model(model).config._attn_implementation,
+                    "compile_seconds": compile_seconds() if cfg.efficiency.compile else None},
     )
     accelerator.end_training()
     return summary

@@ -46,15 +46,25 @@ def has_accelerator() -> bool:
     return torch.cuda.is_available() or (hasattr(torch.backends, "mps") and torch.backends.mps.is_available())
 
 
-def make_accelerator(cfg: Config, project_dir: Path | None):
+def device_type() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    return "mps" if has_accelerator() else "cpu"
+
+
+def make_accelerator(cfg: Config, project_dir: Path | None, mixed_precision: str = "no"):
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if not has_accelerator() and local > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()  # a new run in the same process (notebook, tests) may change the precision
     accelerator = Accelerator(
         cpu=not has_accelerator(),
+        mixed_precision=mixed_precision,
         log_with=list(cfg.report.trackers) or None,
         project_config=ProjectConfiguration(project_dir=str(project_dir)) if project_dir else None,
         step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step ourselves
