@@ -163,3 +163,69 @@ def test_summary_has_mfu_and_time_split(plain):
     split = t["time_split_seconds"]
     assert set(split) == {"data", "compute", "optimizer"} and all(v > 0 for v in split.values())
     assert sum(split.values()) <= t["loop_seconds"] * 1.01
+
+
+# ------------------------------------------------------------------------------------------------ auto micro-batch
+
+
+@pytest.fixture(scope="module")
+def classifier(tiny_bert):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2)
+
+
+def test_planner_lines_and_measured_activations(classifier):
+    from leantrain.engine.efficiency import apply_model_switches
+    from leantrain.config import EfficiencyConfig
+    from leantrain.perf.plan import measure_activations, memory_plan
+    import copy
+
+    cfg = resolve(None, [])
+    prof = measure_activations(classifier, 34)
+    assert prof.per_example > 0 and prof.at(16) > prof.at(8)
+    lines = memory_plan(cfg, classifier, 8, prof)
+    n = sum(p.numel() for p in classifier.parameters())
+    assert lines["parameters"] == lines["gradients"] == 4 * n and lines["optimizer_state"] == 8 * n
+    assert lines["total"] == sum(v for k, v in lines.items() if k != "total")
+    ckpt = copy.deepcopy(classifier)
+    apply_model_switches(ckpt, EfficiencyConfig(gradient_checkpointing=True))
+    assert measure_activations(ckpt, 34).per_example < prof.per_example / 2  # checkpointing keeps layer inputs only
+
+
+def test_planner_picks_the_largest_divisor_that_fits(classifier):
+    from leantrain.errors import UserError
+    from leantrain.perf.plan import MARGIN, measure_activations, memory_plan, plan_micro_batch
+
+    cfg = resolve(None, [])
+    prof = measure_activations(classifier, 34)
+    need = {m: memory_plan(cfg, classifier, m, prof)["total"] * (1 + MARGIN) for m in (1, 4, 8)}
+    assert plan_micro_batch(cfg, classifier, 24, 34, int(need[4]) + 1)[0] == 4  # 6 does not fit, 5 does not divide
+    assert plan_micro_batch(cfg, classifier, 24, 34, 10**12)[0] == 24
+    with pytest.raises(UserError, match="even a micro-batch of 1.*efficiency.memory_budget"):
+        plan_micro_batch(cfg, classifier, 24, 34, int(need[1]) - 1)
+
+
+def test_auto_micro_batch_run_equals_plain_run(tmp_path, tiny_bert, data, plain, classifier):
+    from transformers import AutoTokenizer
+
+    from leantrain.perf.plan import MARGIN, measure_activations, memory_plan
+
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    longest = max(len(tok(r["text"])["input_ids"]) for r in rows(96))
+    prof = measure_activations(classifier, longest)
+    cfg = resolve(None, [])
+    need = {m: memory_plan(cfg, classifier, m, prof)["total"] * (1 + MARGIN) for m in (8, 16)}
+    budget = int((need[8] + need[16]) / 2)  # room for 8 per micro-batch, not for 16
+    summary, params = run(tmp_path, tiny_bert, data, "auto", "train.micro_batch_size=auto",
+                          f"efficiency.memory_budget={budget}")
+    assert summary["train"]["micro_batch_size"] == 8 and summary["train"]["accumulation_steps"] == 4
+    assert_same_params(params, plain[1])
+
+
+def test_memory_budget_parsing():
+    from leantrain.perf.plan import parse_bytes
+
+    assert parse_bytes("4GiB") == 4 * 2**30 and parse_bytes("500MB") == 500_000_000 and parse_bytes(123) == 123
+    with pytest.raises(ConfigError, match="efficiency.memory_budget"):
+        parse_bytes("lots")

@@ -84,7 +84,11 @@ def apply_model_switches(model, eff: EfficiencyConfig) -> list[str]:
     if eff.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ConfigError(f"efficiency.gradient_checkpointing: {type(model).__name__} does not support it")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name; the old one warns
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         model.config.use_cache = False
         notes.append("gradient checkpointing: on (non-reentrant; activations recomputed in backward)")
     return notes
