@@ -229,3 +229,16 @@ def test_memory_budget_parsing():
     assert parse_bytes("4GiB") == 4 * 2**30 and parse_bytes("500MB") == 500_000_000 and parse_bytes(123) == 123
     with pytest.raises(ConfigError, match="efficiency.memory_budget"):
         parse_bytes("lots")
+
+
+# ------------------------------------------------------------------------------------------------ compile
+
+
+@pytest.mark.slow
+def test_compiled_run_gives_the_eager_loss(tmp_path, tiny_bert, data):
+    """torch.compile on a tiny model: two steps at one padded shape (one compilation), loss as in eager."""
+    args = ["train.max_steps=2", "data.batching=padded", "data.max_length=32", "train.log_every_steps=1"]
+    eager, _ = run(tmp_path, tiny_bert, data, "eager", *args)
+    compiled, _ = run(tmp_path, tiny_bert, data, "compiled", *args, "efficiency.compile=true")
+    assert compiled["efficiency"]["compile"] is True and compiled["efficiency"]["compile_seconds"] > 0
+    assert compiled["train"]["final_loss"] == pytest.approx(eager["train"]["final_loss"], rel=1e-4)
