@@ -27,15 +27,16 @@ def test_sweep_parsing_and_cartesian_product():
 
 
 def test_unknown_sweep_key_becomes_error_rows(tmp_path, capsys):
-    """A key this build does not know (another issue's key) is an error row per variant, not a crash."""
+    """A key this build does not know (a typo, another version's key) is an error row per variant, not a crash."""
     out = tmp_path / "b"
-    rc = main(["bench", "--sweep", "efficiency.precision=fp32,bf16", f"output_dir={out}", "train.max_steps=1"])
+    rc = main(["bench", "--sweep", "efficiency.precison=fp32,bf16", f"output_dir={out}", "train.max_steps=1"])
     assert rc == 1  # nothing ran
     rows = json.loads((out / "bench.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["error", "error"]
-    assert all("unknown key 'efficiency.precision'" in r["error"] for r in rows)
+    assert all("unknown key 'efficiency.precison'" in r["error"] for r in rows)
+    assert all("did you mean 'efficiency.precision'" in r["error"] for r in rows)
     assert (out / "bench.csv").is_file() and (out / "bench.png").is_file()
-    assert "efficiency.precision=bf16" in capsys.readouterr().out
+    assert "efficiency.precison=bf16" in capsys.readouterr().out
 
 
 def test_bench_2x1_sweep_writes_table_files_and_chart(tmp_path, tiny_bert, capsys):

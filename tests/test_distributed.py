@@ -65,6 +65,7 @@ def job(tmp_path_factory, tiny_bert):
         "train": {"batch_size": 8, "micro_batch_size": 2, "epochs": 2, "lr": 1e-3, "log_every_steps": 1,
                   "seed": 7},
         "report": {"plots": False, "progress": "plain"},
+        "efficiency": {"precision": "fp32"},  # exact comparisons across layouts
     }
     path = tmp / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))

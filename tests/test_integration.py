@@ -16,15 +16,20 @@ from leantrain.cli import main
 pytestmark = pytest.mark.slow
 
 
+def _sst2_args(tmp):
+    """MiniLM fine-tuned for one epoch on a seeded 2,000-row slice of SST-2 train, evaluated on all of dev."""
+    if not (tmp / "train.tsv").exists():
+        full = pd.read_csv(shared_data("sst2", "train.tsv"), sep="\t", quoting=3)
+        full.sample(n=2000, random_state=0).to_csv(tmp / "train.tsv", sep="\t", index=False)
+    return [f"data.train={tmp / 'train.tsv'}", f"data.eval={shared_data('sst2', 'dev.tsv')}", "train.epochs=1",
+            "train.seed=0"]
+
+
 @pytest.fixture(scope="module")
 def sst2_run(tmp_path_factory):
-    """MiniLM fine-tuned for one epoch on a seeded 2,000-row slice of SST-2 train, evaluated on all of dev."""
     tmp = tmp_path_factory.mktemp("sst2")
-    full = pd.read_csv(shared_data("sst2", "train.tsv"), sep="\t", quoting=3)
-    full.sample(n=2000, random_state=0).to_csv(tmp / "train.tsv", sep="\t", index=False)
     out = tmp / "run"
-    summary = train(None, [f"data.train={tmp / 'train.tsv'}", f"data.eval={shared_data('sst2', 'dev.tsv')}",
-                           "train.epochs=1", f"output_dir={out}", "train.seed=0"])
+    summary = train(None, [*_sst2_args(tmp), f"output_dir={out}", "efficiency.precision=fp32"])
     return summary, out
 
 
@@ -34,6 +39,16 @@ def test_minilm_learns_sst2(sst2_run):
     assert summary["eval"]["accuracy"] > 0.75, summary["eval"]  # chance is ~0.51 (majority class)
     assert summary["train"]["steps"] == 63  # ceil(2000 / 32)
     assert summary["train"]["tokens_per_second"] > 0 and summary["train"]["peak_memory_bytes"] > 0
+
+
+def test_bf16_learns_sst2_as_well_as_fp32(sst2_run):
+    """The same run under bf16 autocast (efficiency.precision=bf16) ends within a few points of fp32."""
+    fp32, out = sst2_run
+    bf16 = train(None, [*_sst2_args(out.parent), f"output_dir={out.parent / 'bf16'}", "efficiency.precision=bf16",
+                        "report.plots=false"])
+    assert bf16["efficiency"]["precision"] == "bf16" and fp32["efficiency"]["precision"] == "fp32"
+    assert abs(bf16["eval"]["accuracy"] - fp32["eval"]["accuracy"]) <= 0.03, (bf16["eval"], fp32["eval"])
+    assert bf16["train"]["peak_flops"] != fp32["train"]["peak_flops"]  # MFU against the bf16 peak
 
 
 def test_saved_model_pipeline_matches_predict(sst2_run, tmp_path):

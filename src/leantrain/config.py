@@ -65,10 +65,20 @@ class TrainConfig(Section):
     epochs: float = Field(3.0, gt=0, description="passes over the training data (ignored when max_steps > 0)")
     max_steps: int = Field(0, ge=0, description="optimizer steps; > 0 overrides epochs")
     batch_size: int = Field(32, gt=0, description="global batch: examples per optimizer step over all processes")
-    micro_batch_size: int | None = Field(
-        None, gt=0, description="examples per process per forward pass; unset = batch_size / processes"
+    micro_batch_size: int | str | None = Field(
+        None, description="examples per process per forward pass; unset = batch_size / processes; "
+        "auto = the largest that fits efficiency.memory_budget (accumulation makes up the rest)"
     )
     eval_batch_size: int | None = Field(None, gt=0, description="per process; unset = 2 x micro batch")
+
+    @field_validator("micro_batch_size", mode="before")
+    @classmethod
+    def _micro(cls, v: Any) -> Any:
+        if v is None or v == "auto":
+            return v
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError("expected a positive integer or 'auto'")
+        return v
     lr: float = Field(5e-5, gt=0, description="peak learning rate")
     max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping; null = off")
     seed: int = 42
@@ -161,6 +171,23 @@ class CheckpointConfig(Section):
             raise ValueError(f"must be one of {', '.join(names)}")
         return v
 
+class EfficiencyConfig(Section):
+    precision: Literal["auto", "fp32", "bf16", "fp16", "fp8"] = Field(
+        "auto", description="auto: bf16 where the CPU/GPU runs it natively, fp16 + grad scaler on older GPUs, "
+        "else fp32; fp16/fp8 need a GPU"
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in backward (less memory, ~25-30% more time)"
+    )
+    compile: bool = Field(False, description="torch.compile the model (compile time is reported separately)")
+    memory_budget: int | str | None = Field(
+        None, description="bytes (or '4GiB', '500MB') per process for train.micro_batch_size=auto; "
+        "unset = device memory on GPU, a safe share of available RAM on CPU"
+    )
+    profile: bool = Field(False, description="torch profiler trace + a table of where the step's time goes "
+                          "(output_dir/profile/)")
+    profile_steps: int = Field(10, gt=0, description="optimizer steps profiled (after 3 skipped and 1 warm-up)")
+
 
 class ReportConfig(Section):
     trackers: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive"]] = Field(
@@ -190,6 +217,7 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    efficiency: EfficiencyConfig = Field(default_factory=EfficiencyConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     output_dir: str | None = Field(None, description="run folder; unset = runs/<date-time>")
@@ -204,7 +232,7 @@ class Config(Section):
     @model_validator(mode="after")
     def _batch_sizes_divide(self) -> "Config":
         t = self.train
-        if t.micro_batch_size is not None and t.batch_size % t.micro_batch_size:
+        if isinstance(t.micro_batch_size, int) and t.batch_size % t.micro_batch_size:
             raise ValueError(
                 f"train.batch_size={t.batch_size} is not a multiple of train.micro_batch_size={t.micro_batch_size}; "
                 f"use a micro batch that divides it, e.g. {largest_divisor(t.batch_size, t.micro_batch_size)}"

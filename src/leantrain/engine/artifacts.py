@@ -37,8 +37,10 @@ def peak_memory(accelerator) -> dict[str, int]:
 
 
 def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds,
-                 distributed: dict, optim_state: dict | None = None, extra: dict | None = None) -> dict:
-    """``extra``: sections merged into the summary (e.g. {"train": {"steps": ...}, "best": {...}})."""
+                 distributed: dict, optim_state: dict | None = None, extra: dict | None = None,
+                 extra_train: dict | None = None, efficiency: dict | None = None) -> dict:
+    """``extra``: sections merged into the summary (e.g. {"train": {"steps": ...}, "best": {...}});
+    ``extra_train``: more keys for the summary's train section (MFU, time split, ...)."""
     out = Path(cfg.output_dir)
     memory = peak_memory(accelerator)
     state_dict = full_state_dict(model)  # gathered from the shards under FSDP (every rank takes part)
@@ -61,7 +63,9 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
             "accumulation_steps": plan.accum,
             "final_loss": next((r["loss"] for r in reversed(records) if r.get("type") == "train"), None),
             **memory,
+            **(extra_train or {}),
         },
+        "efficiency": efficiency or {},
         "model": {"name": inputs.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
                   "parameters": counts, "labels": inputs.label_names},
         "optim": optim_state or {"name": cfg.optim.name},

@@ -17,18 +17,23 @@ from leantrain.engine.best import BestModel
 from leantrain.engine.checkpoint import Checkpointer, data_fingerprint, kill_hook
 from leantrain.engine.distributed import (CommStats, apply_fsdp, distributed_summary, local_sgd, replica_spread,
                                           strategy_name, time_allreduce)
+from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, compile_seconds,
+                                         resolve_precision)
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.inputs import prepare_inputs
 from leantrain.engine.nonfinite import NonFiniteGuard
 from leantrain.engine.resume import apply_rng, decide, prior_records, restore
-from leantrain.engine.setup import default_output_dir, make_accelerator, setup_logging, step_plan
+from leantrain.engine.setup import default_output_dir, device_type, make_accelerator, setup_logging, step_plan
 from leantrain.engine.step import train_step
 from leantrain.data.loaders import epoch_plan, train_loader
 from leantrain.modeling import build_model, parameter_counts
 from leantrain.optim import build_optimizer, build_scheduler, state_report
 from leantrain.optim.state import describe as describe_optim_state
-from leantrain.perf.meter import Throughput
+from leantrain.perf.flops import MfuMeter
+from leantrain.perf.meter import PhaseClock, Throughput
+from leantrain.perf.plan import auto_micro_batch
+from leantrain.perf.profile import StepProfiler
 from leantrain.report.logs import MetricsLog
 from leantrain.report.progress import Progress
 
@@ -58,8 +63,10 @@ def train(cfg: Config) -> dict:
     from accelerate.utils import set_seed
 
     t_start = time.perf_counter()
-    accelerator = make_accelerator(cfg, None)
+    precision, why = resolve_precision(cfg.efficiency.precision, device_type())
+    accelerator = make_accelerator(cfg, None, ACCELERATE_PRECISION[precision])
     setup_logging(accelerator.is_main_process)
+    log.info("precision: %s (%s)", precision, why)
     out = _output_dir(cfg, accelerator)
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     accelerator.project_configuration.set_directories(str(out))
@@ -78,6 +85,22 @@ def train(cfg: Config) -> dict:
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", inputs.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
+    notes = apply_model_switches(model, cfg.efficiency)
+    if cfg.train.micro_batch_size == "auto":
+        plan = step_plan(cfg, len(inputs.train), accelerator.num_processes,
+                         auto_micro_batch(cfg, model, inputs, accelerator, plan))
+        notes += plan.notes
+    notes += compile_model(model, cfg.efficiency)
+    for note in notes:
+        log.info(note)
+    notes = apply_model_switches(model, cfg.efficiency)
+    if cfg.train.micro_batch_size == "auto":
+        plan = step_plan(cfg, len(inputs.train), accelerator.num_processes,
+                         auto_micro_batch(cfg, model, inputs, accelerator, plan))
+        notes += plan.notes
+    notes += compile_model(model, cfg.efficiency)
+    for note in notes:
+        log.info(note)
     model.train()
     model, optimizer, scheduler, eval_dl, comm = _prepare(cfg, accelerator, model, plan, inputs)
     if cfg.report.trackers:
@@ -88,10 +111,15 @@ def train(cfg: Config) -> dict:
     metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator,
                              prior=prior_records(out, state) if accelerator.is_main_process else None)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
-    loop = Loop(cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter, ckpt, state)
+    flops = MfuMeter(accelerator.unwrap_model(model).config, counts["non_embedding"],
+                     float(np.mean(inputs.train["length"])), accelerator.device, precision, accelerator.num_processes)
+    loop = Loop(cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter, ckpt, state,
+                flops)
     apply_rng(state, cfg, accelerator)
-    with local_sgd(accelerator, model, cfg.distributed.local_sgd_steps, comm) as lsgd:
-        loop.run(lsgd)
+    profiler = StepProfiler(cfg.efficiency.profile, out / "profile", active=cfg.efficiency.profile_steps,
+                            is_main=accelerator.is_main_process)
+    with local_sgd(accelerator, model, cfg.distributed.local_sgd_steps, comm) as lsgd, profiler:
+        loop.run(lsgd, profiler)
     step = loop.step
 
     loop.guard.check()
@@ -105,6 +133,11 @@ def train(cfg: Config) -> dict:
         cfg, accelerator, model, inputs, counts=counts, meter=meter, plan=plan, last_eval=last_eval,
         records=metrics_log.records, wall_seconds=time.perf_counter() - t_start,
         distributed=distributed_summary(cfg, accelerator, model, comm, meter), optim_state=loop.optim_state,
+        extra_train={**flops.summary(meter.tokens_per_second), "time_split_seconds": loop.clock.summary()},
+        efficiency={**cfg.efficiency.model_dump(), "precision_requested": cfg.efficiency.precision,
+                    "precision": precision, "precision_reason": why,
+                    "attn_implementation": accelerator.unwrap_model(model).config._attn_implementation,
+                    "compile_seconds": compile_seconds() if cfg.efficiency.compile else None},
         extra={"train": {"steps": step, "epochs": round(step / plan.steps_per_epoch, 4),
                          "resumed_from_step": state.step if state.resumed_from else None,
                          "skipped_steps": loop.guard.skipped},
@@ -194,11 +227,13 @@ class Loop:
     ``state`` (a fresh start or a checkpoint), with checkpoints, the best model and the non-finite guard."""
 
     def __init__(self, cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter,
-                 ckpt, state):
+                 ckpt, state, flops):
         self.cfg, self.accelerator, self.model = cfg, accelerator, model
         self.optimizer, self.scheduler, self.eval_dl = optimizer, scheduler, eval_dl
         self.inputs, self.plan, self.metrics_log, self.meter = inputs, plan, metrics_log, meter
-        self.ckpt, self.state = ckpt, state
+        self.ckpt, self.state, self.flops = ckpt, state, flops
+        self.clock = PhaseClock()
+        self.host_is_device = accelerator.device.type == "cpu"  # compute/optimizer split without any device sync
         self.lengths = np.asarray(inputs.train["length"])
         self.step, self.epoch = state.step, state.epoch
         self.last_eval, self.eval_step = state.last_eval, state.eval_step
@@ -217,7 +252,8 @@ class Loop:
     def done(self) -> bool:
         return self.step >= self.plan.total_steps or self.stopped or self.best.should_stop
 
-    def run(self, lsgd=None) -> None:
+    def run(self, lsgd=None, profiler=None) -> None:
+        self.profiler = profiler
         while not self.done:
             self.run_epoch(lsgd)
             self.epoch += 1
@@ -235,13 +271,16 @@ class Loop:
             if self.done:
                 return
             self.meter.start_step()
+            self.clock.start()
             with record_function("data"):
                 micro = self.guard.inject([_to_device(next(batches), acc.device) for _ in range(plan.accum)],
                                           self.step + 1)
+            self.clock.lap("data")
             self.lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (host value, no sync)
             loss_sum, self.grad_norm = train_step(
                 self.model, micro, global_count=len(global_batch), accelerator=acc, optimizer=self.step_optimizer,
                 scheduler=self.scheduler, max_grad_norm=cfg.train.max_grad_norm,
+                on_phase=self.clock.lap if self.host_is_device else None,
             )
             self.guard.observe(self.step + 1, loss_sum, self.grad_norm, self.step_optimizer, self.metrics_log)
             if lsgd is not None:
@@ -251,6 +290,8 @@ class Loop:
             self.step += 1
             self.meter.end_step(len(global_batch), int(self.lengths[global_batch].sum()))
             self.faults.at_step(self.step)
+            if self.profiler is not None:
+                self.profiler.step()
             if self.optim_state is None:  # once, after the first step allocated the state (metadata only, no sync)
                 self.optim_state = state_report(self.optimizer, cfg.optim.name)
                 self.progress.write(describe_optim_state(self.optim_state))
@@ -264,6 +305,7 @@ class Loop:
             with record_function("logging"):
                 logged = _log_step(self.accelerator, self.model, self.running, self.running_count, self.grad_norm,
                                    self.lr, self.meter, step, epoch=step / self.plan.steps_per_epoch)
+            logged["mfu"] = self.flops.of(logged["tokens_per_second"])
             self.metrics_log.write(logged)
             self.running.zero_()
             self.running_count = 0

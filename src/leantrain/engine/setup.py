@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from leantrain.config import Config
+from leantrain.config import Config, largest_divisor
 from leantrain.errors import ConfigError
 
 log = logging.getLogger("leantrain")
@@ -46,7 +46,13 @@ def has_accelerator() -> bool:
     return torch.cuda.is_available() or (hasattr(torch.backends, "mps") and torch.backends.mps.is_available())
 
 
-def make_accelerator(cfg: Config, project_dir: Path | None):
+def device_type() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    return "mps" if has_accelerator() else "cpu"
+
+
+def make_accelerator(cfg: Config, project_dir: Path | None, mixed_precision: str = "no"):
     from datetime import timedelta
 
     from accelerate import Accelerator
@@ -55,8 +61,12 @@ def make_accelerator(cfg: Config, project_dir: Path | None):
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if not has_accelerator() and local > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()  # a new run in the same process (notebook, tests) may change the precision
     accelerator = Accelerator(
         cpu=not has_accelerator(),
+        mixed_precision=mixed_precision,
         log_with=list(cfg.report.trackers) or None,
         project_config=ProjectConfiguration(project_dir=str(project_dir)) if project_dir else None,
         step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step ourselves
@@ -107,7 +117,9 @@ class StepPlan:
     notes: list[str] = field(default_factory=list)
 
 
-def step_plan(cfg: Config, train_rows: int, world_size: int) -> StepPlan:
+def step_plan(cfg: Config, train_rows: int, world_size: int, micro_batch_size: int | None = None) -> StepPlan:
+    """``micro_batch_size`` overrides the config's (``train.micro_batch_size=auto`` once it is chosen); while
+    ``auto`` is unresolved the plan uses the whole per-process batch."""
     t = cfg.train
     if t.batch_size % world_size:
         raise ConfigError(
@@ -115,11 +127,12 @@ def step_plan(cfg: Config, train_rows: int, world_size: int) -> StepPlan:
             f"use a multiple of {world_size}, e.g. {math.ceil(t.batch_size / world_size) * world_size}"
         )
     per_proc = t.batch_size // world_size
-    micro = t.micro_batch_size or per_proc
+    micro = micro_batch_size or (t.micro_batch_size if isinstance(t.micro_batch_size, int) else per_proc)
     if per_proc % micro:
         raise ConfigError(
             f"train.micro_batch_size={micro} does not divide the per-process batch {per_proc} "
-            f"(train.batch_size={t.batch_size} / {world_size} processes)"
+            f"(train.batch_size={t.batch_size} / {world_size} processes): use train.micro_batch_size="
+            f"{largest_divisor(per_proc, micro)}, or train.batch_size={math.ceil(per_proc / micro) * micro * world_size}"
         )
     accum = per_proc // micro
     full, rest = divmod(train_rows, t.batch_size)

@@ -43,9 +43,11 @@ def train_step(
     optimizer,
     scheduler,
     max_grad_norm: float | None,
+    on_phase=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step over this process's micro-batches. Returns this process's loss sum (a device tensor,
-    not yet divided by anything) and the gradient norm before clipping (a tensor, or None). No host sync."""
+    not yet divided by anything) and the gradient norm before clipping (a tensor, or None). No host sync.
+    ``on_phase(name)`` (optional) is called when the compute and the optimizer phases end, for timing."""
     micro_batches = list(micro_batches)
     scale = accelerator.num_processes / global_count
     loss_sum = torch.zeros((), device=accelerator.device)
@@ -57,9 +59,13 @@ def train_step(
             with record_function("backward"):
                 accelerator.backward(loss * scale)
         loss_sum += loss.detach()
+    if on_phase is not None:
+        on_phase("compute")
     with record_function("optimizer"):
         grad_norm = clip_gradients(model, accelerator, max_grad_norm) if max_grad_norm is not None else None
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+    if on_phase is not None:
+        on_phase("optimizer")
     return loss_sum, grad_norm

@@ -57,3 +57,29 @@ class Throughput:
     @property
     def measured_steps(self) -> int:
         return self.steps - self.skip if self.steps > self.skip else self.steps
+
+
+@dataclass
+class PhaseClock:
+    """Wall time per phase of the step (data / compute / optimizer), summed over the run, read on the host.
+
+    It never synchronises a device: the caller enables compute/optimizer laps only where the device is the host
+    (CPU), so the split is exact there; on an accelerator only the data phase (host time waiting for the next
+    micro-batches) is measured.
+    """
+
+    enabled: bool = True
+    totals: dict[str, float] = field(default_factory=dict)
+    _t: float = 0.0
+
+    def start(self) -> None:
+        self._t = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.enabled:
+            self.totals[phase] = self.totals.get(phase, 0.0) + now - self._t
+        self._t = now
+
+    def summary(self) -> dict[str, float]:
+        return {k: round(v, 4) for k, v in self.totals.items()}

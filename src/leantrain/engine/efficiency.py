@@ -1,0 +1,114 @@
+"""Efficiency switches on the run: mixed precision (chosen before the Accelerator exists), gradient checkpointing,
+torch.compile and the attention implementation (applied to the model before ``accelerator.prepare``)."""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from leantrain.config import EfficiencyConfig
+from leantrain.errors import ConfigError
+
+log = logging.getLogger("leantrain")
+
+# Accelerate's names for leantrain's precisions.
+ACCELERATE_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_has_native_bf16() -> bool:
+    """bf16 matmuls run natively (AVX512-BF16 or AMX-BF16; Apple silicon has no bf16 autocast win on CPU)."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def resolve_precision(requested: str, device_type: str) -> tuple[str, str]:
+    """(precision, why) for ``efficiency.precision`` on a ``cpu``/``cuda``/``mps`` device.
+
+    Raises ConfigError for a choice the hardware cannot run well or at all (fp16/fp8 on CPU, bf16 on a GPU
+    without it, fp8 without a backend or without fp8 tensor cores).
+    """
+    if device_type == "cuda":
+        bf16 = torch.cuda.is_bf16_supported()
+        name = torch.cuda.get_device_name()
+        if requested == "auto":
+            return ("bf16", f"{name} supports bf16") if bf16 else \
+                ("fp16", f"{name} has no bf16: fp16 with a dynamic grad scaler")
+        if requested == "bf16" and not bf16:
+            raise ConfigError(f"efficiency.precision=bf16: {name} has no bf16 support; use fp16 (grad scaler) or auto")
+        if requested == "fp8":
+            from accelerate.utils import is_fp8_available
+
+            cc = torch.cuda.get_device_capability()
+            if cc < (8, 9):
+                raise ConfigError(f"efficiency.precision=fp8: {name} (compute capability {cc[0]}.{cc[1]}) has no fp8 "
+                                  "tensor cores (needs 8.9+: L4, L40S, H100, H200, B200); use bf16")
+            if not is_fp8_available():
+                raise ConfigError("efficiency.precision=fp8 needs an fp8 backend for Accelerate: "
+                                  "pip install transformer-engine (or torchao)")
+        return requested, "as configured"
+    if requested in ("fp16", "fp8"):
+        why = ("fp16 on CPU has no native matmul path (~100x slower than fp32 here) and no grad scaler"
+               if requested == "fp16" else "fp8 training needs fp8 tensor cores (an L4/H100-class GPU)")
+        raise ConfigError(f"efficiency.precision={requested} is not supported on {device_type}: {why}; "
+                          "use fp32, bf16 or auto")
+    if requested == "auto":
+        if device_type == "cpu" and cpu_has_native_bf16():
+            return "bf16", "this CPU runs bf16 natively (avx512_bf16/amx_bf16): bf16 autocast"
+        return "fp32", f"no native bf16 on this {device_type}: fp32"
+    if requested == "bf16" and device_type == "cpu" and not cpu_has_native_bf16():
+        log.warning("efficiency.precision=bf16 on a CPU without avx512_bf16/amx_bf16: emulated, likely slower than fp32")
+    return requested, "as configured"
+
+
+def apply_model_switches(model, eff: EfficiencyConfig) -> list[str]:
+    """Gradient checkpointing on the (unwrapped) model, before any memory planning. Returns notes for the log.
+
+    Attention: transformers 5 picks PyTorch SDPA by default where the model supports it (BERT, MiniLM, ...);
+    the note says what the model uses.
+    """
+    notes = [f"attention: {getattr(model.config, '_attn_implementation', None) or 'default'}"]
+    if eff.gradient_checkpointing:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise ConfigError(f"efficiency.gradient_checkpointing: {type(model).__name__} does not support it")
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name; the old one warns
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.config.use_cache = False
+        notes.append("gradient checkpointing: on (non-reentrant; activations recomputed in backward)")
+    return notes
+
+
+def compile_model(model, eff: EfficiencyConfig) -> list[str]:
+    """torch.compile in place, before ``accelerator.prepare``. Compilation is lazy: it happens in the first
+    steps (left out of the throughput), and ``compile_seconds()`` reports it separately."""
+    notes = []
+    if eff.compile:
+        model.compile()  # in place: the module keeps its class, state_dict keys and save_pretrained
+        notes.append("torch.compile: on (compiled lazily in the first steps; recompiles once for dynamic shapes)")
+    return notes
+
+
+def compile_seconds() -> float | None:
+    """Total time torch.compile (dynamo + backend) spent in this process, or None if nothing was compiled."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return None
+    spent = compilation_time_metrics.get("_compile.compile_inner") or []
+    return float(sum(spent)) if spent else None

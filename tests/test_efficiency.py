@@ -1,0 +1,244 @@
+"""Efficiency switches change how a step is computed, never what it computes: each is checked against the plain run."""
+
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import write_rows
+from leantrain import train
+from leantrain.config import resolve
+from leantrain.engine.setup import step_plan
+from leantrain.errors import ConfigError
+
+WORDS = {"pos": ["great", "lovely", "superb", "fine"], "neg": ["awful", "bad", "broken", "poor"]}
+
+
+def rows(n, seed=0):
+    r = random.Random(seed)
+    out = []
+    for _ in range(n):
+        lab = r.choice(["pos", "neg"])
+        out.append({"text": " ".join(r.choice(WORDS[lab]) for _ in range(r.randint(1, 30))), "label": lab})
+    return out  # uneven lengths: 3 to 32 tokens
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("eff-data")
+    return write_rows(tmp / "train.csv", rows(96)), write_rows(tmp / "dev.csv", rows(16, seed=1))
+
+
+def run(tmp_path, tiny_bert, data, name, *overrides):
+    out = tmp_path / name
+    summary = train(None, [f"model.name={tiny_bert}", f"data.train={data[0]}", f"data.eval={data[1]}",
+                           "train.epochs=1", "train.batch_size=32", "train.lr=1e-3", "report.plots=false",
+                           "efficiency.precision=fp32", f"output_dir={out}", *overrides])
+    return summary, load_file(out / "model" / "model.safetensors")
+
+
+def assert_same_params(a, b, rtol=1e-5, atol=1e-6):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=rtol, atol=atol, msg=k)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, tiny_bert, data):
+    return run(tmp_path_factory.mktemp("plain"), tiny_bert, data, "plain", "train.micro_batch_size=32")
+
+
+def test_accumulation_run_equals_one_big_batch(tmp_path, tiny_bert, data, plain):
+    summary, params = run(tmp_path, tiny_bert, data, "acc", "train.micro_batch_size=8")
+    assert summary["train"]["accumulation_steps"] == 4 and plain[0]["train"]["accumulation_steps"] == 1
+    assert summary["train"]["steps"] == 3
+    assert_same_params(params, plain[1])
+
+
+def test_the_runs_do_train(tiny_bert, plain):
+    from transformers import AutoModel
+
+    base = AutoModel.from_pretrained(tiny_bert).state_dict()
+    moved = [k for k, v in base.items() if f"bert.{k}" in plain[1] and not torch.equal(v, plain[1][f"bert.{k}"])]
+    assert len(moved) > 10  # the equivalence above is not two untouched models
+
+
+def test_micro_batch_that_does_not_divide_says_what_would():
+    cfg = resolve(None, ["train.batch_size=48", "train.micro_batch_size=16"])  # 24 per process over 2
+    with pytest.raises(ConfigError, match=r"use train.micro_batch_size=12, or train.batch_size=64"):
+        step_plan(cfg, 100, world_size=2)
+
+
+# ------------------------------------------------------------------------------------------ gradient checkpointing
+
+
+def _batch(n=6, seed=0):
+    from leantrain.data.text import TextCollator
+
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(3, 30, (n,), generator=g).tolist()  # uneven lengths: padding and attention masks matter
+    rows = [{"input_ids": [101] + torch.randint(1000, 2000, (k,), generator=g).tolist() + [102],
+             "attention_mask": [1] * (k + 2), "labels": i % 2} for i, k in enumerate(lens)]
+    return TextCollator(0)(rows)
+
+
+def _grads(model, batch):
+    from leantrain.engine.step import weighted_loss_sum
+
+    model.zero_grad(set_to_none=True)
+    weighted_loss_sum(model, batch).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert):
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain.config import EfficiencyConfig
+    from leantrain.engine.efficiency import apply_model_switches
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2).train()
+    batch = _batch()
+    plain = _grads(model, batch)
+    notes = apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True))
+    assert model.is_gradient_checkpointing and any("checkpointing: on" in n for n in notes)
+    ckpt = _grads(model, batch)
+    assert ckpt.keys() == plain.keys() and len(plain) > 20
+    for k in plain:
+        torch.testing.assert_close(ckpt[k], plain[k], rtol=1e-5, atol=1e-7, msg=k)
+
+
+# ------------------------------------------------------------------------------------------------ mixed precision
+
+
+def test_loss_is_fp32_under_bf16_autocast(tiny_bert):
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain.engine.step import model_inputs, per_example_loss, weighted_loss_sum
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2)
+    batch = _batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(**model_inputs(batch)).logits
+        assert logits.dtype == torch.bfloat16  # the autocast is real ...
+        assert per_example_loss(logits, batch["labels"]).dtype == torch.float32  # ... and the loss is not in it
+        assert weighted_loss_sum(model, batch).dtype == torch.float32
+
+
+def test_precision_choice_on_cpu():
+    from leantrain.engine.efficiency import cpu_has_native_bf16, resolve_precision
+
+    assert resolve_precision("fp32", "cpu")[0] == "fp32" and resolve_precision("bf16", "cpu")[0] == "bf16"
+    choice, why = resolve_precision("auto", "cpu")
+    assert choice == ("bf16" if cpu_has_native_bf16() else "fp32") and why
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp8"])
+def test_fp16_and_fp8_refused_on_cpu_with_exit_2(precision, tmp_path, capsys):
+    from leantrain.cli import main
+
+    assert main(["train", f"efficiency.precision={precision}", f"output_dir={tmp_path / 'o'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"efficiency.precision={precision} is not supported on cpu" in err and "bf16" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bf16_run_trains_and_says_so(tmp_path, tiny_bert, data, plain):
+    summary, params = run(tmp_path, tiny_bert, data, "bf16", "efficiency.precision=bf16")
+    assert summary["efficiency"]["precision"] == "bf16"
+    diff = max((params[k] - plain[1][k]).abs().max().item() for k in params)
+    assert 0 < diff < 0.05  # bf16 differs from fp32 (it really ran in bf16), but only by rounding
+
+
+# ------------------------------------------------------------------------------------------------ MFU, time split
+
+
+def test_summary_has_mfu_and_time_split(plain):
+    t, n = plain[0]["train"], plain[0]["model"]["parameters"]["non_embedding"]
+    assert 15_000 < n < 25_000  # 2 layers x (4 x 32^2 + 2 x 32 x 64) weights + biases, pooler, head
+    assert 6 * n + 12 * 2 * 32 * 3 < t["flops_per_token"] < 6 * n + 12 * 2 * 32 * 34  # attention at 3..34 tokens
+    assert t["peak_flops"] > 1e8 and 0 < t["mfu"] < 1
+    assert t["mfu"] == pytest.approx(t["flops_per_token"] * t["tokens_per_second"] / t["peak_flops"])
+    split = t["time_split_seconds"]
+    assert set(split) == {"data", "compute", "optimizer"} and all(v > 0 for v in split.values())
+    assert sum(split.values()) <= t["loop_seconds"] * 1.01
+
+
+# ------------------------------------------------------------------------------------------------ auto micro-batch
+
+
+@pytest.fixture(scope="module")
+def classifier(tiny_bert):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2)
+
+
+def test_planner_lines_and_measured_activations(classifier):
+    from leantrain.engine.efficiency import apply_model_switches
+    from leantrain.config import EfficiencyConfig
+    from leantrain.perf.plan import measure_activations, memory_plan
+    import copy
+
+    cfg = resolve(None, [])
+    prof = measure_activations(classifier, 34)
+    assert prof.per_example > 0 and prof.at(16) > prof.at(8)
+    lines = memory_plan(cfg, classifier, 8, prof)
+    n = sum(p.numel() for p in classifier.parameters())
+    assert lines["parameters"] == lines["gradients"] == 4 * n and lines["optimizer_state"] == 8 * n
+    assert lines["total"] == sum(v for k, v in lines.items() if k != "total")
+    ckpt = copy.deepcopy(classifier)
+    apply_model_switches(ckpt, EfficiencyConfig(gradient_checkpointing=True))
+    assert measure_activations(ckpt, 34).per_example < prof.per_example / 2  # checkpointing keeps layer inputs only
+
+
+def test_planner_picks_the_largest_divisor_that_fits(classifier):
+    from leantrain.errors import UserError
+    from leantrain.perf.plan import MARGIN, measure_activations, memory_plan, plan_micro_batch
+
+    cfg = resolve(None, [])
+    prof = measure_activations(classifier, 34)
+    need = {m: memory_plan(cfg, classifier, m, prof)["total"] * (1 + MARGIN) for m in (1, 4, 8)}
+    assert plan_micro_batch(cfg, classifier, 24, 34, int(need[4]) + 1)[0] == 4  # 6 does not fit, 5 does not divide
+    assert plan_micro_batch(cfg, classifier, 24, 34, 10**12)[0] == 24
+    with pytest.raises(UserError, match="even a micro-batch of 1.*efficiency.memory_budget"):
+        plan_micro_batch(cfg, classifier, 24, 34, int(need[1]) - 1)
+
+
+def test_auto_micro_batch_run_equals_plain_run(tmp_path, tiny_bert, data, plain, classifier):
+    from transformers import AutoTokenizer
+
+    from leantrain.perf.plan import MARGIN, measure_activations, memory_plan
+
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    longest = max(len(tok(r["text"])["input_ids"]) for r in rows(96))
+    prof = measure_activations(classifier, longest)
+    cfg = resolve(None, [])
+    need = {m: memory_plan(cfg, classifier, m, prof)["total"] * (1 + MARGIN) for m in (8, 16)}
+    budget = int((need[8] + need[16]) / 2)  # room for 8 per micro-batch, not for 16
+    summary, params = run(tmp_path, tiny_bert, data, "auto", "train.micro_batch_size=auto",
+                          f"efficiency.memory_budget={budget}")
+    assert summary["train"]["micro_batch_size"] == 8 and summary["train"]["accumulation_steps"] == 4
+    assert_same_params(params, plain[1])
+
+
+def test_memory_budget_parsing():
+    from leantrain.perf.plan import parse_bytes
+
+    assert parse_bytes("4GiB") == 4 * 2**30 and parse_bytes("500MB") == 500_000_000 and parse_bytes(123) == 123
+    with pytest.raises(ConfigError, match="efficiency.memory_budget"):
+        parse_bytes("lots")
+
+
+# ------------------------------------------------------------------------------------------------ compile
+
+
+@pytest.mark.slow
+def test_compiled_run_gives_the_eager_loss(tmp_path, tiny_bert, data):
+    """torch.compile on a tiny model: two steps at one padded shape (one compilation), loss as in eager."""
+    args = ["train.max_steps=2", "data.batching=padded", "data.max_length=32", "train.log_every_steps=1"]
+    eager, _ = run(tmp_path, tiny_bert, data, "eager", *args)
+    compiled, _ = run(tmp_path, tiny_bert, data, "compiled", *args, "efficiency.compile=true")
+    assert compiled["efficiency"]["compile"] is True and compiled["efficiency"]["compile_seconds"] > 0
+    assert compiled["train"]["final_loss"] == pytest.approx(eager["train"]["final_loss"], rel=1e-4)
