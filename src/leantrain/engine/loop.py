@@ -93,14 +93,6 @@ def train(cfg: Config) -> dict:
     notes += compile_model(model, cfg.efficiency)
     for note in notes:
         log.info(note)
-    notes = apply_model_switches(model, cfg.efficiency)
-    if cfg.train.micro_batch_size == "auto":
-        plan = step_plan(cfg, len(inputs.train), accelerator.num_processes,
-                         auto_micro_batch(cfg, model, inputs, accelerator, plan))
-        notes += plan.notes
-    notes += compile_model(model, cfg.efficiency)
-    for note in notes:
-        log.info(note)
     model.train()
     model, optimizer, scheduler, eval_dl, comm = _prepare(cfg, accelerator, model, plan, inputs)
     if cfg.report.trackers:
