@@ -6,7 +6,6 @@ import logging
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from leantrain.config import Config
@@ -61,7 +60,7 @@ def train(cfg: Config) -> dict:
         log.info(note)
 
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
-    model = build_model(cfg.model, inputs.label_names)
+    model = build_model(cfg.model, inputs.label_names, inputs.task)
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", inputs.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
@@ -76,7 +75,6 @@ def train(cfg: Config) -> dict:
     metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
     progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress)
-    lengths = np.asarray(inputs.train["length"])
     step, epoch, last_eval = 0, 0, {}
     running = torch.zeros((), device=accelerator.device)
     running_count, grad_norm = 0, None
@@ -98,7 +96,7 @@ def train(cfg: Config) -> dict:
             running += loss_sum
             running_count += len(global_batch)
             step += 1
-            meter.end_step(len(global_batch), int(lengths[global_batch].sum()))
+            meter.end_step(len(global_batch), inputs.tokens_in(global_batch))
             logged = None
             if step % cfg.train.log_every_steps == 0 or step == plan.total_steps:
                 logged = _log_step(accelerator, running, running_count, grad_norm, scheduler, meter, step,
