@@ -110,6 +110,8 @@ def write_model_card(
     meta["tags"] = ["leantrain"]
     short = Path(str(base_model)).name
     base_text = f"[{base_model}](https://huggingface.co/{base_model})" if hub else f"a local model (`{short}`)"
+    if str(base_model).endswith("(from config)"):  # model.config / model.config_type: trained from scratch
+        base_text = f"a random initialisation of a `{str(base_model).removesuffix(' (from config)')}` config"
 
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", ""]
     lines += [f"# {short}, fine-tuned for {what} classification", ""]
