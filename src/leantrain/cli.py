@@ -18,6 +18,8 @@ examples:
       data.text_column=review data.label_column=stars train.epochs=2
   leantrain train data.train=pairs.tsv data.text_column=q1 data.text_pair_column=q2
   leantrain train --print-config train.batch_size=64
+  leantrain train model.name=<image model> data.train=photos/train data.eval=photos/test   # a folder per class
+  leantrain train model.config_type=wav2vec2 data.train=clips.csv data.audio_column=file  # from scratch
   leantrain inspect path/or/hub-id
   leantrain predict runs/x/model --input new.csv --output preds.jsonl
   leantrain eval runs/x/model data.eval=dev.csv
@@ -60,7 +62,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     keys = "config keys (defaults < YAML file < key=value):\n" + describe_keys()
     t = sub.add_parser("train", help="fine-tune a model (the default: packaged MiniLM on built-in demo data)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES + "\n" + keys,
-                       description="Fine-tune a sequence classifier. Positional arguments: an optional YAML "
+                       description="Fine-tune a text, image or audio classifier. Positional arguments: an optional YAML "
                        "config file and any number of dotted key=value overrides, e.g. train.lr=3e-5.")
     t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     t.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")

@@ -25,7 +25,18 @@ class ModelConfig(Section):
     name: str | None = Field(
         None, description="Hub id or local folder; unset = the packaged sentence-transformers/all-MiniLM-L6-v2"
     )
-    task: Literal["text-classification"] = "text-classification"
+    task: Literal["auto", "text-classification", "image-classification", "audio-classification"] = Field(
+        "auto", description="auto: from the model's config (its model type), else data.image_column / "
+        "data.audio_column, else text-classification"
+    )
+    config: str | None = Field(
+        None, description="train from scratch: a local config.json (or a folder holding one); model.name is then "
+        "used only for a text model's tokenizer"
+    )
+    config_type: str | None = Field(
+        None, description="train from scratch from a model type's default config (e.g. vit, convnext, resnet, "
+        "wav2vec2, audio-spectrogram-transformer) plus model.config_overrides"
+    )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) to pin")
     trust_remote_code: bool = Field(False, description="run code from the model repo (pin a revision when on)")
     allow_pickle: bool = Field(False, description="allow pickle-based weight files (*.bin); default safetensors only")
@@ -50,6 +61,16 @@ class DataConfig(Section):
     )
     label_names: list[str] | None = Field(None, description="names for integer labels 0..K-1 (id order)")
     max_length: int = Field(128, gt=0, description="tokens per example; longer inputs are truncated")
+    image_column: str | None = Field(
+        None, description="images: column of image file paths (relative to the data file); auto: image, path, file, ..."
+    )
+    audio_column: str | None = Field(
+        None, description="audio: column of audio file paths (relative to the data file); auto: audio, path, file, ..."
+    )
+    augment: bool = Field(
+        False, description="images: light training augmentation on the fly (random resized crop, horizontal flip)"
+    )
+    max_seconds: float | None = Field(30.0, gt=0, description="audio: clips are cut to this length; null = no cap")
     batching: Literal["grouped", "dynamic", "padded"] = Field(
         "grouped", description="grouped: length-grouped, padded per batch; dynamic: shuffled, padded per batch; "
         "padded: shuffled, padded to max_length"

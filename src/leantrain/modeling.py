@@ -50,6 +50,10 @@ def _load_error(name: str, err: Exception) -> UserError:
 def load_config(cfg: ModelConfig):
     from transformers import AutoConfig
 
+    from leantrain.fromconfig import config_from_spec, from_scratch
+
+    if from_scratch(cfg):
+        return config_from_spec(cfg)
     name = model_name(cfg)
     try:
         return AutoConfig.from_pretrained(name, **_hub_kwargs(cfg))
@@ -67,6 +71,28 @@ def load_tokenizer(cfg: ModelConfig):
         raise _load_error(name, e) from None
 
 
+def load_processor(cfg: ModelConfig, task: str):
+    """The model's own processor: tokenizer (text), image processor (images) or feature extractor (audio).
+
+    A model trained from scratch (model.config / model.config_type) gets one built from its config."""
+    from leantrain.tasks import IMAGE, TEXT
+
+    if task == TEXT:
+        return load_tokenizer(cfg)
+    from leantrain.fromconfig import build_processor, from_scratch
+
+    if from_scratch(cfg):
+        return build_processor(load_config(cfg), task)
+    from transformers import AutoFeatureExtractor, AutoImageProcessor
+
+    name = model_name(cfg)
+    try:
+        return (AutoImageProcessor if task == IMAGE else AutoFeatureExtractor).from_pretrained(name, **_hub_kwargs(cfg))
+    except (OSError, ValueError) as e:
+        raise _load_error(name, e) from None
+
+
+_CLASSIFIERS = ("ForSequenceClassification", "ForImageClassification", "ForAudioClassification")
 _DEFAULT_LABEL = re.compile(r"^LABEL_\d+$")
 
 
@@ -74,7 +100,7 @@ def trained_label_names(config) -> list[str] | None:
     """The label names a fine-tuned classifier carries, or None for a base model (no head, or LABEL_i names)."""
     id2label = getattr(config, "id2label", None) or {}
     archs = getattr(config, "architectures", None) or []
-    if not id2label or not any("ForSequenceClassification" in a for a in archs):
+    if not id2label or not any(c in a for a in archs for c in _CLASSIFIERS):
         return None
     names = [str(id2label[i]) for i in sorted(id2label, key=int)]
     return None if all(_DEFAULT_LABEL.match(n) for n in names) else names
@@ -92,17 +118,29 @@ def check_config_overrides(config, overrides: dict[str, Any]) -> None:
         raise ConfigError("bad model.config_overrides:", problems)
 
 
-def build_model(cfg: ModelConfig, label_names: list[str]):
-    """AutoModelForSequenceClassification with the data's labels; a new head when the label set changes."""
-    from transformers import AutoModelForSequenceClassification
+def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-classification"):
+    """The task's AutoModelFor... with the data's labels; a new head when the label set changes.
 
+    With model.config / model.config_type: random initialisation from that config (seeded by the caller)."""
+    from leantrain.fromconfig import from_scratch
+    from leantrain.tasks import auto_model_class
+
+    auto = auto_model_class(task)
     config = load_config(cfg)
     check_config_overrides(config, cfg.config_overrides)
     n = len(label_names)
+    labels = dict(num_labels=n, id2label={i: name for i, name in enumerate(label_names)},
+                  label2id={name: i for i, name in enumerate(label_names)})
+    if from_scratch(cfg):
+        config.update(labels)
+        try:
+            model = auto.from_config(config)
+        except ValueError as e:
+            raise UserError(f"cannot build a {task} model from {config.model_type!r} config: {e}") from None
+        log.info("new model: random initialisation from a %s config (train.seed)", config.model_type)
+        return model
     kwargs = dict(
-        num_labels=n,
-        id2label={i: name for i, name in enumerate(label_names)},
-        label2id={name: i for i, name in enumerate(label_names)},
+        **labels,
         use_safetensors=None if cfg.allow_pickle else True,
         ignore_mismatched_sizes=trained_label_names(config) != label_names,  # a new head for a new label set
         **_hub_kwargs(cfg),
@@ -110,7 +148,7 @@ def build_model(cfg: ModelConfig, label_names: list[str]):
     )
     name = model_name(cfg)
     try:
-        model, info = AutoModelForSequenceClassification.from_pretrained(name, output_loading_info=True, **kwargs)
+        model, info = auto.from_pretrained(name, output_loading_info=True, **kwargs)
     except (OSError, ValueError) as e:
         if not cfg.allow_pickle and "safetensors" in str(e).lower():
             raise UserError(
@@ -141,11 +179,14 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
 
     A fine-tuned classifier is loaded as such; a base model gets the AutoModel it was saved as.
     """
-    from transformers import AutoModel, AutoModelForSequenceClassification
+    from transformers import AutoModel
+
+    from leantrain.tasks import TEXT, auto_model_class, task_of_config
 
     config = load_config(cfg)
     archs = getattr(config, "architectures", None) or []
-    auto = AutoModelForSequenceClassification if any("ForSequenceClassification" in a for a in archs) else AutoModel
+    classifier = any(c in a for a in archs for c in _CLASSIFIERS)
+    auto = auto_model_class(task_of_config(config) or TEXT) if classifier else AutoModel
     name = model_name(cfg)
     try:
         model = auto.from_pretrained(name, use_safetensors=None if cfg.allow_pickle else True, **_hub_kwargs(cfg))

@@ -10,38 +10,39 @@ import numpy as np
 import torch
 
 from leantrain.config import Config
-from leantrain.data import load_rows
-from leantrain.data.loaders import eval_loader, make_collator
-from leantrain.data.text import tokenize
+from leantrain.data.loaders import eval_loader
+from leantrain.data.modalities import for_task
 from leantrain.engine.evaluate import classification_metrics, predict_logits
 from leantrain.engine.setup import has_accelerator, setup_logging
 from leantrain.errors import UserError
-from leantrain.modeling import load_config, load_tokenizer, trained_label_names
+from leantrain.modeling import load_config, load_processor, trained_label_names
+from leantrain.tasks import auto_model_class, resolve_task
 
 log = logging.getLogger("leantrain")
 
 
 def _load(model_dir: str, cfg: Config):
     from accelerate import Accelerator
-    from transformers import AutoModelForSequenceClassification
 
-    mcfg = cfg.model.model_copy(update={"name": model_dir})
+    mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
+    task = resolve_task(cfg.model_copy(update={"model": mcfg}))
     labels = trained_label_names(load_config(mcfg))
     if labels is None:
         raise UserError(f"{model_dir} is not a fine-tuned classifier (no label names in its config.json); "
                         "train one with `leantrain train` first")
     accelerator = Accelerator(cpu=not has_accelerator())
     setup_logging(accelerator.is_main_process)
-    model = AutoModelForSequenceClassification.from_pretrained(
+    model = auto_model_class(task).from_pretrained(
         model_dir, use_safetensors=None if mcfg.allow_pickle else True,
         revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)
-    tokenizer = load_tokenizer(mcfg)
-    return accelerator, accelerator.prepare(model), tokenizer, labels
+    processor = load_processor(mcfg, task)
+    return accelerator, accelerator.prepare(model), (for_task(task), processor), labels
 
 
-def _logits(accelerator, model, tokenizer, rows, cfg: Config, batch_size: int):
-    ds = tokenize(rows, tokenizer, cfg.data.max_length, desc="Tokenizing")
-    collator = make_collator(tokenizer, batching="dynamic", max_length=cfg.data.max_length)
+def _logits(accelerator, model, side, rows, cfg: Config, batch_size: int):
+    modality, processor = side
+    ds = modality.process(rows, processor, cfg.data, desc="Processing")
+    collator = modality.collator(processor, cfg.data, train=False, device_type=accelerator.device.type)
     order = np.argsort(-np.asarray(ds["length"]), kind="stable")
     loader = accelerator.prepare(eval_loader(ds, batch_size, collator))
     outs = list(predict_logits(model, loader, accelerator))
@@ -53,18 +54,20 @@ def _logits(accelerator, model, tokenizer, rows, cfg: Config, batch_size: int):
 
 def predict(model_dir: str, input_path: str, output_path: str, cfg: Config, batch_size: int = 64) -> int:
     """Write one JSON line per input row: {"row", "label", "score"} in input order. Returns the row count."""
-    accelerator, model, tokenizer, labels = _load(model_dir, cfg)
-    rows, notes = load_rows(input_path, cfg.data, require_labels=False, known_labels=labels)
+    accelerator, model, side, labels = _load(model_dir, cfg)
+    rows, notes = side[0].load_rows(input_path, cfg.data, require_labels=False, known_labels=labels)
     for n in notes:
         log.info(n)
     rows = rows.remove_columns([c for c in ("label",) if c in rows.column_names])
-    probs = torch.softmax(_logits(accelerator, model, tokenizer, rows, cfg, batch_size), dim=-1)
+    files = rows[side[0].name] if side[0].name in ("image", "audio") else None  # each prediction names its file
+    probs = torch.softmax(_logits(accelerator, model, side, rows, cfg, batch_size), dim=-1)
     score, pred = probs.max(dim=-1)
     if accelerator.is_main_process:
         Path(output_path).parent.mkdir(parents=True, exist_ok=True)
         with open(output_path, "w") as f:
             for i, (p, s) in enumerate(zip(pred.tolist(), score.tolist())):
-                f.write(json.dumps({"row": i, "label": labels[p], "score": round(s, 6)}) + "\n")
+                record = {"row": i, "label": labels[p], "score": round(s, 6)}
+                f.write(json.dumps(record | ({"path": files[i]} if files else {})) + "\n")
         log.info("wrote %d predictions to %s", len(pred), output_path)
     return len(pred)
 
@@ -73,11 +76,11 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     """Metrics of a saved model on a labelled file (``data.eval``)."""
     if not cfg.data.eval:
         raise UserError("leantrain eval needs labelled data: data.eval=path/to/file")
-    accelerator, model, tokenizer, labels = _load(model_dir, cfg)
-    rows, notes = load_rows(cfg.data.eval, cfg.data, require_labels=True, known_labels=labels)
+    accelerator, model, side, labels = _load(model_dir, cfg)
+    rows, notes = side[0].load_rows(cfg.data.eval, cfg.data, require_labels=True, known_labels=labels)
     for n in notes:
         log.info(n)
-    logits = _logits(accelerator, model, tokenizer, rows, cfg, batch_size)
+    logits = _logits(accelerator, model, side, rows, cfg, batch_size)
     y = np.asarray(rows["label"])
     losses = torch.nn.functional.cross_entropy(logits, torch.as_tensor(y), reduction="none").numpy()
     metrics = classification_metrics(logits.argmax(-1).numpy(), y, losses, len(labels))

@@ -19,7 +19,7 @@ PAIRS = [("sentence1", "sentence2"), ("question1", "question2"), ("premise", "hy
 TEXTS = ["sentence", "text", "review", "content", "document", "utterance", "question"]
 LABELS = ["label", "labels", "class", "category", "target", "y"]
 SETTINGS = {"text": "data.text_column", "text_pair": "data.text_pair_column", "label": "data.label_column"}
-ROLE_NAMES = {"text": "text", "text_pair": "text pair", "label": "label"}
+ROLE_NAMES = {"text": "text", "text_pair": "text pair", "label": "label", "image": "image", "audio": "audio"}
 
 Columns = dict[str, "str | None"]  # {"text": ..., "text_pair": ..., "label": ...}: the user's column names
 

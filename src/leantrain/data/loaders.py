@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from leantrain.data.batching import MicroBatchPlan, WeightedView, epoch_batches
-from leantrain.data.text import TextCollator, model_columns
+from leantrain.data.text import TextCollator
 
 
 def make_collator(tokenizer, *, batching: str, max_length: int, pad_multiple: int | None = None) -> TextCollator:
@@ -26,7 +26,7 @@ def epoch_plan(dataset, *, batch_size: int, seed: int, epoch: int, batching: str
 
 def train_loader(dataset, plan: MicroBatchPlan, collator, *, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
     return DataLoader(
-        WeightedView(dataset, model_columns(dataset)),
+        WeightedView(dataset, dataset.column_names),  # processed: model inputs, [labels], length
         batch_sampler=plan,
         collate_fn=collator,
         num_workers=num_workers,
@@ -40,7 +40,7 @@ def eval_loader(dataset, batch_size: int, collator, *, num_workers: int = 0) -> 
     """Longest first, so an out-of-memory shows at once; the order does not change any metric."""
     order = np.argsort(-np.asarray(dataset["length"]), kind="stable").tolist()
     return DataLoader(
-        WeightedView(dataset, model_columns(dataset)),
+        WeightedView(dataset, dataset.column_names),
         batch_size=batch_size,
         sampler=order,
         collate_fn=collator,

@@ -87,8 +87,11 @@ def quiet() -> Iterator[None]:
 # ----------------------------------------------------------------------------------------------- opening
 
 
-def open_source(spec: str, key: str | None) -> Source:
-    """Load ``spec`` (a path or a Hub name). Raises SourceError with a message that names key and file."""
+def open_source(spec: str, key: str | None, folder_reader=None) -> Source:  # noqa: ANN001
+    """Load ``spec`` (a path or a Hub name). Raises SourceError with a message that names key and file.
+
+    ``folder_reader(path, spec, key) -> Source`` reads a plain folder instead of ``datasets.load_dataset``
+    (images and audio: a folder per class, see data/media.py)."""
     pre = f"{key}: " if key else ""
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -100,6 +103,8 @@ def open_source(spec: str, key: str | None) -> Source:
                 raise SourceError(f"{pre}{spec}: not a readable save_to_disk folder ({_cause(e)})") from None
         if not any(path.iterdir()):
             raise SourceError(f"{pre}folder {spec} is empty")
+        if folder_reader is not None:
+            return folder_reader(path, spec, key)
         return Source(key, spec, "folder", _load_named(str(path), pre, f"folder {spec}:"), path)
     suffix = path.suffix.lower()
     if path.is_file():

@@ -68,15 +68,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
 def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels: list[str] | None
               ) -> tuple[datasets.Dataset, list[str]]:
     """One source for ``predict`` / ``eval``, canonical columns; ``label`` only when present (or required)."""
-    try:
-        source = open_source(path, None)
-        wanted = [cfg.eval_split] if cfg.eval_split else ["validation", "test"]
-        part = pick_split(source, wanted, setting="data.eval_split" if cfg.eval_split else None, single_ok=True)
-    except SourceError as e:
-        raise _error([str(e)]) from None
-    if part is None:
-        raise _error([f"{path}: several splits ({', '.join(source.data)}) and none is named validation or test; "
-                      "set data.eval_split"])
+    part = open_rows(path, cfg)
     problems = [f"{part.where} has no rows"] if len(part.ds) == 0 else []
     chosen, notes, more = cols_.detect(cfg, part, need_label=require_labels)
     warnings, texts = _check_texts([part], chosen)
@@ -98,19 +90,33 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels:
 # ----------------------------------------------------------------------------------------------- steps
 
 
+def open_rows(path: str, cfg: DataConfig, folder_reader=None) -> Part:  # noqa: ANN001
+    """The one split of ``path`` that predict / eval read (validation, then test, or data.eval_split)."""
+    try:
+        source = open_source(path, None, folder_reader)
+        wanted = [cfg.eval_split] if cfg.eval_split else ["validation", "test"]
+        part = pick_split(source, wanted, setting="data.eval_split" if cfg.eval_split else None, single_ok=True)
+    except SourceError as e:
+        raise _error([str(e)]) from None
+    if part is None:
+        raise _error([f"{path}: several splits ({', '.join(source.data)}) and none is named validation or test; "
+                      "set data.eval_split"])
+    return part
+
+
 def _error(problems: list[str]) -> DataError:
     n = len(problems)
     return DataError(f"the data has {n} problem{'s' if n != 1 else ''}:", problems)
 
 
-def _open_parts(cfg: DataConfig, train_spec: str, eval_spec: str | None, notes: list[str]
-                ) -> tuple[Part, Part | None]:
+def _open_parts(cfg: DataConfig, train_spec: str, eval_spec: str | None, notes: list[str], folder_reader=None
+                ) -> tuple[Part, Part | None]:  # noqa: ANN001 - folder_reader: see sources.open_source
     """The train split and the eval split (None: hold out from train); one DataError for all that fails."""
     problems: list[str] = []
     sources = {}
     for key, spec in (("data.train", train_spec), ("data.eval", eval_spec)):
         try:
-            sources[key] = open_source(spec, key) if spec is not None else None
+            sources[key] = open_source(spec, key, folder_reader) if spec is not None else None
         except SourceError as e:
             problems.append(str(e))
     if problems:

@@ -1,4 +1,4 @@
-"""What a run leaves behind: config.yaml, model/ (save_pretrained + tokenizer + model card), summary.json,
+"""What a run leaves behind: config.yaml, model/ (save_pretrained + processor + model card), summary.json,
 loss_curve.png. Rank 0 writes; every rank contributes its peak memory."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
         (out / "config.yaml").write_text(cfg.to_yaml())
         model_dir = out / "model"
         accelerator.unwrap_model(model).save_pretrained(model_dir, state_dict=state_dict, safe_serialization=True)
-        inputs.tokenizer.save_pretrained(model_dir)
+        inputs.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
         write_json(out / "summary.json", summary)
         _report_files(cfg, out, model_dir, inputs, summary, records)
         log.info("saved %s (model/, summary.json, metrics.jsonl, config.yaml)", out)
@@ -96,12 +96,13 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
 def _report_files(cfg, out: Path, model_dir: Path, inputs, summary: dict, records: list) -> None:
     from leantrain.report.card import write_model_card
 
-    write_model_card(model_dir, base_model=cfg.model.name or PACKAGED_MODEL,
-                     label_names=inputs.label_names, summary=summary, config=cfg.to_dict())
+    base = inputs.model_name if cfg.model.config or cfg.model.config_type else cfg.model.name or PACKAGED_MODEL
+    write_model_card(model_dir, base_model=base, label_names=inputs.label_names, summary=summary,
+                     config=cfg.to_dict(), task=inputs.task)
     if cfg.report.plots:
         from leantrain.report.plots import plot_loss_curve
 
-        plot_loss_curve(records, out / "loss_curve.png", title=f"{cfg.model.name or PACKAGED_MODEL} — {out.name}")
+        plot_loss_curve(records, out / "loss_curve.png", title=f"{inputs.model_name} — {out.name}")
 
 
 def _device_name(device: torch.device) -> str:

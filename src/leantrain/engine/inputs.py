@@ -1,58 +1,77 @@
-"""Validated, tokenised inputs for a run: data checked before the model is loaded, tokenised once (the main
-process first; the others read the cache it wrote)."""
+"""Validated, processed inputs for a run: data checked before the model is loaded, processed once (the main
+process first; the others read the cache it wrote). The task picks the data side (text, image, audio); what the
+engine gets back is the same for all: datasets with ``length``, collators, label names, the processor."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from leantrain.config import Config
-from leantrain.data import load_and_validate
-from leantrain.data.loaders import eval_loader, make_collator
-from leantrain.data.text import TextCollator, tokenize
-from leantrain.modeling import load_tokenizer, model_name
+from leantrain.data.loaders import eval_loader
+from leantrain.data.modalities import for_task
+from leantrain.modeling import load_processor, model_name
+from leantrain.tasks import resolve_task
 
 log = logging.getLogger("leantrain")
 
 
 @dataclass
 class Inputs:
-    train: object  # datasets.Dataset, tokenised
+    train: object  # datasets.Dataset, processed: model inputs (or file paths), labels, length
     eval: object
     label_names: list[str]
-    tokenizer: object
-    collator: TextCollator
+    processor: object  # tokenizer, image processor or feature extractor; saved with the model
+    collator: object  # training batches (with augmentation, where configured)
     model_name: str
     columns: dict = field(default_factory=dict)
     eval_batch_size: int | None = None
     num_workers: int = 0
+    task: str = "text-classification"
+    eval_collator: object | None = None  # unset: the training collator
+    token_lengths: np.ndarray | None = None  # tokens per training example (text only)
+
+    @property
+    def tokenizer(self):  # the name the text-only engine used
+        return self.processor
+
+    def tokens_in(self, indices) -> int | None:
+        """Non-padding tokens in these training examples; None when the inputs are not tokens."""
+        return int(self.token_lengths[indices].sum()) if self.token_lengths is not None else None
 
     def eval_loader(self, micro_batch_size: int):
-        return eval_loader(self.eval, self.eval_batch_size or 2 * micro_batch_size, self.collator,
-                           num_workers=self.num_workers)
+        return eval_loader(self.eval, self.eval_batch_size or 2 * micro_batch_size,
+                           self.eval_collator or self.collator, num_workers=self.num_workers)
 
 
 def validate_data(cfg: Config):
-    """Load and check the data (no model, no tokenizer): raises DataError listing every problem."""
-    return load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+    """Load and check the data (no model, no processor): raises DataError listing every problem."""
+    return for_task(resolve_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
 
 
 def prepare_inputs(cfg: Config, accelerator) -> Inputs:
+    task = resolve_task(cfg)
+    modality = for_task(task)
     with accelerator.main_process_first():
-        data = validate_data(cfg)
+        data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+    log.info("task: %s", task)
     for note in data.notes:
         log.info(note)
     for warning in data.warnings:
         log.warning("warning: %s", warning)
-    name = model_name(cfg.model)
-    tokenizer = load_tokenizer(cfg.model)
+    name = model_name(cfg.model) if not (cfg.model.config or cfg.model.config_type) else \
+        f"{cfg.model.config or cfg.model.config_type} (from config)"
+    processor = load_processor(cfg.model, task)
     with accelerator.main_process_first():
-        train = tokenize(data.train, tokenizer, cfg.data.max_length, desc="Tokenizing train")
-        evals = tokenize(data.eval, tokenizer, cfg.data.max_length, desc="Tokenizing eval")
+        train = modality.process(data.train, processor, cfg.data, desc="Processing train")
+        evals = modality.process(data.eval, processor, cfg.data, desc="Processing eval")
     log.info("data: %d train / %d eval rows, %d labels %s", len(train), len(evals), len(data.label_names),
              data.label_names[:10])
-    pad_multiple = 8 if accelerator.device.type == "cuda" else None
-    collator = make_collator(tokenizer, batching=cfg.data.batching, max_length=cfg.data.max_length,
-                             pad_multiple=pad_multiple)
-    return Inputs(train, evals, data.label_names, tokenizer, collator, name, data.columns,
-                  cfg.train.eval_batch_size, cfg.data.num_workers)
+    device = accelerator.device.type
+    collator = modality.collator(processor, cfg.data, train=True, seed=cfg.train.seed, device_type=device)
+    eval_collator = modality.collator(processor, cfg.data, train=False, seed=cfg.train.seed, device_type=device)
+    tokens = np.asarray(train["length"]) if modality.counts_tokens else None
+    return Inputs(train, evals, data.label_names, processor, collator, name, data.columns, cfg.train.eval_batch_size,
+                  cfg.data.num_workers, task=task, eval_collator=eval_collator, token_lengths=tokens)

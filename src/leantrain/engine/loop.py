@@ -81,7 +81,7 @@ def train(cfg: Config) -> dict:
         log.info(note)
 
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
-    model = build_model(cfg.model, inputs.label_names)
+    model = build_model(cfg.model, inputs.label_names, inputs.task)
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", inputs.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
@@ -103,8 +103,9 @@ def train(cfg: Config) -> dict:
     metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator,
                              prior=prior_records(out, state) if accelerator.is_main_process else None)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
-    flops = MfuMeter(accelerator.unwrap_model(model).config, counts["non_embedding"],
-                     float(np.mean(inputs.train["length"])), accelerator.device, precision, accelerator.num_processes)
+    mean_tokens = float(np.mean(inputs.token_lengths)) if inputs.token_lengths is not None else 0.0
+    flops = MfuMeter(accelerator.unwrap_model(model).config, counts["non_embedding"], mean_tokens,
+                     accelerator.device, precision, accelerator.num_processes)  # MFU is for token models only
     loop = Loop(cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter, ckpt, state,
                 flops)
     apply_rng(state, cfg, accelerator)
@@ -280,7 +281,7 @@ class Loop:
             self.running += loss_sum
             self.running_count += len(global_batch)
             self.step += 1
-            self.meter.end_step(len(global_batch), int(self.lengths[global_batch].sum()))
+            self.meter.end_step(len(global_batch), self.inputs.tokens_in(global_batch))
             self.faults.at_step(self.step)
             if self.profiler is not None:
                 self.profiler.step()

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Throughput:
-    """Counts samples and non-padding tokens (all processes together) per optimizer step.
+    """Counts samples and non-padding tokens (all processes together) per optimizer step; tokens are None for
+    inputs that are not tokens (images, audio), and tokens/s is then None.
 
     The first ``skip`` steps are left out (allocator warm-up, lazy init, compilation); if the run is too short
     to have any step after them, every step counts. ``pause()``/``resume()`` cut evaluation and saving out.
@@ -24,20 +25,22 @@ class Throughput:
     time: float = 0.0
     samples: int = 0
     tokens: int = 0
+    counts_tokens: bool = True
 
     def start_step(self) -> None:
         self._t0 = time.perf_counter()
 
-    def end_step(self, samples: int, tokens: int) -> None:
+    def end_step(self, samples: int, tokens: int | None) -> None:
         dt = time.perf_counter() - self._t0
         self.steps += 1
         self.all_time += dt
         self.all_samples += samples
-        self.all_tokens += tokens
+        self.counts_tokens = tokens is not None
+        self.all_tokens += tokens or 0
         if self.steps > self.skip:
             self.time += dt
             self.samples += samples
-            self.tokens += tokens
+            self.tokens += tokens or 0
 
     def _window(self) -> tuple[float, int, int]:
         if self.steps > self.skip and self.time > 0:
@@ -50,7 +53,9 @@ class Throughput:
         return s / t if t > 0 else 0.0
 
     @property
-    def tokens_per_second(self) -> float:
+    def tokens_per_second(self) -> float | None:
+        if not self.counts_tokens:
+            return None
         t, _, k = self._window()
         return k / t if t > 0 else 0.0
 

@@ -87,24 +87,36 @@ def _hparam_rows(config: dict[str, Any]) -> list[tuple[str, Any]]:
     return rows
 
 
+_EXAMPLES = {  # task -> (what, the pipeline call's argument)
+    "text-classification": ("text", '"The delivery was quick and the product works perfectly."'),
+    "image-classification": ("image", '"photo.jpg"'),
+    "audio-classification": ("audio", '{"raw": samples, "sampling_rate": 16000}  # or a file path (needs ffmpeg)'),
+}
+
+
 def write_model_card(
-    model_dir: str | os.PathLike, *, base_model: str, label_names: list[str], summary: dict, config: dict
+    model_dir: str | os.PathLike, *, base_model: str, label_names: list[str], summary: dict, config: dict,
+    task: str = "text-classification",
 ) -> Path:
     """Write model_dir/README.md (YAML front matter + Markdown) and return its path."""
     model_dir = Path(model_dir)
     summary, config = summary or {}, config or {}
     ev, tr = summary.get("eval") or {}, summary.get("train") or {}
     hub = looks_like_hub_id(base_model)
-    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-classification"}
+    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": task}
+    what, example = _EXAMPLES.get(task, _EXAMPLES["text-classification"])
     if hub:
         meta["base_model"] = base_model
     meta["tags"] = ["leantrain"]
     short = Path(str(base_model)).name
     base_text = f"[{base_model}](https://huggingface.co/{base_model})" if hub else f"a local model (`{short}`)"
+    if str(base_model).endswith("(from config)"):  # model.config / model.config_type: trained from scratch
+        base_text = f"a random initialisation of a `{str(base_model).removesuffix(' (from config)')}` config"
 
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", ""]
-    lines += [f"# {short}, fine-tuned for text classification", ""]
-    lines += [f"A text classifier fine-tuned from {base_text} with leantrain on {len(label_names)} labels.", ""]
+    lines += [f"# {short}, fine-tuned for {what} classification", ""]
+    lines += [f"A{'n' if what[0] in 'aeiou' else ''} {what} classifier fine-tuned from {base_text} with leantrain "
+              f"on {len(label_names)} labels.", ""]
     lines += ["## Labels", "", *_table(("id", "label"), list(enumerate(label_names))), ""]
     if ev:
         n = ev.get("samples", ev.get("eval.samples"))
@@ -118,8 +130,8 @@ def write_model_card(
         lines += ["## Framework versions", "", *(f"- {k} {v}" for k, v in versions.items()), ""]
     lines += [
         "## Usage", "", "```python", "from transformers import pipeline", "",
-        f'classifier = pipeline("text-classification", model="{model_dir.as_posix()}")  # or its Hub id once pushed',
-        'print(classifier("The delivery was quick and the product works perfectly."))', "```", "",
+        f'classifier = pipeline("{task}", model="{model_dir.as_posix()}")  # or its Hub id once pushed',
+        f"print(classifier({example}))", "```", "",
     ]
     model_dir.mkdir(parents=True, exist_ok=True)
     path = model_dir / "README.md"

@@ -1,0 +1,113 @@
+"""Models without the Hub: a config from ``model.config`` (a config.json) or ``model.config_type`` (a model type's
+defaults), plus ``model.config_overrides``; and the matching image processor / feature extractor built from that
+config, since ``AutoImageProcessor`` cannot load from a folder holding only config.json.
+
+The processor takes the sizes that must agree with the model from its config: an image processor resizes to
+``config.image_size`` (ViT's processor defaults to 224 px whatever the model), a feature extractor takes
+``sampling_rate`` / ``num_mel_bins`` / ``max_length`` where the config has them, and returns an attention mask
+for wav2vec2-style models with layer-norm feature encoders (those are trained with one).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import json
+from pathlib import Path
+
+from leantrain.config import ModelConfig
+from leantrain.errors import ConfigError
+
+
+def from_scratch(cfg: ModelConfig) -> bool:
+    return bool(cfg.config or cfg.config_type)
+
+
+def _read_config_file(spec: str) -> tuple[str, dict]:
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"model.config: file not found: {path}")
+    try:
+        values = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"model.config: {path} is not valid JSON ({e})") from None
+    if not isinstance(values, dict) or not values.get("model_type"):
+        raise ConfigError(f"model.config: {path} has no \"model_type\" (e.g. \"vit\", \"wav2vec2\")")
+    return values.pop("model_type"), values
+
+
+def config_from_spec(cfg: ModelConfig):
+    """A fresh ``PretrainedConfig`` from model.config or model.config_type, with model.config_overrides applied."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    from leantrain.modeling import check_config_overrides
+
+    if cfg.config and cfg.config_type:
+        raise ConfigError("set model.config (a config.json) or model.config_type (a model type), not both")
+    kind, values = _read_config_file(cfg.config) if cfg.config else (cfg.config_type, {})
+    key = "model.config" if cfg.config else "model.config_type"
+    if kind not in CONFIG_MAPPING:
+        hint = difflib.get_close_matches(kind, list(CONFIG_MAPPING.keys()), n=1)
+        raise ConfigError(f"{key}: unknown model type {kind!r}" + (f" — did you mean {hint[0]!r}?" if hint else ""))
+    check_config_overrides(AutoConfig.for_model(kind, **values), cfg.config_overrides)
+    try:  # built in one go, so that derived fields agree (e.g. ConvNeXt's stage names with num_stages)
+        return AutoConfig.for_model(kind, **{**values, **cfg.config_overrides})
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{key}: a {kind} config with model.config_overrides is invalid: {e}") from None
+
+
+def build_processor(config, task: str):
+    """The image processor or feature extractor of the config's model type, sized from the config."""
+    from leantrain.tasks import AUDIO, IMAGE
+
+    if task == IMAGE:
+        return _image_processor(config)
+    if task == AUDIO:
+        return _feature_extractor(config)
+    raise ValueError(task)
+
+
+def _image_processor(config):
+    from transformers.models.auto.image_processing_auto import (
+        IMAGE_PROCESSOR_MAPPING_NAMES,
+        get_image_processor_class_from_name,
+    )
+    from transformers.utils import is_torchvision_available
+
+    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(config.model_type)
+    if not names:
+        raise ConfigError(f"model type {config.model_type!r} has no image processor in transformers")
+    backend = "torchvision" if is_torchvision_available() and names.get("torchvision") else "pil"
+    cls = get_image_processor_class_from_name(names.get(backend) or next(v for v in names.values() if v))
+    size = getattr(config, "image_size", None)
+    if not size:
+        return cls()  # e.g. ResNet: its config has no image size; the processor's default applies
+    h, w = (size, size) if isinstance(size, int) else tuple(size)[:2]
+    default = cls()
+    kwargs = {"size": {"shortest_edge": min(h, w)} if getattr(default.size, "shortest_edge", None)
+              else {"height": h, "width": w}}
+    if getattr(default, "crop_size", None):
+        kwargs["crop_size"] = {"height": h, "width": w}
+    if getattr(default, "crop_pct", None):
+        kwargs["crop_pct"] = 1.0  # the whole image at the model's size: no resize-up-then-crop
+    return cls(**kwargs)
+
+
+def _feature_extractor(config):
+    from transformers.models.auto.feature_extraction_auto import (
+        FEATURE_EXTRACTOR_MAPPING_NAMES,
+        feature_extractor_class_from_name,
+    )
+
+    name = FEATURE_EXTRACTOR_MAPPING_NAMES.get(config.model_type)
+    if not name:
+        raise ConfigError(f"model type {config.model_type!r} has no feature extractor in transformers")
+    cls = feature_extractor_class_from_name(name)
+    params = inspect.signature(cls.__init__).parameters
+    kwargs = {k: getattr(config, k) for k in ("sampling_rate", "num_mel_bins", "max_length")
+              if k in params and getattr(config, k, None) is not None}
+    if "return_attention_mask" in params and hasattr(config, "feat_extract_norm"):
+        kwargs["return_attention_mask"] = config.feat_extract_norm == "layer"
+    return cls(**kwargs)

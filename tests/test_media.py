@@ -1,0 +1,224 @@
+"""Images and audio: folder and path-column sources, file checks, processors built from a config, and short
+from-config training runs on slices of ../shared/data (CIFAR-10 subset, FSDD) that must beat chance."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+
+from conftest import shared_data, write_rows
+from leantrain.cli import main
+from leantrain.config import DataConfig, resolve
+from leantrain.data import audio, image
+from leantrain.errors import DataError
+from leantrain.tasks import resolve_task
+
+CLASSES4 = ["airplane", "automobile", "frog", "ship"]
+VIT = ["model.config_type=vit", "model.config_overrides.image_size=32", "model.config_overrides.patch_size=8",
+       "model.config_overrides.hidden_size=16", "model.config_overrides.num_hidden_layers=1",
+       "model.config_overrides.num_attention_heads=2", "model.config_overrides.intermediate_size=32"]
+CONVNEXT = ["model.config_type=convnext", "model.config_overrides.image_size=32", "model.config_overrides.num_stages=2",
+            "model.config_overrides.hidden_sizes=[16,32]", "model.config_overrides.depths=[1,1]"]
+AST = ["model.config_type=audio-spectrogram-transformer", "model.config_overrides.num_mel_bins=32",
+       "model.config_overrides.max_length=100", "model.config_overrides.hidden_size=64",
+       "model.config_overrides.num_hidden_layers=1", "model.config_overrides.num_attention_heads=2",
+       "model.config_overrides.intermediate_size=128", "model.config_overrides.frequency_stride=16",
+       "model.config_overrides.time_stride=8", "data.max_seconds=1.0"]
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_cache")))
+
+
+@pytest.fixture(scope="module")
+def cifar4(tmp_path_factory) -> Path:
+    """train/ and test/ with a folder per class: 4 classes, 80 + 25 images each (links to the shared files)."""
+    src, root = shared_data("cifar10_subset"), tmp_path_factory.mktemp("cifar4")
+    for split, n in (("train", 80), ("test", 25)):
+        for c in CLASSES4:
+            (root / split / c).mkdir(parents=True)
+            for f in sorted((src / split / c).iterdir())[:n]:
+                (root / split / c / f.name).symlink_to(f)
+    return root
+
+
+@pytest.fixture(scope="module")
+def fsdd4(tmp_path_factory) -> tuple[Path, Path]:
+    """Digits 0-3 of FSDD, every speaker: repetitions 5-14 to train (240 clips), 0-2 held out (72)."""
+    import pandas as pd
+
+    root, out = shared_data("fsdd"), tmp_path_factory.mktemp("fsdd4")
+    meta = pd.read_csv(root / "metadata.csv")
+    meta = meta[meta.label < 4].assign(file_name=[str(root / f) for f in meta[meta.label < 4].file_name])
+    meta[(meta["index"] >= 5) & (meta["index"] < 15)][["file_name", "label"]].to_csv(out / "train.csv", index=False)
+    meta[meta["index"] < 3][["file_name", "label"]].to_csv(out / "test.csv", index=False)
+    return out / "train.csv", out / "test.csv"
+
+
+def _wav(path: Path, seconds: float, rate: int, channels: int = 1) -> Path:
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    x = np.stack([np.sin(2 * np.pi * 440 * t) * (c + 1) / 4 for c in range(channels)], axis=1)
+    sf.write(path, x.astype(np.float32), rate)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+def test_image_folder_splits_and_labels(cifar4):
+    data = image.load_and_validate(DataConfig(train=str(cifar4)), seed=0, batch_size=8)
+    assert (len(data.train), len(data.eval)) == (320, 100)  # split folders: train/ trains, test/ evaluates
+    assert data.label_names == CLASSES4 and data.train.column_names == ["image", "label"]
+    assert Path(data.train[0]["image"]).is_file() and data.train[0]["label"] == 0
+    assert f"labels: the class folder names of {cifar4}" in data.notes
+
+
+def test_bad_image_files_reported_by_path_before_any_model(tmp_path, cifar4, capsys):
+    from PIL import Image
+
+    good = sorted((cifar4 / "train" / "frog").iterdir())[:4]
+    (tmp_path / "img").mkdir()
+    Image.open(good[0]).convert("L").save(tmp_path / "img" / "gray.png")  # grayscale: fine, converted to RGB
+    (tmp_path / "img" / "broken.jpg").write_bytes(b"this is not a JPEG")
+    rows = [{"file": str(f), "y": "frog"} for f in good] + [
+        {"file": "img/gray.png", "y": "cat"}, {"file": "img/broken.jpg", "y": "cat"}, {"file": "img/gone.jpg", "y": "cat"}]
+    csv = write_rows(tmp_path / "photos.csv", rows)
+    with pytest.raises(DataError) as e:
+        image.load_and_validate(DataConfig(train=str(csv), image_column="file", label_column="y"), seed=0, batch_size=2)
+    text = str(e.value)
+    assert f"cannot read image file {tmp_path / 'img' / 'broken.jpg'}" in text
+    assert "1 image file(s) not found (line 8)" in text and str(tmp_path / "img" / "gone.jpg") in text
+    assert "gray.png" not in text and len(e.value.problems) == 2
+    out = tmp_path / "run"
+    assert main(["train", "model.task=image-classification", f"data.train={csv}", "data.image_column=file",
+                 "data.label_column=y", f"output_dir={out}"]) == 2
+    assert "broken.jpg" in capsys.readouterr().err and not out.exists()
+
+
+def test_image_decoding_error_later_names_the_path(tmp_path, cifar4):
+    from transformers import ViTImageProcessor
+
+    jpg = sorted((cifar4 / "train" / "ship").iterdir())[0].resolve()
+    cut = tmp_path / "cut.jpg"
+    data = jpg.read_bytes()
+    cut.write_bytes(data[: data.index(b"\xff\xda") + 40])  # the header parses, the pixels stop short
+    assert image.probe(str(cut)) is None
+    collate = image.collator(ViTImageProcessor(size={"height": 32, "width": 32}), DataConfig(), train=False)
+    assert collate([{"image": str(jpg), "labels": 1}])["pixel_values"].shape == (1, 3, 32, 32)
+    with pytest.raises(DataError, match=f"cannot decode image file {cut}"):
+        collate([{"image": str(cut), "labels": 0}])
+
+
+def test_augmentation_is_seeded_and_keeps_the_size(cifar4):
+    from transformers import ViTImageProcessor
+
+    rows = [{"image": str(f), "labels": 0} for f in sorted((cifar4 / "train" / "frog").iterdir())[:8]]
+    proc = ViTImageProcessor(size={"height": 32, "width": 32})
+    plain = image.collator(proc, DataConfig(augment=True), train=False)(rows)["pixel_values"]
+    a = image.collator(proc, DataConfig(augment=True), train=True, seed=1)(rows)["pixel_values"]
+    b = image.collator(proc, DataConfig(augment=True), train=True, seed=1)(rows)["pixel_values"]
+    assert a.shape == plain.shape and np.array_equal(a.numpy(), b.numpy()) and not np.allclose(a.numpy(), plain.numpy())
+
+
+def test_audio_decoding_mono_resampled_capped(tmp_path):
+    stereo = _wav(tmp_path / "st.wav", 2.0, 44100, channels=2)
+    x = audio.read_audio(str(stereo), 16000)
+    assert x.dtype == np.float32 and abs(len(x) - 32000) <= 2  # 2 s at 16 kHz
+    assert abs(np.abs(x).max() - 0.375) < 0.01  # the mean of the two channels (0.25 and 0.5 amplitude)
+    assert len(audio.read_audio(str(stereo), 16000, max_seconds=0.5)) == 8000
+
+
+def test_bad_audio_files_reported_by_path(tmp_path):
+    good = [_wav(tmp_path / f"{i}.wav", 0.3, 8000) for i in range(3)]
+    (tmp_path / "noise.wav").write_bytes(b"RIFF....WAVEfmt garbage")
+    (tmp_path / "empty.wav").write_bytes(b"")
+    rows = [{"clip": f.name, "digit": i % 2} for i, f in enumerate(good)] + [
+        {"clip": "noise.wav", "digit": 0}, {"clip": "empty.wav", "digit": 1}, {"clip": "gone.wav", "digit": 1}]
+    csv = write_rows(tmp_path / "clips.csv", rows)
+    with pytest.raises(DataError) as e:
+        audio.load_and_validate(DataConfig(train=str(csv), audio_column="clip"), seed=0, batch_size=2)
+    text = str(e.value)
+    for name in ("noise.wav", "empty.wav", "gone.wav"):
+        assert str(tmp_path / name) in text
+    assert "0.wav" not in text.replace("noise.wav", "")
+
+
+def test_processors_built_from_the_config(tmp_path):
+    from transformers import AutoFeatureExtractor, AutoImageProcessor
+
+    from leantrain.modeling import load_processor
+
+    vit = resolve(None, VIT).model
+    proc = load_processor(vit, "image-classification")
+    assert proc.size["height"] == 32  # the config's image size, not ViT's default 224
+    proc.save_pretrained(tmp_path / "v")
+    assert AutoImageProcessor.from_pretrained(tmp_path / "v").size["height"] == 32
+    w2v = resolve(None, ["model.config_type=wav2vec2", "model.config_overrides.feat_extract_norm=layer"]).model
+    fe = load_processor(w2v, "audio-classification")
+    assert fe.return_attention_mask and fe.sampling_rate == 16000
+    ast = load_processor(resolve(None, AST).model, "audio-classification")
+    assert (ast.num_mel_bins, ast.max_length) == (32, 100)
+    fe.save_pretrained(tmp_path / "a")
+    assert AutoFeatureExtractor.from_pretrained(tmp_path / "a").return_attention_mask
+
+
+def test_task_auto_detection(tmp_path):
+    assert resolve_task(resolve(None, VIT)) == "image-classification"
+    assert resolve_task(resolve(None, AST)) == "audio-classification"
+    assert resolve_task(resolve(None, [])) == "text-classification"
+    assert resolve_task(resolve(None, ["data.audio_column=f"])) == "audio-classification"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "convnext", "image_size": 32}))
+    assert resolve_task(resolve(None, [f"model.config={tmp_path / 'config.json'}"])) == "image-classification"
+    assert main(["train", "model.config_type=vitt"]) == 2  # unknown type: a config error ("did you mean 'vit'")
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+
+def test_image_model_from_config_trains_and_loads_in_pipeline(tmp_path, cifar4):
+    from transformers import pipeline
+
+    from leantrain import train
+
+    out = tmp_path / "run"
+    summary = train(None, [*CONVNEXT, f"data.train={cifar4}", "data.augment=true", "train.epochs=3",
+                           "train.batch_size=16", "train.lr=3e-3", f"output_dir={out}", "report.plots=false"])
+    assert summary["eval"]["samples"] == 100 and summary["eval"]["accuracy"] > 0.4  # chance: 0.25
+    assert summary["train"]["tokens_per_second"] is None and summary["train"]["samples_per_second"] > 0
+    assert (out / "model" / "preprocessor_config.json").is_file()
+    photos = sorted((cifar4 / "test" / "ship").iterdir())[:6]
+    preds = tmp_path / "p.jsonl"
+    assert main(["predict", str(out / "model"), "--input", str(cifar4 / "test" / "ship"), "--output", str(preds)]) == 0
+    ours = [json.loads(line) for line in preds.read_text().splitlines()][:6]
+    theirs = pipeline("image-classification", model=str(out / "model"), device="cpu")([str(p) for p in photos], top_k=1)
+    assert [o["label"] for o in ours] == [t[0]["label"] for t in theirs] and set(o["label"] for o in ours) <= set(CLASSES4)
+    assert [o["score"] for o in ours] == pytest.approx([t[0]["score"] for t in theirs], abs=1e-4)
+    assert [o["path"] for o in ours] == [str(p.resolve()) for p in photos]
+
+
+def test_audio_model_from_config_trains_and_loads_in_pipeline(tmp_path, fsdd4):
+    from transformers import pipeline
+
+    from leantrain import train
+
+    train_csv, test_csv = fsdd4
+    out = tmp_path / "run"
+    summary = train(None, [*AST, f"data.train={train_csv}", f"data.eval={test_csv}", "train.epochs=6",
+                           "train.batch_size=16", "train.lr=3e-3", f"output_dir={out}", "report.plots=false"])
+    assert summary["eval"]["samples"] == 72 and summary["eval"]["accuracy"] > 0.4  # chance: 0.25
+    assert summary["model"]["labels"] == ["0", "1", "2", "3"] and summary["train"]["tokens_per_second"] is None
+    clip = shared_data("fsdd", "recordings", "3_theo_0.wav")
+    classify = pipeline("audio-classification", model=str(out / "model"), device="cpu")
+    top = classify({"raw": audio.read_audio(str(clip), 16000, 1.0), "sampling_rate": 16000}, top_k=4)
+    assert sorted(t["label"] for t in top) == ["0", "1", "2", "3"]
+    assert main(["eval", str(out / "model"), f"data.eval={test_csv}", "--output", str(tmp_path / "m.json")]) == 0
+    again = json.loads((tmp_path / "m.json").read_text())["eval"]
+    assert again["accuracy"] == pytest.approx(summary["eval"]["accuracy"])
