@@ -10,6 +10,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+import torch
 
 from conftest import shared_data, write_rows
 from leantrain.cli import main
@@ -222,3 +223,29 @@ def test_audio_model_from_config_trains_and_loads_in_pipeline(tmp_path, fsdd4):
     assert main(["eval", str(out / "model"), f"data.eval={test_csv}", "--output", str(tmp_path / "m.json")]) == 0
     again = json.loads((tmp_path / "m.json").read_text())["eval"]
     assert again["accuracy"] == pytest.approx(summary["eval"]["accuracy"])
+
+
+@pytest.mark.distributed
+def test_two_process_audio_run_equals_one_process(tmp_path, fsdd4):
+    """The same engine for every modality: audio on 2 processes (torchrun, gloo) == 1 process x accumulation 2."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from leantrain import train
+
+    train_csv, test_csv = fsdd4
+    args = [*AST, f"data.train={train_csv}", f"data.eval={test_csv}", "train.max_steps=4", "train.batch_size=8",
+            "train.micro_batch_size=4", "train.lr=3e-3", "efficiency.precision=fp32", "report.plots=false"]
+    one = train(None, [*args, f"output_dir={tmp_path / 'one'}"])
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "leantrain", "train", "--nproc", "2", *args,
+                        f"output_dir={tmp_path / 'two'}"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert two["distributed"]["world_size"] == 2 and one["train"]["accumulation_steps"] == 2
+    assert two["eval"]["samples"] == 72 and two["eval"]["accuracy"] == one["eval"]["accuracy"]
+    pa, pb = (load_file(tmp_path / d / "model" / "model.safetensors") for d in ("one", "two"))
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=2e-5, msg=k)
