@@ -19,11 +19,23 @@ from leantrain.errors import ConfigError
 log = logging.getLogger("leantrain")
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now (notebooks and test runners swap it), not the one at set-up."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup_logging(is_main: bool) -> None:
     """Main process logs INFO to stderr; the others only warnings and errors, tagged with their rank."""
     logger = logging.getLogger("leantrain")
     if not any(getattr(h, "_leantrain", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         rank = os.environ.get("RANK", "0")
         handler.setFormatter(logging.Formatter("%(message)s" if is_main else f"[rank {rank}] %(levelname)s %(message)s"))
         handler._leantrain = True  # type: ignore[attr-defined]
