@@ -193,3 +193,17 @@ def test_bad_launch_options_fail_before_any_worker(job, capsys):
     path, tmp = job
     assert main(["train", str(path), "--nnodes", "2", "--nproc", "1"]) == 2
     assert "--master-addr" in capsys.readouterr().err
+
+
+def test_fsdp_with_bf16_and_gradient_checkpointing(job):
+    """Mixed precision and gradient checkpointing keep working under a sharding strategy."""
+    path, tmp = job
+    r = run([str(BIN / "leantrain"), "train", str(path), "--nproc", "2", "distributed.strategy=fsdp",
+             "efficiency.precision=bf16", "efficiency.gradient_checkpointing=true", "train.max_steps=4",
+             f"output_dir={tmp / 'fsdp_bf16'}"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    s = _summary(tmp / "fsdp_bf16")
+    assert s["efficiency"]["precision"] == "bf16" and s["efficiency"]["gradient_checkpointing"] is True
+    assert s["distributed"]["parameter_bytes_per_process"] <= 0.55 * s["distributed"]["parameter_bytes_full"]
+    losses = _losses(tmp / "fsdp_bf16")
+    assert len(losses) == 4 and all(0 < x < 5 for x in losses) and s["eval"]["samples"] == 13

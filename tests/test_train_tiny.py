@@ -130,3 +130,18 @@ def test_stop_when_target_is_met(tmp_path, tiny_bert, files):
     assert summary["train"]["steps"] == 3
     evals = [r for r in read_metrics(out / "metrics.jsonl") if r["type"] == "eval"]
     assert [r["step"] for r in evals] == [3] and evals[0]["loop_seconds"] > 0
+
+
+def test_tensorboard_tracker_is_opt_in(tmp_path, tiny_bert, files):
+    train_f, dev_f = files
+    out = tmp_path / "run"
+    train(None, [f"model.name={tiny_bert}", f"data.train={train_f}", f"data.eval={dev_f}", "data.text_column=review",
+                 "data.label_column=stars", "train.max_steps=4", "train.log_every_steps=2", "report.trackers=[tensorboard]",
+                 f"output_dir={out}", "report.plots=false"])
+    events = list(out.rglob("events.out.tfevents.*"))
+    assert events, sorted(p.name for p in out.rglob("*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    assert {"train/loss", "eval.accuracy"} <= set(acc.Tags()["scalars"])

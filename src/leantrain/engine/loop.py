@@ -24,7 +24,8 @@ from leantrain.engine.faults import FaultInjector
 from leantrain.engine.inputs import prepare_inputs
 from leantrain.engine.nonfinite import NonFiniteGuard
 from leantrain.engine.resume import apply_rng, decide, prior_records, restore
-from leantrain.engine.setup import default_output_dir, device_type, make_accelerator, setup_logging, step_plan
+from leantrain.engine.setup import (attach_trackers, default_output_dir, device_type, make_accelerator, setup_logging,
+                                    step_plan)
 from leantrain.engine.step import train_step
 from leantrain.data.loaders import epoch_plan, train_loader
 from leantrain.modeling import build_model, parameter_counts
@@ -95,8 +96,7 @@ def train(cfg: Config) -> dict:
         log.info(note)
     model.train()
     model, optimizer, scheduler, eval_dl, comm = _prepare(cfg, accelerator, model, plan, inputs)
-    if cfg.report.trackers:
-        accelerator.init_trackers("leantrain", config=_flat_scalars(cfg.to_dict()))
+    attach_trackers(cfg, accelerator, out)
 
     ckpt = Checkpointer(cfg, accelerator, out, plan, data_fingerprint(inputs.train))
     state = restore(decision, cfg, accelerator, plan, ckpt.fingerprint, model, optimizer, scheduler)
@@ -201,18 +201,6 @@ def _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, progress, 
     else:
         log.info(text)
     return metrics
-
-
-def _flat_scalars(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flat_scalars(v, f"{prefix}{k}."))
-        elif isinstance(v, (int, float, str, bool)):
-            out[f"{prefix}{k}"] = v
-        else:
-            out[f"{prefix}{k}"] = str(v)
-    return out
 
 
 class Loop:

@@ -79,7 +79,6 @@ def make_accelerator(cfg: Config, project_dir: Path | None, mixed_precision: str
     accelerator = Accelerator(
         cpu=not has_accelerator(),
         mixed_precision=mixed_precision,
-        log_with=list(cfg.report.trackers) or None,
         project_config=ProjectConfiguration(project_dir=str(project_dir)) if project_dir else None,
         step_scheduler_with_optimizer=False,  # we step the scheduler once per optimizer step ourselves
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.distributed.timeout_seconds))],
@@ -92,6 +91,28 @@ def make_accelerator(cfg: Config, project_dir: Path | None, mixed_precision: str
             "Accelerate disagree (e.g. `accelerate launch --cpu` starts one process); use `leantrain train --nproc N`"
         )
     return accelerator
+
+
+def attach_trackers(cfg: Config, accelerator, run_dir: Path) -> None:
+    """Accelerate's trackers (report.trackers), logging under the run folder. The folder is known only once the
+    ranks agree on it, after the Accelerator exists, so the trackers are attached here rather than at construction."""
+    if not cfg.report.trackers:
+        return
+    from accelerate.tracking import filter_trackers
+
+    accelerator.project_configuration.set_directories(str(run_dir))
+    accelerator.log_with = filter_trackers(list(cfg.report.trackers), accelerator.logging_dir)
+    accelerator.init_trackers("leantrain", config=_flat_scalars(cfg.to_dict()))
+
+
+def _flat_scalars(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat_scalars(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out
 
 
 def deepspeed_plugin(cfg: Config):
