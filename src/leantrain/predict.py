@@ -30,7 +30,10 @@ def _load(model_dir: str, cfg: Config):
     if labels is None:
         raise UserError(f"{model_dir} is not a fine-tuned classifier (no label names in its config.json); "
                         "train one with `leantrain train` first")
-    accelerator = Accelerator(cpu=not has_accelerator())
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()  # a training run earlier in this process must not leave its autocast behind
+    accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision="no")  # predictions in full precision
     setup_logging(accelerator.is_main_process)
     model = auto_model_class(task).from_pretrained(
         model_dir, use_safetensors=None if mcfg.allow_pickle else True,
