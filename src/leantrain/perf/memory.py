@@ -22,3 +22,44 @@ def device_memory(device: torch.device) -> dict[str, int]:
             "cuda_max_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
         }
     return {}
+
+
+def current_rss_bytes() -> int:
+    """Resident memory of this process now (Linux /proc; 0 where unavailable)."""
+    return _status_kib("VmRSS") * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Start a new peak-RSS window (Linux >= 4.0: clear_refs 5 resets VmHWM and getrusage's peak). False if not."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def window_peak_rss_bytes() -> int:
+    """Peak resident memory since the last ``reset_peak_rss`` (the whole life if never reset)."""
+    return _status_kib("VmHWM") * 1024 or peak_rss_bytes()
+
+
+def trim_heap() -> None:
+    """Give freed heap memory back to the OS (glibc malloc_trim), so that a measurement starts from live bytes."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _status_kib(key: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
