@@ -89,12 +89,12 @@ def longest_sequence(cfg: Config, inputs) -> int:
 
 
 def plan_micro_batch(cfg: Config, model, per_process: int, seq_len: int, budget: int, precision: str = "fp32",
-                     calibration=None) -> tuple[int, str]:
+                     calibration=None, facts=None) -> tuple[int, str]:
     """The largest divisor of the per-process batch whose planned peak (``leantrain plan``'s lines, with the
-    margin) fits the budget. ``calibration``: a ``planner.Calibration`` already measured (else measured here)."""
+    margin) fits the budget. ``calibration`` / ``facts``: already measured (else measured here)."""
     from leantrain.perf import planner
 
-    facts = planner.model_facts(model, framework_bytes(model, cfg.report.plots))
+    facts = facts or planner.model_facts(model, framework_bytes(model, cfg.report.plots))
     cal = calibration or planner.calibrate(model, seq_len, precision, cfg.efficiency.gradient_checkpointing,
                                            per_process)
     state = planner.meta_state_bytes(model, cfg.optim)

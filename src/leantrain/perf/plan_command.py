@@ -114,6 +114,8 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
         fits = sorted((r for r in rows if r["fits"]), key=lambda r: -r["samples_per_second"])
         result["recommendations"] = [{**r, "overrides": overrides_for(r)} for r in fits[:TOP]]
         result["options_considered"], result["options_fitting"] = len(rows), len(fits)
+        result["options"] = [{"overrides": overrides_for(r), "need_bytes": r["need_bytes"], "fits": r["fits"],
+                               "samples_per_second": r["samples_per_second"]} for r in rows]
     result["calibration"] = [c.__dict__ for c in cals.values()]
     result["parameters"] = sum(p.numel() for p in model.parameters())
     if as_json:

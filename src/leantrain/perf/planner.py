@@ -77,13 +77,19 @@ class ModelFacts:
     step_seconds: dict[str, float] = field(default_factory=dict)
 
 
+def is_checkpointing(model) -> bool:
+    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    return bool(getattr(model, flag, False))
+
+
 def set_checkpointing(model, on: bool) -> None:
     from leantrain.config import EfficiencyConfig
     from leantrain.engine.efficiency import apply_model_switches
 
     if on:
         apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True))
-    elif getattr(model, "is_gradient_checkpointing", False):
+    elif is_checkpointing(model):
         off = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
         off()
 
@@ -148,7 +154,7 @@ def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_proc
     """Measure forward/backward passes at a micro-batch of 1 and at the largest size (<= ``per_process``) that
     takes about ``seconds``, after one warm-up pass at 1 (its residue is the runtime's one-time caches)."""
     device = next(model.parameters()).device
-    was_training, was_ckpt = model.training, bool(getattr(model, "is_gradient_checkpointing", False))
+    was_training, was_ckpt = model.training, is_checkpointing(model)
     model.train()
     set_checkpointing(model, checkpointing)
     autocast = autocast_for(precision, device)
