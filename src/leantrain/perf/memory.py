@@ -8,10 +8,18 @@ import sys
 import torch
 
 
+_EARLIER_PEAK = 0  # the peak before the last reset_peak_rss (the planner's calibration windows)
+
+
 def peak_rss_bytes() -> int:
-    """Peak resident memory of this process over its whole life (getrusage; KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
+    """Peak resident memory of this process over its whole life. Linux: VmHWM of this process's own memory map
+    (getrusage's ru_maxrss also carries the parent's peak into a child started by vfork+exec, as subprocess does);
+    elsewhere getrusage (KiB on Linux, bytes on macOS)."""
+    hwm = _status_kib("VmHWM") * 1024
+    if not hwm:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        hwm = int(peak if sys.platform == "darwin" else peak * 1024)
+    return max(hwm, _EARLIER_PEAK)
 
 
 def device_memory(device: torch.device) -> dict[str, int]:
@@ -30,7 +38,10 @@ def current_rss_bytes() -> int:
 
 
 def reset_peak_rss() -> bool:
-    """Start a new peak-RSS window (Linux >= 4.0: clear_refs 5 resets VmHWM and getrusage's peak). False if not."""
+    """Start a new peak-RSS window (Linux >= 4.0: clear_refs 5 resets VmHWM). The whole-life peak stays in
+    ``peak_rss_bytes``. False where the window cannot be reset."""
+    global _EARLIER_PEAK
+    _EARLIER_PEAK = peak_rss_bytes()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -41,7 +52,7 @@ def reset_peak_rss() -> bool:
 
 def window_peak_rss_bytes() -> int:
     """Peak resident memory since the last ``reset_peak_rss`` (the whole life if never reset)."""
-    return _status_kib("VmHWM") * 1024 or peak_rss_bytes()
+    return _status_kib("VmHWM") * 1024 or peak_rss_bytes()  # no window where /proc is missing: the whole life
 
 
 def trim_heap() -> None:
