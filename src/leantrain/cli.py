@@ -23,6 +23,7 @@ examples:
   leantrain inspect path/or/hub-id
   leantrain predict runs/x/model --input new.csv --output preds.jsonl
   leantrain eval runs/x/model data.eval=dev.csv
+  leantrain plan my.yaml --memory 8GiB --json
   leantrain bench my.yaml --sweep optim.name=adamw,adafactor,adamw8bit,sgd train.max_steps=20 output_dir=runs/b
 """
 
@@ -97,7 +98,18 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    help="one key and its values; repeat for a cartesian product")
     b.add_argument("--repeat", type=int, default=1, help="rounds over all variants, interleaved (default: 1)")
     b.add_argument("--timeout", type=float, default=None, help="seconds per training run (default: none)")
-    return p, {"train": t, "inspect": i, "predict": pr, "eval": e, "bench": b}
+    pl = sub.add_parser("plan", help="predicted peak memory of a config on this device, and the fastest settings "
+                        "that fit a budget", formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog=EXAMPLES + "\n" + keys,
+                        description="Prepares the data and builds the model as train does, measures a few short "
+                        "forward/backward passes, and prints the peak memory line by line (bytes and human units) "
+                        "and the fastest micro-batch / precision / checkpointing / optimizer settings that fit.")
+    pl.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
+    pl.add_argument("--memory", default=None, help="budget per process, e.g. 8GiB (default: this device)")
+    pl.add_argument("--nproc", type=int, default=1, help="processes sharing the global batch (DDP/FSDP per device)")
+    pl.add_argument("--json", action="store_true", help="print JSON on stdout (total under peak_bytes)")
+    pl.add_argument("--breakdown-only", action="store_true", help="only this config's lines (no search; faster)")
+    return p, {"train": t, "inspect": i, "predict": pr, "eval": e, "bench": b, "plan": pl}
 
 
 def _cmd_train(ns) -> int:
@@ -169,6 +181,15 @@ def _cmd_bench(ns) -> int:
     return 0 if any(r["status"] == "ok" for r in result["rows"]) else 1
 
 
+def _cmd_plan(ns) -> int:
+    from leantrain.perf.plan_command import run_plan
+
+    source, overrides = _split_positionals(ns.args)
+    run_plan(source, overrides, memory=ns.memory, nproc=ns.nproc, as_json=ns.json,
+             recommend=not ns.breakdown_only)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Under torchrun, an uncaught error is recorded (rank, traceback) for torchrun's failure report."""
     from leantrain.launch import inside_launcher
@@ -190,7 +211,7 @@ def _main(argv: list[str] | None = None) -> int:
     ns = subs[argv[0]].parse_intermixed_args(argv[1:])
     try:
         return {"train": _cmd_train, "inspect": _cmd_inspect, "predict": _cmd_predict, "eval": _cmd_eval,
-                "bench": _cmd_bench}[argv[0]](ns)
+                "bench": _cmd_bench, "plan": _cmd_plan}[argv[0]](ns)
     except UserError as e:
         print(f"leantrain: error: {e}", file=sys.stderr)
         return e.exit_code

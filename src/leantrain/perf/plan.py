@@ -1,15 +1,13 @@
-"""Memory planner: what a training step holds, line by line, and the largest micro-batch that fits a budget.
+"""Micro-batch choice for ``train.micro_batch_size=auto`` and budget helpers, on the planner's lines.
 
-    total = parameters + gradients + optimizer state + activations(micro batch, longest sequence)
-
-Parameters and gradients come from the model's tensors, the optimizer state from bytes per trainable parameter
-(AdamW: two fp32 moments). Activations are *measured*: one forward pass at micro-batch 1 and one at 2 on the
-longest sequence of the data, counting the bytes of every tensor autograd saves for backward (distinct storages,
-in the run's precision and with gradient checkpointing when it is on), extrapolated linearly in the batch size.
-A margin covers what the count leaves out (backward's transient buffers, allocator slack).
+The memory model itself (framework overhead, parameters, gradients, optimizer state, casts, activations,
+temporary buffers: each measured or counted) lives in ``leantrain.perf.planner``, shared with ``leantrain plan``,
+so the two never disagree. A margin (on the planned training part, not on the measured framework overhead)
+covers what a prediction can miss.
 
 On CPU an out-of-memory is a SIGKILL that cannot be caught, so ``train.micro_batch_size=auto`` plans against
-``efficiency.memory_budget`` (default: half the available RAM, shared by the local processes). On CUDA it probes:
+``efficiency.memory_budget`` (default: half the available RAM, shared by the local processes; compared
+with the whole process's planned peak). On CUDA it probes:
 a real forward/backward at each candidate size, largest first, catching the out-of-memory error.
 """
 
@@ -48,70 +46,37 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-@dataclass
-class ActivationProfile:
-    """Bytes saved for backward: ``fixed + per_example * micro_batch`` at ``seq_len`` tokens."""
-
-    seq_len: int
-    fixed: int
-    per_example: int
-
-    def at(self, micro_batch_size: int) -> int:
-        return max(0, self.fixed + self.per_example * micro_batch_size)
+def need_bytes(lines: dict[str, int]) -> int:
+    """Planned peak with the margin on what the training adds (the framework overhead is measured, not planned)."""
+    return int(lines["total"] + MARGIN * (lines["total"] - lines["framework_overhead"]))
 
 
-def _saved_bytes(model, batch: int, seq_len: int, autocast) -> int:
-    """Bytes of the distinct storages autograd saves in one forward pass of a (batch, seq_len) input.
-    ``autocast``: a callable returning the run's autocast context (e.g. ``accelerator.autocast``)."""
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        s = t.untyped_storage()
-        storages[s.data_ptr()] = s.nbytes()
-        return t
+def framework_bytes(model, plots: bool = False) -> int:
+    """What this process holds besides the model's parameters, now (RSS on CPU, allocated bytes on CUDA), with the
+    plotting library the run loads at its end when ``plots`` (resident from then on, so part of the peak)."""
+    from leantrain.perf.planner import _resident
 
     device = next(model.parameters()).device
-    vocab = getattr(model.config, "vocab_size", 1000) or 1000
-    ids = torch.randint(min(1000, vocab - 1), vocab, (batch, seq_len), device=device)
-    with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-            (autocast or nullcontext)():
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
-        del out
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    return sum(n for ptr, n in storages.items() if ptr not in params)
+    if plots and device.type == "cpu":
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    return max(0, _resident(device) - sum(p.numel() * p.element_size() for p in model.parameters()))
 
 
-def measure_activations(model, seq_len: int, autocast=None) -> ActivationProfile:
-    was_training = model.training
-    model.train()
-    one, two = (_saved_bytes(model, b, seq_len, autocast) for b in (1, 2))
-    model.train(was_training)
-    return ActivationProfile(seq_len, fixed=2 * one - two, per_example=two - one)
-
-
-def memory_plan(cfg: Config, model, micro_batch_size: int, activations: ActivationProfile) -> dict[str, int]:
-    """Bytes per line of one training process at ``micro_batch_size``; ``total`` sums them (no margin)."""
-    params = list(model.parameters())
-    trainable = [p for p in params if p.requires_grad]
-    per_param = OPTIMIZER_STATE_BYTES.get(cfg.optim.name, 8)
-    plan = {
-        "parameters": sum(p.numel() * p.element_size() for p in params),
-        "gradients": sum(p.numel() * p.element_size() for p in trainable),
-        "optimizer_state": sum(p.numel() for p in trainable) * per_param,
-        "activations": activations.at(micro_batch_size),
-    }
-    plan["total"] = sum(plan.values())
-    return plan
-
-
-def default_budget(device: torch.device) -> tuple[int, str]:
+def default_budget(device: torch.device, local: int | None = None) -> tuple[int, str]:
+    """Per-process budget for the whole process's peak: the GPU's memory, or on CPU a safe share of the RAM
+    available now plus what this process already holds (it counts in the peak), shared by the local processes."""
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         return total, f"{torch.cuda.get_device_name(device)} memory"
     import psutil
 
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    avail = psutil.virtual_memory().available
+    from leantrain.perf.memory import current_rss_bytes
+
+    local = local or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    avail = psutil.virtual_memory().available + current_rss_bytes()
     return int(avail * RAM_SHARE / local), f"{RAM_SHARE:.0%} of {gib(avail)} available RAM / {local} local process(es)"
 
 
@@ -123,23 +88,30 @@ def longest_sequence(cfg: Config, inputs) -> int:
     return cfg.data.max_length if cfg.data.batching == "padded" else int(max(inputs.train["length"]))
 
 
-def plan_micro_batch(cfg: Config, model, per_process: int, seq_len: int, budget: int, autocast=None) -> tuple[int, str]:
-    """The largest divisor of the per-process batch whose planned memory (with the margin) fits the budget."""
-    profile = measure_activations(model, seq_len, autocast)
+def plan_micro_batch(cfg: Config, model, per_process: int, seq_len: int, budget: int, precision: str = "fp32",
+                     calibration=None, facts=None) -> tuple[int, str]:
+    """The largest divisor of the per-process batch whose planned peak (``leantrain plan``'s lines, with the
+    margin) fits the budget. ``calibration`` / ``facts``: already measured (else measured here)."""
+    from leantrain.perf import planner
+
+    facts = facts or planner.model_facts(model, framework_bytes(model, cfg.report.plots))
+    cal = calibration or planner.calibrate(model, seq_len, precision, cfg.efficiency.gradient_checkpointing,
+                                           per_process)
+    state = planner.meta_state_bytes(model, cfg.optim)
+    need = {m: need_bytes(planner.lines(facts, cal, m, state)) for m in divisors_desc(per_process)}
     for m in divisors_desc(per_process):
-        need = memory_plan(cfg, model, m, profile)["total"] * (1 + MARGIN)
-        if need <= budget:
+        if need[m] <= budget:
             bigger = [d for d in divisors_desc(per_process) if d > m]
-            why = f"planned {gib(need)} incl. {MARGIN:.0%} margin at {seq_len} tokens"
+            why = f"planned peak {gib(need[m])} incl. {MARGIN:.0%} margin at {seq_len} tokens"
             if bigger:
-                why += f"; {bigger[-1]} would need {gib(memory_plan(cfg, model, bigger[-1], profile)['total'] * (1 + MARGIN))}"
+                why += f"; {bigger[-1]} would need {gib(need[bigger[-1]])}"
             return m, why
-    one = memory_plan(cfg, model, 1, profile)
+    one = planner.lines(facts, cal, 1, state)
     raise UserError(
-        f"train.micro_batch_size=auto: even a micro-batch of 1 needs {gib(one['total'] * (1 + MARGIN))} "
-        f"({', '.join(f'{k} {gib(v)}' for k, v in one.items() if k != 'total')}, +{MARGIN:.0%}) over the budget of "
-        f"{gib(budget)}; raise efficiency.memory_budget, or turn on efficiency.gradient_checkpointing / "
-        "efficiency.precision=bf16, or lower data.max_length"
+        f"train.micro_batch_size=auto: even a micro-batch of 1 needs {gib(need[1])} "
+        f"({', '.join(f'{k} {gib(v)}' for k, v in one.items() if k != 'total')}, +{MARGIN:.0%} of the training "
+        f"part) over the budget of {gib(budget)}; raise efficiency.memory_budget, or turn on "
+        "efficiency.gradient_checkpointing / efficiency.precision=bf16, or lower data.max_length"
     )
 
 
@@ -177,9 +149,13 @@ def auto_micro_batch(cfg: Config, model, inputs, accelerator, plan) -> int:
                           if cfg.efficiency.memory_budget is not None else default_budget(accelerator.device))
         seq_len = longest_sequence(cfg, inputs)
         model.to(accelerator.device)
-        search = probe_micro_batch if accelerator.device.type == "cuda" else plan_micro_batch
-        args = (model, per_process, seq_len, budget) if search is probe_micro_batch else (cfg, model, per_process, seq_len, budget)
-        micro, why = search(*args, autocast=accelerator.autocast)
+        if accelerator.device.type == "cuda":
+            micro, why = probe_micro_batch(model, per_process, seq_len, budget, autocast=accelerator.autocast)
+        else:
+            from leantrain.engine.efficiency import resolve_precision
+
+            precision = resolve_precision(cfg.efficiency.precision, accelerator.device.type)[0]
+            micro, why = plan_micro_batch(cfg, model, per_process, seq_len, budget, precision)
         log.info("micro batch auto: %d of %d per process (%s; budget %s from %s)", micro, per_process, why,
                  gib(budget), source)
         choice = [micro]

@@ -1,0 +1,83 @@
+"""Predicted vs measured peak memory: `leantrain plan --json` against the train.peak_memory_bytes of a short real
+run (each in its own fresh process) over a sampled grid of model x micro-batch x length x checkpointing x optimizer x
+precision, on real SST-2 rows padded to data.max_length.
+
+    PYTHONPATH=src python benchmarks/plan_accuracy.py [--quick] [--out /tmp/plan-accuracy]
+
+Prints a markdown table and the worst relative error (target: within 10%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2" / "train.tsv"
+# (model, micro-batch, length, checkpointing, optimizer, precision); the global batch is the micro-batch (no accumulation)
+GRID = [
+    ("tiny", 8, 64, False, "adamw", "fp32"),
+    ("tiny", 64, 256, False, "sgd", "bf16"),
+    ("tiny", 32, 128, True, "adafactor", "fp32"),
+    ("minilm", 8, 64, False, "adamw", "fp32"),
+    ("minilm", 16, 128, False, "adamw", "bf16"),
+    ("minilm", 32, 128, False, "adafactor", "fp32"),
+    ("minilm", 32, 128, True, "adamw", "fp32"),
+    ("minilm", 16, 256, False, "sgd", "fp32"),
+    ("minilm", 64, 64, True, "sgd", "bf16"),
+    ("minilm", 8, 256, True, "adafactor", "bf16"),
+]
+
+
+def overrides(point, tiny: Path, out: Path) -> list[str]:
+    model, micro, length, ckpt, optim, precision = point
+    return [f"data.train={SST2}", f"data.max_train_samples={micro * 2}", "data.max_eval_samples=16",
+            "data.batching=padded", f"data.max_length={length}", f"train.batch_size={micro}", "train.max_steps=2",
+            f"efficiency.gradient_checkpointing={str(ckpt).lower()}", f"optim.name={optim}",
+            f"efficiency.precision={precision}", "checkpoint.every_steps=0", f"output_dir={out}",
+            *([f"model.name={tiny}"] if model == "tiny" else [])]
+
+
+def leantrain(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "leantrain", *args], capture_output=True, text=True, check=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="first 3 points only")
+    ap.add_argument("--out", default=None)
+    ns = ap.parse_args()
+    root = Path(ns.out or tempfile.mkdtemp(prefix="plan-accuracy-"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from conftest import make_tiny_bert
+
+    tiny = root / "tiny-bert"
+    if not tiny.exists():
+        make_tiny_bert(tiny, layers=2, hidden=32)
+    rows = []
+    print("| model | micro | tokens | ckpt | optimizer | precision | predicted MiB | measured MiB | error |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for i, point in enumerate(GRID[:3] if ns.quick else GRID):
+        run = root / f"run{i}"
+        t0 = time.perf_counter()
+        plan = json.loads(leantrain("plan", "--json", "--breakdown-only", *overrides(point, tiny, run)).stdout)
+        leantrain("train", *overrides(point, tiny, run))
+        measured = json.loads((run / "summary.json").read_text())["train"]["peak_memory_bytes"]
+        err = plan["peak_bytes"] / measured - 1
+        rows.append({"point": point, "predicted": plan["peak_bytes"], "measured": measured, "error": err,
+                     "lines": plan["lines"], "seconds": time.perf_counter() - t0})
+        m, micro, length, ckpt, optim, precision = point
+        print(f"| {m} | {micro} | {length} | {'on' if ckpt else 'off'} | {optim} | {precision} | "
+              f"{plan['peak_bytes'] / 2**20:.0f} | {measured / 2**20:.0f} | {err:+.1%} |", flush=True)
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    print(f"\nworst error: {worst['error']:+.1%} at {worst['point']}; "
+          f"{sum(abs(r['error']) <= 0.10 for r in rows)}/{len(rows)} within 10%")
+    (root / "plan_accuracy.json").write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""The memory and speed model behind ``leantrain plan`` and ``train.micro_batch_size=auto`` (one planner for both).
+
+Peak memory of one training process (what summary.json's ``train.peak_memory_bytes`` measures: whole-life peak
+RSS on CPU; on CUDA the allocator's peak) is predicted line by line:
+
+    framework_overhead   RSS of the process before the training step (python, torch, transformers, data, the
+                         loaded model minus its parameters) + what the first forward/backward leaves behind; measured
+    parameters           the model's tensors (FSDP: this process's shard + one unsharded block)
+    gradients            one per trainable parameter, in its dtype (FSDP: sharded; DDP: + its bucket copy)
+    optimizer_state      the real optimizer built on a meta-device copy of the model and stepped once: exact
+                         bytes for every registered optimizer (AdamW 8 B/param, Adafactor factored, 8-bit, ...)
+    casts                bf16 copies of the matmul weights autocast keeps for backward
+    activations          bytes autograd saves in the forward pass, counted at two small micro-batches, linear
+    temporary_buffers    the rest of the measured forward/backward peak (backward transients, allocator slack)
+
+Activations and temporaries are calibrated by short forward/backward passes of the actual model on this device
+at two small micro-batch sizes on the longest sequence, per precision and checkpointing, and extrapolated
+linearly in the micro-batch (which is how transformer activations grow at a fixed length). The same passes are
+timed, which with one measured optimizer step gives the predicted step time and samples/s.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from leantrain.perf import memory
+
+FALLBACK_STATE_BYTES = {"adamw": 8, "adafactor": 0.1, "adamw8bit": 2.1, "sgd": 4, "lion": 4, "muon": 6}
+CALIBRATION_SECONDS = 4.0  # the larger calibration pass takes about this long (a micro-batch of 1 is the other)
+
+
+@dataclass
+class Calibration:
+    """Measured on this device at ``seq_len`` tokens, for one precision and checkpointing setting, at two
+    micro-batch ``sizes``: bytes saved for backward, peak bytes of the forward/backward (incl. gradients), seconds."""
+
+    precision: str
+    checkpointing: bool
+    seq_len: int
+    sizes: tuple[int, int]
+    saved: tuple[int, int]
+    peak: tuple[int, int]
+    seconds: tuple[float, float]
+    warmup_bytes: int = 0  # left resident by the first pass (runtime caches), counted once in the framework line
+
+    def _at(self, pair, m: int) -> float:
+        (a, b), (ya, yb) = self.sizes, pair
+        slope = max(0.0, (yb - ya) / (b - a))
+        return ya + slope * (m - a)
+
+    def saved_at(self, m: int) -> int:
+        return max(0, int(self._at(self.saved, m)))
+
+    def peak_at(self, m: int) -> int:
+        return max(0, int(self._at(self.peak, m)))
+
+    def seconds_at(self, m: int) -> float:
+        return max(1e-6, self._at(self.seconds, m))
+
+
+@dataclass
+class ModelFacts:
+    """What the lines need from the model, taken once: byte counts and the process's measured baseline."""
+
+    parameter_bytes: int
+    gradient_bytes: int
+    trainable: int
+    cast_bytes: int  # bf16 copies of Linear weights
+    largest_block_bytes: int
+    framework_bytes: int
+    warmup_bytes: int = 0  # the largest first-pass residue of any calibration (runtime caches, made once)
+    state_bytes: dict[str, int] = field(default_factory=dict)
+    step_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def is_checkpointing(model) -> bool:
+    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    return bool(getattr(model, flag, False))
+
+
+def set_checkpointing(model, on: bool) -> None:
+    from leantrain.config import EfficiencyConfig
+    from leantrain.engine.efficiency import apply_model_switches
+
+    if on:
+        apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True))
+    elif is_checkpointing(model):
+        off = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+        off()
+
+
+def autocast_for(precision: str, device: torch.device):
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
+
+
+def _pass(model, m: int, seq_len: int, autocast) -> tuple[int, int, float]:
+    """One forward/backward at (m, seq_len): (saved-for-backward bytes, peak bytes above the start, seconds)."""
+    device = next(model.parameters()).device
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    vocab = getattr(model.config, "vocab_size", 1000) or 1000
+    ids = torch.randint(min(1000, vocab - 1), vocab, (m, seq_len), device=device)
+    labels = torch.zeros(m, dtype=torch.long, device=device)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    start = _memory_start(device)
+    t0 = time.perf_counter()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - t0
+    peak = _memory_peak(device) - start
+    model.zero_grad(set_to_none=True)
+    del logits
+    return sum(n for p, n in storages.items() if p not in params), peak, seconds
+
+
+def _memory_start(device: torch.device) -> int:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device)
+    memory.trim_heap()
+    memory.reset_peak_rss()
+    return memory.current_rss_bytes()
+
+
+def _memory_peak(device: torch.device) -> int:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else memory.window_peak_rss_bytes()
+
+
+def _resident(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    memory.trim_heap()
+    return memory.current_rss_bytes()
+
+
+def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_process: int,
+              seconds: float = CALIBRATION_SECONDS) -> Calibration:
+    """Measure forward/backward passes at a micro-batch of 1 and at the largest size (<= ``per_process``) that
+    takes about ``seconds``, after one warm-up pass at 1 (its residue is the runtime's one-time caches)."""
+    device = next(model.parameters()).device
+    was_training, was_ckpt = model.training, is_checkpointing(model)
+    model.train()
+    set_checkpointing(model, checkpointing)
+    autocast = autocast_for(precision, device)
+    try:
+        before = _resident(device)
+        _pass(model, 1, seq_len, autocast)
+        warmup = max(0, _resident(device) - before)
+        one = _pass(model, 1, seq_len, autocast)
+        big = min(per_process, max(2, int(seconds / max(one[2], 1e-3))))
+        many = _pass(model, big, seq_len, autocast)
+    finally:
+        set_checkpointing(model, was_ckpt)
+        model.train(was_training)
+    return Calibration(precision, checkpointing, seq_len, (1, big), (one[0], many[0]), (one[1], many[1]),
+                       (one[2], many[2]), warmup)
+
+
+def meta_state_bytes(model, optim_cfg) -> int:
+    """Bytes of optimizer state after one step, from the real optimizer on a meta-device copy of the model (no
+    memory, no compute). Falls back to bytes/parameter when the model or optimizer cannot be built on meta."""
+    from leantrain.optim import build_optimizer
+    from leantrain.optim.state import _tensors, _unwrap
+
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    try:
+        with torch.device("meta"):
+            clone = type(model)(model.config)
+        for n, p in clone.named_parameters():
+            p.requires_grad_(n in trainable)
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        opt = build_optimizer(clone, optim_cfg, 1e-3)
+        opt.step()
+        seen, total = set(), 0
+        for st in _unwrap(opt).state.values():
+            for t in _tensors(st):
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    total += t.numel() * t.element_size()
+        return total
+    except Exception:  # noqa: BLE001 - any model/optimizer that meta cannot run: the documented per-parameter rate
+        n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return int(n * FALLBACK_STATE_BYTES.get(optim_cfg.name, 8))
+
+
+def measure_step_seconds(model, optim_cfg) -> float:
+    """Seconds of one optimizer step (clip + step) on the model's own parameters with random gradients, timed on
+    the second step (the first allocates the state). The parameters change: call on a planning copy only."""
+    from leantrain.optim import build_optimizer
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = build_optimizer(model, optim_cfg, 1e-6)
+    for _ in range(2):
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+        t0 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if params[0].device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        opt.zero_grad(set_to_none=True)
+    del opt
+    return seconds
+
+
+def model_facts(model, framework_bytes: int) -> ModelFacts:
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    linear = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.requires_grad]
+    from leantrain.engine.distributed import _blocks
+
+    blocks = _blocks(model)
+    largest = max((sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks), default=0)
+    return ModelFacts(
+        parameter_bytes=sum(p.numel() * p.element_size() for p in params),
+        gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
+        trainable=sum(p.numel() for p in trainable),
+        cast_bytes=sum(w.numel() * 2 for w in linear),
+        largest_block_bytes=largest, framework_bytes=framework_bytes)
+
+
+def lines(facts: ModelFacts, cal: Calibration, micro: int, state_bytes: int, *, strategy: str = "none",
+          nproc: int = 1) -> dict[str, int]:
+    """Predicted peak bytes of one process, line by line, with ``total``."""
+    shard = nproc if strategy == "fsdp" and nproc > 1 else 1
+    params = facts.parameter_bytes // shard + (2 * facts.largest_block_bytes if shard > 1 else 0)
+    grads = facts.gradient_bytes // shard + (facts.gradient_bytes if strategy == "ddp" and nproc > 1 else 0)
+    saved = cal.saved_at(micro)
+    casts = min(facts.cast_bytes, saved) if cal.precision in ("bf16", "fp16") else 0
+    out = {
+        "framework_overhead": facts.framework_bytes + max(facts.warmup_bytes, cal.warmup_bytes),
+        "parameters": params,
+        "gradients": grads,
+        "optimizer_state": state_bytes // shard,
+        "casts": casts,
+        "activations": saved - casts,
+        "temporary_buffers": max(0, cal.peak_at(micro) - facts.gradient_bytes - saved),
+    }
+    out["total"] = sum(out.values())
+    return out
