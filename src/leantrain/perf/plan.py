@@ -17,7 +17,6 @@ import logging
 import os
 import re
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 

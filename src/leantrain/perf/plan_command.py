@@ -16,7 +16,7 @@ import torch
 
 from leantrain.config import Config, resolve
 from leantrain.perf import planner
-from leantrain.perf.plan import (MARGIN, default_budget, divisors_desc, framework_bytes, gib, longest_sequence,
+from leantrain.perf.plan import (MARGIN, default_budget, divisors_desc, framework_bytes, longest_sequence,
                                  need_bytes, parse_bytes)
 
 log = logging.getLogger("leantrain")
@@ -42,7 +42,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     from leantrain.engine.distributed import strategy_name
     from leantrain.engine.efficiency import resolve_precision
     from leantrain.engine.inputs import prepare_inputs
-    from leantrain.engine.setup import make_accelerator, setup_logging, step_plan
+    from leantrain.engine.setup import make_accelerator, setup_logging
     from leantrain.modeling import build_model
 
     cfg = resolve(source, overrides)
