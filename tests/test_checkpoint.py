@@ -157,6 +157,15 @@ def test_nan_abort_names_step_and_batch_and_keeps_last_finite_checkpoint(tmp_pat
     params = load_file(str(out / "checkpoints" / "step-0000002" / "model.safetensors"))
     assert all(torch.isfinite(t).all() for t in params.values())
     assert not (out / "summary.json").exists()
+    # fused AdamW skipped the updates of steps 3 and 4 on the device (no host sync): the diagnostic checkpoint
+    # written at the abort is exactly the state after step 2, optimizer included
+    diag_dir = out / "nonfinite-state"
+    assert diag["diagnostic_checkpoint"] == str(diag_dir) and "nonfinite-state" in err
+    frozen = load_file(str(diag_dir / "model.safetensors"))
+    assert frozen.keys() == params.keys() and all(torch.equal(frozen[k], params[k]) for k in params)
+    opt_now, opt_ckpt = (load_file(str(d / "optimizer.safetensors"))
+                         for d in (diag_dir, out / "checkpoints" / "step-0000002"))
+    assert opt_now.keys() == opt_ckpt.keys() and all(torch.equal(opt_now[k], opt_ckpt[k]) for k in opt_ckpt)
 
 
 def test_nan_skip_step_skips_the_update_only(tmp_path, tiny_bert, monkeypatch):

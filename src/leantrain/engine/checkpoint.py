@@ -172,6 +172,22 @@ class Checkpointer:
         self.last = final
         return final
 
+    def save_diagnostic(self, step: int, model, optimizer, scheduler) -> Path | None:
+        """The last finite state (after optimizer step ``step``) once a later step went non-finite: model, optimizer
+        and scheduler state in output_dir/nonfinite-state/. For inspection, not for resuming (the RNG and the data
+        position have moved on; resume from the newest periodic checkpoint instead). Main process only."""
+        if not self.accelerator.is_main_process:
+            return None
+        folder = self.root.parent / "nonfinite-state"
+        tmp = folder.with_name(".tmp-nonfinite-state")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self._save_shared(tmp, step, model, optimizer, scheduler, step // self.plan.steps_per_epoch,
+                          {"diagnostic": "last finite state before a non-finite step"})
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+        return folder
+
     def _save_shared(self, tmp: Path, step: int, model, optimizer, scheduler, epoch: int, extra: dict) -> None:
         from safetensors.torch import save_model
 

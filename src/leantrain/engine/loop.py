@@ -222,6 +222,7 @@ class Loop:
         self.guard = NonFiniteGuard(cfg, accelerator, Path(cfg.output_dir), self.lengths, plan,
                                     lambda: ckpt.last or state.resumed_from)
         self.step_optimizer = self.guard.optimizer(optimizer)
+        self.guard.save_diagnostic = lambda last: ckpt.save_diagnostic(last, model, optimizer, scheduler)
         self.best = BestModel(cfg, accelerator, Path(cfg.output_dir), inputs.tokenizer, state.best)
         self.faults = FaultInjector(accelerator.process_index)
         self.stopped = False

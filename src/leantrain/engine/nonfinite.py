@@ -3,9 +3,12 @@
 abort: each step folds ``isfinite(loss) & isfinite(grad_norm)`` into a device-side record of the first bad step (no
 host sync); the record is read on logging steps and before every checkpoint save, where the host syncs anyway. On a
 non-finite value the run stops (exit 3) naming the step, the process(es) and the batch's example indices, and writes
-``output_dir/nonfinite.json``. The diagnostic checkpoint is the newest complete checkpoint: it is the last finite
-state, because the record is checked before every save, and resuming from it replays the run exactly up to the bad
-step (parameters after the bad step are not kept: they are no longer finite).
+``output_dir/nonfinite.json``. With a fused optimizer (AdamW and SGD on CPU and CUDA, the defaults) the same device
+flag is handed to the optimizer as ``found_inf`` (as GradScaler does), so from the bad step on every update is skipped
+on the device: the parameters and optimizer state stay at the last finite state, which the abort writes to
+``output_dir/nonfinite-state/`` (the diagnostic checkpoint: model.safetensors, optimizer and scheduler state). The
+newest periodic checkpoint is finite too (the record is checked before every save), and resuming from it replays
+the run exactly up to the bad step.
 
 skip_step: before each optimizer update the gradients (already all-reduced, so every process agrees) are checked,
 one host sync per step; a non-finite update is skipped, logged as a warning and a ``nonfinite`` metrics record, and
@@ -52,6 +55,30 @@ class _SkipOptimizer:
         return getattr(self._optimizer, name)
 
 
+class _FreezeOnBad:
+    """abort mode: once a loss or gradient norm is non-finite, every later update is skipped on the device, through
+    the fused optimizers' ``found_inf`` input; no host sync. ``guard_update`` is called by the step before ``step()``."""
+
+    def __init__(self, optimizer, guard):
+        self._optimizer, self._guard = optimizer, guard
+        self._torch_opt = getattr(optimizer, "optimizer", optimizer)  # under Accelerate's AcceleratedOptimizer
+
+    def guard_update(self, loss_sum: torch.Tensor, grad_norm) -> None:
+        ok = torch.isfinite(loss_sum)
+        if grad_norm is not None and self._guard.use_grad_norm:
+            ok = ok & torch.isfinite(grad_norm)
+        self._guard.frozen |= ~ok
+        self._torch_opt.found_inf = self._guard.frozen.float()
+
+    def __getattr__(self, name):
+        return getattr(self._optimizer, name)
+
+
+def fused(optimizer) -> bool:
+    torch_opt = getattr(optimizer, "optimizer", optimizer)
+    return bool(getattr(torch_opt, "defaults", {}).get("fused"))
+
+
 class NonFiniteGuard:
     def __init__(self, cfg, accelerator, out: Path, lengths, plan, last_checkpoint):
         self.mode = cfg.train.nonfinite
@@ -62,9 +89,17 @@ class NonFiniteGuard:
         self.bad_values = torch.zeros(2, device=dev)  # loss sum, grad norm at the first bad step
         self.skipped: list[int] = []
         self._nan_at = os.environ.get(NAN_AT_STEP)
+        self.frozen = torch.zeros((), dtype=torch.bool, device=dev)  # abort mode: no update after a bad step
+        # under fp16's grad scaler inf gradients are routine (the scaler skips those steps): judge the loss alone
+        self.use_grad_norm = getattr(accelerator, "scaler", None) is None
+        self.freezes = False
+        self.save_diagnostic = None  # (last finite step) -> Path | None, set by the loop
 
     def optimizer(self, optimizer):
-        return _SkipOptimizer(optimizer) if self.mode == "skip_step" else optimizer
+        if self.mode == "skip_step":
+            return _SkipOptimizer(optimizer)
+        self.freezes = fused(optimizer) and self.use_grad_norm  # the scaler owns found_inf when there is one
+        return _FreezeOnBad(optimizer, self) if self.freezes else optimizer
 
     def inject(self, micro: list[dict], step: int) -> list[dict]:
         """Test hook: make optimizer step ``step`` produce a NaN loss (and so NaN gradients)."""
@@ -82,7 +117,7 @@ class NonFiniteGuard:
                             step, rec["batch"][:16])
             return
         ok = torch.isfinite(loss_sum)
-        if grad_norm is not None:
+        if grad_norm is not None and self.use_grad_norm:
             ok = ok & torch.isfinite(grad_norm)
         first = (self.first_bad < 0) & ~ok
         self.first_bad.masked_fill_(first, step)
@@ -107,19 +142,22 @@ class NonFiniteGuard:
 
     def _abort(self, step: int, ranks: list[int]) -> None:
         loss_sum, norm = self.bad_values.tolist()
+        frozen = self.save_diagnostic(step - 1) if self.freezes and self.save_diagnostic else None
         last = self.last_checkpoint()
         diag = {"step": step, "ranks": ranks, "epoch": (step - 1) // self.plan.steps_per_epoch,
                 "loss_sum_on_rank": loss_sum if self.accelerator.process_index in ranks else None,
                 "grad_norm": norm if self.cfg.train.max_grad_norm is not None else None,
-                **self.batch_of(step), "last_finite_checkpoint": str(last) if last else None}
+                **self.batch_of(step), "last_finite_checkpoint": str(last) if last else None,
+                "diagnostic_checkpoint": str(frozen) if frozen else None}
         if self.accelerator.is_main_process:
             write_json(self.out / "nonfinite.json", diag)
-        where = (f"the last finite state is {last} (resume from it to replay up to the bad step)" if last
-                 else "no checkpoint was saved before it (set checkpoint.every_steps lower to keep one)")
+        where = [f"the last finite state (after step {step - 1}) is saved in {frozen}"] if frozen else []
+        where.append(f"the newest checkpoint {last} is finite: resume from it to replay up to the bad step" if last
+                     else "no periodic checkpoint was saved before it (set checkpoint.every_steps lower to keep one)")
         raise NonFiniteError(
             f"non-finite loss or gradient norm at optimizer step {step} on process(es) {ranks}; training stopped "
             f"(train.nonfinite=abort). Details in {self.out / 'nonfinite.json'}:",
-            [f"batch rows (training-set indices) {diag['batch'][:32]}", where,
+            [f"batch rows (training-set indices) {diag['batch'][:32]}", *where,
              "train.nonfinite=skip_step skips such updates instead"])
 
     def batch_of(self, step: int) -> dict:

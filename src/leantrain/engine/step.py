@@ -63,6 +63,9 @@ def train_step(
         on_phase("compute")
     with record_function("optimizer"):
         grad_norm = clip_gradients(model, accelerator, max_grad_norm) if max_grad_norm is not None else None
+        guard_update = getattr(optimizer, "guard_update", None)  # the non-finite guard (device-side, no sync)
+        if guard_update is not None:
+            guard_update(loss_sum, grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
