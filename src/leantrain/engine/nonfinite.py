@@ -3,7 +3,7 @@
 abort: each step folds ``isfinite(loss) & isfinite(grad_norm)`` into a device-side record of the first bad step (no
 host sync); the record is read on logging steps and before every checkpoint save, where the host syncs anyway. On a
 non-finite value the run stops (exit 3) naming the step, the process(es) and the batch's example indices, and writes
-``output_dir/nonfinite.json``. With a fused optimizer (AdamW and SGD on CPU and CUDA, the defaults) the same device
+``output_dir/nonfinite.json``. With a fused optimizer (torch AdamW on CPU and CUDA, the default) the same device
 flag is handed to the optimizer as ``found_inf`` (as GradScaler does), so from the bad step on every update is skipped
 on the device: the parameters and optimizer state stay at the last finite state, which the abort writes to
 ``output_dir/nonfinite-state/`` (the diagnostic checkpoint: model.safetensors, optimizer and scheduler state). The
