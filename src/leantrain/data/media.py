@@ -19,7 +19,8 @@ import datasets
 from leantrain.config import DataConfig
 from leantrain.data import columns as cols_
 from leantrain.data.sources import Part, Source, SourceError, open_source, quiet
-from leantrain.data.validate import PreparedData, _error, _first, _hold_out, _labels, _open_parts, open_rows
+from leantrain.data.validate import (PreparedData, _error, _first, _hold_out, _labels, _open_parts, open_rows,
+                                     rows_labels)
 
 SPLIT_NAMES = {"train": "train", "training": "train", "test": "test", "testing": "test", "validation": "validation",
                "valid": "validation", "val": "validation", "dev": "validation"}
@@ -185,15 +186,9 @@ def load_rows(path: str, cfg: DataConfig, kind: MediaKind, *, require_labels: bo
     if chosen[kind.role] is not None:
         paths, more = check_files(part, chosen[kind.role], kind)
         problems += more
-    label_map = None
-    if chosen["label"] is not None:
-        label_map, label_notes, label_warnings, more = _labels(cfg, chosen["label"], [part], known_labels)
-        if more and not require_labels:
-            notes.append(f"labels of column {chosen['label']!r} left out: {more[0]}")
-            chosen["label"] = None
-        else:
-            problems += more
-            notes += label_notes + label_warnings
+    label_map, label_notes, more = rows_labels(cfg, part, chosen, known_labels, require_labels)
+    notes += label_notes
+    problems += more
     if problems:
         raise _error(problems)
     return _canonical(part, chosen, paths, kind, label_map), notes

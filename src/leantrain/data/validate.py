@@ -73,15 +73,9 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels:
     chosen, notes, more = cols_.detect(cfg, part, need_label=require_labels)
     warnings, texts = _check_texts([part], chosen)
     problems += more + texts
-    label_map = None
-    if chosen["label"] is not None:
-        label_map, label_notes, label_warnings, more = _labels(cfg, chosen["label"], [part], known_labels)
-        if more and not require_labels:
-            notes.append(f"labels of column {chosen['label']!r} left out: {more[0]}")
-            chosen["label"] = None
-        else:
-            problems += more
-            notes += label_notes + label_warnings
+    label_map, label_notes, more = rows_labels(cfg, part, chosen, known_labels, require_labels)
+    notes += label_notes
+    problems += more
     if problems:
         raise _error(problems)
     return _canonical(part, chosen, label_map), notes + warnings
@@ -177,6 +171,20 @@ def _check_texts(parts: list[Part], chosen: cols_.Columns) -> tuple[list[str], l
                 problems.append(f"{part.where}: {len(idx)} row{'s' if len(idx) > 1 else ''} with a missing or blank "
                                 f"{what} in column {name!r} ({part.rows(idx)})")
     return warnings, problems
+
+
+def rows_labels(cfg: DataConfig, part: Part, chosen: dict, known_labels: list[str] | None,
+                require_labels: bool) -> tuple[dict | None, list[str], list[str]]:
+    """Labels of one predict/eval source -> (label map, notes, problems). Label problems are problems when the
+    labels are required (eval), else the labels are left out with a note (predict)."""
+    if chosen["label"] is None:
+        return None, [], []
+    label_map, label_notes, label_warnings, more = _labels(cfg, chosen["label"], [part], known_labels)
+    if more and not require_labels:
+        note = f"labels of column {chosen['label']!r} left out: {more[0]}"
+        chosen["label"] = None
+        return None, [note], []
+    return label_map, label_notes + label_warnings, more
 
 
 def _labels(cfg: DataConfig, col: str | None, parts: list[Part], known: list[str] | None
