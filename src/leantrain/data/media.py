@@ -19,7 +19,7 @@ import datasets
 from leantrain.config import DataConfig
 from leantrain.data import columns as cols_
 from leantrain.data.sources import Part, Source, SourceError, open_source, quiet
-from leantrain.data.validate import (PreparedData, _error, _first, _hold_out, _labels, _open_parts, open_rows,
+from leantrain.data.validate import (PreparedData, _error, _labels, _open_parts, open_rows, prepared,
                                      rows_labels)
 
 SPLIT_NAMES = {"train": "train", "training": "train", "test": "test", "testing": "test", "validation": "validation",
@@ -168,13 +168,7 @@ def load_and_validate(cfg: DataConfig, kind: MediaKind, *, seed: int, batch_size
         raise _error(problems)
     train = _canonical(train_part, chosen, paths[id(train_part)], kind, label_map)
     evaluation = _canonical(eval_part, chosen, paths[id(eval_part)], kind, label_map) if eval_part else None
-    if evaluation is None:
-        train, evaluation = _hold_out(train, cfg.eval_fraction, seed, notes)
-    train = _first(train, cfg.max_train_samples, "data.max_train_samples", "training", notes)
-    evaluation = _first(evaluation, cfg.max_eval_samples, "data.max_eval_samples", "eval", notes)
-    if len(train) < batch_size:
-        warnings.append(f"only {len(train)} training examples, fewer than one batch (train.batch_size={batch_size})")
-    return PreparedData(train, evaluation, label_map.names, chosen, notes, warnings)
+    return prepared(cfg, train, evaluation, label_map, chosen, notes, warnings, seed=seed, batch_size=batch_size)
 
 
 def load_rows(path: str, cfg: DataConfig, kind: MediaKind, *, require_labels: bool,

@@ -56,6 +56,13 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
 
     train = _canonical(train_part, chosen, label_map)
     evaluation = _canonical(eval_part, chosen, label_map) if eval_part is not None else None
+    return prepared(cfg, train, evaluation, label_map, chosen, notes, warnings, seed=seed, batch_size=batch_size)
+
+
+def prepared(cfg: DataConfig, train, evaluation, label_map, chosen, notes, warnings, *, seed: int,
+             batch_size: int) -> PreparedData:
+    """The canonical splits, finished the same way for every modality: a seeded hold-out when there is no eval
+    data, the first-N cuts, and the fewer-than-one-batch warning."""
     if evaluation is None:
         train, evaluation = _hold_out(train, cfg.eval_fraction, seed, notes)
     train = _first(train, cfg.max_train_samples, "data.max_train_samples", "training", notes)
