@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -30,11 +31,12 @@ REPO = Path(__file__).resolve().parents[1]
 SST2 = REPO.parent / "shared" / "data" / "sst2"
 CONTENDERS = ["trainer_default", "trainer_best", "bare_loop", "leantrain", "leantrain_as_trainer_default",
               "leantrain_as_trainer_best", "leantrain_as_bare"]
+PLAIN_CPU = ["efficiency.dropout=torch", "efficiency.cpu_allocator=system"]  # torch's dropout, glibc's defaults
 LEANTRAIN_SETTINGS = {
     "leantrain": [],
-    "leantrain_as_trainer_default": ["data.batching=padded", "efficiency.precision=fp32"],
-    "leantrain_as_trainer_best": ["data.batching=grouped", "efficiency.precision=bf16"],
-    "leantrain_as_bare": [],  # the bare loop copies leantrain's default batching and precision
+    "leantrain_as_trainer_default": ["data.batching=padded", "efficiency.precision=fp32", *PLAIN_CPU],
+    "leantrain_as_trainer_best": ["data.batching=grouped", "efficiency.precision=bf16", *PLAIN_CPU],
+    "leantrain_as_bare": PLAIN_CPU,  # the bare loop: leantrain's default batching and precision, torch's dropout
 }
 
 
@@ -112,6 +114,20 @@ def eval_accuracy(model, dev, collate, precision: str) -> float:
 # -------------------------------------------------------------------------------------------- contenders
 
 
+class CountingCollator:
+    """The Trainer's collator, noting each batch's non-padding tokens in fetch order (Accelerate's loader fetches
+    one batch ahead, so the step-end callback takes them first in, first out)."""
+
+    def __init__(self, collate):
+        from collections import deque
+
+        self.collate, self.tokens = collate, deque()
+
+    def __call__(self, features):
+        self.tokens.append(sum(sum(f["attention_mask"]) for f in features))
+        return self.collate(features)
+
+
 def run_trainer(args, best: bool) -> dict:
     import torch
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
@@ -127,13 +143,13 @@ def run_trainer(args, best: bool) -> dict:
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=2)
     clock = StepClock(args.warmup)
-    mean_tokens = sum(train["length"]) / len(train)
+    collate = CountingCollator(DataCollatorWithPadding(tok) if best else default_data_collator)
     collate_eval = DataCollatorWithPadding(tok)
     reached = {}
 
     class Clock(TrainerCallback):
         def on_step_end(self, a, state, control, **kw):
-            clock.step(32, int(32 * mean_tokens))  # Trainer hides its batches: tokens from the mean length
+            clock.step(32, collate.tokens.popleft())  # non-padding tokens of the batch this step used
             if args.time_to_accuracy and state.global_step % args.eval_every == 0:
                 t0 = time.perf_counter()
                 acc = eval_accuracy(kw["model"], dev, collate_eval, "bf16" if best else "fp32")
@@ -150,7 +166,7 @@ def run_trainer(args, best: bool) -> dict:
         train_sampling_strategy="group_by_length" if best else "random", dataloader_num_workers=0,
     )
     trainer = Trainer(model=model, args=targs, train_dataset=train.remove_columns(["length"]) if not best else train,
-                      data_collator=DataCollatorWithPadding(tok) if best else default_data_collator,
+                      data_collator=collate,
                       callbacks=[Clock()])
     start = [time.perf_counter()]
     trainer.train()
@@ -225,6 +241,7 @@ def run_leantrain(args, name: str) -> dict:
             "report.plots=false", f"output_dir={Path(args.workdir) / name}", *LEANTRAIN_SETTINGS[name]]
     if args.time_to_accuracy:
         over += [f"train.eval_every_steps={args.eval_every}", f"train.stop_when=eval.accuracy>={args.target}"]
+    shutil.rmtree(Path(args.workdir) / name, ignore_errors=True)  # a fresh run each round, never a resumed one
     s = leantrain.train(None, over)
     t = s["train"]
     out = {"steps": t["steps"], "samples_per_second": t["samples_per_second"],

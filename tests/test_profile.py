@@ -10,8 +10,10 @@ def test_profile_writes_trace_and_phase_table(tmp_path, tiny_bert):
     out = tmp_path / "run"
     train(None, [f"model.name={tiny_bert}", f"data.train={data}", "train.batch_size=8", "train.max_steps=8",
                  "efficiency.profile=true", "efficiency.profile_steps=3", f"output_dir={out}", "report.plots=false"])
-    table = (out / "profile" / "summary.txt").read_text()
-    ms = {line.split()[0]: float(line.split()[1]) for line in table.splitlines()[1:]}
+    phases, ops = (out / "profile" / "summary.txt").read_text().split("\n\n")
+    ms = {line.split()[0]: float(line.split()[1]) for line in phases.splitlines()[1:]}
     assert set(ms) >= {"data", "forward", "backward", "optimizer", "logging", "communication"}
     assert ms["forward"] > 0 and ms["backward"] > 0 and ms["optimizer"] > 0 and ms["data"] > 0
     assert (out / "profile" / "trace.json").stat().st_size > 1000
+    top = [line.split()[0] for line in ops.splitlines()[1:]]
+    assert "aten::addmm" in top or "aten::mm" in top  # the operators that cost the most, matmuls among them

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from leantrain.optim import fused_torch_optimizer
+
 log = logging.getLogger("leantrain")
 
 
@@ -147,11 +149,23 @@ def grad_sync(model: nn.Module, accelerator, enabled: bool):
         yield
 
 
-def clip_gradients(model: nn.Module, accelerator, max_norm: float) -> torch.Tensor:
+def clip_gradients(model: nn.Module, accelerator, max_norm: float, optimizer=None) -> torch.Tensor:
     """Clip by the global gradient norm; with sharded (DTensor) gradients the norm is reduced over the shards.
-    Returns the norm before clipping, as a device tensor (no host sync)."""
+    Returns the norm before clipping, as a device tensor (no host sync).
+
+    With a fused torch optimizer (AdamW, the default) and no grad scaler, the clip is folded into the update: the
+    gradients are divided by max((norm + 1e-6) / max_norm, 1) inside the fused kernel, through its ``grad_scale``
+    input (GradScaler's protocol), instead of a separate multiply over every gradient. Same result as
+    ``clip_grad_norm_`` up to rounding (a division in place of a multiplication by the inverse), bitwise when the
+    norm is under max_norm.
+    """
     if not is_sharded(model):
-        return accelerator.clip_grad_norm_(model.parameters(), max_norm)
+        torch_opt = fused_torch_optimizer(optimizer) if _clip_foldable(accelerator) else None
+        if torch_opt is None:
+            return accelerator.clip_grad_norm_(model.parameters(), max_norm)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+        torch_opt.grad_scale = torch.clamp((norm.float() + 1e-6) / max_norm, min=1.0)
+        return norm
     from torch.distributed.tensor import DTensor
 
     accelerator.unscale_gradients()
@@ -161,6 +175,13 @@ def clip_gradients(model: nn.Module, accelerator, max_norm: float) -> torch.Tens
         norm = norm.full_tensor()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm
+
+
+def _clip_foldable(accelerator) -> bool:
+    """No grad scaler (fp16 owns grad_scale), no DeepSpeed engine (it clips itself)."""
+    from accelerate.utils import DistributedType
+
+    return getattr(accelerator, "scaler", None) is None and accelerator.distributed_type != DistributedType.DEEPSPEED
 
 
 def replica_spread(model: nn.Module, accelerator) -> float | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from leantrain.config import EfficiencyConfig
+from leantrain.engine.dropout import resolve_dropout, use_fast_dropout
 from leantrain.errors import ConfigError
 
 log = logging.getLogger("leantrain")
@@ -74,13 +75,18 @@ def resolve_precision(requested: str, device_type: str) -> tuple[str, str]:
     return requested, "as configured"
 
 
-def apply_model_switches(model, eff: EfficiencyConfig) -> list[str]:
-    """Gradient checkpointing on the (unwrapped) model, before any memory planning. Returns notes for the log.
+def apply_model_switches(model, eff: EfficiencyConfig, device_type: str = "cpu") -> list[str]:
+    """Dropout and gradient checkpointing on the (unwrapped) model, before any memory planning. Returns notes for
+    the log.
 
     Attention: transformers 5 picks PyTorch SDPA by default where the model supports it (BERT, MiniLM, ...);
     the note says what the model uses.
     """
     notes = [f"attention: {getattr(model.config, '_attn_implementation', None) or 'default'}"]
+    if resolve_dropout(eff.dropout, device_type) == "fast":
+        swapped = use_fast_dropout(model)
+        if swapped:
+            notes.append(f"dropout: fast ({swapped} nn.Dropout modules; masks 4 elements per random draw)")
     if eff.gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ConfigError(f"efficiency.gradient_checkpointing: {type(model).__name__} does not support it")

@@ -21,6 +21,7 @@ from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switc
                                          resolve_precision)
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
+from leantrain.engine.hostmem import host_memory
 from leantrain.engine.inputs import prepare_inputs
 from leantrain.engine.nonfinite import NonFiniteGuard
 from leantrain.engine.resume import apply_rng, decide, prior_records, restore
@@ -61,6 +62,11 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
 
 def train(cfg: Config) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; returns the summary (also written to output_dir/summary.json)."""
+    with host_memory(cfg.efficiency.cpu_allocator) as allocator:
+        return _train(cfg, allocator)
+
+
+def _train(cfg: Config, allocator: str) -> dict:
     from accelerate.utils import set_seed
 
     t_start = time.perf_counter()
@@ -68,6 +74,8 @@ def train(cfg: Config) -> dict:
     accelerator = make_accelerator(cfg, None, ACCELERATE_PRECISION[precision])
     setup_logging(accelerator.is_main_process)
     log.info("precision: %s (%s)", precision, why)
+    if allocator == "reuse":
+        log.info("host memory: freed buffers stay in the process for the next step (efficiency.cpu_allocator)")
     out = _output_dir(cfg, accelerator)
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     accelerator.project_configuration.set_directories(str(out))
@@ -86,7 +94,7 @@ def train(cfg: Config) -> dict:
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", inputs.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
-    notes = apply_model_switches(model, cfg.efficiency)
+    notes = apply_model_switches(model, cfg.efficiency, accelerator.device.type)
     if cfg.train.micro_batch_size == "auto":
         plan = step_plan(cfg, len(inputs.train), accelerator.num_processes,
                          auto_micro_batch(cfg, model, inputs, accelerator, plan))
@@ -128,7 +136,7 @@ def train(cfg: Config) -> dict:
         distributed=distributed_summary(cfg, accelerator, model, comm, meter), optim_state=loop.optim_state,
         extra_train={**flops.summary(meter.tokens_per_second), "time_split_seconds": loop.clock.summary()},
         efficiency={**cfg.efficiency.model_dump(), "precision_requested": cfg.efficiency.precision,
-                    "precision": precision, "precision_reason": why,
+                    "precision": precision, "precision_reason": why, "cpu_allocator_applied": allocator,
                     "attn_implementation": accelerator.unwrap_model(model).config._attn_implementation,
                     "compile_seconds": compile_seconds() if cfg.efficiency.compile else None},
         extra={"train": {"steps": step, "epochs": round(step / plan.steps_per_epoch, 4),

@@ -25,6 +25,7 @@ import torch
 
 from leantrain.data.batching import epoch_batches, split_global_batch
 from leantrain.errors import UserError
+from leantrain.optim import fused_torch_optimizer
 from leantrain.report.logs import write_json
 
 log = logging.getLogger("leantrain")
@@ -74,11 +75,6 @@ class _FreezeOnBad:
         return getattr(self._optimizer, name)
 
 
-def fused(optimizer) -> bool:
-    torch_opt = getattr(optimizer, "optimizer", optimizer)
-    return bool(getattr(torch_opt, "defaults", {}).get("fused"))
-
-
 class NonFiniteGuard:
     def __init__(self, cfg, accelerator, out: Path, lengths, plan, last_checkpoint):
         self.mode = cfg.train.nonfinite
@@ -98,7 +94,7 @@ class NonFiniteGuard:
     def optimizer(self, optimizer):
         if self.mode == "skip_step":
             return _SkipOptimizer(optimizer)
-        self.freezes = fused(optimizer) and self.use_grad_norm  # the scaler owns found_inf when there is one
+        self.freezes = fused_torch_optimizer(optimizer) is not None and self.use_grad_norm  # the scaler owns found_inf when there is one
         return _FreezeOnBad(optimizer, self) if self.freezes else optimizer
 
     def inject(self, micro: list[dict], step: int) -> list[dict]:

@@ -62,7 +62,7 @@ def train_step(
     if on_phase is not None:
         on_phase("compute")
     with record_function("optimizer"):
-        grad_norm = clip_gradients(model, accelerator, max_grad_norm) if max_grad_norm is not None else None
+        grad_norm = clip_gradients(model, accelerator, max_grad_norm, optimizer) if max_grad_norm is not None else None
         guard_update = getattr(optimizer, "guard_update", None)  # the non-finite guard (device-side, no sync)
         if guard_update is not None:
             guard_update(loss_sum, grad_norm)

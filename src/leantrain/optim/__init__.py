@@ -16,7 +16,8 @@ from leantrain.config import OptimConfig
 from leantrain.optim.builders import BUILDERS
 from leantrain.optim.state import state_bytes, state_report
 
-__all__ = ["build_optimizer", "build_scheduler", "param_groups", "warmup_steps", "state_bytes", "state_report"]
+__all__ = ["build_optimizer", "build_scheduler", "fused_torch_optimizer", "param_groups", "warmup_steps", "state_bytes",
+           "state_report"]
 
 log = logging.getLogger("leantrain")
 
@@ -31,6 +32,14 @@ def param_groups(model: torch.nn.Module, weight_decay: float, decay_all: bool = 
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
     return groups
+
+
+def fused_torch_optimizer(optimizer) -> torch.optim.Optimizer | None:
+    """The torch optimizer under Accelerate's (and leantrain's) wrappers when it is one fused kernel that takes
+    GradScaler's ``grad_scale`` / ``found_inf`` inputs (torch AdamW, Adam, SGD with fused=True); else None."""
+    torch_opt = getattr(optimizer, "optimizer", optimizer)
+    fused = getattr(torch_opt, "defaults", {}).get("fused") and getattr(torch_opt, "_step_supports_amp_scaling", False)
+    return torch_opt if fused else None
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:

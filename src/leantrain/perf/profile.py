@@ -48,7 +48,8 @@ class StepProfiler:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(self.out_dir / "trace.json"))
-        text = phase_table(prof.key_averages(), self.active)
+        events = prof.key_averages()
+        text = phase_table(events, self.active) + "\n\n" + top_ops_table(events, self.active)
         (self.out_dir / "summary.txt").write_text(text + "\n")
         log.info("profile of %d steps -> %s\n%s", self.active, self.out_dir, text)
 
@@ -72,4 +73,16 @@ def phase_table(events, steps: int) -> str:
         share = f"{100 * v / total:.1f}%" if k != "communication" else "(in backward)"
         lines.append(f"{k:<14}{1000 * v / max(steps, 1):>10.2f}{share:>8}" if k != "communication"
                      else f"{k:<14}{1000 * v / max(steps, 1):>10.2f}  {share}")
+    return "\n".join(lines)
+
+
+def top_ops_table(events, steps: int, rows: int = 15) -> str:
+    """The operators that take the most time of their own (self CPU time), per step: what to optimise next."""
+    ops = sorted((e for e in events if e.key.startswith(("aten::", "c10d::", "gloo:", "nccl:"))),
+                 key=lambda e: -e.self_cpu_time_total)[:rows]
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    lines = [f"{'operator (self time)':<34}{'ms/step':>10}{'share':>8}{'calls/step':>12}"]
+    for e in ops:
+        lines.append(f"{e.key[:33]:<34}{e.self_cpu_time_total / 1000 / max(steps, 1):>10.2f}"
+                     f"{100 * e.self_cpu_time_total / total:>7.1f}%{e.count / max(steps, 1):>12.1f}")
     return "\n".join(lines)
