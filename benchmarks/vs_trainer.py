@@ -2,6 +2,7 @@
 
     python benchmarks/vs_trainer.py                      # throughput: samples/s, tokens/s, peak RSS, MFU, ratios
     python benchmarks/vs_trainer.py --time-to-accuracy   # wall time until dev accuracy reaches --target
+    python benchmarks/vs_trainer.py --repeats 3 --steps 100 --json out.json --results benchmarks/RESULTS.md
 
 Job: the packaged MiniLM, a seeded 4,096-row slice of ../shared/data/sst2/train.tsv, max_length 128, global batch 32,
 AdamW, lr 5e-5, seed 0. Every contender runs in a fresh process (peak RSS is per process), contenders interleaved
@@ -304,11 +305,21 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--max-steps", type=int, default=600)
     p.add_argument("--workdir", default="/tmp/leantrain-vs-trainer")
-    p.add_argument("--json", default=None, help="write all results here")
+    p.add_argument("--json", default=None, help="write all results (and the command and machine) here")
+    p.add_argument("--results", default=None, metavar="RESULTS.md",
+                   help="write the table, the command and the machine into this file's vs_trainer block")
+    p.add_argument("--block", default=None, help="name of the block in --results (default: throughput or "
+                   "time_to_accuracy)")
+    p.add_argument("--from-json", default=None, help="no run: render the results saved by --json")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        return report(saved["results"], saved["meta"], args)
+    meta = {"command": "python benchmarks/vs_trainer.py " + " ".join(sys.argv[1:]), "machine": machine(),
+            "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": os.getloadavg()[0]}
     names = args.only.split(",")
     results: dict[str, list[dict]] = {n: [] for n in names}
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -322,9 +333,52 @@ def main() -> None:
                 continue
             results[name].append(json.loads(line[7:]))
             print(f"round {r + 1} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
-    print(table(results, args.time_to_accuracy))
+    meta["load_after"] = os.getloadavg()[0]
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    report(results, meta, args)
+
+
+def report(results: dict[str, list[dict]], meta: dict, args) -> None:
+    tta = "--time-to-accuracy" in meta["command"]
+    text = table(results, tta)
+    print(text)
+    if args.results:
+        load = ", ".join(f"{meta[k]:.2f} {k[5:]}" for k in ("load_before", "load_after") if meta.get(k) is not None)
+        block = (f"Command: `{meta['command']}` ({meta['started']}" + (f"; load average {load}" if load else "")
+                 + f")\n\nMachine: {meta['machine']}\n\n{text}\n")
+        write_block(Path(args.results), args.block or ("time_to_accuracy" if tta else "throughput"), block)
+
+
+def machine() -> str:
+    """CPU model, cores, memory, bf16 support and library versions, for the results file."""
+    import platform
+
+    import accelerate
+    import torch
+    import transformers
+
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")),
+                 platform.processor() or platform.machine())
+    bf16 = "AVX512-BF16" if "avx512_bf16" in info else "no AVX512-BF16"
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return (f"{model}, {os.cpu_count()} cores ({bf16}), {mem:.0f} GiB, {gpu}; torch {torch.__version__}, "
+            f"transformers {transformers.__version__}, accelerate {accelerate.__version__}")
+
+
+def write_block(path: Path, key: str, block: str) -> None:
+    """Replace the text between ``<!-- vs_trainer:KEY -->`` and ``<!-- /vs_trainer:KEY -->`` (appended if absent)."""
+    begin, end = f"<!-- vs_trainer:{key} -->", f"<!-- /vs_trainer:{key} -->"
+    text = path.read_text() if path.exists() else ""
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + begin + "\n" + block + end + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + f"\n\n{begin}\n{block}{end}\n"
+    path.write_text(text)
+    print(f"wrote the {key} block of {path}", file=sys.stderr)
 
 
 def table(results: dict[str, list[dict]], tta: bool) -> str:
@@ -335,15 +389,16 @@ def table(results: dict[str, list[dict]], tta: bool) -> str:
         return st.median(vals) if vals else None
 
     base = med("leantrain", "samples_per_second")
-    rows = ["| contender | samples/s | tokens/s | peak RSS (GiB) | MFU | samples/s vs leantrain |" + (
-        " time to target (s) | steps |" if tta else ""), "|---|---|---|---|---|---|" + ("---|---|" if tta else "")]
+    rows = ["| contender | samples/s (median) | per round | tokens/s | peak RSS (GiB) | MFU | samples/s vs leantrain |"
+            + (" time to target (s) | steps |" if tta else ""), "|---|---|---|---|---|---|---|" + ("---|---|" if tta else "")]
     for name in results:
         sps, tps, rss, mfu = (med(name, k) for k in ("samples_per_second", "tokens_per_second", "peak_rss_bytes", "mfu"))
         if sps is None:
-            rows.append(f"| {name} | failed | | | | |")
+            rows.append(f"| {name} | failed | | | | | |")
             continue
-        line = (f"| {name} | {sps:.1f} | {tps:.0f} | {rss / 2**30:.2f} | {mfu:.3f} | "
-                f"{sps / base:.2f}x |" if base else f"| {name} | {sps:.1f} | {tps:.0f} | {rss / 2**30:.2f} | | |")
+        rounds = ", ".join(f"{r['samples_per_second']:.1f}" for r in results[name])
+        line = (f"| {name} | {sps:.1f} | {rounds} | {tps:.0f} | {rss / 2**30:.2f} | {mfu:.3f} | "
+                + (f"{sps / base:.2f}x |" if base else " |"))
         if tta:
             reached = [r["time_to_target"] for r in results[name] if r.get("time_to_target")]
             line += (f" {st.median(x['seconds'] for x in reached):.1f} | {st.median(x['step'] for x in reached)} |"

@@ -1,6 +1,7 @@
 """Efficiency switches change how a step is computed, never what it computes: each is checked against the plain run."""
 
 import random
+import sys
 
 import pytest
 import torch
@@ -163,6 +164,12 @@ def test_summary_has_mfu_and_time_split(plain):
     split = t["time_split_seconds"]
     assert set(split) == {"data", "compute", "optimizer"} and all(v > 0 for v in split.values())
     assert sum(split.values()) <= t["loop_seconds"] * 1.01
+
+
+def test_summary_says_which_cpu_fast_paths_ran(plain):
+    eff = plain[0]["efficiency"]
+    assert eff["dropout"] == "auto" and eff["dropout_applied"] == "fast"  # auto: fast on CPU
+    assert eff["cpu_allocator_applied"] == ("reuse" if sys.platform.startswith("linux") else "system")
 
 
 # ------------------------------------------------------------------------------------------------ auto micro-batch

@@ -83,6 +83,31 @@ def test_swapping_keeps_the_model_and_its_outputs(tiny_bert_dropout):
     torch.testing.assert_close(model(input_ids=ids).logits, before)  # eval: identity
 
 
+def test_checkpointing_recomputes_the_same_fast_dropout_masks(tiny_bert_dropout):
+    """Recomputed forward passes (gradient checkpointing) draw the same masks: torch restores the generator."""
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain.config import EfficiencyConfig
+    from leantrain.engine.efficiency import apply_model_switches
+    from test_efficiency import _batch, _grads
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert_dropout, num_labels=2).train()
+    assert any("dropout: fast" in n for n in apply_model_switches(model, EfficiencyConfig(), "cpu"))
+    batch = _batch()
+    grads = {}
+    for name, seed in (("plain", 1), ("again", 1), ("other", 2)):
+        torch.manual_seed(seed)
+        grads[name] = _grads(model, batch)
+    apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True), "cpu")
+    torch.manual_seed(1)
+    grads["checkpointed"] = _grads(model, batch)
+    for k, g in grads["plain"].items():
+        assert torch.equal(grads["again"][k], g), k
+        torch.testing.assert_close(grads["checkpointed"][k], g, rtol=1e-5, atol=1e-7, msg=k)
+    assert any(not torch.equal(grads["other"][k], g) for k, g in grads["plain"].items())
+
+
 def test_dropout_auto_is_fast_on_cpu_only():
     assert resolve_dropout("auto", "cpu") == "fast" and resolve_dropout("auto", "cuda") == "torch"
     assert resolve_dropout("torch", "cpu") == "torch"

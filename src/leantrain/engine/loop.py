@@ -17,6 +17,7 @@ from leantrain.engine.best import BestModel
 from leantrain.engine.checkpoint import Checkpointer, data_fingerprint, kill_hook
 from leantrain.engine.distributed import (CommStats, apply_fsdp, distributed_summary, local_sgd, replica_spread,
                                           strategy_name, time_allreduce)
+from leantrain.engine.dropout import resolve_dropout
 from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, compile_seconds,
                                          resolve_precision)
 from leantrain.engine.evaluate import evaluate
@@ -137,6 +138,7 @@ def _train(cfg: Config, allocator: str) -> dict:
         extra_train={**flops.summary(meter.tokens_per_second), "time_split_seconds": loop.clock.summary()},
         efficiency={**cfg.efficiency.model_dump(), "precision_requested": cfg.efficiency.precision,
                     "precision": precision, "precision_reason": why, "cpu_allocator_applied": allocator,
+                    "dropout_applied": resolve_dropout(cfg.efficiency.dropout, accelerator.device.type),
                     "attn_implementation": accelerator.unwrap_model(model).config._attn_implementation,
                     "compile_seconds": compile_seconds() if cfg.efficiency.compile else None},
         extra={"train": {"steps": step, "epochs": round(step / plan.steps_per_epoch, 4),
