@@ -195,7 +195,7 @@ class EfficiencyConfig(Section):
     compile: bool = Field(False, description="torch.compile the model (compile time is reported separately)")
     dropout: Literal["auto", "fast", "torch"] = Field(
         "auto", description="fast: nn.Dropout masks drawn 4 elements per random word, p rounded to 1/65536 "
-        "(~5x cheaper than torch's on CPU); auto: fast on CPU, torch on GPUs"
+        "(about half the cost of torch's on CPU); auto: fast on CPU, torch on GPUs"
     )
     cpu_allocator: Literal["reuse", "system"] = Field(
         "reuse", description="reuse: freed host memory stays in the process for the next step instead of being "

@@ -1,7 +1,7 @@
 """Fast dropout for CPU training (``efficiency.dropout``).
 
 torch's CPU dropout draws one Mersenne-Twister number per element through ``bernoulli_``: on the default job
-(MiniLM, batch 32, ~14 tokens) its 20 calls per step took ~10% of the step. ``FastDropout`` draws 64-bit words
+(MiniLM, batch 32, ~14 tokens) its 20 calls per step took ~8% of the step. ``FastDropout`` draws 64-bit words
 from the same generator and reads each as four 16-bit uniforms, so one draw covers four elements; an element is
 kept when its uniform is at or above ``round(p * 65536)``. The drop rate is therefore p rounded to 1/65536 (0.1
 becomes 0.1000061) and kept elements are scaled by ``1 / (1 - that rate)``, so the expectation is exactly the
