@@ -54,7 +54,6 @@ def main() -> None:
     train_f, _ = vs_trainer.job_files(Path("/tmp/leantrain-vs-trainer"), 4096)
     train = vs_trainer.tokenized(train_f, tok, padding=False).with_format(None)
     lengths = np.asarray(train["length"])
-    cols = ["input_ids", "attention_mask", "token_type_ids", "labels"]
     collate = TextCollator(tok.pad_token_id)
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=2).train()
@@ -75,13 +74,12 @@ def main() -> None:
     seconds = {v: 0.0 for v in VARIANTS}
     samples = {v: 0 for v in VARIANTS}
     for i, idx in enumerate(batches):
-        rows = train.select_columns(cols)[idx.tolist()]
-        batch = collate([dict(zip(rows, v)) for v in zip(*rows.values())])
+        batch = vs_trainer.batch_of(train, idx, collate)
         for variant, (fast_dropout, folded, reuse) in VARIANTS.items():
             switch(fast_dropout, reuse)
             t0 = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = model(**{k: batch[k] for k in cols[:3]}).logits
+                logits = model(**{k: batch[k] for k in vs_trainer.COLUMNS[:3]}).logits
             nn.functional.cross_entropy(logits.float(), batch["labels"]).backward()
             if folded:
                 clip_gradients(model, accelerator, 1.0, opt)

@@ -66,6 +66,15 @@ def tokenized(path: Path, tokenizer, padding: str | bool):
     return enc.add_column("length", lengths)
 
 
+COLUMNS = ["input_ids", "attention_mask", "token_type_ids", "labels"]
+
+
+def batch_of(train, idx, collate) -> dict:
+    """The rows ``idx`` of a tokenized split, collated (per-batch padding): a hand-written loop's data step."""
+    rows = train.select_columns(COLUMNS)[idx.tolist()]
+    return collate([dict(zip(rows, v)) for v in zip(*rows.values())])
+
+
 def default_precision() -> str:
     from leantrain.config import resolve
     from leantrain.engine.efficiency import resolve_precision
@@ -202,11 +211,9 @@ def run_bare(args) -> dict:
     collate = TextCollator(tok.pad_token_id)
     lengths = np.asarray(train["length"])
     clock, step, epoch, reached, start = StepClock(args.warmup), 0, 0, {}, time.perf_counter()
-    cols = ["input_ids", "attention_mask", "token_type_ids", "labels"]
     while step < steps and not reached:
         for idx in epoch_batches(lengths, 32, seed=0, epoch=epoch):
-            rows = train.select_columns(cols)[idx.tolist()]
-            batch = collate([dict(zip(rows, v)) for v in zip(*rows.values())])
+            batch = batch_of(train, idx, collate)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                token_type_ids=batch["token_type_ids"]).logits

@@ -102,7 +102,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert):
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2).train()
     batch = _batch()
     plain = _grads(model, batch)
-    notes = apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True))
+    notes = apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True), "cpu")
     assert model.is_gradient_checkpointing and any("checkpointing: on" in n for n in notes)
     ckpt = _grads(model, batch)
     assert ckpt.keys() == plain.keys() and len(plain) > 20

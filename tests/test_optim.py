@@ -136,15 +136,19 @@ def test_muon_takes_hidden_matrices_adamw_the_rest():
     assert len(muon.state) == len(in_muon) and len(adamw.state) == len(in_adamw)
 
 
+def one_step(model, opt, sched) -> None:
+    x, y = fixed_batch(64)
+    model(input_ids=x, labels=y).loss.backward()
+    opt.step()
+    sched.step()
+
+
 def test_combined_optimizer_schedules_and_round_trips():
     model = tiny_classifier(vocab=64)
     cfg = OptimConfig(name="muon", scheduler="linear", warmup_steps=0)
     opt = build_optimizer(model, cfg, 1e-3)
     sched = build_scheduler(opt, cfg, 4)
-    x, y = fixed_batch(64)
-    model(input_ids=x, labels=y).loss.backward()
-    opt.step()
-    sched.step()
+    one_step(model, opt, sched)
     assert [g["lr"] for o in opt.optimizers for g in o.param_groups] == pytest.approx([0.75e-3] * len(opt.param_groups))
     fresh = build_optimizer(model, cfg, 1e-3)
     fresh.load_state_dict(opt.state_dict())
@@ -159,10 +163,7 @@ def test_adafactor_manual_lr_and_relative_step():
     cfg = OptimConfig(name="adafactor", adafactor_relative_step=True)
     opt = build_optimizer(model, cfg, 1e-3)
     sched = build_scheduler(opt, cfg, 10)
-    x, y = fixed_batch(64)
-    model(input_ids=x, labels=y).loss.backward()
-    opt.step()
-    sched.step()
+    one_step(model, opt, sched)
     assert opt.param_groups[0]["relative_step"] is True and sched.get_last_lr()[0] > 0
 
 

@@ -75,7 +75,7 @@ def resolve_precision(requested: str, device_type: str) -> tuple[str, str]:
     return requested, "as configured"
 
 
-def apply_model_switches(model, eff: EfficiencyConfig, device_type: str = "cpu") -> list[str]:
+def apply_model_switches(model, eff: EfficiencyConfig, device_type: str) -> list[str]:
     """Dropout and gradient checkpointing on the (unwrapped) model, before any memory planning. Returns notes for
     the log.
 
@@ -88,16 +88,21 @@ def apply_model_switches(model, eff: EfficiencyConfig, device_type: str = "cpu")
         if swapped:
             notes.append(f"dropout: fast ({swapped} nn.Dropout modules; masks 4 elements per random draw)")
     if eff.gradient_checkpointing:
-        if not getattr(model, "supports_gradient_checkpointing", False):
-            raise ConfigError(f"efficiency.gradient_checkpointing: {type(model).__name__} does not support it")
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name; the old one warns
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        model.config.use_cache = False
+        enable_checkpointing(model)
         notes.append("gradient checkpointing: on (non-reentrant; activations recomputed in backward)")
     return notes
+
+
+def enable_checkpointing(model) -> None:
+    """Non-reentrant gradient checkpointing on a transformers model (ConfigError if it has none)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"efficiency.gradient_checkpointing: {type(model).__name__} does not support it")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name; the old one warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
 
 
 def compile_model(model, eff: EfficiencyConfig) -> list[str]:

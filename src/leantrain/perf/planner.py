@@ -84,11 +84,10 @@ def is_checkpointing(model) -> bool:
 
 
 def set_checkpointing(model, on: bool) -> None:
-    from leantrain.config import EfficiencyConfig
-    from leantrain.engine.efficiency import apply_model_switches
+    from leantrain.engine.efficiency import enable_checkpointing
 
     if on:
-        apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True))
+        enable_checkpointing(model)
     elif is_checkpointing(model):
         off = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
         off()
