@@ -6,25 +6,35 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from leantrain.config.sections import Config
 from leantrain.errors import ConfigError
 
 
-def known_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
-    """Every dotted key a user may set, e.g. ``train.lr``."""
-    keys = []
+def walk_fields(model: type[BaseModel] = Config, prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
+    """Every settable key in schema order, as (dotted key, its pydantic field): the one walk over the schema that
+    ``known_keys``, ``--help`` (``describe_keys``) and docs/config.md (``leantrain.config.reference``) share."""
     for name, field in model.model_fields.items():
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys += known_keys(ann, f"{prefix}{name}.")
+            yield from walk_fields(ann, f"{prefix}{name}.")
         else:
-            keys.append(f"{prefix}{name}")
-    return keys
+            yield f"{prefix}{name}", field
+
+
+def field_default(field: FieldInfo) -> Any:
+    """The value a key takes when nobody sets it."""
+    return field.default_factory() if field.default_factory else field.default
+
+
+def known_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+    """Every dotted key a user may set, e.g. ``train.lr``."""
+    return [key for key, _ in walk_fields(model, prefix)]
 
 
 def _free_form(path: str) -> bool:
@@ -153,18 +163,9 @@ def resolve(
 def describe_keys() -> str:
     """One line per key with its default and help, for ``--help``."""
     lines = []
-
-    def walk(model: type[BaseModel], prefix: str) -> None:
-        for name, field in model.model_fields.items():
-            ann = field.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                walk(ann, f"{prefix}{name}.")
-                continue
-            default = field.default_factory() if field.default_factory else field.default
-            text = f"  {prefix}{name} = {json.dumps(default, default=str)}"
-            if field.description:
-                text = f"{text:<44} {field.description}"
-            lines.append(text)
-
-    walk(Config, "")
+    for key, field in walk_fields():
+        text = f"  {key} = {json.dumps(field_default(field), default=str)}"
+        if field.description:
+            text = f"{text:<44} {field.description}"
+        lines.append(text)
     return "\n".join(lines)

@@ -14,6 +14,8 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
+    """Which model to train: a pretrained folder or Hub id, or a config to build one from scratch; the task."""
+
     name: str | None = Field(
         None, description="Hub id or local folder; unset = the packaged sentence-transformers/all-MiniLM-L6-v2"
     )
@@ -38,6 +40,8 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
+    """Where the data is, which columns hold texts, images, audio and labels, and how examples become batches."""
+
     train: str | None = Field(
         None, description="CSV/TSV/JSON/JSONL/Parquet file, save_to_disk folder, or Hub name; unset = built-in demo"
     )
@@ -75,6 +79,8 @@ class DataConfig(Section):
 
 
 class TrainConfig(Section):
+    """How long and how big: epochs or steps, the global batch and its micro-batches, learning rate, cadences."""
+
     epochs: float = Field(3.0, gt=0, description="passes over the training data (ignored when max_steps > 0)")
     max_steps: int = Field(0, ge=0, description="optimizer steps; > 0 overrides epochs")
     batch_size: int = Field(32, gt=0, description="global batch: examples per optimizer step over all processes")
@@ -94,7 +100,9 @@ class TrainConfig(Section):
         return v
     lr: float = Field(5e-5, gt=0, description="peak learning rate")
     max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping; null = off")
-    seed: int = 42
+    seed: int = Field(
+        42, description="seeds the data order, the hold-out split, a new head's weights, augmentation and dropout"
+    )
     eval_every_steps: int = Field(
         0, ge=0, description="evaluate every N optimizer steps; 0 = at the end of each epoch (and of training)"
     )
@@ -133,6 +141,8 @@ def parse_stop_when(text: str) -> tuple[str, str, float]:
 
 
 class OptimConfig(Section):
+    """The optimizer (one key switches it), weight decay, and the learning-rate schedule."""
+
     name: Literal["adamw", "adafactor", "adamw8bit", "sgd", "lion", "muon"] = Field(
         "adamw", description="adamw (torch, fused/foreach), adafactor (transformers), adamw8bit (bitsandbytes, "
         "extra leantrain[8bit]), sgd, lion (extra leantrain[lion]), muon (torch Muon for hidden 2-D weights + AdamW "
@@ -161,6 +171,8 @@ class OptimConfig(Section):
 
 
 class CheckpointConfig(Section):
+    """Resumable checkpoints, auto-resume, and the best model."""
+
     every_steps: int = Field(500, ge=0, description="save a resumable checkpoint every N optimizer steps; 0 = never")
     keep: int = Field(3, ge=1, description="newest complete checkpoints kept in output_dir/checkpoints/")
     resume: str = Field(
@@ -185,6 +197,8 @@ class CheckpointConfig(Section):
         return v
 
 class EfficiencyConfig(Section):
+    """Switches that change speed and memory but not the result: precision, checkpointing, compile, fast paths."""
+
     precision: Literal["auto", "fp32", "bf16", "fp16", "fp8"] = Field(
         "auto", description="auto: bf16 where the CPU/GPU runs it natively, fp16 + grad scaler on older GPUs, "
         "else fp32; fp16/fp8 need a GPU"
@@ -211,16 +225,20 @@ class EfficiencyConfig(Section):
 
 
 class ReportConfig(Section):
+    """What the run reports besides metrics.jsonl and summary.json: trackers, progress, plots."""
+
     trackers: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive"]] = Field(
         default_factory=list, description="Accelerate trackers, e.g. [tensorboard]; none by default"
     )
     progress: Literal["auto", "bar", "plain", "none"] = Field(
         "auto", description="auto: a bar on a terminal, plain log lines otherwise"
     )
-    plots: bool = True
+    plots: bool = Field(True, description="write output_dir/loss_curve.png at the end")
 
 
 class DistributedConfig(Section):
+    """Several processes or machines (started with --nproc / --nnodes, torchrun or accelerate launch)."""
+
     strategy: Literal["auto", "ddp", "fsdp", "deepspeed"] = Field(
         "auto", description="auto: DDP when there are several processes; fsdp: torch FSDP2 (fully_shard) "
         "parameter sharding; deepspeed: ZeRO from distributed.deepspeed_config (CUDA only)"
