@@ -46,8 +46,10 @@ def test_reference_check_command_reports_a_stale_page(tmp_path, capsys):
 
 
 def _relative_links(page: Path) -> list[str]:
+    """Links to files of the repository (`#part` alone is a link into the page itself: `<page>#part`)."""
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # links inside code blocks are not links
-    return [t for t in LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
+    links = [t for t in LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+    return [page.name + t if t.startswith("#") else t for t in links]
 
 
 def _anchors(page: Path) -> set[str]:
@@ -76,7 +78,7 @@ def test_every_relative_link_points_to_a_file_that_exists():
 def test_link_check_sees_a_broken_link(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[ok](https://example.org) [anchor](#x) [file](missing.md#part)\n```\n[not a link](nope.md)\n```\n")
-    assert _relative_links(page) == ["missing.md#part"]
+    assert _relative_links(page) == ["page.md#x", "missing.md#part"]
     page.write_text("# Time to 85% dev accuracy\n## Comparing choices: `leantrain bench`\n```\n# not a heading\n```\n")
     assert _anchors(page) == {"time-to-85-dev-accuracy", "comparing-choices-leantrain-bench"}
 
