@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from conftest import write_rows
 from leantrain.cli import main
 from leantrain.errors import UserError
 from leantrain.perf.bench import make_variants, parse_sweeps, split_values
+from tests.helpers import alternating_rows, write_rows
 
 
 def test_sweep_parsing_and_cartesian_product():
@@ -40,8 +40,7 @@ def test_unknown_sweep_key_becomes_error_rows(tmp_path, capsys):
 
 
 def test_bench_2x1_sweep_writes_table_files_and_chart(tmp_path, tiny_bert, capsys):
-    rows = [{"text": ("good fine " if i % 2 else "bad poor ") * (1 + i % 4), "label": i % 2} for i in range(48)]
-    data = write_rows(tmp_path / "train.csv", rows)
+    data = write_rows(tmp_path / "train.csv", alternating_rows(48, max_repeat=4))
     out = tmp_path / "bench"
     rc = main(["bench", f"model.name={tiny_bert}", "--sweep", "optim.name=adamw,sgd,nonsense", f"data.train={data}",
                "train.max_steps=2", "train.batch_size=16", "--sweep", "train.lr=1e-3", "report.plots=false",

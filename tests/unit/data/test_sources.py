@@ -12,14 +12,9 @@ import pytest
 from leantrain.config import DataConfig
 from leantrain.data import PreparedData, load_and_validate, load_rows
 from leantrain.errors import DataError
+from tests.helpers import SHARED_DATA as SHARED
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path_factory, monkeypatch):
-    """Each test gets its own Arrow cache, so nothing is read from (or left in) ~/.cache."""
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_cache")))
+pytestmark = pytest.mark.usefixtures("own_datasets_cache")  # each test its own Arrow cache, never ~/.cache
 
 
 def write(folder: Path, name: str, text: str) -> str:
