@@ -17,16 +17,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+REQUIRE_SHARED_DATA = "LEANTRAIN_REQUIRE_SHARED_DATA"  # 1: missing shared data fails instead of skipping
 
 
 # ------------------------------------------------------------------------------------------------ paths
 
 
 def shared_data(*parts: str) -> Path:
-    """A path under ../shared/data; the test is skipped when it is missing."""
+    """A path under ../shared/data. When it is missing the test is skipped, or fails when the environment sets
+    LEANTRAIN_REQUIRE_SHARED_DATA=1 (.ci/run does: a checkout without the data must not pass by skipping)."""
     path = SHARED_DATA.joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"shared data not found: {path}")
+        required = os.environ.get(REQUIRE_SHARED_DATA, "")
+        if required not in ("", "0"):
+            pytest.fail(f"shared data not found: {path} ({REQUIRE_SHARED_DATA}={required})", pytrace=False)
+        pytest.skip(f"shared data not found: {path} (with {REQUIRE_SHARED_DATA}=1 this is a failure)")
     return path
 
 
