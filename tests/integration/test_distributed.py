@@ -14,9 +14,9 @@ import pytest
 import torch
 import yaml
 
+from tests.helpers import model_params, word_rows, write_rows
 from leantrain import train
 from leantrain.report.logs import read_metrics
-from tests.helpers import model_params, word_rows, write_rows
 
 pytestmark = pytest.mark.distributed
 BIN = Path(sys.executable).parent

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from leantrain import train
 from tests.helpers import alternating_rows, write_rows
+from leantrain import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

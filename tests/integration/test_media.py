@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import TINY_AST, TINY_CONVNEXT, shared_data, write_rows
 from leantrain.cli import main
 from leantrain.config import DataConfig
 from leantrain.data import audio, image
 from leantrain.errors import DataError
-from tests.helpers import TINY_AST, TINY_CONVNEXT, shared_data, write_rows
 
 pytestmark = pytest.mark.usefixtures("own_datasets_cache")  # each test its own Arrow cache, never ~/.cache
 CLASSES4 = ["airplane", "automobile", "frog", "ship"]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.helpers import REPO, shared_data
 from leantrain import train
 from leantrain.cli import main
-from tests.helpers import REPO, shared_data
 
 pytestmark = pytest.mark.slow
 

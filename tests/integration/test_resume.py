@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from leantrain.cli import main
 from tests.helpers import (make_tiny_bert, model_params, resume_args, resume_data, run_train_process, trajectory,
                            word_rows, write_rows)
+from leantrain.cli import main
 
 
 def _chain_a(folder: Path) -> list[subprocess.CompletedProcess]:

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
+from tests.helpers import shared_data, word_rows, write_rows
 from leantrain import train
 from leantrain.cli import main
 from leantrain.report.logs import read_metrics
-from tests.helpers import shared_data, word_rows, write_rows
 
 REVIEWS = {"max_words": 12, "columns": ("review", "stars")}  # rows with their own column names
 

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
+from tests.helpers import alternating_rows, write_rows
 from leantrain.cli import main
 from leantrain.errors import UserError
 from leantrain.perf.bench import make_variants, parse_sweeps, split_values
-from tests.helpers import alternating_rows, write_rows
 
 
 def test_sweep_parsing_and_cartesian_product():

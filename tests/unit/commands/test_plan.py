@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
+from tests.helpers import REPO, write_rows
 from leantrain.config import OptimConfig, resolve
 from leantrain.optim import build_optimizer, state_bytes
 from leantrain.perf import planner
-from tests.helpers import REPO, write_rows
 
 OPTIMIZERS = ["adamw", "adafactor", "sgd", "muon"] + (["lion"] if importlib.util.find_spec("lion_pytorch") else []) \
     + (["adamw8bit"] if importlib.util.find_spec("bitsandbytes") else [])

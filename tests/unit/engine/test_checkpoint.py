@@ -9,12 +9,12 @@ import pickle
 import pytest
 import torch
 
+from tests.helpers import word_rows, write_rows
 from leantrain.cli import main
 from leantrain.engine.checkpoint import complete_checkpoints, verify
 from leantrain.engine.resume import config_diff
 from leantrain.engine.state_io import StateFormatError, load_state, save_state
 from leantrain.report.logs import read_metrics
-from tests.helpers import word_rows, write_rows
 
 
 class _Boom:

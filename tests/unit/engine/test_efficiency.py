@@ -6,11 +6,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import gradients, text_batch, word_rows, write_rows
 from leantrain import train
 from leantrain.config import resolve
 from leantrain.engine.setup import step_plan
 from leantrain.errors import ConfigError
-from tests.helpers import gradients, text_batch, word_rows, write_rows
 
 
 @pytest.fixture(scope="module")

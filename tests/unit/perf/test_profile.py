@@ -1,7 +1,7 @@
 """efficiency.profile: a torch profiler trace and a table of where the step's time goes."""
 
-from leantrain import train
 from tests.helpers import write_rows
+from leantrain import train
 
 
 def test_profile_writes_trace_and_phase_table(tmp_path, tiny_bert):
