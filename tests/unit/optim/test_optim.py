@@ -202,12 +202,11 @@ def test_lr_steps_once_per_optimizer_step_under_accumulation(tmp_path, tiny_bert
     """batch 16 = micro 4 x accumulation 4: the logged lr follows the optimizer step, not the micro-batch."""
     import json
 
-    from conftest import write_rows
     from leantrain import train
     from leantrain.report.logs import read_metrics
+    from tests.helpers import alternating_rows, write_rows
 
-    rows = [{"text": ("good fine " if i % 2 else "bad poor ") * (1 + i % 5), "label": i % 2} for i in range(96)]
-    data = write_rows(tmp_path / "train.csv", rows)
+    data = write_rows(tmp_path / "train.csv", alternating_rows(96))
     out = tmp_path / "run"
     summary = train(None, [f"model.name={tiny_bert}", f"data.train={data}", "train.batch_size=16",
                            "train.micro_batch_size=4", "train.max_steps=6", "train.lr=1e-3", "optim.warmup_steps=2",

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from leantrain.engine.dropout import FastDropout, keep_mask, quantized_p, resolve_dropout, use_fast_dropout
+from tests.helpers import gradients, make_tiny_bert, text_batch
 
 # ------------------------------------------------------------------------------------------------ dropout
 
@@ -89,19 +90,18 @@ def test_checkpointing_recomputes_the_same_fast_dropout_masks(tiny_bert_dropout)
 
     from leantrain.config import EfficiencyConfig
     from leantrain.engine.efficiency import apply_model_switches
-    from test_efficiency import _batch, _grads
 
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert_dropout, num_labels=2).train()
     assert any("dropout: fast" in n for n in apply_model_switches(model, EfficiencyConfig(), "cpu"))
-    batch = _batch()
+    batch = text_batch()
     grads = {}
     for name, seed in (("plain", 1), ("again", 1), ("other", 2)):
         torch.manual_seed(seed)
-        grads[name] = _grads(model, batch)
+        grads[name] = gradients(model, batch)
     apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True), "cpu")
     torch.manual_seed(1)
-    grads["checkpointed"] = _grads(model, batch)
+    grads["checkpointed"] = gradients(model, batch)
     for k, g in grads["plain"].items():
         assert torch.equal(grads["again"][k], g), k
         torch.testing.assert_close(grads["checkpointed"][k], g, rtol=1e-5, atol=1e-7, msg=k)
@@ -115,8 +115,6 @@ def test_dropout_auto_is_fast_on_cpu_only():
 
 @pytest.fixture(scope="module")
 def tiny_bert_dropout(tmp_path_factory):
-    from conftest import make_tiny_bert
-
     return make_tiny_bert(tmp_path_factory.mktemp("bert-dropout"), dropout=0.1)
 
 

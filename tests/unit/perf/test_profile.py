@@ -1,6 +1,6 @@
 """efficiency.profile: a torch profiler trace and a table of where the step's time goes."""
 
-from conftest import write_rows
+from tests.helpers import write_rows
 from leantrain import train
 
 

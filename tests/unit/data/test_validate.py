@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import datasets
@@ -11,15 +10,10 @@ import pandas as pd
 import pytest
 
 from leantrain.config import DataConfig
-from leantrain.data import PreparedData, load_and_validate, load_rows
+from leantrain.data import PreparedData, load_and_validate
 from leantrain.errors import DataError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_cache")))
+pytestmark = pytest.mark.usefixtures("own_datasets_cache")  # each test its own Arrow cache, never ~/.cache
 
 
 def csv_file(folder: Path, name: str, header: str, rows: list[str]) -> str:
@@ -227,20 +221,3 @@ def test_label_mapping_is_cached_by_fingerprint(tmp_path):
     f = csv_file(tmp_path, "t.csv", "text,label", [f"t{i},{'ab'[i % 2]}" for i in range(30)])
     a, b = prepare(train=f, eval=f), prepare(train=f, eval=f)
     assert a.train._fingerprint == b.train._fingerprint and a.train.cache_files == b.train.cache_files
-
-
-@pytest.mark.skipif(not (SHARED / "sst2").is_dir(), reason="shared/data/sst2 not present")
-def test_full_sst2_is_validated_quickly():
-    start = time.perf_counter()
-    data = prepare(train=str(SHARED / "sst2" / "train.tsv"), eval=str(SHARED / "sst2" / "dev.tsv"), batch_size=32)
-    assert (len(data.train), len(data.eval)) == (67349, 872)
-    assert sum(data.train["label"]) == 37569 and data.warnings == []
-    assert time.perf_counter() - start < 15  # ~0.3 s on 2 CPU cores; a Python loop per row would not be
-
-
-@pytest.mark.skipif(not (SHARED / "mrpc").is_dir(), reason="shared/data/mrpc not present")
-def test_real_mrpc_eval_against_a_model_label_set():
-    rows, notes = load_rows(str(SHARED / "mrpc" / "dev.tsv"), DataConfig(), require_labels=True,
-                            known_labels=["not_equivalent", "equivalent"])
-    assert rows["label"][:2] == [1, 0]
-    assert "labels: the integer labels are the model's label ids (0 = not_equivalent, 1 = equivalent)" in notes

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, write_rows
+from tests.helpers import REPO, write_rows
 from leantrain.config import OptimConfig, resolve
 from leantrain.optim import build_optimizer, state_bytes
 from leantrain.perf import planner

@@ -1,5 +1,6 @@
-"""Images and audio: folder and path-column sources, file checks, processors built from a config, and short
-from-config training runs on slices of ../shared/data (CIFAR-10 subset, FSDD) that must beat chance."""
+"""Images and audio on slices of ../shared/data (CIFAR-10 subset, FSDD): folder and path-column sources, image file
+checks, and short from-config training runs that must beat chance. Synthetic audio files, processors built from a
+config and task detection are in tests/unit/data/test_media.py."""
 
 from __future__ import annotations
 
@@ -7,34 +8,18 @@ import json
 import os
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pytest
 import torch
 
-from conftest import shared_data, write_rows
+from tests.helpers import TINY_AST, TINY_CONVNEXT, shared_data, write_rows
 from leantrain.cli import main
-from leantrain.config import DataConfig, resolve
+from leantrain.config import DataConfig
 from leantrain.data import audio, image
 from leantrain.errors import DataError
-from leantrain.tasks import resolve_task
 
+pytestmark = pytest.mark.usefixtures("own_datasets_cache")  # each test its own Arrow cache, never ~/.cache
 CLASSES4 = ["airplane", "automobile", "frog", "ship"]
-VIT = ["model.config_type=vit", "model.config_overrides.image_size=32", "model.config_overrides.patch_size=8",
-       "model.config_overrides.hidden_size=16", "model.config_overrides.num_hidden_layers=1",
-       "model.config_overrides.num_attention_heads=2", "model.config_overrides.intermediate_size=32"]
-CONVNEXT = ["model.config_type=convnext", "model.config_overrides.image_size=32", "model.config_overrides.num_stages=2",
-            "model.config_overrides.hidden_sizes=[16,32]", "model.config_overrides.depths=[1,1]"]
-AST = ["model.config_type=audio-spectrogram-transformer", "model.config_overrides.num_mel_bins=32",
-       "model.config_overrides.max_length=100", "model.config_overrides.hidden_size=64",
-       "model.config_overrides.num_hidden_layers=1", "model.config_overrides.num_attention_heads=2",
-       "model.config_overrides.intermediate_size=128", "model.config_overrides.frequency_stride=16",
-       "model.config_overrides.time_stride=8", "data.max_seconds=1.0"]
-
-
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_cache")))
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +45,6 @@ def fsdd4(tmp_path_factory) -> tuple[Path, Path]:
     meta[(meta["index"] >= 5) & (meta["index"] < 15)][["file_name", "label"]].to_csv(out / "train.csv", index=False)
     meta[meta["index"] < 3][["file_name", "label"]].to_csv(out / "test.csv", index=False)
     return out / "train.csv", out / "test.csv"
-
-
-def _wav(path: Path, seconds: float, rate: int, channels: int = 1) -> Path:
-    import soundfile as sf
-
-    t = np.arange(int(seconds * rate)) / rate
-    x = np.stack([np.sin(2 * np.pi * 440 * t) * (c + 1) / 4 for c in range(channels)], axis=1)
-    sf.write(path, x.astype(np.float32), rate)
-    return path
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -129,58 +105,6 @@ def test_augmentation_is_seeded_and_keeps_the_size(cifar4):
     assert a.shape == plain.shape and np.array_equal(a.numpy(), b.numpy()) and not np.allclose(a.numpy(), plain.numpy())
 
 
-def test_audio_decoding_mono_resampled_capped(tmp_path):
-    stereo = _wav(tmp_path / "st.wav", 2.0, 44100, channels=2)
-    x = audio.read_audio(str(stereo), 16000)
-    assert x.dtype == np.float32 and abs(len(x) - 32000) <= 2  # 2 s at 16 kHz
-    assert abs(np.abs(x).max() - 0.375) < 0.01  # the mean of the two channels (0.25 and 0.5 amplitude)
-    assert len(audio.read_audio(str(stereo), 16000, max_seconds=0.5)) == 8000
-
-
-def test_bad_audio_files_reported_by_path(tmp_path):
-    good = [_wav(tmp_path / f"{i}.wav", 0.3, 8000) for i in range(3)]
-    (tmp_path / "noise.wav").write_bytes(b"RIFF....WAVEfmt garbage")
-    (tmp_path / "empty.wav").write_bytes(b"")
-    rows = [{"clip": f.name, "digit": i % 2} for i, f in enumerate(good)] + [
-        {"clip": "noise.wav", "digit": 0}, {"clip": "empty.wav", "digit": 1}, {"clip": "gone.wav", "digit": 1}]
-    csv = write_rows(tmp_path / "clips.csv", rows)
-    with pytest.raises(DataError) as e:
-        audio.load_and_validate(DataConfig(train=str(csv), audio_column="clip"), seed=0, batch_size=2)
-    text = str(e.value)
-    for name in ("noise.wav", "empty.wav", "gone.wav"):
-        assert str(tmp_path / name) in text
-    assert "0.wav" not in text.replace("noise.wav", "")
-
-
-def test_processors_built_from_the_config(tmp_path):
-    from transformers import AutoFeatureExtractor, AutoImageProcessor
-
-    from leantrain.modeling import load_processor
-
-    vit = resolve(None, VIT).model
-    proc = load_processor(vit, "image-classification")
-    assert proc.size["height"] == 32  # the config's image size, not ViT's default 224
-    proc.save_pretrained(tmp_path / "v")
-    assert AutoImageProcessor.from_pretrained(tmp_path / "v").size["height"] == 32
-    w2v = resolve(None, ["model.config_type=wav2vec2", "model.config_overrides.feat_extract_norm=layer"]).model
-    fe = load_processor(w2v, "audio-classification")
-    assert fe.return_attention_mask and fe.sampling_rate == 16000
-    ast = load_processor(resolve(None, AST).model, "audio-classification")
-    assert (ast.num_mel_bins, ast.max_length) == (32, 100)
-    fe.save_pretrained(tmp_path / "a")
-    assert AutoFeatureExtractor.from_pretrained(tmp_path / "a").return_attention_mask
-
-
-def test_task_auto_detection(tmp_path):
-    assert resolve_task(resolve(None, VIT)) == "image-classification"
-    assert resolve_task(resolve(None, AST)) == "audio-classification"
-    assert resolve_task(resolve(None, [])) == "text-classification"
-    assert resolve_task(resolve(None, ["data.audio_column=f"])) == "audio-classification"
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "convnext", "image_size": 32}))
-    assert resolve_task(resolve(None, [f"model.config={tmp_path / 'config.json'}"])) == "image-classification"
-    assert main(["train", "model.config_type=vitt"]) == 2  # unknown type: a config error ("did you mean 'vit'")
-
-
 # ----------------------------------------------------------------------------------------------- training
 
 
@@ -190,7 +114,7 @@ def test_image_model_from_config_trains_and_loads_in_pipeline(tmp_path, cifar4):
     from leantrain import train
 
     out = tmp_path / "run"
-    summary = train(None, [*CONVNEXT, f"data.train={cifar4}", "data.augment=true", "train.epochs=3",
+    summary = train(None, [*TINY_CONVNEXT, f"data.train={cifar4}", "data.augment=true", "train.epochs=3",
                            "train.batch_size=16", "train.lr=3e-3", f"output_dir={out}", "report.plots=false"])
     assert summary["eval"]["samples"] == 100 and summary["eval"]["accuracy"] > 0.4  # chance: 0.25
     assert summary["train"]["tokens_per_second"] is None and summary["train"]["samples_per_second"] > 0
@@ -212,7 +136,7 @@ def test_audio_model_from_config_trains_and_loads_in_pipeline(tmp_path, fsdd4):
 
     train_csv, test_csv = fsdd4
     out = tmp_path / "run"
-    summary = train(None, [*AST, f"data.train={train_csv}", f"data.eval={test_csv}", "train.epochs=6",
+    summary = train(None, [*TINY_AST, f"data.train={train_csv}", f"data.eval={test_csv}", "train.epochs=6",
                            "train.batch_size=16", "train.lr=3e-3", f"output_dir={out}", "report.plots=false",
                            "efficiency.precision=fp32"])  # `leantrain eval` runs in fp32: the same predictions
     assert summary["eval"]["samples"] == 72 and summary["eval"]["accuracy"] > 0.4  # chance: 0.25
@@ -237,7 +161,7 @@ def test_two_process_audio_run_equals_one_process(tmp_path, fsdd4):
     from leantrain import train
 
     train_csv, test_csv = fsdd4
-    args = [*AST, f"data.train={train_csv}", f"data.eval={test_csv}", "train.max_steps=4", "train.batch_size=8",
+    args = [*TINY_AST, f"data.train={train_csv}", f"data.eval={test_csv}", "train.max_steps=4", "train.batch_size=8",
             "train.micro_batch_size=4", "train.lr=3e-3", "efficiency.precision=fp32", "report.plots=false"]
     one = train(None, [*args, f"output_dir={tmp_path / 'one'}"])
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")

@@ -9,13 +9,12 @@ import pickle
 import pytest
 import torch
 
-from conftest import write_rows
+from tests.helpers import word_rows, write_rows
 from leantrain.cli import main
 from leantrain.engine.checkpoint import complete_checkpoints, verify
 from leantrain.engine.resume import config_diff
 from leantrain.engine.state_io import StateFormatError, load_state, save_state
 from leantrain.report.logs import read_metrics
-from test_resume import _rows
 
 
 class _Boom:
@@ -134,8 +133,8 @@ def test_config_keys_need_best_metric():
 
 def _tiny_args(tmp_path, tiny_bert, *extra):
     if not (tmp_path / "train.csv").exists():
-        write_rows(tmp_path / "train.csv", _rows(32, 0))
-        write_rows(tmp_path / "dev.csv", _rows(8, 1))
+        write_rows(tmp_path / "train.csv", word_rows(32, 0, max_words=10))
+        write_rows(tmp_path / "dev.csv", word_rows(8, 1, max_words=10))
     return [f"model.name={tiny_bert}", f"data.train={tmp_path / 'train.csv'}", f"data.eval={tmp_path / 'dev.csv'}",
             "train.batch_size=8", "train.lr=3e-3", "report.plots=false", "report.progress=none", *extra]
 

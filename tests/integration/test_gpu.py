@@ -11,15 +11,14 @@ import sys
 import pytest
 import torch
 
-from conftest import write_rows
+from tests.helpers import alternating_rows, write_rows
 from leantrain import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def _args(tmp_path, tiny_bert, *extra):
-    rows = [{"text": ("good fine " if i % 2 else "bad poor ") * (1 + i % 5), "label": i % 2} for i in range(96)]
-    data = write_rows(tmp_path / "train.csv", rows)
+    data = write_rows(tmp_path / "train.csv", alternating_rows(96))
     return [f"model.name={tiny_bert}", f"data.train={data}", "train.batch_size=16", "train.max_steps=8",
             "train.lr=1e-3", "report.plots=false", f"output_dir={tmp_path / 'run'}", *extra]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import REPO, shared_data
+from tests.helpers import REPO, shared_data
 from leantrain import train
 from leantrain.cli import main
 

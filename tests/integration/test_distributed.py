@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
 
-from conftest import write_rows
+from tests.helpers import model_params, word_rows, write_rows
 from leantrain import train
 from leantrain.report.logs import read_metrics
 
 pytestmark = pytest.mark.distributed
 BIN = Path(sys.executable).parent
+YES_NO = {"yes": ["good", "fine", "great"], "no": ["bad", "poor", "awful"]}
 
 
 def free_port() -> int:
@@ -41,18 +41,6 @@ def run(cmd: list[str], timeout: int = 300, **extra) -> subprocess.CompletedProc
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(**extra))
 
 
-def _rows(n: int, seed: int) -> list[dict]:
-    import random
-
-    r = random.Random(seed)
-    words = {"yes": ["good", "fine", "great"], "no": ["bad", "poor", "awful"]}
-    out = []
-    for _ in range(n):
-        lab = r.choice(["yes", "no"])
-        out.append({"text": " ".join(r.choice(words[lab]) for _ in range(r.randint(1, 20))), "label": lab})
-    return out
-
-
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, tiny_bert):
     """A config file: 42 training rows with batch 8 (a last batch of 2: two of four micro-batches are padding),
@@ -60,8 +48,8 @@ def job(tmp_path_factory, tiny_bert):
     tmp = tmp_path_factory.mktemp("dist")
     cfg = {
         "model": {"name": str(tiny_bert)},
-        "data": {"train": str(write_rows(tmp / "train.csv", _rows(42, 0))),
-                 "eval": str(write_rows(tmp / "eval.csv", _rows(13, 1)))},
+        "data": {"train": str(write_rows(tmp / "train.csv", word_rows(42, 0, max_words=20, words=YES_NO))),
+                 "eval": str(write_rows(tmp / "eval.csv", word_rows(13, 1, max_words=20, words=YES_NO)))},
         "train": {"batch_size": 8, "micro_batch_size": 2, "epochs": 2, "lr": 1e-3, "log_every_steps": 1,
                   "seed": 7},
         "report": {"plots": False, "progress": "plain"},
@@ -81,16 +69,12 @@ def single(job):
     return tmp / "single"
 
 
-def _params(run_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(run_dir / "model" / "model.safetensors")
-
-
 def _losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["type"] == "train"]
 
 
 def assert_same_run(a: Path, b: Path, atol: float = 2e-5) -> None:
-    pa, pb = _params(a), _params(b)
+    pa, pb = model_params(a), model_params(b)
     assert pa.keys() == pb.keys()
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=atol, msg=k)

@@ -13,13 +13,7 @@ from leantrain.config import DataConfig
 from leantrain.data import PreparedData, load_and_validate, load_rows
 from leantrain.errors import DataError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path_factory, monkeypatch):
-    """Each test gets its own Arrow cache, so nothing is read from (or left in) ~/.cache."""
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_cache")))
+pytestmark = pytest.mark.usefixtures("own_datasets_cache")  # each test its own Arrow cache, never ~/.cache
 
 
 def write(folder: Path, name: str, text: str) -> str:
@@ -217,24 +211,3 @@ def test_load_rows_for_predict_and_eval(tmp_path):
         load_rows(labelled, DataConfig(), require_labels=True, known_labels=["neg", "pos"])
     rows, notes = load_rows(labelled, DataConfig(), require_labels=False, known_labels=["neg", "pos"])
     assert rows.column_names == ["text"] and any("left out" in n for n in notes)
-
-
-# ----------------------------------------------------------------------------------------------- real files
-
-
-@pytest.mark.skipif(not (SHARED / "sst2").is_dir(), reason="shared/data/sst2 not present")
-def test_real_sst2_dev():
-    data = prepare(train=str(SHARED / "sst2" / "dev.tsv"))
-    assert data.columns == {"text": "sentence", "text_pair": None, "label": "label"}
-    assert data.label_names == ["0", "1"]
-    assert (len(data.train), len(data.eval)) == (784, 88)  # 10% of 872 held out
-    assert sorted(set(data.train["label"])) == [0, 1]
-
-
-@pytest.mark.skipif(not (SHARED / "mrpc").is_dir(), reason="shared/data/mrpc not present")
-def test_real_mrpc_dev_pairs_with_quoted_fields():
-    rows, notes = load_rows(str(SHARED / "mrpc" / "dev.tsv"), DataConfig(), require_labels=True, known_labels=None)
-    assert rows.column_names == ["text", "text_pair", "label"] and len(rows) == 408
-    assert rows[0]["text_pair"].startswith('" The foodservice pie business')  # CSV quoting undone
-    assert sum(rows["label"]) == 279
-    assert "text pair column: 'sentence2' (auto-detected; set data.text_pair_column to change)" in notes

@@ -6,29 +6,18 @@ import sys
 
 import pytest
 
-from conftest import write_rows
+from tests.helpers import shared_data, word_rows, write_rows
 from leantrain import train
 from leantrain.cli import main
 from leantrain.report.logs import read_metrics
 
-WORDS = {"pos": ["great", "lovely", "superb", "fine"], "neg": ["awful", "bad", "broken", "poor"]}
-
-
-def _rows(n, seed=0, label_kind="str"):
-    import random
-
-    r = random.Random(seed)
-    rows = []
-    for i in range(n):
-        lab = r.choice(["pos", "neg"])
-        text = " ".join(r.choice(WORDS[lab]) for _ in range(r.randint(1, 12)))
-        rows.append({"review": text, "stars": lab if label_kind == "str" else int(lab == "pos")})
-    return rows
+REVIEWS = {"max_words": 12, "columns": ("review", "stars")}  # rows with their own column names
 
 
 @pytest.fixture
 def files(tmp_path):
-    return write_rows(tmp_path / "train.csv", _rows(120)), write_rows(tmp_path / "dev.csv", _rows(40, seed=1))
+    return (write_rows(tmp_path / "train.csv", word_rows(120, **REVIEWS)),
+            write_rows(tmp_path / "dev.csv", word_rows(40, seed=1, **REVIEWS)))
 
 
 def test_run_folder_and_summary(tmp_path, tiny_bert, files):
@@ -73,7 +62,7 @@ def test_pipeline_and_predict_agree(tmp_path, tiny_bert, files):
     preds = tmp_path / "preds.jsonl"
     assert main(["predict", str(out / "model"), "--input", str(dev_f), "--output", str(preds)]) == 0
     ours = [json.loads(line) for line in preds.read_text().splitlines()]
-    texts = [r["review"] for r in _rows(40, seed=1)]
+    texts = [r["review"] for r in word_rows(40, seed=1, **REVIEWS)]
     theirs = pipeline("text-classification", model=str(out / "model"), device="cpu")(texts)
     assert [o["label"] for o in ours] == [t["label"] for t in theirs]
     assert [o["score"] for o in ours] == pytest.approx([t["score"] for t in theirs], abs=1e-4)
@@ -110,8 +99,6 @@ def test_module_entry_point_help():
 
 
 def test_text_pairs_autodetected(tmp_path, tiny_bert):
-    from conftest import shared_data
-
     dev = shared_data("mrpc", "dev.tsv")
     out = tmp_path / "run"
     summary = train(None, [f"model.name={tiny_bert}", f"data.train={dev}", "train.max_steps=2",

@@ -1,34 +1,22 @@
 """Efficiency switches change how a step is computed, never what it computes: each is checked against the plain run."""
 
-import random
 import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import write_rows
+from tests.helpers import gradients, text_batch, word_rows, write_rows
 from leantrain import train
 from leantrain.config import resolve
 from leantrain.engine.setup import step_plan
 from leantrain.errors import ConfigError
 
-WORDS = {"pos": ["great", "lovely", "superb", "fine"], "neg": ["awful", "bad", "broken", "poor"]}
-
-
-def rows(n, seed=0):
-    r = random.Random(seed)
-    out = []
-    for _ in range(n):
-        lab = r.choice(["pos", "neg"])
-        out.append({"text": " ".join(r.choice(WORDS[lab]) for _ in range(r.randint(1, 30))), "label": lab})
-    return out  # uneven lengths: 3 to 32 tokens
-
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("eff-data")
-    return write_rows(tmp / "train.csv", rows(96)), write_rows(tmp / "dev.csv", rows(16, seed=1))
+    tmp = tmp_path_factory.mktemp("eff-data")  # 1 to 30 words: uneven lengths, 3 to 32 tokens
+    return write_rows(tmp / "train.csv", word_rows(96)), write_rows(tmp / "dev.csv", word_rows(16, seed=1))
 
 
 def run(tmp_path, tiny_bert, data, name, *overrides):
@@ -74,24 +62,6 @@ def test_micro_batch_that_does_not_divide_says_what_would():
 # ------------------------------------------------------------------------------------------ gradient checkpointing
 
 
-def _batch(n=6, seed=0):
-    from leantrain.data.text import TextCollator
-
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(3, 30, (n,), generator=g).tolist()  # uneven lengths: padding and attention masks matter
-    rows = [{"input_ids": [101] + torch.randint(1000, 2000, (k,), generator=g).tolist() + [102],
-             "attention_mask": [1] * (k + 2), "labels": i % 2} for i, k in enumerate(lens)]
-    return TextCollator(0)(rows)
-
-
-def _grads(model, batch):
-    from leantrain.engine.step import weighted_loss_sum
-
-    model.zero_grad(set_to_none=True)
-    weighted_loss_sum(model, batch).backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert):
     from transformers import AutoModelForSequenceClassification
 
@@ -100,11 +70,11 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert):
 
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2).train()
-    batch = _batch()
-    plain = _grads(model, batch)
+    batch = text_batch()
+    plain = gradients(model, batch)
     notes = apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True), "cpu")
     assert model.is_gradient_checkpointing and any("checkpointing: on" in n for n in notes)
-    ckpt = _grads(model, batch)
+    ckpt = gradients(model, batch)
     assert ckpt.keys() == plain.keys() and len(plain) > 20
     for k in plain:
         torch.testing.assert_close(ckpt[k], plain[k], rtol=1e-5, atol=1e-7, msg=k)
@@ -119,7 +89,7 @@ def test_loss_is_fp32_under_bf16_autocast(tiny_bert):
     from leantrain.engine.step import model_inputs, per_example_loss, weighted_loss_sum
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2)
-    batch = _batch()
+    batch = text_batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(**model_inputs(batch)).logits
         assert logits.dtype == torch.bfloat16  # the autocast is real ...

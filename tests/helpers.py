@@ -1,0 +1,170 @@
+"""Helpers shared by the tests: ``from tests.helpers import write_rows``. Fixtures live in conftest.py.
+
+Paths (the repository, ../shared/data), small CSV data sets, a tiny random BERT built from a config, tiny from-config
+image/audio models, and the pieces of a kill-and-resume run used by more than one test file.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+REQUIRE_SHARED_DATA = "LEANTRAIN_REQUIRE_SHARED_DATA"  # 1: missing shared data fails instead of skipping
+
+
+# ------------------------------------------------------------------------------------------------ paths
+
+
+def shared_data(*parts: str) -> Path:
+    """A path under ../shared/data. When it is missing the test is skipped, or fails when the environment sets
+    LEANTRAIN_REQUIRE_SHARED_DATA=1 (.ci/run does: a checkout without the data must not pass by skipping)."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        required = os.environ.get(REQUIRE_SHARED_DATA, "")
+        if required not in ("", "0"):
+            pytest.fail(f"shared data not found: {path} ({REQUIRE_SHARED_DATA}={required})", pytrace=False)
+        pytest.skip(f"shared data not found: {path} (with {REQUIRE_SHARED_DATA}=1 this is a failure)")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+
+def write_rows(path: Path, rows: list[dict], sep: str = ",") -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter=sep)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+WORDS = {"pos": ["great", "lovely", "superb", "fine"], "neg": ["awful", "bad", "broken", "poor"]}
+
+
+def word_rows(n: int, seed: int = 0, *, max_words: int = 30, words: dict[str, list[str]] = WORDS,
+              columns: tuple[str, str] = ("text", "label")) -> list[dict]:
+    """n seeded rows whose label is decided by its words: 1 to max_words words, all drawn from the label's list
+    (uneven lengths, learnable by a tiny model). The labels are the keys of ``words``."""
+    r = random.Random(seed)
+    labels = list(words)
+    out = []
+    for _ in range(n):
+        lab = r.choice(labels)
+        out.append({columns[0]: " ".join(r.choice(words[lab]) for _ in range(r.randint(1, max_words))),
+                    columns[1]: lab})
+    return out
+
+
+def alternating_rows(n: int, max_repeat: int = 5) -> list[dict]:
+    """n rows alternating "bad poor ..." (label 0) and "good fine ..." (label 1), 1 to max_repeat repetitions."""
+    return [{"text": ("good fine " if i % 2 else "bad poor ") * (1 + i % max_repeat), "label": i % 2}
+            for i in range(n)]
+
+
+def text_batch(n: int = 6, seed: int = 0):
+    """A collated batch of n rows of random token ids, uneven lengths (padding and attention masks matter)."""
+    import torch
+
+    from leantrain.data.text import TextCollator
+
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(3, 30, (n,), generator=g).tolist()
+    rows = [{"input_ids": [101] + torch.randint(1000, 2000, (k,), generator=g).tolist() + [102],
+             "attention_mask": [1] * (k + 2), "labels": i % 2} for i, k in enumerate(lens)]
+    return TextCollator(0)(rows)
+
+
+def gradients(model, batch) -> dict:
+    """The gradients of the step's weighted loss sum on one batch, by parameter name."""
+    from leantrain.engine.step import weighted_loss_sum
+
+    model.zero_grad(set_to_none=True)
+    weighted_loss_sum(model, batch).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+# ------------------------------------------------------------------------------------------------ models
+
+
+def make_tiny_bert(folder: Path, *, dropout: float = 0.0, layers: int = 2, hidden: int = 32) -> Path:
+    """A 2-layer, hidden-32 BERT with random weights and the packaged MiniLM's tokenizer, saved as a base model."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from leantrain.modeling import packaged_model_path
+
+    tok = AutoTokenizer.from_pretrained(packaged_model_path())
+    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=2 * hidden, max_position_embeddings=256,
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    return folder
+
+
+# Tiny image / audio models built from a config (no download): key=value overrides for `leantrain train`.
+TINY_VIT = ["model.config_type=vit", "model.config_overrides.image_size=32", "model.config_overrides.patch_size=8",
+            "model.config_overrides.hidden_size=16", "model.config_overrides.num_hidden_layers=1",
+            "model.config_overrides.num_attention_heads=2", "model.config_overrides.intermediate_size=32"]
+TINY_CONVNEXT = ["model.config_type=convnext", "model.config_overrides.image_size=32",
+                 "model.config_overrides.num_stages=2", "model.config_overrides.hidden_sizes=[16,32]",
+                 "model.config_overrides.depths=[1,1]"]
+TINY_AST = ["model.config_type=audio-spectrogram-transformer", "model.config_overrides.num_mel_bins=32",
+            "model.config_overrides.max_length=100", "model.config_overrides.hidden_size=64",
+            "model.config_overrides.num_hidden_layers=1", "model.config_overrides.num_attention_heads=2",
+            "model.config_overrides.intermediate_size=128", "model.config_overrides.frequency_stride=16",
+            "model.config_overrides.time_stride=8", "data.max_seconds=1.0"]
+
+
+# ------------------------------------------------------------------------------------------------ run folders
+
+
+def model_params(run_dir: Path) -> dict:
+    """The final parameters a run saved in run_dir/model."""
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "model" / "model.safetensors"))
+
+
+def trajectory(run_dir: Path) -> list[dict]:
+    """What must be bitwise the same after a resume: per-step losses, learning rates, grad norms and evaluations."""
+    from leantrain.report.logs import read_metrics
+
+    keep = ("type", "step", "loss", "lr", "grad_norm", "eval.loss", "eval.accuracy", "eval.f1_macro")
+    return [{k: r[k] for k in keep if k in r} for r in read_metrics(run_dir / "metrics.jsonl")]
+
+
+# ------------------------------------------------------------------------------------------------ kill-and-resume
+# Layout: 32 train rows, batch 8 (micro 4 x accumulation 2) -> 4 steps/epoch, 2 epochs = 8 steps; checkpoints every
+# 2 steps, keep 2; the model is <root>/bert (make_tiny_bert) and each run's data and output sit in <root>/<name>.
+
+
+def resume_args(folder: Path, *extra: str) -> list[str]:
+    return [f"model.name={folder.parent / 'bert'}", f"data.train={folder / 'train.csv'}",
+            f"data.eval={folder / 'dev.csv'}", "train.batch_size=8", "train.micro_batch_size=4", "train.epochs=2",
+            "train.lr=2e-3", "train.log_every_steps=1", "checkpoint.every_steps=2", "checkpoint.keep=2",
+            "report.plots=false", "report.progress=none", f"output_dir={folder / 'run'}", *extra]
+
+
+def resume_data(root: Path, name: str) -> Path:
+    folder = root / name
+    folder.mkdir()
+    write_rows(folder / "train.csv", word_rows(32, 0, max_words=10))
+    write_rows(folder / "dev.csv", word_rows(8, 1, max_words=10))
+    return folder
+
+
+def run_train_process(folder: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m leantrain train` on resume_args(folder, *extra), one thread per process."""
+    full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "leantrain", "train", *resume_args(folder, *extra)], env=full,
+                          capture_output=True, text=True, timeout=300)
