@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from tests.helpers import REPO
 from leantrain.config import known_keys
 from leantrain.config.load import walk_fields
 from leantrain.config.reference import COMMAND, main, render_reference

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, write_rows
+from tests.helpers import REPO, write_rows
 from leantrain import train
 from leantrain.config import Config, load_yaml, resolve
 
