@@ -14,6 +14,7 @@ from typing import Any
 
 from leantrain.config import ModelConfig
 from leantrain.errors import ConfigError, UserError
+from leantrain.head_reuse import needs_remap, remap_head
 
 log = logging.getLogger("leantrain")
 
@@ -139,10 +140,12 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
             raise UserError(f"cannot build a {task} model from {config.model_type!r} config: {e}") from None
         log.info("new model: random initialisation from a %s config (train.seed)", config.model_type)
         return model
+    trained = trained_label_names(config)
+    remap = needs_remap(trained, label_names, cfg.reuse_head)  # a fine-tuned head: rows follow the label names
     kwargs = dict(
-        **labels,
+        **({} if remap else labels),
         use_safetensors=None if cfg.allow_pickle else True,
-        ignore_mismatched_sizes=trained_label_names(config) != label_names,  # a new head for a new label set
+        ignore_mismatched_sizes=not remap and trained != label_names,  # a new head for a base model
         **_hub_kwargs(cfg),
         **cfg.config_overrides,
     )
@@ -159,6 +162,8 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
     fresh = sorted(set(info.get("missing_keys", [])) | {k for k, *_ in info.get("mismatched_keys", [])})
     if fresh:
         log.info("new weights (initialised from train.seed): %s", ", ".join(fresh[:6]) + (" ..." if len(fresh) > 6 else ""))
+    if remap:
+        log.warning("%s", remap_head(model, trained, label_names, cfg.reuse_head))
     return model
 
 

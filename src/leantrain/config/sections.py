@@ -35,6 +35,11 @@ class ModelConfig(Section):
     config_overrides: dict[str, Any] = Field(
         default_factory=dict, description="applied to the model's config, e.g. hidden_dropout_prob: 0"
     )
+    reuse_head: Literal["auto", "always", "never"] = Field(
+        "auto", description="continuing from a fine-tuned classifier (config with id2label): auto = head rows mapped "
+        "by label name (new labels get fresh rows; no common name = a fresh head); always = rows by position; "
+        "never = a fresh head"
+    )
 
 
 class DataConfig(Section):
