@@ -15,7 +15,7 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     name: str | None = Field(
-        None, description="Hub id or local folder; unset = the packaged sentence-transformers/all-MiniLM-L6-v2"
+        None, description="Hub id or local folder; unset or minilm = the packaged sentence-transformers/all-MiniLM-L6-v2"
     )
     task: Literal["auto", "text-classification", "image-classification", "audio-classification"] = Field(
         "auto", description="auto: from the model's config (its model type), else data.image_column / "
@@ -224,6 +224,23 @@ class ReportConfig(Section):
     )
     plots: bool = True
 
+    @field_validator("trackers")
+    @classmethod
+    def _installed(cls, v: list[str]) -> list[str]:
+        """A tracker whose package is missing would be dropped silently by Accelerate: refuse it here."""
+        import importlib.util
+
+        for name in v:
+            packages = TRACKER_PACKAGES[name]
+            if not any(importlib.util.find_spec(p) for p in packages):
+                raise ValueError(f"tracker {name!r} needs the package {packages[0]!r}, which is not installed: "
+                                 f"pip install {packages[0]}")
+        return v
+
+
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
+                    "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
+
 
 class DistributedConfig(Section):
     strategy: Literal["auto", "ddp", "fsdp", "deepspeed"] = Field(
@@ -268,6 +285,13 @@ class Config(Section):
             raise ValueError("distributed.strategy=deepspeed needs distributed.deepspeed_config=path/to/zero.json")
         if d.local_sgd_steps > 1 and d.strategy in ("fsdp", "deepspeed"):
             raise ValueError(f"distributed.local_sgd_steps works with DDP only, not distributed.strategy={d.strategy}")
+        return self
+
+    @model_validator(mode="after")
+    def _problem_type(self) -> "Config":
+        from leantrain.tasks import check_problem_type
+
+        check_problem_type(self.model.task, self.model.config_overrides)
         return self
 
     @model_validator(mode="after")
