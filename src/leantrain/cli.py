@@ -20,7 +20,7 @@ examples:
   leantrain train --print-config train.batch_size=64
   leantrain train model.name=<image model> data.train=photos/train data.eval=photos/test   # a folder per class
   leantrain train model.config_type=wav2vec2 data.train=clips.csv data.audio_column=file  # from scratch
-  leantrain inspect path/or/hub-id
+  leantrain inspect path/or/hub-id                 # no argument: the default model (also: minilm)
   leantrain predict runs/x/model --input new.csv --output preds.jsonl
   leantrain eval runs/x/model data.eval=dev.csv
   leantrain plan my.yaml --memory 8GiB --json
@@ -70,7 +70,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     _launch_options(t)
 
     i = sub.add_parser("inspect", help="a model's config and parameter counts (total / trainable / embeddings)")
-    i.add_argument("name", help="Hub id or local folder")
+    i.add_argument("name", nargs="?", default=None,
+                   help="Hub id, local folder or minilm (the packaged model); default: the default model")
     i.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     pr = sub.add_parser("predict", help="predict labels for a file with a fine-tuned model folder",

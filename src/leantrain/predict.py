@@ -15,6 +15,7 @@ from leantrain.data.modalities import for_task
 from leantrain.engine.evaluate import classification_metrics, predict_logits
 from leantrain.engine.setup import has_accelerator, setup_logging
 from leantrain.errors import UserError
+from leantrain.model_names import resolve_model_name
 from leantrain.modeling import load_config, load_processor, trained_label_names
 from leantrain.tasks import auto_model_class, resolve_task
 
@@ -24,6 +25,7 @@ log = logging.getLogger("leantrain")
 def _load(model_dir: str, cfg: Config):
     from accelerate import Accelerator
 
+    model_dir = resolve_model_name(model_dir, cfg.model.revision)
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
     task = resolve_task(cfg.model_copy(update={"model": mcfg}))
     labels = trained_label_names(load_config(mcfg))
