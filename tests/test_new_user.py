@@ -115,3 +115,51 @@ def test_inspect_without_argument_and_with_minilm(capsys):
     assert main(["inspect", "minilm", "--json"]) == 0
     short = json.loads(capsys.readouterr().out)
     assert default["parameters"] == short["parameters"] and default["parameters"]["total"] > 20e6
+
+
+# ------------------------------------------------------------------------------------------------ 4. set-like labels
+
+EMOTIONS = ["anger", "disgust", "fear", "joy", "sadness", "surprise", "trust", "love", "optimism", "pessimism"]
+
+
+def _joined_rows(n, seed=0):
+    r = random.Random(seed)
+    return [{"text": f"row {i} " + " ".join(r.choice(EMOTIONS) for _ in range(3)),
+             "label": ",".join(sorted(r.sample(EMOTIONS, r.randint(1, 3))))} for i in range(n)]
+
+
+def test_comma_joined_labels_warn_and_point_to_multilabel(tmp_path):
+    from leantrain.config import DataConfig
+    from leantrain.data.validate import load_and_validate
+
+    f = write_rows(tmp_path / "train.csv", _joined_rows(200))
+    data = load_and_validate(DataConfig(train=str(f)), seed=0, batch_size=8)
+    warning = " ".join(data.warnings)
+    assert "look like sets" in warning and "multi-label" in warning and "issue 14" in warning
+    assert "model.task=multi-label" not in warning  # the key does not exist yet
+
+
+def test_plain_labels_with_a_comma_do_not_warn(tmp_path):
+    from leantrain.config import DataConfig
+    from leantrain.data.validate import load_and_validate
+
+    rows = [{"text": f"t {i}", "label": lab} for i, lab in enumerate(["yes, sure", "no", "maybe"] * 10)]
+    data = load_and_validate(DataConfig(train=str(write_rows(tmp_path / "t.csv", rows))), seed=0, batch_size=8)
+    assert not any("look like sets" in w for w in data.warnings)
+
+
+def test_unseen_label_listing_is_capped(tmp_path):
+    from leantrain.config import DataConfig
+    from leantrain.data.validate import load_and_validate
+    from leantrain.errors import DataError
+
+    train_f = write_rows(tmp_path / "train.csv", _joined_rows(300))
+    seen = {r["label"] for r in _joined_rows(300)}
+    unseen = [r for r in _joined_rows(400, seed=7) if r["label"] not in seen]
+    assert len({r["label"] for r in unseen}) > 20
+    eval_f = write_rows(tmp_path / "dev.csv", unseen)
+    with pytest.raises(DataError) as e:
+        load_and_validate(DataConfig(train=str(train_f), eval=str(eval_f)), seed=0, batch_size=8)
+    text = str(e.value)
+    assert "in all)" in text and "more labels like these" in text
+    assert len(text) < 3000, len(text)
