@@ -75,18 +75,21 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     i.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     pr = sub.add_parser("predict", help="predict labels for a file with a fine-tuned model folder",
-                        description="Writes one JSON line per input row: {row, label, score}. Column choice "
-                        "follows the same data.* keys as train.")
+                        description="Writes one JSON line per input row: {row, text (or path, or id), label, score}. "
+                        "Columns and max_length default to the run's (model/leantrain.json); data.* keys override.")
     pr.add_argument("model", help="a fine-tuned model folder, e.g. runs/x/model")
     pr.add_argument("args", nargs="*", metavar="key=value")
     pr.add_argument("--input", required=True, help="CSV/TSV/JSON/JSONL/Parquet file or dataset folder")
     pr.add_argument("--output", default="predictions.jsonl", help="JSON lines file to write (default: %(default)s)")
     pr.add_argument("--batch-size", type=int, default=64)
+    pr.add_argument("--id-column", default=None,
+                    help="a column of the input whose value each prediction carries (as \"id\") instead of the text")
 
     e = sub.add_parser("eval", help="metrics of a fine-tuned model folder on labelled data (data.eval=...)")
     e.add_argument("model", help="a fine-tuned model folder, e.g. runs/x/model")
     e.add_argument("args", nargs="*", metavar="key=value")
-    e.add_argument("--output", default=None, help="also write the metrics as JSON here")
+    e.add_argument("--output", default=None, help="also write the metrics as JSON here; the confusion matrix goes "
+                   "next to it (X.confusion.json/.png), else into the run folder (eval_confusion.json/.png)")
     e.add_argument("--batch-size", type=int, default=64)
     b = sub.add_parser("bench", help="short trials of a config across a sweep of key=value lists, side by side",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES + "\n" + keys,
@@ -160,7 +163,7 @@ def _cmd_predict(ns) -> int:
     from leantrain.predict import predict
 
     _, overrides = _split_positionals(ns.args)
-    predict(ns.model, ns.input, ns.output, resolve(None, overrides), batch_size=ns.batch_size)
+    predict(ns.model, ns.input, ns.output, resolve(None, overrides), batch_size=ns.batch_size, id_column=ns.id_column)
     return 0
 
 
@@ -169,8 +172,11 @@ def _cmd_eval(ns) -> int:
     from leantrain.predict import evaluate_file
 
     _, overrides = _split_positionals(ns.args)
+    from leantrain.report.eval_report import format_table
+
     result = evaluate_file(ns.model, resolve(None, overrides), ns.output, batch_size=ns.batch_size)
-    print(json.dumps(result["eval"], indent=2))
+    print(json.dumps({k: v for k, v in result["eval"].items() if k != "per_class"}, indent=2))
+    print(format_table(result["eval"]["per_class"]))
     return 0
 
 
