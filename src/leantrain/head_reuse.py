@@ -76,7 +76,8 @@ def _short(names: list[str], limit: int = 10) -> str:
 
 
 def remap_head(model, old: list[str], new: list[str], mode: str = "auto") -> str:
-    """Rebuild ``model``'s classifier head (loaded with the ``old`` labels) for the ``new`` labels; returns the note.
+    """Rebuild ``model``'s classifier head (loaded with the ``old`` labels) for the ``new`` labels and log what
+    happened (a warning when nothing was kept by name or names were ignored); returns the note.
 
     Fresh rows are initialised by the model's own ``_init_weights`` (seeded by the caller)."""
     found = find_head(model, len(old))
@@ -102,6 +103,11 @@ def remap_head(model, old: list[str], new: list[str], mode: str = "auto") -> str
     model.config.label2id = {n: i for i, n in enumerate(new)}
     if hasattr(model, "num_labels"):
         model.num_labels = len(new)
+    by_name = mode == "auto" and any(s is not None for s in src)
+    if by_name:
+        log.info("%s", note)
+    else:
+        log.warning("warning: %s", note)
     return note
 
 

@@ -153,7 +153,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
     if fresh:
         log.info("new weights (initialised from train.seed): %s", ", ".join(fresh[:6]) + (" ..." if len(fresh) > 6 else ""))
     if remap:
-        log.warning("%s", remap_head(model, trained, label_names, cfg.reuse_head))
+        remap_head(model, trained, label_names, cfg.reuse_head)  # logs what it did
     return _with_pad_token(model, cfg, task)
 
 
