@@ -109,6 +109,17 @@ def test_short_name_resolves_to_packaged_model(minilm, tmp_path):
     assert resolve_model_name(PACKAGED_MODEL, revision="abc") == PACKAGED_MODEL  # a pinned revision: the Hub
 
 
+def test_hub_id_of_packaged_model_offline(minilm, monkeypatch):
+    from huggingface_hub import constants
+
+    from leantrain.model_names import PACKAGED_MODEL, resolve_model_name
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert resolve_model_name(PACKAGED_MODEL) == minilm
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert resolve_model_name(PACKAGED_MODEL) == PACKAGED_MODEL
+
+
 def test_inspect_without_argument_and_with_minilm(capsys):
     assert main(["inspect", "--json"]) == 0
     default = json.loads(capsys.readouterr().out)
