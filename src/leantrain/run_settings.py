@@ -60,9 +60,7 @@ def with_run_settings(model_dir: str | Path, cfg: Config, input_path: str | None
         return cfg
     log.info("using the run's data settings from %s: %s (set data.<key>=... to change)",
              Path(model_dir) / FILE, ", ".join(f"data.{k}={v!r}" for k, v in taken.items()))
-    data = cfg.data.model_copy(update=taken)
-    data.__pydantic_fields_set__ = set(given)  # what the user set is still only what the user set
-    return cfg.model_copy(update={"data": data})
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update=taken)})
 
 
 def _columns_of(input_path: str | None, cfg: Config) -> set[str] | None:
