@@ -76,6 +76,11 @@ def test_renamed_labels_start_a_fresh_head(trained, capsys):
     assert model.config.id2label == {0: "x", 1: "y", 2: "z"}
 
 
+def test_integer_labels_hint_at_label_names():
+    _, note = row_sources(["neg", "pos"], ["0", "1"], "auto")
+    assert "re-initialised" in note and "data.label_names" in note
+
+
 def test_new_label_gets_a_fresh_row(trained, reference):
     tok, before = reference
     model = build_model(ModelConfig(name=str(trained)), ["a", "b", "c", "d"])

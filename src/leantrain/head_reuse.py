@@ -54,8 +54,12 @@ def row_sources(old: list[str], new: list[str], mode: str) -> tuple[list[int | N
     index = {name: i for i, name in enumerate(old)}
     src = [index.get(name) for name in new]
     if all(s is None for s in src):
-        return src, (f"the classifier head is re-initialised: none of the model's labels ({_short(old)}) occurs in "
-                     f"the data ({_short(new)})")
+        note = (f"the classifier head is re-initialised: none of the model's labels ({_short(old)}) occurs in "
+                f"the data ({_short(new)})")
+        if all(n.isdigit() and int(n) < len(old) for n in new):
+            note += ("; if these integers are the model's label ids, set data.label_names to the model's names "
+                     "(or model.reuse_head=always)")
+        return src, note
     parts = ["the classifier head rows are mapped by label name"]
     if [s for s in src if s is not None] != list(range(len(old))) or len(old) != len(new):
         moved = [n for i, n in enumerate(new) if src[i] is not None and src[i] != i]
