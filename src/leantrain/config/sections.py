@@ -17,7 +17,7 @@ class ModelConfig(Section):
     """Which model to train: a pretrained folder or Hub id, or a config to build one from scratch; the task."""
 
     name: str | None = Field(
-        None, description="Hub id or local folder; unset = the packaged sentence-transformers/all-MiniLM-L6-v2"
+        None, description="Hub id or local folder; unset or minilm = the packaged sentence-transformers/all-MiniLM-L6-v2"
     )
     task: Literal["auto", "text-classification", "image-classification", "audio-classification"] = Field(
         "auto", description="auto: from the model's config (its model type), else data.image_column / "
@@ -36,6 +36,11 @@ class ModelConfig(Section):
     allow_pickle: bool = Field(False, description="allow pickle-based weight files (*.bin); default safetensors only")
     config_overrides: dict[str, Any] = Field(
         default_factory=dict, description="applied to the model's config, e.g. hidden_dropout_prob: 0"
+    )
+    reuse_head: Literal["auto", "always", "never"] = Field(
+        "auto", description="continuing from a fine-tuned classifier (config with id2label): auto = head rows mapped "
+        "by label name (new labels get fresh rows; no common name = a fresh head); always = rows by position; "
+        "never = a fresh head"
     )
 
 
@@ -235,6 +240,23 @@ class ReportConfig(Section):
     )
     plots: bool = Field(True, description="write output_dir/loss_curve.png at the end")
 
+    @field_validator("trackers")
+    @classmethod
+    def _installed(cls, v: list[str]) -> list[str]:
+        """A tracker whose package is missing would be dropped silently by Accelerate: refuse it here."""
+        import importlib.util
+
+        for name in v:
+            packages = TRACKER_PACKAGES[name]
+            if not any(importlib.util.find_spec(p) for p in packages):
+                raise ValueError(f"tracker {name!r} needs the package {packages[0]!r}, which is not installed: "
+                                 f"pip install {packages[0]}")
+        return v
+
+
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
+                    "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
+
 
 class DistributedConfig(Section):
     """Several processes or machines (started with --nproc / --nnodes, torchrun or accelerate launch)."""
@@ -281,6 +303,13 @@ class Config(Section):
             raise ValueError("distributed.strategy=deepspeed needs distributed.deepspeed_config=path/to/zero.json")
         if d.local_sgd_steps > 1 and d.strategy in ("fsdp", "deepspeed"):
             raise ValueError(f"distributed.local_sgd_steps works with DDP only, not distributed.strategy={d.strategy}")
+        return self
+
+    @model_validator(mode="after")
+    def _problem_type(self) -> "Config":
+        from leantrain.tasks import check_problem_type
+
+        check_problem_type(self.model.task, self.model.config_overrides)
         return self
 
     @model_validator(mode="after")

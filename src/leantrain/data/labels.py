@@ -142,8 +142,39 @@ def outside(part: Part, labels: LabelScan, allowed: list[str], reason: str) -> l
     problems = [f"{part.where}: label {name!r} {reason} — {len(r)} row{'s' if len(r) > 1 else ''} ({part.rows(r)})"
                 for name, r in list(rows.items())[:5]]
     if len(rows) > 5:
-        problems.append(f"{part.where}: {len(rows) - 5} more labels like these ({', '.join(list(rows)[5:10])}, ...)")
+        problems.append(f"{part.where}: {len(rows) - 5} more labels like these ({capped(list(rows)[5:])})")
     return problems
+
+
+def capped(names: list[Any], limit: int = 10) -> str:
+    """The first ``limit`` names and how many there are: long label sets must not make kilobyte-long errors."""
+    shown = ", ".join(map(str, names[:limit]))
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+SEPARATORS = (",", ";", "|")
+
+
+def set_like(names: list[str]) -> str | None:
+    """A warning when string labels look like sets joined by a separator ("anger,disgust"): several labels hold the
+    separator and their parts recur across labels, so each combination would become a class of its own."""
+    from collections import Counter
+
+    for sep in SEPARATORS:
+        joined = [n for n in names if sep in n]
+        if len(joined) < 2:
+            continue
+        parts = Counter(p for n in joined for p in {x.strip() for x in n.split(sep)} if p)
+        recurring = [p for p, c in parts.items() if c >= 2]
+        if len(recurring) >= 2:
+            singles = {n.strip() for n in names if sep not in n}
+            distinct = set(parts) | singles
+            return (f"{len(joined)} of the {len(names)} labels hold {sep!r} and look like sets of "
+                    f"{len(distinct)} labels ({capped([repr(n) for n in joined], 3)}): each combination becomes a "
+                    "class of its own. If a row can have several labels, that is multi-label classification, which "
+                    "is planned (issue 14) but not available yet; until then, check that one class per combination "
+                    "is what you want")
+    return None
 
 
 def listing(names: list[str], limit: int = 10) -> str:
@@ -165,7 +196,7 @@ def from_known(known: list[str], parts: list[tuple[Part, LabelScan]]) -> tuple[L
     if all(labels.ints is not None for _, labels in parts) and all(0 <= v < len(known) for v in ints):
         note = f"labels: the integer labels are the model's label ids ({listing(known)})"
         return LabelMap(list(known), None), [note], []
-    reason = f"is outside the model's label set ({', '.join(known)})"
+    reason = f"is outside the model's label set ({capped(known)})"
     return LabelMap(list(known), index), [], [p for part, labels in parts for p in outside(part, labels, known, reason)]
 
 
@@ -174,7 +205,7 @@ def from_data(cfg: DataConfig, col: str, train: tuple[Part, LabelScan], evals: l
     """(map, notes, warnings, problems) for labels taken from the data; eval labels must occur in train."""
     train_labels = train[1]
     seen = uniques(train_labels.names)
-    reason = f"never occurs in the training data, so it is outside the model's label set ({', '.join(seen[:20])})"
+    reason = f"never occurs in the training data, so it is outside the model's label set ({capped(seen)})"
     problems = [p for part, labels in evals for p in outside(part, labels, seen, reason)]
     label_map, note, warnings, decided = None, "", [], False
     if train_labels.class_names is not None and cfg.label_names is None:
@@ -191,6 +222,8 @@ def from_data(cfg: DataConfig, col: str, train: tuple[Part, LabelScan], evals: l
     if label_map is None and not decided:
         label_map, note, more = _by_name(cfg, col, seen, numeric=train_labels.ints is not None)
         problems += more
+        if train_labels.ints is None and (sets := set_like([str(n) for n in seen])):
+            warnings.append(f"column {col!r}: {sets}")
     if problems:
         return None, [], warnings, problems
     return label_map, [note], warnings, []
@@ -200,7 +233,7 @@ def _named_ids(names: list[str], values: list[int]) -> tuple[LabelMap | None, st
     bad = [v for v in values if not 0 <= v < len(names)]
     if bad:
         return None, "", [], [f"data.label_names: {len(names)} names, but the labels include "
-                              f"{', '.join(map(str, bad[:5]))}: integer labels must be the ids 0..{len(names) - 1}"]
+                              f"{capped(bad)}: integer labels must be the ids 0..{len(names) - 1}"]
     absent = [f"{names[i]!r} (id {i})" for i in range(len(names)) if i not in values]
     warnings = [f"data.label_names: never in the data: {', '.join(absent)}"] if absent else []
     return LabelMap(list(names), None), f"labels: the integer labels are the ids of data.label_names: {listing(names)}", warnings, []
@@ -211,7 +244,7 @@ def _by_name(cfg: DataConfig, col: str, seen: list[str], *, numeric: bool) -> tu
         unnamed = [n for n in seen if n not in cfg.label_names]
         if unnamed:
             return None, "", [f"data.label_names does not list the label{'s' if len(unnamed) > 1 else ''} "
-                              f"{', '.join(map(repr, unnamed[:10]))} found in the training data"]
+                              f"{capped([repr(n) for n in unnamed])} found in the training data"]
         names, how = list(cfg.label_names), "in the order of data.label_names"
     elif cfg.label_order == "sorted":
         names = sorted(seen, key=int) if numeric else sorted(seen)

@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 
 from leantrain.engine.distributed import full_state_dict
-from leantrain.modeling import PACKAGED_MODEL
+from leantrain.model_names import display_name
 from leantrain.perf.memory import device_memory, peak_rss_bytes
 from leantrain.report.logs import write_json
+from leantrain.run_settings import write_run_settings
 
 log = logging.getLogger("leantrain")
 
@@ -82,6 +83,7 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
         model_dir = out / "model"
         accelerator.unwrap_model(model).save_pretrained(model_dir, state_dict=state_dict, safe_serialization=True)
         inputs.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
+        write_run_settings(model_dir, cfg, inputs.task, inputs.columns)  # predict / eval default to them
         write_json(out / "summary.json", summary)
         _report_files(cfg, out, model_dir, inputs, summary, records)
         log.info("saved %s (model/, summary.json, metrics.jsonl, config.yaml)", out)
@@ -96,7 +98,7 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
 def _report_files(cfg, out: Path, model_dir: Path, inputs, summary: dict, records: list) -> None:
     from leantrain.report.card import write_model_card
 
-    base = inputs.model_name if cfg.model.config or cfg.model.config_type else cfg.model.name or PACKAGED_MODEL
+    base = inputs.model_name if cfg.model.config or cfg.model.config_type else display_name(cfg.model.name)
     write_model_card(model_dir, base_model=base, label_names=inputs.label_names, summary=summary,
                      config=cfg.to_dict(), task=inputs.task)
     if cfg.report.plots:

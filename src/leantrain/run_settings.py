@@ -1,0 +1,76 @@
+"""What the run knew, kept with the model: ``model/leantrain.json`` holds the task and the data settings the model
+was trained with (its columns and ``max_length``), so that ``leantrain predict`` / ``eval`` on the folder use them
+by default. A key the user sets (``data.text_column=...``) wins; a stored column that the input file lacks is not
+used (the usual auto-detection applies), so a file with other column names still works.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from leantrain.config import Config
+
+log = logging.getLogger("leantrain")
+
+FILE = "leantrain.json"
+COLUMN_KEYS = ("text_column", "text_pair_column", "label_column", "image_column", "audio_column")
+
+
+def run_settings(cfg: Config, task: str, columns: dict) -> dict:
+    """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}}."""
+    data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
+    data["max_length"] = cfg.data.max_length
+    return {"task": task, "data": data}
+
+
+def write_run_settings(model_dir: Path, cfg: Config, task: str, columns: dict) -> None:
+    (Path(model_dir) / FILE).write_text(json.dumps(run_settings(cfg, task, columns), indent=2) + "\n")
+
+
+def read_run_settings(model_dir: str | Path) -> dict | None:
+    path = Path(model_dir) / FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        log.warning("warning: %s is not valid JSON; the run's data settings are not used", path)
+        return None
+
+
+def with_run_settings(model_dir: str | Path, cfg: Config, input_path: str | None) -> Config:
+    """``cfg`` with the run's data settings as defaults: keys the user set stay, and a stored column is used only
+    when the input is a file (or dataset) that has it; folders of images / audio keep their own layout. Logs what
+    was taken."""
+    stored = read_run_settings(model_dir)
+    if not stored:
+        return cfg
+    given = cfg.data.model_fields_set
+    available = _columns_of(input_path, cfg)
+    taken = {}
+    for key, value in (stored.get("data") or {}).items():
+        if key in given or value is None or key not in COLUMN_KEYS + ("max_length",):
+            continue
+        if key in COLUMN_KEYS and (available is None or value not in available):
+            continue
+        taken[key] = value
+    if not taken:
+        return cfg
+    log.info("using the run's data settings from %s: %s (set data.<key>=... to change)",
+             Path(model_dir) / FILE, ", ".join(f"data.{k}={v!r}" for k, v in taken.items()))
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update=taken)})
+
+
+def _columns_of(input_path: str | None, cfg: Config) -> set[str] | None:
+    """The columns of the file predict / eval reads, or None when it cannot be opened here (the load reports it)."""
+    if input_path is None:
+        return None
+    from leantrain.data.validate import open_rows
+    from leantrain.errors import UserError
+
+    try:
+        return set(open_rows(input_path, cfg.data).ds.column_names)
+    except (UserError, OSError, ValueError):
+        return None
