@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from conftest import write_rows
+from tests.helpers import write_rows
 from leantrain import train
 from leantrain.cli import main
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import write_rows
+from tests.helpers import write_rows
 from leantrain import train
 from leantrain.config import ModelConfig
 from leantrain.engine.setup import setup_logging

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from conftest import write_rows
+from tests.helpers import write_rows
 from leantrain.cli import main
 
 WORDS = {"pos": ["great", "lovely", "superb", "fine"], "neg": ["awful", "bad", "broken", "poor"]}
