@@ -310,3 +310,15 @@ def test_cpu_allocator_leaves_a_tuned_allocator_alone(monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", lambda *a: pytest.fail("libc touched"))
     with hostmem.host_memory("reuse", "cpu") as applied:
         assert applied == "system"
+
+
+def test_resume_ignores_keys_added_since_the_checkpoint_at_their_default():
+    """Checkpoints written before data.quoting existed, with the allocator then 'reuse', still resume."""
+    from leantrain.engine.resume import config_diff
+
+    new = resolve(None, []).to_dict()
+    old = json.loads(json.dumps(new))
+    del old["data"]["quoting"]
+    old["efficiency"]["cpu_allocator"] = "reuse"
+    assert config_diff(old, new) == ([], [])
+    assert config_diff(old, resolve(None, ["data.quoting=none"]).to_dict())[0] == ["data.quoting: None -> 'none'"]

@@ -179,7 +179,7 @@ def _cmd_eval(ns) -> int:
     _, overrides = _split_positionals(ns.args)
     cfg = resolve(None, overrides)
     if ns.output:
-        check_output_file(ns.output, "--output")
+        check_output_file(ns.output, "--output", "metrics.json")
     result = evaluate_file(ns.model, cfg, ns.output, batch_size=ns.batch_size)
     print(json.dumps(result["eval"], indent=2))
     return 0

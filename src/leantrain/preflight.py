@@ -104,11 +104,11 @@ def check_writable_dir(path: str | Path, what: str) -> None:
                         ) from None
 
 
-def check_output_file(path: str | Path, option: str) -> None:
+def check_output_file(path: str | Path, option: str, example: str = "predictions.jsonl") -> None:
     """A file to be written (``predict --output``): not a folder, and its folder writable."""
     p = Path(path).expanduser()
     if p.is_dir():
-        raise UserError(f"{option} {path}: is a folder; give a file name, e.g. {p / 'predictions.jsonl'}")
+        raise UserError(f"{option} {path}: is a folder; give a file name in it, e.g. {p / example}")
     check_writable_dir(p.parent if str(p.parent) else ".", f"{option} {path}")
 
 
