@@ -56,7 +56,14 @@ def test_duplicate_yaml_key_names_key_and_both_lines(tmp_path):
     f.write_text("train:\n  lr: 1.0e-4\n  epochs: 1\n  lr: 3.0e-5\n")
     with pytest.raises(ConfigError) as e:
         resolve(f)
-    assert "'lr'" in str(e.value) and "lines 2 and 4" in str(e.value)
+    assert "key 'train.lr' is given twice, on lines 2 and 4" in str(e.value)
+    f.write_text("train: {lr: 1.0e-4}\ndata: {train: a.csv}\ntrain: {epochs: 1}\n")
+    with pytest.raises(ConfigError) as e:
+        resolve(f)
+    assert "key 'train' is given twice, on lines 1 and 3" in str(e.value)
+    f.write_text("base: &b {lr: 1.0e-4}\ntrain:\n  <<: *b\n  epochs: 1\n")  # a merge key is not a duplicate
+    with pytest.raises(ConfigError, match="unknown key 'base.lr'"):
+        resolve(f)
 
 
 @pytest.mark.parametrize("key, hint", [
@@ -158,9 +165,11 @@ def test_output_dir_that_cannot_be_written_exits_2(where, tiny_bert, train_csv, 
     assert f"output_dir={where}: cannot write in" in _err(capsys)
 
 
-def test_predict_output_that_is_a_folder_exits_2(tmp_path, capsys):
+def test_predict_and_eval_output_that_is_a_folder_exits_2(tmp_path, capsys):
     assert main(["predict", str(tmp_path), "--input", "x.csv", "--output", str(tmp_path)]) == 2
-    assert "--output" in (err := _err(capsys)) and "is a folder" in err
+    assert f"--output {tmp_path}: is a folder" in _err(capsys)
+    assert main(["eval", str(tmp_path), "data.eval=x.csv", "--output", str(tmp_path)]) == 2
+    assert f"--output {tmp_path}: is a folder" in _err(capsys)
 
 
 @pytest.fixture
