@@ -131,7 +131,10 @@ def _cmd_train(ns) -> int:
     opts = _launch_opts(ns)
     if not inside_launcher():
         opts.check()
-        validate_data(cfg)  # bad data fails here, before any model or worker starts
+        data = validate_data(cfg)  # bad data fails here, before any model or worker starts
+        from leantrain.preflight import check_train
+
+        cfg = check_train(cfg, data, opts.nproc * opts.nnodes)  # model limits, output_dir, batch over processes
         if opts.wanted:
             return launch(cfg, opts)
     summary = train(cfg)
@@ -162,8 +165,12 @@ def _cmd_predict(ns) -> int:
     from leantrain.config import resolve
     from leantrain.predict import predict
 
+    from leantrain.preflight import check_output_file
+
     _, overrides = _split_positionals(ns.args)
-    predict(ns.model, ns.input, ns.output, resolve(None, overrides), batch_size=ns.batch_size, id_column=ns.id_column)
+    cfg = resolve(None, overrides)
+    check_output_file(ns.output, "--output")
+    predict(ns.model, ns.input, ns.output, cfg, batch_size=ns.batch_size, id_column=ns.id_column)
     return 0
 
 
@@ -171,10 +178,15 @@ def _cmd_eval(ns) -> int:
     from leantrain.config import resolve
     from leantrain.predict import evaluate_file
 
+    from leantrain.preflight import check_output_file
+
     _, overrides = _split_positionals(ns.args)
     from leantrain.report.eval_report import format_table
 
-    result = evaluate_file(ns.model, resolve(None, overrides), ns.output, batch_size=ns.batch_size)
+    cfg = resolve(None, overrides)
+    if ns.output:
+        check_output_file(ns.output, "--output", "metrics.json")
+    result = evaluate_file(ns.model, cfg, ns.output, batch_size=ns.batch_size)
     print(json.dumps({k: v for k, v in result["eval"].items() if k != "per_class"}, indent=2))
     print(format_table(result["eval"]["per_class"]))
     return 0

@@ -9,11 +9,15 @@ runs: each worker finds its rank in the environment.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import re
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +46,41 @@ class LaunchOptions:
             raise UserError(f"--node-rank {self.node_rank} must be in 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
         if self.nnodes > 1 and not self.master_addr:
             raise UserError("--nnodes > 1 needs --master-addr (the address of the node with --node-rank 0)")
+        if self.master_port is not None and not 1 <= self.master_port <= 65535:
+            raise UserError(f"--master-port {self.master_port}: a TCP port is 1..65535 (e.g. 29500)")
+        if self.master_addr is not None:
+            check_host(self.master_addr, "--master-addr")
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+
+
+def check_host(addr: str, option: str, timeout: float = 10.0) -> None:
+    """UserError unless ``addr`` is an IP address or a host name that resolves. A name lookup that does not answer
+    within ``timeout`` seconds is let through (the rendezvous then reports it): only a definite 'no' stops the run."""
+    try:
+        ipaddress.ip_address(addr.strip("[]"))
+        return
+    except ValueError:
+        pass
+    labels = addr.rstrip(".").split(".")
+    if not addr or len(addr) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels) or \
+            all(label.isdigit() for label in labels):
+        raise UserError(f"{option} {addr!r}: not an IP address or a host name (e.g. 10.0.0.1 or node01)")
+    result: list = []
+
+    def lookup() -> None:
+        try:
+            result.append(socket.getaddrinfo(addr, None))
+        except OSError as e:
+            result.append(e)
+
+    worker = threading.Thread(target=lookup, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if result and isinstance(result[0], OSError):
+        raise UserError(f"{option} {addr!r}: no such host ({result[0].strerror or result[0]}); give the address of "
+                        "the machine with --node-rank 0")
 
 
 def inside_launcher() -> bool:

@@ -43,7 +43,10 @@ def load_config(cfg: ModelConfig):
 
     if from_scratch(cfg):
         return config_from_spec(cfg)
+    from leantrain.hubcheck import check_model_name
+
     name = model_name(cfg)
+    check_model_name(name, cfg.revision)  # a missing folder or an unknown Hub id: named, in seconds
     try:
         return AutoConfig.from_pretrained(name, **_hub_kwargs(cfg))
     except (OSError, ValueError) as e:

@@ -16,6 +16,7 @@ from leantrain.engine.evaluate import classification_metrics, predict_logits
 from leantrain.engine.setup import has_accelerator, setup_logging
 from leantrain.errors import UserError
 from leantrain.model_names import resolve_model_name
+from leantrain.preflight import check_weights
 from leantrain.modeling import load_config, load_processor, trained_label_names
 from leantrain.run_settings import with_run_settings
 from leantrain.tasks import auto_model_class, resolve_task
@@ -38,6 +39,7 @@ def _load(model_dir: str, cfg: Config):
     AcceleratorState._reset_state()  # a training run earlier in this process must not leave its autocast behind
     accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision="no")  # predictions in full precision
     setup_logging(accelerator.is_main_process)
+    check_weights(model_dir, mcfg.allow_pickle)  # a pickle-only folder: a clear refusal, not an OSError
     model = auto_model_class(task).from_pretrained(
         model_dir, use_safetensors=None if mcfg.allow_pickle else True,
         revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)

@@ -3,7 +3,6 @@ the key and expected type for bad values."""
 
 from __future__ import annotations
 
-import difflib
 import json
 from pathlib import Path
 from typing import Any, Iterator
@@ -12,7 +11,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from leantrain.config.hints import describe_unknown
 from leantrain.config.sections import Config
+from leantrain.config.strict_yaml import DuplicateKeyError, safe_load_strict
 from leantrain.errors import ConfigError
 
 
@@ -88,11 +89,7 @@ def _check_keys(tree: dict[str, Any], source: str) -> None:
         if key in sections:
             problems.append(f"{key}: is a section; set one of its keys, e.g. {sorted(k for k in valid if k.startswith(key + '.'))[0]}")
             continue
-        hint = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.6)
-        if not hint:  # a right leaf in the wrong section: train.weight_decay -> optim.weight_decay
-            leaf = key.rsplit(".", 1)[-1]
-            hint = [k for k in sorted(valid) if k.rsplit(".", 1)[-1] == leaf][:1]
-        problems.append(f"unknown key {key!r}" + (f" — did you mean {hint[0]!r}?" if hint else ""))
+        problems.append(describe_unknown(key, sorted(valid)))
     if problems:
         raise ConfigError(f"bad config in {source}:", problems)
 
@@ -120,7 +117,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        tree = yaml.safe_load(p.read_text()) or {}
+        tree = safe_load_strict(p.read_text()) or {}
+    except DuplicateKeyError as e:
+        raise ConfigError(f"config file {p}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
     if not isinstance(tree, dict):

@@ -3,14 +3,41 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
+MAX_MAGNITUDE = 1e9  # no float key means anything beyond this (train.epochs=1e300 is a typo, not a plan)
+MAX_INT = 2**53  # integers beyond exact float range are typos too (and overflow numpy / torch)
+
+
+def _check_number(v: Any) -> None:
+    if isinstance(v, bool):
+        return
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        if abs(v) > MAX_MAGNITUDE:
+            raise ValueError(f"{v:g} is out of range: at most {MAX_MAGNITUDE:g} in magnitude")
+    elif isinstance(v, int) and abs(v) > MAX_INT:
+        raise ValueError(f"{v} is out of range: at most 2**53 in magnitude")
+    elif isinstance(v, (tuple, list)):
+        for item in v:
+            _check_number(item)
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _finite(cls, v: Any) -> Any:
+        """Every number of every section (not the free-form model.config_overrides): finite, sane magnitude."""
+        _check_number(v)
+        return v
 
 
 class ModelConfig(Section):
@@ -81,6 +108,12 @@ class DataConfig(Section):
     max_train_samples: int | None = Field(None, gt=0, description="take the first N training rows (smoke runs)")
     max_eval_samples: int | None = Field(None, gt=0, description="take the first N eval rows")
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes")
+    quoting: Literal["auto", "none", "standard"] = Field(
+        "auto", description="CSV/TSV quote characters. auto: standard CSV quoting (\"a, b\", \"\" for a quote), "
+        "but a quoted field holding the delimiter and a line break (a stray quote merging rows) is refused with its "
+        "lines; none: quote characters are plain text (e.g. a TSV with stray quotes); standard: quoting as in auto, "
+        "and such fields are accepted"
+    )
 
 
 class TrainConfig(Section):
@@ -106,7 +139,9 @@ class TrainConfig(Section):
     lr: float = Field(5e-5, gt=0, description="peak learning rate")
     max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping; null = off")
     seed: int = Field(
-        42, description="seeds the data order, the hold-out split, a new head's weights, augmentation and dropout"
+        42, ge=0, lt=2**32,
+        description="seeds the data order, the hold-out split, a new head's weights, augmentation and dropout "
+                    "(0 .. 2**32-1)",
     )
     eval_every_steps: int = Field(
         0, ge=0, description="evaluate every N optimizer steps; 0 = at the end of each epoch (and of training)"
@@ -131,8 +166,26 @@ class TrainConfig(Section):
     @classmethod
     def _stop_when(cls, v: str | None) -> str | None:
         if v is not None:
-            parse_stop_when(v)
+            check_metric(parse_stop_when(v)[0])
         return v
+
+
+def check_metric(name: str, num_labels: int | None = None) -> None:
+    """ValueError unless evaluation reports metric ``name`` (for ``num_labels`` classes), with did-you-mean."""
+    import difflib
+
+    from leantrain.metric_names import metric_names
+
+    names = metric_names(num_labels)
+    if name in names:
+        return
+    if name in metric_names():
+        raise ValueError(f"eval.{name} is reported for 2 classes only; this data has {num_labels}: use one of "
+                         + ", ".join(f"eval.{n}" for n in names))
+    close = [n for n in names if n.startswith(name)] or difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    hint = f" — did you mean eval.{close[0]}?" if close else ""
+    raise ValueError(f"evaluation reports no metric {name!r}; it reports "
+                     + ", ".join(f"eval.{n}" for n in names) + hint)
 
 
 def parse_stop_when(text: str) -> tuple[str, str, float]:
@@ -196,7 +249,9 @@ class CheckpointConfig(Section):
     @field_validator("best_metric")
     @classmethod
     def _known_metric(cls, v: str | None) -> str | None:
-        names = ("eval.loss", "eval.accuracy", "eval.f1_macro", "eval.mcc")
+        from leantrain.metric_names import metric_names
+
+        names = [f"eval.{n}" for n in metric_names()]
         if v is not None and v not in names:
             raise ValueError(f"must be one of {', '.join(names)}")
         return v
@@ -216,9 +271,10 @@ class EfficiencyConfig(Section):
         "auto", description="fast: nn.Dropout masks drawn 4 elements per random word, p rounded to 1/65536 "
         "(about half the cost of torch's on CPU); auto: fast on CPU, torch on GPUs"
     )
-    cpu_allocator: Literal["reuse", "system"] = Field(
-        "reuse", description="reuse: freed host memory stays in the process for the next step instead of being "
-        "unmapped and page-faulted in again (glibc); system: the allocator's defaults"
+    cpu_allocator: Literal["auto", "reuse", "system"] = Field(
+        "auto", description="reuse: freed host memory stays in the process for the next step instead of being "
+        "unmapped and page-faulted in again (glibc), and the previous settings are restored at the end; system: "
+        "leave the allocator alone; auto: reuse on CPU training (where it was measured to help), system on GPUs"
     )
     memory_budget: int | str | None = Field(
         None, description="bytes (or '4GiB', '500MB') per process for train.micro_batch_size=auto; "

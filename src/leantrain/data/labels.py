@@ -224,9 +224,23 @@ def from_data(cfg: DataConfig, col: str, train: tuple[Part, LabelScan], evals: l
         problems += more
         if train_labels.ints is None and (sets := set_like([str(n) for n in seen])):
             warnings.append(f"column {col!r}: {sets}")
+        warnings += _mixed(train[0], col, seen) if train_labels.ints is None else []
     if problems:
         return None, [], warnings, problems
     return label_map, [note], warnings, []
+
+
+def _mixed(part: Part, col: str, seen: list[str]) -> list[str]:
+    """A warning when labels mix integers and other strings ("0", "1", "pos" become 3 classes)."""
+    import re
+
+    ints = [n for n in seen if re.fullmatch(r"[-+]?\d+", n.strip())]
+    others = [n for n in seen if n not in ints]
+    if not ints or not others:
+        return []
+    return [f"{part.where}: label column {col!r} mixes integers ({', '.join(map(repr, ints[:5]))}) and other names "
+            f"({', '.join(map(repr, others[:5]))}): each is a class of its own ({len(seen)} classes); if they mean "
+            "the same classes, write them one way"]
 
 
 def _named_ids(names: list[str], values: list[int]) -> tuple[LabelMap | None, str, list[str], list[str]]:

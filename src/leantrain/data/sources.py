@@ -34,6 +34,7 @@ class Source:
     data: datasets.Dataset | datasets.DatasetDict
     path: Path | None = None
     _lines: list[int] | None = field(default=None, repr=False)
+    warnings: list[str] = field(default_factory=list)  # e.g. a column name given twice, rows spanning lines
 
     def line_numbers(self) -> list[int] | None:
         """File line of each data row (CSV/TSV/JSON lines), else None (rows are then numbered from 1)."""
@@ -87,7 +88,7 @@ def quiet() -> Iterator[None]:
 # ----------------------------------------------------------------------------------------------- opening
 
 
-def open_source(spec: str, key: str | None, folder_reader=None) -> Source:  # noqa: ANN001
+def open_source(spec: str, key: str | None, folder_reader=None, quoting: str = "auto") -> Source:  # noqa: ANN001
     """Load ``spec`` (a path or a Hub name). Raises SourceError with a message that names key and file.
 
     ``folder_reader(path, spec, key) -> Source`` reads a plain folder instead of ``datasets.load_dataset``
@@ -111,20 +112,29 @@ def open_source(spec: str, key: str | None, folder_reader=None) -> Source:  # no
         if suffix not in FORMATS:
             raise SourceError(f"{pre}{path.name}: unsupported file type {suffix or '(no extension)'!r}; use "
                               ".csv, .tsv, .json, .jsonl, .parquet or a dataset folder")
-        return _open_file(path, FORMATS[suffix], key)
+        return _open_file(path, FORMATS[suffix], key, quoting)
     if suffix in FORMATS or spec.startswith(("/", "./", "../", "~")):
         raise SourceError(f"{pre}file not found: {path.resolve() if not spec.startswith('~') else path}")
     return Source(key, spec, "hub", _load_named(spec, pre, f"{spec!r} is not a local file or folder, and"))
 
 
-def _open_file(path: Path, fmt: str, key: str | None) -> Source:
+def quotes_on(quoting: str, delimiter: str) -> bool:
+    """data.quoting: auto and standard honour CSV quoting ("a<tab>b", "" for a quote) in CSV and TSV files alike
+    (GLUE's MRPC and STS-B TSVs are quoted so; reading them with quotes off would corrupt 1 text in 5); none reads
+    quote characters as text. What auto adds is the check in ``check_csv``: a quoted field holding the delimiter and
+    a line break, the signature of a stray quote merging rows, is refused with its lines."""
+    return quoting != "none"
+
+
+def _open_file(path: Path, fmt: str, key: str | None, quoting: str = "auto") -> Source:
     where = f"{key}: {path.name}" if key else path.name
-    lines, kwargs = None, {}
+    lines, kwargs, warnings = None, {}, []
     if fmt in ("csv", "tsv"):
         delimiter = "," if fmt == "csv" else "\t"
-        lines = check_csv(path, delimiter, where)
+        lines = check_csv(path, delimiter, where, quoting, warnings)
         # Only an empty field is missing: "NA", "null" and "None" are ordinary texts and labels.
-        kwargs = {"delimiter": delimiter, "keep_default_na": False, "na_values": [""]}
+        kwargs = {"delimiter": delimiter, "keep_default_na": False, "na_values": [""],
+                  "quoting": csv.QUOTE_MINIMAL if quotes_on(quoting, delimiter) else csv.QUOTE_NONE}
     elif fmt == "json" and _first_char(path) != "[":
         fmt = "jsonl"  # a .json file of JSON lines
     builder = {"tsv": "csv", "jsonl": "json"}.get(fmt, fmt)
@@ -135,7 +145,10 @@ def _open_file(path: Path, fmt: str, key: str | None) -> Source:
         diagnose = {"json": diagnose_json, "parquet": _diagnose_parquet}.get(builder)
         found = diagnose(path, where) if diagnose else None
         raise SourceError(found or f"{where}: could not be read as {fmt.upper()} ({_cause(e)})") from None
-    return Source(key, str(path), fmt, ds, path, lines)
+    if lines is not None and len(ds) != len(lines):  # the loader and the structure check must agree on the rows
+        raise SourceError(f"{where}: read {len(ds)} rows, but the file holds {len(lines)} (rows start on lines "
+                          f"{', '.join(map(str, lines[:3]))}, ...); check the quoting (data.quoting)")
+    return Source(key, str(path), fmt, ds, path, lines, warnings=warnings)
 
 
 def _load_named(name: str, pre: str, what: str) -> datasets.Dataset | datasets.DatasetDict:
@@ -165,17 +178,27 @@ def _first_char(path: Path) -> str:
 # ----------------------------------------------------------------------------------------------- diagnostics
 
 
-def check_csv(path: Path, delimiter: str, where: str) -> list[int]:
-    """The file line where each data row starts; SourceError naming the first malformed line, if any."""
+def check_csv(path: Path, delimiter: str, where: str, quoting: str = "auto", warnings: list[str] | None = None
+              ) -> list[int]:
+    """The file line where each data row starts; SourceError naming the first malformed line, if any.
+
+    With quotes on (``quotes_on``), a row that spans several lines is reported in ``warnings`` with its lines, and
+    a quoted field holding the delimiter and a line break (a stray quote merging rows) is an error unless the
+    user asked for quotes (data.quoting=standard)."""
     starts: list[int] = []
     bad: list[tuple[int, int, int]] = []  # (first line, last line, fields)
+    spans: list[tuple[int, int]] = []  # rows over several lines
+    merged: list[tuple[int, int]] = []  # ... whose text holds the delimiter and a line break
+    warnings = warnings if warnings is not None else []
     reader = None
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f, delimiter=delimiter)
+            on = quotes_on(quoting, delimiter)
+            reader = csv.reader(f, delimiter=delimiter, quoting=csv.QUOTE_MINIMAL if on else csv.QUOTE_NONE)
             header = next((row for row in reader if row), None)
             if header is None:
                 raise SourceError(f"{where} is empty (no header line)")
+            warnings += _twice(where, header)
             width, prev = len(header), reader.line_num
             for row in reader:
                 start, prev = prev + 1, reader.line_num
@@ -183,6 +206,10 @@ def check_csv(path: Path, delimiter: str, where: str) -> list[int]:
                     starts.append(start)
                     if len(row) != width:
                         bad.append((start, prev, len(row)))
+                    elif prev > start:
+                        spans.append((start, prev))
+                        if any(delimiter in v and "\n" in v for v in row):
+                            merged.append((start, prev))
     except UnicodeDecodeError:
         raise SourceError(f"{where} line {_bad_utf8_line(path)}: not valid UTF-8 text; save the file as UTF-8") from None
     except csv.Error as e:
@@ -191,7 +218,33 @@ def check_csv(path: Path, delimiter: str, where: str) -> list[int]:
         raise SourceError(_describe_bad_rows(where, bad, width, delimiter))
     if not starts:
         raise SourceError(f"{where} has no rows (only a header line)")
+    sep = "comma" if delimiter == "," else "tab"
+    if merged and quoting != "standard":
+        first, last = merged[0]
+        raise SourceError(
+            f"{where} line {first}: a quoted field runs on to line {last} and holds a {sep} and a line break: a "
+            f"stray quote character (\") merging rows? {_listing(merged)}Set data.quoting=none to read quote "
+            "characters as text, or data.quoting=standard if such fields are meant")
+    if spans:
+        warnings.append(f"{where}: {len(spans)} row{'s' if len(spans) > 1 else ''} span several lines (a quoted "
+                        f"field holds a line break): {_listing(spans, lead='')}{len(starts)} rows from "
+                        f"{reader.line_num} lines; set data.quoting=none if quotes are meant as text")
     return starts
+
+
+def _listing(spans: list[tuple[int, int]], lead: str = "rows over several lines: ") -> str:
+    shown = ", ".join(f"lines {a}-{b}" for a, b in spans[:5]) + (f" and {len(spans) - 5} more" if len(spans) > 5 else "")
+    return f"{lead}{shown}; " if len(spans) > 1 or not lead else ""
+
+
+def _twice(where: str, header: list[str]) -> list[str]:
+    """A warning per column name that the header gives more than once (the loader renames the later ones)."""
+    seen: dict[str, list[int]] = {}
+    for i, name in enumerate(header, 1):
+        seen.setdefault(name, []).append(i)
+    return [f"{where}: column {name!r} appears {len(at)} times in the header (fields {', '.join(map(str, at))}); "
+            f"the first is used as {name!r}, the others are renamed {name + '.1'!r}, ...; rename them"
+            for name, at in seen.items() if len(at) > 1]
 
 
 def _describe_bad_rows(where: str, bad: list[tuple[int, int, int]], width: int, delimiter: str) -> str:

@@ -48,6 +48,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     if eval_part is not None:
         problems += cols_.check_present(eval_part, chosen)
     warnings, more = _check_texts(parts, chosen)
+    warnings = source_warnings(parts) + warnings
     problems += more
     label_map, label_notes, label_warnings, more = _labels(cfg, chosen["label"], parts, known_labels)
     notes, warnings, problems = notes + label_notes, warnings + label_warnings, problems + more
@@ -67,9 +68,23 @@ def prepared(cfg: DataConfig, train, evaluation, label_map, chosen, notes, warni
         train, evaluation = _hold_out(train, cfg.eval_fraction, seed, notes)
     train = _first(train, cfg.max_train_samples, "data.max_train_samples", "training", notes)
     evaluation = _first(evaluation, cfg.max_eval_samples, "data.max_eval_samples", "eval", notes)
+    _one_class(train, label_map, chosen)
     if len(train) < batch_size:
         warnings.append(f"only {len(train)} training examples, fewer than one batch (train.batch_size={batch_size})")
     return PreparedData(train, evaluation, label_map.names, chosen, notes, warnings)
+
+
+def _one_class(train: datasets.Dataset, label_map, chosen) -> None:  # noqa: ANN001
+    """A classifier needs two classes in its training data: one class trains to loss 0 and accuracy 1.0."""
+    if "label" not in train.column_names or len(train) == 0:
+        return
+    ids = pc.unique(train.with_format("arrow")["label"]).to_pylist()
+    if len(ids) == 1:
+        name = label_map.names[ids[0]] if 0 <= ids[0] < len(label_map.names) else ids[0]
+        col = chosen.get("label") or "label"
+        raise _error([f"data.train: every training row has the same label, {name!r} in column {col!r}: a classifier "
+                      "needs at least 2 classes in its training data (is data.label_column the right column? did "
+                      "data.max_train_samples or the eval hold-out leave one class?)"])
 
 
 def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels: list[str] | None
@@ -79,6 +94,7 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels:
     problems = [f"{part.where} has no rows"] if len(part.ds) == 0 else []
     chosen, notes, more = cols_.detect(cfg, part, need_label=require_labels)
     warnings, texts = _check_texts([part], chosen)
+    warnings = source_warnings([part]) + warnings
     problems += more + texts
     label_map, label_notes, more = rows_labels(cfg, part, chosen, known_labels, require_labels)
     notes += label_notes
@@ -94,7 +110,7 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels:
 def open_rows(path: str, cfg: DataConfig, folder_reader=None) -> Part:  # noqa: ANN001
     """The one split of ``path`` that predict / eval read (validation, then test, or data.eval_split)."""
     try:
-        source = open_source(path, None, folder_reader)
+        source = open_source(path, None, folder_reader, quoting=cfg.quoting)
         wanted = [cfg.eval_split] if cfg.eval_split else ["validation", "test"]
         part = pick_split(source, wanted, setting="data.eval_split" if cfg.eval_split else None, single_ok=True)
     except SourceError as e:
@@ -103,6 +119,14 @@ def open_rows(path: str, cfg: DataConfig, folder_reader=None) -> Part:  # noqa: 
         raise _error([f"{path}: several splits ({', '.join(source.data)}) and none is named validation or test; "
                       "set data.eval_split"])
     return part
+
+
+def source_warnings(parts: list[Part]) -> list[str]:
+    """What opening the files found (a column name twice, rows over several lines), once per source."""
+    out: list[str] = []
+    for source in {id(p.source): p.source for p in parts}.values():
+        out += [w for w in source.warnings if w not in out]
+    return out
 
 
 def _error(problems: list[str]) -> DataError:
@@ -117,7 +141,7 @@ def _open_parts(cfg: DataConfig, train_spec: str, eval_spec: str | None, notes: 
     sources = {}
     for key, spec in (("data.train", train_spec), ("data.eval", eval_spec)):
         try:
-            sources[key] = open_source(spec, key, folder_reader) if spec is not None else None
+            sources[key] = open_source(spec, key, folder_reader, quoting=cfg.quoting) if spec is not None else None
         except SourceError as e:
             problems.append(str(e))
     if problems:

@@ -7,19 +7,19 @@ import numpy as np
 import torch
 
 from leantrain.engine.step import model_inputs, per_example_loss
+from leantrain.metric_names import metric_names
 
 
 def classification_metrics(preds: np.ndarray, labels: np.ndarray, losses: np.ndarray | None, num_labels: int) -> dict:
     from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-    out = {
-        "accuracy": float(accuracy_score(labels, preds)),
-        "f1_macro": float(f1_score(labels, preds, average="macro", labels=list(range(num_labels)), zero_division=0)),
+    compute = {  # one entry per name of metric_names(): the config checks train.stop_when against those names
+        "accuracy": lambda: accuracy_score(labels, preds),
+        "f1_macro": lambda: f1_score(labels, preds, average="macro", labels=list(range(num_labels)), zero_division=0),
+        "mcc": lambda: matthews_corrcoef(labels, preds),
+        "loss": lambda: losses.mean(),
     }
-    if num_labels == 2:
-        out["mcc"] = float(matthews_corrcoef(labels, preds))
-    if losses is not None:
-        out["loss"] = float(losses.mean())
+    out = {name: float(compute[name]()) for name in metric_names(num_labels) if name != "loss" or losses is not None}
     out["samples"] = int(len(labels))
     return out
 

@@ -25,6 +25,7 @@ from leantrain.engine.faults import FaultInjector
 from leantrain.engine.hostmem import host_memory
 from leantrain.engine.inputs import prepare_inputs
 from leantrain.engine.nonfinite import NonFiniteGuard
+from leantrain.preflight import check_stop_when
 from leantrain.engine.resume import apply_rng, decide, prior_records, restore
 from leantrain.engine.setup import (attach_trackers, default_output_dir, device_type, make_accelerator, setup_logging,
                                     step_plan)
@@ -63,7 +64,10 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
 
 def train(cfg: Config) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; returns the summary (also written to output_dir/summary.json)."""
-    with host_memory(cfg.efficiency.cpu_allocator) as allocator:
+    from leantrain.preflight import check_train
+
+    cfg = check_train(cfg)  # output_dir writable, data.max_length within the model's limit: before any work
+    with host_memory(cfg.efficiency.cpu_allocator, device_type()) as allocator:
         return _train(cfg, allocator)
 
 
@@ -86,6 +90,7 @@ def _train(cfg: Config, allocator: str) -> dict:
     set_seed(cfg.train.seed)
 
     inputs = prepare_inputs(cfg, accelerator)
+    check_stop_when(cfg, len(inputs.label_names))  # eval.mcc is for 2 classes
     plan = step_plan(cfg, len(inputs.train), accelerator.num_processes)
     for note in plan.notes:
         log.info(note)

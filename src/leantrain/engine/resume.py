@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from leantrain.config import Config
 from leantrain.engine.checkpoint import ROOT, complete_checkpoints, rank_file, set_rng_state, verify
 from leantrain.engine.state_io import StateFormatError, load_state
 from leantrain.errors import UserError
@@ -24,7 +25,7 @@ from leantrain.errors import UserError
 log = logging.getLogger("leantrain")
 
 # config keys (or prefixes ending in '.') that cannot change what is computed
-HARMLESS = ("output_dir", "report.", "train.log_every_steps", "train.eval_every_steps", "train.eval_batch_size",
+HARMLESS = ("output_dir", "report.", "efficiency.cpu_allocator", "train.log_every_steps", "train.eval_every_steps", "train.eval_batch_size",
             "train.warmup_steps_excluded", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.resume",
             "checkpoint.allow_inexact_resume", "data.num_workers")
 # config keys whose change makes a resume inexact: allowed only with checkpoint.allow_inexact_resume
@@ -69,10 +70,13 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 def config_diff(old: dict, new: dict) -> tuple[list[str], list[str]]:
     """(blocking differences, inexact differences) as 'key: old -> new' lines; harmless keys are ignored."""
     a, b = _flat(old), _flat(new)
+    defaults = _flat(Config().to_dict())
     blocking, inexact = [], []
     for key in sorted(set(a) | set(b)):
         if any(key == h or (h.endswith(".") and key.startswith(h)) for h in HARMLESS):
             continue
+        if key not in a and key in defaults and json.dumps(b.get(key)) == json.dumps(defaults[key]):
+            continue  # a key added to leantrain since the checkpoint was written, at its default: nothing changed
         if a.get(key) != b.get(key) and json.dumps(a.get(key)) != json.dumps(b.get(key)):
             line = f"{key}: {a.get(key)!r} -> {b.get(key)!r}"
             (inexact if key in INEXACT else blocking).append(line + (f" ({INEXACT[key]})" if key in INEXACT else ""))

@@ -46,6 +46,9 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     from leantrain.modeling import build_model
 
     cfg = resolve(source, overrides)
+    from leantrain.preflight import check_max_length
+
+    cfg = check_max_length(cfg)  # data.max_length within the model's position limit
     if nproc < 1:
         from leantrain.errors import UserError
         raise UserError(f"--nproc must be at least 1 (got {nproc})")

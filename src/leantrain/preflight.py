@@ -1,0 +1,145 @@
+"""Checks made before any work (before a worker process starts, a model loads or data is tokenised), each failing
+with a UserError (exit status 2) that names the key or option and the value: what the model's position limit
+allows for ``data.max_length``, whether ``output_dir`` / ``--output`` can be written, that a model folder has
+weights leantrain will load, and that ``train.stop_when`` names a metric evaluation reports for this data.
+See docs/exit-codes.md."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from leantrain.errors import ConfigError, UserError
+
+log = logging.getLogger("leantrain")
+
+# Where a config keeps its position limit, in the order transformers' configs use them.
+POSITION_ATTRS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
+# Models whose position ids start after the padding index (RoBERTa's 514 positions hold 512 tokens).
+PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text",
+                        "ibert", "luke", "markuplm", "roberta-prelayernorm", "xmod", "mpnet", "bart", "mbart"}
+
+
+def position_limit(config) -> tuple[int, str] | None:  # noqa: ANN001 - a transformers PretrainedConfig
+    """(tokens per example the model can take, where that number comes from), or None when the config has none."""
+    for attr in POSITION_ATTRS:
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            kind = getattr(config, "model_type", "")
+            if kind in PADDING_OFFSET_TYPES and kind not in ("bart", "mbart"):
+                pad = getattr(config, "pad_token_id", None) or 0
+                return value - pad - 1, f"{attr}={value} minus the padding offset {pad + 1}"
+            return value, f"{attr}={value}"
+    return None
+
+
+def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, transformers config
+    """``cfg`` with ``data.max_length`` within the model's position limit (text models only).
+
+    Set explicitly above the limit: ConfigError naming both numbers. Left at its default (128) above a small
+    model's limit: lowered to the limit, with a log note. Returns the (possibly updated) config."""
+    from leantrain.tasks import TEXT, resolve_task
+
+    if resolve_task(cfg) != TEXT:
+        return cfg
+    if config is None:
+        from leantrain.modeling import load_config
+
+        config = load_config(cfg.model)
+    found = position_limit(config)
+    if found is None:
+        return cfg
+    limit, source = found
+    limit = min(limit, cfg.model.config_overrides.get("max_position_embeddings", limit))
+    asked = cfg.data.max_length
+    if asked <= limit:
+        return cfg
+    if "max_length" in cfg.data.model_fields_set:
+        raise ConfigError(
+            f"data.max_length={asked} is more than the model takes: its config has {source}, so at most {limit} "
+            f"tokens per example; set data.max_length={limit} or less")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"leantrain: note: data.max_length: {limit} tokens per example, the model's limit ({source}); the "
+              f"default {asked} is more than it takes", file=sys.stderr)
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"max_length": limit})})
+
+
+def check_stop_when(cfg, num_labels: int) -> None:  # noqa: ANN001
+    """train.stop_when must name a metric evaluation reports for ``num_labels`` classes (mcc: 2 only)."""
+    from leantrain.config.sections import check_metric, parse_stop_when
+
+    for key, value in (("train.stop_when", cfg.train.stop_when), ("checkpoint.best_metric", cfg.checkpoint.best_metric)):
+        if value is None:
+            continue
+        name = parse_stop_when(value)[0] if key == "train.stop_when" else value.removeprefix("eval.")
+        try:
+            check_metric(name, num_labels)
+        except ValueError as e:
+            raise ConfigError(f"{key}={value}: {e}") from None
+
+
+def _nearest_existing(path: Path) -> Path:
+    for p in (path, *path.parents):
+        if p.exists():
+            return p
+    return Path(".")
+
+
+def check_writable_dir(path: str | Path, what: str) -> None:
+    """``what`` (e.g. 'output_dir=runs/x') names a folder that exists or can be created, and can be written."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{what}: {p} exists and is not a folder; choose another output_dir (or remove the file)")
+    base = _nearest_existing(p.absolute())
+    if not base.is_dir():
+        raise UserError(f"{what}: {base} is a file, so the folder {p} cannot be created")
+    try:  # the only reliable test (root passes os.access on /proc and /sys): create and remove a folder there
+        probe = tempfile.mkdtemp(prefix=".leantrain-probe-", dir=base)
+        os.rmdir(probe)
+    except OSError as e:
+        raise UserError(f"{what}: cannot write in {base} ({e.strerror or e}); choose a folder you can write to"
+                        ) from None
+
+
+def check_output_file(path: str | Path, option: str, example: str = "predictions.jsonl") -> None:
+    """A file to be written (``predict --output``): not a folder, and its folder writable."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise UserError(f"{option} {path}: is a folder; give a file name in it, e.g. {p / example}")
+    check_writable_dir(p.parent if str(p.parent) else ".", f"{option} {path}")
+
+
+def check_weights(folder: str, allow_pickle: bool, key: str = "model") -> None:
+    """A local model folder holding only pickle weights (*.bin, *.pt) is refused unless allowed."""
+    p = Path(folder)
+    if allow_pickle or not p.is_dir():
+        return
+    if any(p.glob("*.safetensors")) or any(p.glob("*.safetensors.index.json")):
+        return
+    pickled = sorted(f.name for f in p.iterdir() if f.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+    if pickled:
+        raise UserError(
+            f"{key} {folder}: only pickle weights ({', '.join(pickled[:3])}); leantrain refuses pickle files by "
+            "default because loading them can run code. If you trust the source, set model.allow_pickle=true")
+    raise UserError(f"{key} {folder}: no model weights (*.safetensors) in this folder")
+
+
+def check_train(cfg, data=None, world_size: int = 1):  # noqa: ANN001 - Config, PreparedData
+    """Everything checkable before a worker or model starts; returns ``cfg`` (data.max_length maybe lowered).
+
+    ``data`` (validated, from validate_data) adds the checks that need the labels and the row count."""
+    if cfg.output_dir is not None:
+        check_writable_dir(cfg.output_dir, f"output_dir={cfg.output_dir}")
+    else:
+        check_writable_dir("runs", "output_dir (unset: runs/<date-time>)")
+    cfg = check_max_length(cfg)
+    if data is not None:
+        check_stop_when(cfg, len(data.label_names))
+        if world_size > 1:  # batch arithmetic over the processes, before they start
+            from leantrain.engine.setup import step_plan
+
+            step_plan(cfg, len(data.train), world_size)
+    return cfg
