@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import write_rows
+from tests.helpers import write_rows
 from leantrain.cli import main
 from leantrain.config import resolve
 from leantrain.errors import ConfigError, UserError
