@@ -17,7 +17,7 @@ from leantrain.cli import main
 from leantrain.config import DataConfig, resolve
 from leantrain.data import audio, image
 from leantrain.errors import DataError
-from leantrain.tasks import resolve_task
+from leantrain.modeling import resolve_task
 
 CLASSES4 = ["airplane", "automobile", "frog", "ship"]
 VIT = ["model.config_type=vit", "model.config_overrides.image_size=32", "model.config_overrides.patch_size=8",

@@ -11,7 +11,10 @@ import torch
 from leantrain.engine.distributed import full_state_dict
 from leantrain.modeling import PACKAGED_MODEL
 from leantrain.perf.memory import device_memory, peak_rss_bytes
+from leantrain.report.card import write_model_card
 from leantrain.report.logs import write_json
+from leantrain.report.plots import plot_loss_curve
+from leantrain.version import __version__
 
 log = logging.getLogger("leantrain")
 
@@ -21,9 +24,7 @@ def versions() -> dict[str, str]:
     import datasets
     import transformers
 
-    import leantrain
-
-    return {"leantrain": leantrain.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+    return {"leantrain": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "accelerate": accelerate.__version__, "datasets": datasets.__version__}
 
 
@@ -36,7 +37,7 @@ def peak_memory(accelerator) -> dict[str, int]:
     return {k: int(v) for k, v in zip(keys, peak.tolist())}
 
 
-def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds,
+def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, layout, last_eval, records, wall_seconds,
                  distributed: dict, optim_state: dict | None = None, extra: dict | None = None,
                  extra_train: dict | None = None, efficiency: dict | None = None) -> dict:
     """``extra``: sections merged into the summary (e.g. {"train": {"steps": ...}, "best": {...}});
@@ -50,7 +51,7 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
         "eval": last_eval,
         "train": {
             "steps": meter.steps,
-            "epochs": round(meter.steps / plan.steps_per_epoch, 4),
+            "epochs": round(meter.steps / layout.steps_per_epoch, 4),
             "samples": meter.all_samples,
             "samples_per_second": meter.samples_per_second,
             "tokens_per_second": meter.tokens_per_second,
@@ -58,9 +59,9 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
             "warmup_steps_excluded": min(meter.skip, meter.steps) if meter.steps > meter.skip else 0,
             "loop_seconds": meter.all_time,
             "wall_seconds": wall_seconds,
-            "batch_size": plan.batch_size,
-            "micro_batch_size": plan.micro_batch_size,
-            "accumulation_steps": plan.accum,
+            "batch_size": layout.batch_size,
+            "micro_batch_size": layout.micro_batch_size,
+            "accumulation_steps": layout.accum,
             "final_loss": next((r["loss"] for r in reversed(records) if r.get("type") == "train"), None),
             **memory,
             **(extra_train or {}),
@@ -94,14 +95,10 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
 
 
 def _report_files(cfg, out: Path, model_dir: Path, inputs, summary: dict, records: list) -> None:
-    from leantrain.report.card import write_model_card
-
     base = inputs.model_name if cfg.model.config or cfg.model.config_type else cfg.model.name or PACKAGED_MODEL
     write_model_card(model_dir, base_model=base, label_names=inputs.label_names, summary=summary,
                      config=cfg.to_dict(), task=inputs.task)
     if cfg.report.plots:
-        from leantrain.report.plots import plot_loss_curve
-
         plot_loss_curve(records, out / "loss_curve.png", title=f"{inputs.model_name} — {out.name}")
 
 

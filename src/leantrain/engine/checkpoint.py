@@ -138,15 +138,15 @@ def data_fingerprint(dataset) -> str:
 class Checkpointer:
     """Saves checkpoints of the run every ``checkpoint.every_steps`` optimizer steps; keeps the newest ``keep``."""
 
-    def __init__(self, cfg, accelerator, out: Path, plan, fingerprint: str):
-        self.cfg, self.accelerator, self.plan, self.fingerprint = cfg, accelerator, plan, fingerprint
+    def __init__(self, cfg, accelerator, out: Path, layout, fingerprint: str):
+        self.cfg, self.accelerator, self.layout, self.fingerprint = cfg, accelerator, layout, fingerprint
         self.root = Path(out) / ROOT
         self.every = cfg.checkpoint.every_steps
         self.keep = cfg.checkpoint.keep
         self.last: Path | None = None
 
     def due(self, step: int) -> bool:
-        return self.every > 0 and step % self.every == 0 and step < self.plan.total_steps
+        return self.every > 0 and step % self.every == 0 and step < self.layout.total_steps
 
     def save(self, step: int, model, optimizer, scheduler, *, epoch: int, running, running_count: int,
              extra: dict) -> Path:
@@ -182,7 +182,7 @@ class Checkpointer:
         tmp = folder.with_name(".tmp-nonfinite-state")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self._save_shared(tmp, step, model, optimizer, scheduler, step // self.plan.steps_per_epoch,
+        self._save_shared(tmp, step, model, optimizer, scheduler, step // self.layout.steps_per_epoch,
                           {"diagnostic": "last finite state before a non-finite step"})
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
@@ -198,12 +198,12 @@ class Checkpointer:
         save_state(scheduler.state_dict(), tmp, "scheduler")
         if getattr(acc, "scaler", None) is not None:
             save_state(acc.scaler.state_dict(), tmp, "scaler")
-        plan = self.plan
+        layout = self.layout
         trainer = {
-            "format": FORMAT, "step": step, "epoch": epoch, "step_in_epoch": step - epoch * plan.steps_per_epoch,
-            "steps_per_epoch": plan.steps_per_epoch, "total_steps": plan.total_steps,
-            "world_size": acc.num_processes, "global_batch": plan.batch_size, "micro_batch": plan.micro_batch_size,
-            "accumulation": plan.accum, "data_fingerprint": self.fingerprint, **extra,
+            "format": FORMAT, "step": step, "epoch": epoch, "step_in_epoch": step - epoch * layout.steps_per_epoch,
+            "steps_per_epoch": layout.steps_per_epoch, "total_steps": layout.total_steps,
+            "world_size": acc.num_processes, "global_batch": layout.batch_size, "micro_batch": layout.micro_batch_size,
+            "accumulation": layout.accum, "data_fingerprint": self.fingerprint, **extra,
         }
         save_state(trainer, tmp, "trainer_state")
         save_state(self.cfg.to_dict(), tmp, "config")

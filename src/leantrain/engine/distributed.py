@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from leantrain.modeling.switches import repeated_blocks
 from leantrain.optim import fused_torch_optimizer
 
 log = logging.getLogger("leantrain")
@@ -67,16 +68,6 @@ def time_allreduce(model, stats: CommStats) -> None:
 # ----------------------------------------------------------------------------------------------- FSDP
 
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks to shard one by one: the model's _no_split_modules, else the longest ModuleList."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
-    if blocks:
-        return blocks
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1]
-    return list(max(lists, key=len)) if lists else []
-
-
 def apply_fsdp(model: nn.Module, accelerator) -> nn.Module:
     """Shard parameters, gradients and optimizer state over the processes with FSDP2 (``fully_shard``).
 
@@ -89,7 +80,7 @@ def apply_fsdp(model: nn.Module, accelerator) -> nn.Module:
 
     mesh = init_device_mesh(accelerator.device.type, (accelerator.num_processes,))
     model.to(accelerator.device)
-    for block in _blocks(model):
+    for block in repeated_blocks(model):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     if accelerator.mixed_precision != "no":

@@ -12,6 +12,7 @@ import torch
 from leantrain.config import EfficiencyConfig
 from leantrain.engine.dropout import resolve_dropout, use_fast_dropout
 from leantrain.errors import ConfigError
+from leantrain.modeling.switches import enable_checkpointing
 
 log = logging.getLogger("leantrain")
 
@@ -91,18 +92,6 @@ def apply_model_switches(model, eff: EfficiencyConfig, device_type: str) -> list
         enable_checkpointing(model)
         notes.append("gradient checkpointing: on (non-reentrant; activations recomputed in backward)")
     return notes
-
-
-def enable_checkpointing(model) -> None:
-    """Non-reentrant gradient checkpointing on a transformers model (ConfigError if it has none)."""
-    if not getattr(model, "supports_gradient_checkpointing", False):
-        raise ConfigError(f"efficiency.gradient_checkpointing: {type(model).__name__} does not support it")
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name; the old one warns
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model.config.use_cache = False
 
 
 def compile_model(model, eff: EfficiencyConfig) -> list[str]:

@@ -22,20 +22,21 @@ from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switc
                                          resolve_precision)
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
-from leantrain.engine.hostmem import host_memory
-from leantrain.engine.inputs import prepare_inputs
+from leantrain.engine.host_allocator import host_memory
+from leantrain.engine.training_data import prepare_training_data
 from leantrain.engine.nonfinite import NonFiniteGuard
 from leantrain.engine.resume import apply_rng, decide, prior_records, restore
-from leantrain.engine.setup import (attach_trackers, default_output_dir, device_type, make_accelerator, setup_logging,
-                                    step_plan)
+from leantrain.engine.accelerator import (attach_trackers, default_output_dir, device_type, make_accelerator,
+                                          setup_logging)
+from leantrain.engine.batch_layout import batch_layout
 from leantrain.engine.step import train_step
-from leantrain.data.loaders import epoch_plan, train_loader
+from leantrain.data.loaders import epoch_micro_batches, train_loader
 from leantrain.modeling import build_model, parameter_counts
 from leantrain.optim import build_optimizer, build_scheduler, state_report
 from leantrain.optim.state import describe as describe_optim_state
 from leantrain.perf.flops import MfuMeter
 from leantrain.perf.meter import PhaseClock, Throughput
-from leantrain.perf.plan import auto_micro_batch
+from leantrain.perf.auto_micro_batch import auto_micro_batch
 from leantrain.perf.profile import StepProfiler
 from leantrain.report.logs import MetricsLog
 from leantrain.report.progress import Progress
@@ -85,9 +86,9 @@ def _train(cfg: Config, allocator: str) -> dict:
         return decision.summary
     set_seed(cfg.train.seed)
 
-    inputs = prepare_inputs(cfg, accelerator)
-    plan = step_plan(cfg, len(inputs.train), accelerator.num_processes)
-    for note in plan.notes:
+    inputs = prepare_training_data(cfg, accelerator)
+    layout = batch_layout(cfg, len(inputs.train), accelerator.num_processes)
+    for note in layout.notes:
         log.info(note)
 
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
@@ -97,25 +98,25 @@ def _train(cfg: Config, allocator: str) -> dict:
              counts["total"] / 1e6, counts["trainable"] / 1e6)
     notes = apply_model_switches(model, cfg.efficiency, accelerator.device.type)
     if cfg.train.micro_batch_size == "auto":
-        plan = step_plan(cfg, len(inputs.train), accelerator.num_processes,
-                         auto_micro_batch(cfg, model, inputs, accelerator, plan))
-        notes += plan.notes
+        layout = batch_layout(cfg, len(inputs.train), accelerator.num_processes,
+                         auto_micro_batch(cfg, model, inputs, accelerator, layout, precision))
+        notes += layout.notes
     notes += compile_model(model, cfg.efficiency)
     for note in notes:
         log.info(note)
     model.train()
-    model, optimizer, scheduler, eval_dl, comm = _prepare(cfg, accelerator, model, plan, inputs)
+    model, optimizer, scheduler, eval_dl, comm = _prepare(cfg, accelerator, model, layout, inputs)
     attach_trackers(cfg, accelerator, out)
 
-    ckpt = Checkpointer(cfg, accelerator, out, plan, data_fingerprint(inputs.train))
-    state = restore(decision, cfg, accelerator, plan, ckpt.fingerprint, model, optimizer, scheduler)
+    ckpt = Checkpointer(cfg, accelerator, out, layout, data_fingerprint(inputs.train))
+    state = restore(decision, cfg, accelerator, layout, ckpt.fingerprint, model, optimizer, scheduler)
     metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator,
                              prior=prior_records(out, state) if accelerator.is_main_process else None)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
     mean_tokens = float(np.mean(inputs.token_lengths)) if inputs.token_lengths is not None else 0.0
     flops = MfuMeter(accelerator.unwrap_model(model).config, counts["non_embedding"], mean_tokens,
                      accelerator.device, precision, accelerator.num_processes)  # MFU is for token models only
-    loop = Loop(cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter, ckpt, state,
+    loop = Loop(cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, layout, metrics_log, meter, ckpt, state,
                 flops)
     apply_rng(state, cfg, accelerator)
     profiler = StepProfiler(cfg.efficiency.profile, out / "profile", active=cfg.efficiency.profile_steps,
@@ -132,7 +133,7 @@ def _train(cfg: Config, allocator: str) -> dict:
     if cfg.checkpoint.save_model == "best":
         last_eval = loop.best.load_into(model) or last_eval
     summary = save_outputs(
-        cfg, accelerator, model, inputs, counts=counts, meter=meter, plan=plan, last_eval=last_eval,
+        cfg, accelerator, model, inputs, counts=counts, meter=meter, layout=layout, last_eval=last_eval,
         records=metrics_log.records, wall_seconds=time.perf_counter() - t_start,
         distributed=distributed_summary(cfg, accelerator, model, comm, meter), optim_state=loop.optim_state,
         extra_train={**flops.summary(meter.tokens_per_second), "time_split_seconds": loop.clock.summary()},
@@ -141,7 +142,7 @@ def _train(cfg: Config, allocator: str) -> dict:
                     "dropout_applied": resolve_dropout(cfg.efficiency.dropout, accelerator.device.type),
                     "attn_implementation": accelerator.unwrap_model(model).config._attn_implementation,
                     "compile_seconds": compile_seconds() if cfg.efficiency.compile else None},
-        extra={"train": {"steps": step, "epochs": round(step / plan.steps_per_epoch, 4),
+        extra={"train": {"steps": step, "epochs": round(step / layout.steps_per_epoch, 4),
                          "resumed_from_step": state.step if state.resumed_from else None,
                          "skipped_steps": loop.guard.skipped},
                "best": loop.best.summary()},
@@ -152,7 +153,7 @@ def _train(cfg: Config, allocator: str) -> dict:
     return summary
 
 
-def _prepare(cfg, accelerator, model, plan, inputs):
+def _prepare(cfg, accelerator, model, layout, inputs):
     """Model, optimizer, schedule and eval data placed and wrapped for the strategy (DDP via Accelerate's
     prepare; FSDP2 shards before the optimizer is built, so the optimizer state is sharded too)."""
     strategy = strategy_name(cfg, accelerator.num_processes)
@@ -160,8 +161,8 @@ def _prepare(cfg, accelerator, model, plan, inputs):
     if strategy == "fsdp":
         model = apply_fsdp(model, accelerator)
     optimizer = build_optimizer(model, cfg.optim, cfg.train.lr)
-    scheduler = build_scheduler(optimizer, cfg.optim, plan.total_steps)
-    eval_dl = inputs.eval_loader(plan.micro_batch_size)
+    scheduler = build_scheduler(optimizer, cfg.optim, layout.total_steps)
+    eval_dl = inputs.eval_loader(layout.micro_batch_size)
     if strategy == "fsdp":
         optimizer, scheduler, eval_dl = accelerator.prepare(optimizer, scheduler, eval_dl)
     else:
@@ -171,11 +172,11 @@ def _prepare(cfg, accelerator, model, plan, inputs):
     return model, optimizer, scheduler, eval_dl, comm
 
 
-def _eval_due(every: int, step: int, plan) -> bool:
+def _eval_due(every: int, step: int, layout) -> bool:
     """Every N steps, or at each epoch's end when N is 0; the final evaluation is made after the loop."""
-    if step >= plan.total_steps:
+    if step >= layout.total_steps:
         return False
-    return step % (every or plan.steps_per_epoch) == 0
+    return step % (every or layout.steps_per_epoch) == 0
 
 
 def _log_step(accelerator, model, running, count, grad_norm, lr, meter, step, epoch) -> dict:
@@ -217,11 +218,11 @@ class Loop:
     """The epoch / step iteration with its running state (step, epoch, loss accumulated on device), resumed from
     ``state`` (a fresh start or a checkpoint), with checkpoints, the best model and the non-finite guard."""
 
-    def __init__(self, cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter,
+    def __init__(self, cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, layout, metrics_log, meter,
                  ckpt, state, flops):
         self.cfg, self.accelerator, self.model = cfg, accelerator, model
         self.optimizer, self.scheduler, self.eval_dl = optimizer, scheduler, eval_dl
-        self.inputs, self.plan, self.metrics_log, self.meter = inputs, plan, metrics_log, meter
+        self.inputs, self.layout, self.metrics_log, self.meter = inputs, layout, metrics_log, meter
         self.ckpt, self.state, self.flops = ckpt, state, flops
         self.clock = PhaseClock()
         self.host_is_device = accelerator.device.type == "cpu"  # compute/optimizer split without any device sync
@@ -229,20 +230,20 @@ class Loop:
         self.step, self.epoch = state.step, state.epoch
         self.last_eval, self.eval_step = state.last_eval, state.eval_step
         self.running, self.running_count, self.grad_norm = state.running, state.running_count, None
-        self.guard = NonFiniteGuard(cfg, accelerator, Path(cfg.output_dir), self.lengths, plan,
+        self.guard = NonFiniteGuard(cfg, accelerator, Path(cfg.output_dir), self.lengths, layout,
                                     lambda: ckpt.last or state.resumed_from)
         self.step_optimizer = self.guard.optimizer(optimizer)
         self.guard.save_diagnostic = lambda last: ckpt.save_diagnostic(last, model, optimizer, scheduler)
-        self.best = BestModel(cfg, accelerator, Path(cfg.output_dir), inputs.tokenizer, state.best)
+        self.best = BestModel(cfg, accelerator, Path(cfg.output_dir), inputs.processor, state.best)
         self.faults = FaultInjector(accelerator.process_index)
         self.stopped = False
         self.optim_state = None
-        self.progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress,
+        self.progress = Progress(layout.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress,
                                  initial=state.step)
 
     @property
     def done(self) -> bool:
-        return self.step >= self.plan.total_steps or self.stopped or self.best.should_stop
+        return self.step >= self.layout.total_steps or self.stopped or self.best.should_stop
 
     def run(self, lsgd=None, profiler=None) -> None:
         self.profiler = profiler
@@ -252,20 +253,20 @@ class Loop:
         self.progress.close()
 
     def run_epoch(self, lsgd) -> None:
-        cfg, plan, acc = self.cfg, self.plan, self.accelerator
+        cfg, layout, acc = self.cfg, self.layout, self.accelerator
         start = self.state.start_step if self.epoch == self.state.epoch else 0
-        mb_plan = epoch_plan(self.inputs.train, batch_size=plan.batch_size, seed=cfg.train.seed, epoch=self.epoch,
+        micro_batches = epoch_micro_batches(self.inputs.train, batch_size=layout.batch_size, seed=cfg.train.seed, epoch=self.epoch,
                              batching=cfg.data.batching, group_size=cfg.data.group_size, drop_last=cfg.data.drop_last,
-                             rank=acc.process_index, world_size=plan.world_size, accum=plan.accum, start_step=start)
-        batches = iter(train_loader(self.inputs.train, mb_plan, self.inputs.collator,
+                             rank=acc.process_index, world_size=layout.world_size, accum=layout.accum, start_step=start)
+        batches = iter(train_loader(self.inputs.train, micro_batches, self.inputs.collator,
                                     num_workers=cfg.data.num_workers, pin_memory=acc.device.type == "cuda"))
-        for global_batch in mb_plan.batches[start:]:
+        for global_batch in micro_batches.batches[start:]:
             if self.done:
                 return
             self.meter.start_step()
             self.clock.start()
             with record_function("data"):
-                micro = self.guard.inject([_to_device(next(batches), acc.device) for _ in range(plan.accum)],
+                micro = self.guard.inject([_to_device(next(batches), acc.device) for _ in range(layout.accum)],
                                           self.step + 1)
             self.clock.lap("data")
             self.lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (host value, no sync)
@@ -292,17 +293,17 @@ class Loop:
     def after_step(self) -> None:
         cfg, step = self.cfg, self.step
         logged = None
-        if step % cfg.train.log_every_steps == 0 or step == self.plan.total_steps:
+        if step % cfg.train.log_every_steps == 0 or step == self.layout.total_steps:
             self.guard.check()
             with record_function("logging"):
                 logged = _log_step(self.accelerator, self.model, self.running, self.running_count, self.grad_norm,
-                                   self.lr, self.meter, step, epoch=step / self.plan.steps_per_epoch)
+                                   self.lr, self.meter, step, epoch=step / self.layout.steps_per_epoch)
             logged["mfu"] = self.flops.of(logged["tokens_per_second"])
             self.metrics_log.write(logged)
             self.running.zero_()
             self.running_count = 0
         self.progress.update(step, {k: logged[k] for k in ("loss", "lr", "samples_per_second")} if logged else None)
-        if _eval_due(cfg.train.eval_every_steps, step, self.plan):
+        if _eval_due(cfg.train.eval_every_steps, step, self.layout):
             self.last_eval = _evaluate(self.model, self.eval_dl, self.accelerator, self.inputs, step,
                                        self.metrics_log, self.progress, self.meter)
             self.eval_step = step

@@ -76,9 +76,9 @@ class _FreezeOnBad:
 
 
 class NonFiniteGuard:
-    def __init__(self, cfg, accelerator, out: Path, lengths, plan, last_checkpoint):
+    def __init__(self, cfg, accelerator, out: Path, lengths, layout, last_checkpoint):
         self.mode = cfg.train.nonfinite
-        self.cfg, self.accelerator, self.out, self.lengths, self.plan = cfg, accelerator, Path(out), lengths, plan
+        self.cfg, self.accelerator, self.out, self.lengths, self.layout = cfg, accelerator, Path(out), lengths, layout
         self.last_checkpoint = last_checkpoint  # () -> Path | None
         dev = accelerator.device
         self.first_bad = torch.full((), -1, dtype=torch.long, device=dev)
@@ -140,7 +140,7 @@ class NonFiniteGuard:
         loss_sum, norm = self.bad_values.tolist()
         frozen = self.save_diagnostic(step - 1) if self.freezes and self.save_diagnostic else None
         last = self.last_checkpoint()
-        diag = {"step": step, "ranks": ranks, "epoch": (step - 1) // self.plan.steps_per_epoch,
+        diag = {"step": step, "ranks": ranks, "epoch": (step - 1) // self.layout.steps_per_epoch,
                 "loss_sum_on_rank": loss_sum if self.accelerator.process_index in ranks else None,
                 "grad_norm": norm if self.cfg.train.max_grad_norm is not None else None,
                 **self.batch_of(step), "last_finite_checkpoint": str(last) if last else None,
@@ -157,13 +157,13 @@ class NonFiniteGuard:
              "train.nonfinite=skip_step skips such updates instead"])
 
     def batch_of(self, step: int) -> dict:
-        """The global batch of optimizer step ``step`` (1-based) and each process's part, from the pure batch plan."""
-        plan, d = self.plan, self.cfg.data
-        epoch, index = divmod(step - 1, plan.steps_per_epoch)
-        batches = epoch_batches(self.lengths, plan.batch_size, seed=self.cfg.train.seed, epoch=epoch,
+        """The global batch of optimizer step ``step`` (1-based) and each process's part, from the pure batch layout."""
+        layout, d = self.layout, self.cfg.data
+        epoch, index = divmod(step - 1, layout.steps_per_epoch)
+        batches = epoch_batches(self.lengths, layout.batch_size, seed=self.cfg.train.seed, epoch=epoch,
                                 batching=d.batching, group_size=d.group_size, drop_last=d.drop_last)
         batch = batches[index]
-        parts = split_global_batch(batch, plan.world_size * plan.accum)
-        per_rank = {r: [int(i) for a in range(plan.accum) for i in parts[a * plan.world_size + r] if i >= 0]
-                    for r in range(plan.world_size)}
+        parts = split_global_batch(batch, layout.world_size * layout.accum)
+        per_rank = {r: [int(i) for a in range(layout.accum) for i in parts[a * layout.world_size + r] if i >= 0]
+                    for r in range(layout.world_size)}
         return {"batch": [int(i) for i in batch], "batch_by_rank": per_rank}

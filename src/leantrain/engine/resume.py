@@ -20,6 +20,7 @@ import yaml
 from leantrain.engine.checkpoint import ROOT, complete_checkpoints, rank_file, set_rng_state, verify
 from leantrain.engine.state_io import StateFormatError, load_state
 from leantrain.errors import UserError
+from leantrain.report.logs import read_metrics
 
 log = logging.getLogger("leantrain")
 
@@ -152,14 +153,14 @@ def decide(cfg, out: Path, accelerator) -> Decision:
     return decision
 
 
-def restore(decision: Decision, cfg, accelerator, plan, fingerprint: str, model, optimizer, scheduler) -> LoopState:
+def restore(decision: Decision, cfg, accelerator, layout, fingerprint: str, model, optimizer, scheduler) -> LoopState:
     """Load a checkpoint into the prepared model, optimizer and scheduler; refuse silent inexactness."""
     if decision.kind != "resume":
         return LoopState(running=torch.zeros((), device=accelerator.device))
     path = decision.path
     try:
         trainer = load_state(path, "trainer_state")
-        problems = _inexact(decision, trainer, accelerator, plan, fingerprint, path)
+        problems = _inexact(decision, trainer, accelerator, layout, fingerprint, path)
         if problems and not cfg.checkpoint.allow_inexact_resume:
             raise UserError(f"cannot resume exactly from {path}; pass checkpoint.allow_inexact_resume=true to "
                             "resume anyway:", problems)
@@ -176,21 +177,21 @@ def restore(decision: Decision, cfg, accelerator, plan, fingerprint: str, model,
         raise UserError(f"cannot resume from {path}: {e}") from None
     step = int(trainer["step"])
     running = rank.get("running_loss", torch.zeros(())).to(accelerator.device)
-    log.info("resuming from %s (step %d of %d)", path, step, plan.total_steps)
-    return LoopState(step=step, epoch=step // plan.steps_per_epoch, start_step=step % plan.steps_per_epoch,
+    log.info("resuming from %s (step %d of %d)", path, step, layout.total_steps)
+    return LoopState(step=step, epoch=step // layout.steps_per_epoch, start_step=step % layout.steps_per_epoch,
                      running=running, running_count=int(rank.get("running_count", 0)), rng=rank.get("rng"),
                      best=trainer.get("best"), eval_step=int(trainer.get("eval_step", -1)),
                      last_eval=trainer.get("last_eval") or {}, resumed_from=path)
 
 
-def _inexact(decision: Decision, trainer: dict, accelerator, plan, fingerprint: str, path: Path) -> list[str]:
+def _inexact(decision: Decision, trainer: dict, accelerator, layout, fingerprint: str, path: Path) -> list[str]:
     problems = list(decision.inexact)
     world = accelerator.num_processes
     if trainer.get("world_size") != world:
         problems.append(f"world size {trainer.get('world_size')} -> {world}: each process's random stream "
                         "(dropout) and the float summation order differ")
-    if trainer.get("global_batch") != plan.batch_size and not any(p.startswith("train.batch_size") for p in problems):
-        problems.append(f"global batch {trainer.get('global_batch')} -> {plan.batch_size}: the examples after the "
+    if trainer.get("global_batch") != layout.batch_size and not any(p.startswith("train.batch_size") for p in problems):
+        problems.append(f"global batch {trainer.get('global_batch')} -> {layout.batch_size}: the examples after the "
                         "resume point differ")
     if trainer.get("data_fingerprint") != fingerprint:
         problems.append(f"the training data changed (fingerprint {str(trainer.get('data_fingerprint'))[:12]} -> "
@@ -227,8 +228,6 @@ def apply_rng(state: LoopState, cfg, accelerator) -> None:
 
 def prior_records(out: Path, state: LoopState) -> list[dict]:
     """A resumed run's metrics.jsonl: the records up to the resume step (a killed run may have logged past it)."""
-    from leantrain.report.logs import read_metrics
-
     path = Path(out) / "metrics.jsonl"
     if state.resumed_from is None or not path.is_file():
         return []

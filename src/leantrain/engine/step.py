@@ -3,7 +3,7 @@
 step = micro-batches -> forward -> per-example losses x weight, summed / global count -> backward -> clip -> step.
 
 The denominator is the number of real examples in the *global* batch (all micro-batches, all processes), known
-on the host from the batch plan, so no collective and no host sync is needed to normalise. DDP averages
+on the host from the batch layout, so no collective and no host sync is needed to normalise. DDP averages
 gradients over processes, so each process scales its loss by the world size: the all-reduced gradient is then
 exactly d(sum of losses / global count). Gradients are all-reduced once, on the last micro-batch.
 """

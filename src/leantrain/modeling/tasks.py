@@ -1,4 +1,7 @@
-"""Tasks: which Auto model class a run builds, and how ``model.task=auto`` is decided.
+"""Tasks: which Auto model class a run builds, and which task a model's config belongs to.
+
+The seam for the task registry: each task here (name, Auto class, model mapping) becomes one registry entry.
+``model.task=auto`` is decided by ``leantrain.modeling.load.resolve_task``:
 
 auto: the model's config decides when its model type belongs to exactly one task's model mapping (a ViT is an
 image classifier, a wav2vec2 an audio classifier); otherwise ``data.image_column`` / ``data.audio_column`` hint
@@ -6,8 +9,6 @@ at images or audio; otherwise text classification (the packaged default model).
 """
 
 from __future__ import annotations
-
-from leantrain.errors import ConfigError, UserError
 
 TEXT, IMAGE, AUDIO = "text-classification", "image-classification", "audio-classification"
 AUTO_MODEL = {TEXT: "AutoModelForSequenceClassification", IMAGE: "AutoModelForImageClassification",
@@ -34,24 +35,12 @@ def task_of_config(config) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def resolve_task(cfg) -> str:  # cfg: leantrain.config.Config
-    """``model.task``, or what ``auto`` decides (see the module docstring). Reads config.json at most."""
-    m = cfg.model
-    if m.task != "auto":
-        return m.task
-    if m.name or m.config or m.config_type:
-        from leantrain.modeling import load_config
+MODALITY = {TEXT: "text", IMAGE: "image", AUDIO: "audio"}  # the data side (``leantrain.data.modalities``) of each task
 
-        try:
-            task = task_of_config(load_config(m))
-        except ConfigError:
-            raise
-        except UserError:  # an unreachable Hub id: building the model reports it
-            task = None
-        if task is not None:
-            return task
-    if cfg.data.image_column:
-        return IMAGE
-    if cfg.data.audio_column:
-        return AUDIO
-    return TEXT
+
+def modality_of(task: str) -> str:
+    """The data modality of a task: which loader, processor and collator its data goes through."""
+    try:
+        return MODALITY[task]
+    except KeyError:
+        raise ValueError(f"unknown task {task!r}") from None

@@ -1,4 +1,5 @@
-"""Use a fine-tuned model folder: predictions for unlabelled rows, metrics for labelled ones."""
+"""``leantrain predict`` and ``leantrain eval``: use a fine-tuned model folder: predictions for unlabelled rows,
+metrics for labelled ones."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from leantrain.config import Config
+from leantrain.config import Config, resolve
 from leantrain.data.loaders import eval_loader
-from leantrain.data.modalities import for_task
+from leantrain.engine.accelerator import has_accelerator, setup_logging
 from leantrain.engine.evaluate import classification_metrics, predict_logits
-from leantrain.engine.setup import has_accelerator, setup_logging
+from leantrain.engine.training_data import data_side
 from leantrain.errors import UserError
-from leantrain.modeling import load_config, load_processor, trained_label_names
-from leantrain.tasks import auto_model_class, resolve_task
+from leantrain.report.logs import write_json
+from leantrain.modeling import load_config, load_processor, resolve_task, trained_label_names
+from leantrain.modeling.tasks import auto_model_class
 
 log = logging.getLogger("leantrain")
 
@@ -39,7 +41,7 @@ def _load(model_dir: str, cfg: Config):
         model_dir, use_safetensors=None if mcfg.allow_pickle else True,
         revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)
     processor = load_processor(mcfg, task)
-    return accelerator, accelerator.prepare(model), (for_task(task), processor), labels
+    return accelerator, accelerator.prepare(model), (data_side(task), processor), labels
 
 
 def _logits(accelerator, model, side, rows, cfg: Config, batch_size: int):
@@ -89,7 +91,19 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     metrics = classification_metrics(logits.argmax(-1).numpy(), y, losses, len(labels))
     result = {"model": model_dir, "data": cfg.data.eval, "eval": metrics}
     if output_path and accelerator.is_main_process:
-        from leantrain.report.logs import write_json
-
         write_json(output_path, result)
     return result
+
+
+def predict_command(model_dir: str, input_path: str, output_path: str, overrides: list[str], *,
+                    batch_size: int = 64) -> int:
+    """``leantrain predict``: one JSON line per input row."""
+    predict(model_dir, input_path, output_path, resolve(None, overrides), batch_size=batch_size)
+    return 0
+
+
+def eval_command(model_dir: str, overrides: list[str], output_path: str | None, *, batch_size: int = 64) -> int:
+    """``leantrain eval``: the metrics on labelled data (data.eval=...), printed as JSON."""
+    result = evaluate_file(model_dir, resolve(None, overrides), output_path, batch_size=batch_size)
+    print(json.dumps(result["eval"], indent=2))
+    return 0
