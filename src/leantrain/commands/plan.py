@@ -24,6 +24,7 @@ from leantrain.engine.training_data import prepare_training_data
 from leantrain.errors import UserError
 from leantrain.modeling import build_model
 from leantrain.perf import memory_model
+from leantrain.units import format_bytes
 from leantrain.perf.auto_micro_batch import (MARGIN, default_budget, divisors_desc, framework_bytes, longest_sequence,
                                              need_bytes, parse_bytes)
 
@@ -165,13 +166,6 @@ def overrides_for(row: dict) -> list[str]:
             f"optim.name={row['optimizer']}"]
 
 
-def human(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
-
 def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
     w = out.write
     w(f"plan for {r['parameters'] / 1e6:.1f}M parameters on {r['device']} ({r['nproc']} process(es), strategy "
@@ -180,16 +174,16 @@ def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
       f", optimizer {r['optimizer']}\n")
     for k, v in r["lines"].items():
         label = "predicted peak (per process)" if k == "total" else k.replace("_", " ")
-        w(f"  {label:<30} {v:>15,} B  {human(v):>11}\n")
-    w(f"  budget {human(r['budget_bytes'])} ({r['budget_source']}): "
+        w(f"  {label:<30} {v:>15,} B  {format_bytes(v):>11}\n")
+    w(f"  budget {format_bytes(r['budget_bytes'])} ({r['budget_source']}): "
       f"{'fits' if r['fits'] else 'does NOT fit'} (with {MARGIN:.0%} margin on the training part: "
-      f"{human(r['need_bytes'])})\n")
+      f"{format_bytes(r['need_bytes'])})\n")
     if "recommendations" not in r:
         return
     w(f"\nfastest of {r['options_fitting']} fitting settings (of {r['options_considered']}; global batch "
       f"{r['global_batch']} kept):\n")
     for i, rec in enumerate(r["recommendations"], 1):
-        w(f"  {i}. {rec['samples_per_second']:8.1f} samples/s  peak {human(rec['peak_bytes']):>11}   "
+        w(f"  {i}. {rec['samples_per_second']:8.1f} samples/s  peak {format_bytes(rec['peak_bytes']):>11}   "
           f"{' '.join(rec['overrides'])}\n")
     if not r["recommendations"]:
         w("  none fits: lower data.max_length or train.batch_size, or raise --memory\n")

@@ -25,12 +25,15 @@ import os
 import random
 import re
 import shutil
-import signal
 from pathlib import Path
 
 import numpy as np
 import torch
+from accelerate import Accelerator
 
+from leantrain.config import Config
+from leantrain.engine.batch_layout import BatchLayout
+from leantrain.engine.faults import FaultInjector
 from leantrain.engine.state_io import fsync_file, save_state
 
 log = logging.getLogger("leantrain")
@@ -42,8 +45,6 @@ SHARED_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json", 
                 "trainer_state.json", "config.json")
 
 # Test hooks (deterministic stand-ins for a machine dying): read once per call, cost nothing when unset.
-KILL_AT_STEP = "LEANTRAIN_TEST_KILL_AT_STEP"  # SIGKILL this process right after step k (and its save, if any)
-CRASH_IN_SAVE = "LEANTRAIN_TEST_CRASH_IN_SAVE"  # die half-way through the save at step k (files written, no manifest)
 
 
 def checkpoint_name(step: int) -> str:
@@ -138,8 +139,10 @@ def data_fingerprint(dataset) -> str:
 class Checkpointer:
     """Saves checkpoints of the run every ``checkpoint.every_steps`` optimizer steps; keeps the newest ``keep``."""
 
-    def __init__(self, cfg, accelerator, out: Path, layout, fingerprint: str):
+    def __init__(self, cfg: Config, accelerator: Accelerator, out: Path, layout: BatchLayout, fingerprint: str,
+                 faults: FaultInjector | None = None):
         self.cfg, self.accelerator, self.layout, self.fingerprint = cfg, accelerator, layout, fingerprint
+        self.faults = faults
         self.root = Path(out) / ROOT
         self.every = cfg.checkpoint.every_steps
         self.keep = cfg.checkpoint.keep
@@ -165,7 +168,8 @@ class Checkpointer:
             self._save_shared(tmp, step, model, optimizer, scheduler, epoch, extra)
         acc.wait_for_everyone()
         if acc.is_main_process:
-            _crash_hook(step)
+            if self.faults is not None:
+                self.faults.in_save(step)
             self._commit(tmp, final, step)
             self._prune()
         acc.wait_for_everyone()
@@ -231,14 +235,3 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
         for stale in [*self.root.glob(".tmp-*"), *self.root.glob(".old-*")]:  # left by a run killed mid-save
             shutil.rmtree(stale, ignore_errors=True)
-
-
-def _crash_hook(step: int) -> None:
-    if os.environ.get(CRASH_IN_SAVE) == str(step):
-        os._exit(137)
-
-
-def kill_hook(step: int) -> None:
-    """``LEANTRAIN_TEST_KILL_AT_STEP=k``: SIGKILL this process after step k, as a dying machine would."""
-    if os.environ.get(KILL_AT_STEP) == str(step):
-        os.kill(os.getpid(), signal.SIGKILL)

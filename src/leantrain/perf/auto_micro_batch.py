@@ -28,6 +28,7 @@ from leantrain.config import Config
 from leantrain.errors import ConfigError, UserError
 from leantrain.perf import memory_model
 from leantrain.perf.memory import current_rss_bytes
+from leantrain.units import format_bytes
 
 log = logging.getLogger("leantrain")
 
@@ -44,10 +45,6 @@ def parse_bytes(value: int | str) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise ConfigError(f"efficiency.memory_budget: expected bytes or a size such as 4GiB or 500MB (got {value!r})")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
 
 
 def need_bytes(lines: dict[str, int]) -> int:
@@ -77,7 +74,7 @@ def default_budget(device: torch.device, local: int | None = None) -> tuple[int,
 
     local = local or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     avail = psutil.virtual_memory().available + current_rss_bytes()
-    return int(avail * RAM_SHARE / local), f"{RAM_SHARE:.0%} of {gib(avail)} available RAM / {local} local process(es)"
+    return int(avail * RAM_SHARE / local), f"{RAM_SHARE:.0%} of {format_bytes(avail)} available RAM / {local} local process(es)"
 
 
 def divisors_desc(n: int) -> list[int]:
@@ -101,15 +98,15 @@ def fit_micro_batch(cfg: Config, model, per_process: int, seq_len: int, budget: 
     for m in divisors_desc(per_process):
         if need[m] <= budget:
             bigger = [d for d in divisors_desc(per_process) if d > m]
-            why = f"planned peak {gib(need[m])} incl. {MARGIN:.0%} margin at {seq_len} tokens"
+            why = f"planned peak {format_bytes(need[m])} incl. {MARGIN:.0%} margin at {seq_len} tokens"
             if bigger:
-                why += f"; {bigger[-1]} would need {gib(need[bigger[-1]])}"
+                why += f"; {bigger[-1]} would need {format_bytes(need[bigger[-1]])}"
             return m, why
     one = memory_model.lines(facts, cal, 1, state)
     raise UserError(
-        f"train.micro_batch_size=auto: even a micro-batch of 1 needs {gib(need[1])} "
-        f"({', '.join(f'{k} {gib(v)}' for k, v in one.items() if k != 'total')}, +{MARGIN:.0%} of the training "
-        f"part) over the budget of {gib(budget)}; raise efficiency.memory_budget, or turn on "
+        f"train.micro_batch_size=auto: even a micro-batch of 1 needs {format_bytes(need[1])} "
+        f"({', '.join(f'{k} {format_bytes(v)}' for k, v in one.items() if k != 'total')}, +{MARGIN:.0%} of the training "
+        f"part) over the budget of {format_bytes(budget)}; raise efficiency.memory_budget, or turn on "
         "efficiency.gradient_checkpointing / efficiency.precision=bf16, or lower data.max_length"
     )
 
@@ -132,8 +129,8 @@ def probe_micro_batch(model, per_process: int, seq_len: int, budget: int, autoca
         finally:
             model.zero_grad(set_to_none=True)
         if peak is not None and peak * (1 + MARGIN / 2) <= budget:  # + optimizer state, allocated at the first step
-            return m, f"probed: peak {gib(peak)} at {seq_len} tokens"
-    raise UserError(f"train.micro_batch_size=auto: a micro-batch of 1 at {seq_len} tokens does not fit {gib(budget)}; "
+            return m, f"probed: peak {format_bytes(peak)} at {seq_len} tokens"
+    raise UserError(f"train.micro_batch_size=auto: a micro-batch of 1 at {seq_len} tokens does not fit {format_bytes(budget)}; "
                     "turn on efficiency.gradient_checkpointing, use bf16, or lower data.max_length")
 
 
@@ -153,7 +150,7 @@ def auto_micro_batch(cfg: Config, model: nn.Module, data, accelerator: Accelerat
         else:
             micro, why = fit_micro_batch(cfg, model, per_process, seq_len, budget, precision)
         log.info("micro batch auto: %d of %d per process (%s; budget %s from %s)", micro, per_process, why,
-                 gib(budget), source)
+                 format_bytes(budget), source)
         choice = [micro]
     if accelerator.num_processes > 1:
         broadcast_object_list(choice, from_process=0)
