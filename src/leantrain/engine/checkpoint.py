@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from accelerate import Accelerator
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
@@ -151,7 +153,8 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0 and step < self.layout.total_steps
 
-    def save(self, step: int, model, optimizer, scheduler, *, epoch: int, running, running_count: int,
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, *,
+             epoch: int, running: torch.Tensor, running_count: int,
              extra: dict) -> Path:
         """A collective: every rank calls it at the same step."""
         acc = self.accelerator
@@ -176,7 +179,8 @@ class Checkpointer:
         self.last = final
         return final
 
-    def save_diagnostic(self, step: int, model, optimizer, scheduler) -> Path | None:
+    def save_diagnostic(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                        scheduler: LRScheduler) -> Path | None:
         """The last finite state (after optimizer step ``step``) once a later step went non-finite: model, optimizer
         and scheduler state in output_dir/nonfinite-state/. For inspection, not for resuming (the RNG and the data
         position have moved on; resume from the newest periodic checkpoint instead). Main process only."""

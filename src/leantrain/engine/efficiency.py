@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from torch import nn
+
 from leantrain.config import EfficiencyConfig
 from leantrain.engine.dropout import resolve_dropout, use_fast_dropout
 from leantrain.errors import ConfigError
@@ -76,7 +78,7 @@ def resolve_precision(requested: str, device_type: str) -> tuple[str, str]:
     return requested, "as configured"
 
 
-def apply_model_switches(model, eff: EfficiencyConfig, device_type: str) -> list[str]:
+def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: str) -> list[str]:
     """Dropout and gradient checkpointing on the (unwrapped) model, before any memory planning. Returns notes for
     the log.
 
@@ -94,7 +96,7 @@ def apply_model_switches(model, eff: EfficiencyConfig, device_type: str) -> list
     return notes
 
 
-def compile_model(model, eff: EfficiencyConfig) -> list[str]:
+def compile_model(model: nn.Module, eff: EfficiencyConfig) -> list[str]:
     """torch.compile in place, before ``accelerator.prepare``. Compilation is lazy: it happens in the first
     steps (left out of the throughput), and ``compile_seconds()`` reports it separately."""
     notes = []

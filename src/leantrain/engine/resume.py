@@ -16,7 +16,13 @@ from pathlib import Path
 
 import torch
 import yaml
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
+from leantrain.config import Config
+from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.checkpoint import ROOT, complete_checkpoints, rank_file, set_rng_state, verify
 from leantrain.engine.state_io import StateFormatError, load_state
 from leantrain.errors import UserError
@@ -86,7 +92,8 @@ def _differs_error(where: Path, blocking: list[str]) -> UserError:
         "(start afresh, removing the old checkpoints) or another output_dir:", blocking)
 
 
-def _decide(cfg, out: Path) -> Decision:
+def decide_here(cfg: Config, out: Path) -> Decision:
+    """The decision of this process alone, from the files in ``out`` (fresh, resume or complete); see ``decide``."""
     mode = cfg.checkpoint.resume
     now = cfg.to_dict()
     if mode == "never":
@@ -133,14 +140,12 @@ def _with_config(path: Path, now: dict) -> Decision:
     return Decision("resume", path=path, inexact=inexact)
 
 
-def decide(cfg, out: Path, accelerator) -> Decision:
+def decide(cfg: Config, out: Path, accelerator: Accelerator) -> Decision:
     """Rank 0 decides (it alone may remove folders); every rank gets the same decision or the same error."""
-    from accelerate.utils import broadcast_object_list
-
     box: list = [None, None]
     if accelerator.is_main_process:
         try:
-            box[0] = _decide(cfg, out)
+            box[0] = decide_here(cfg, out)
         except UserError as e:
             box[1] = (str(e.args[0]), e.problems)
     if accelerator.num_processes > 1:
@@ -153,7 +158,8 @@ def decide(cfg, out: Path, accelerator) -> Decision:
     return decision
 
 
-def restore(decision: Decision, cfg, accelerator, layout, fingerprint: str, model, optimizer, scheduler) -> LoopState:
+def restore(decision: Decision, cfg: Config, accelerator: Accelerator, layout: BatchLayout, fingerprint: str,
+            model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler) -> LoopState:
     """Load a checkpoint into the prepared model, optimizer and scheduler; refuse silent inexactness."""
     if decision.kind != "resume":
         return LoopState(running=torch.zeros((), device=accelerator.device))
@@ -184,7 +190,8 @@ def restore(decision: Decision, cfg, accelerator, layout, fingerprint: str, mode
                      last_eval=trainer.get("last_eval") or {}, resumed_from=path)
 
 
-def _inexact(decision: Decision, trainer: dict, accelerator, layout, fingerprint: str, path: Path) -> list[str]:
+def _inexact(decision: Decision, trainer: dict, accelerator: Accelerator, layout: BatchLayout, fingerprint: str,
+             path: Path) -> list[str]:
     problems = list(decision.inexact)
     world = accelerator.num_processes
     if trainer.get("world_size") != world:
@@ -216,7 +223,7 @@ def _load_model(path: Path, model) -> None:
                                f"unexpected {sorted(unexpected)[:5]})")
 
 
-def apply_rng(state: LoopState, cfg, accelerator) -> None:
+def apply_rng(state: LoopState, cfg: Config, accelerator: Accelerator) -> None:
     """The last thing before the loop: every generator exactly where the checkpoint left it."""
     if state.rng is not None:
         set_rng_state(state.rng)
