@@ -1,2 +1,1 @@
-"""Engine: the training run: accelerator set-up, training data, batch layout, the loop and the step, evaluation,
-checkpoints and resume, distributed strategies, the non-finite guard, fault injection."""
+"""Engine: the training run: accelerator set-up, training data, batch layout, loop, step, eval, checkpoints, resume."""

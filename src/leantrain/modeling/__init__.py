@@ -1,5 +1,4 @@
-"""Modeling: the task-independent model side of a run: load a model, config and processor (Hub id, folder, or built
-from a config), the task mapping (``modeling.tasks``, where the task registry lands), label maps, parameter counts."""
+"""Modeling: load or build a model, config and processor for a task (the task mapping in ``modeling.tasks``)."""
 
 from leantrain.modeling.load import (PACKAGED_MODEL, build_model, inspect_model, load_config, load_processor,
                                      load_tokenizer, model_name, packaged_model_path, parameter_counts, resolve_task,

@@ -1,2 +1,1 @@
-"""Measurement only (imports nothing above it): throughput and phase meters, FLOPs/MFU, peak memory, the memory
-model and the automatic micro-batch size built on it, the profiler."""
+"""Measurement only (imports nothing above it): meters, FLOPs/MFU, memory, memory model, auto micro-batch, profile."""
