@@ -1,4 +1,4 @@
-"""Data: sources (files, folders, Hub names) -> validated canonical datasets -> processed -> global, resumable batches."""
+"""Data: sources (files, folders, Hub names) -> validated canonical datasets -> processed -> global batches."""
 
 from leantrain.data.text_loader import PreparedData, load_and_validate, load_rows
 
