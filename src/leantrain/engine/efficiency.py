@@ -79,7 +79,7 @@ def resolve_precision(requested: str, device_type: str) -> tuple[str, str]:
 
 
 def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: str) -> list[str]:
-    """Dropout and gradient checkpointing on the (unwrapped) model, before any memory planning. Returns notes for
+    """Dropout and gradient checkpointing on the (unwrapped) model, before the memory model measures it. Returns notes for
     the log.
 
     Attention: transformers 5 picks PyTorch SDPA by default where the model supports it (BERT, MiniLM, ...);

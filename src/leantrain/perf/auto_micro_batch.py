@@ -3,12 +3,12 @@
 
 The memory model itself (framework overhead, parameters, gradients, optimizer state, casts, activations,
 temporary buffers: each measured or counted) lives in ``leantrain.perf.memory_model``, shared with ``leantrain plan``,
-so the two never disagree. A margin (on the planned training part, not on the measured framework overhead)
+so the two never disagree. A margin (on the predicted training part, not on the measured framework overhead)
 covers what a prediction can miss.
 
 On CPU an out-of-memory is a SIGKILL that cannot be caught, so ``train.micro_batch_size=auto`` sizes against
 ``efficiency.memory_budget`` (default: half the available RAM, shared by the local processes; compared
-with the whole process's planned peak). On CUDA it probes:
+with the whole process's predicted peak). On CUDA it probes:
 a real forward/backward at each candidate size, largest first, catching the out-of-memory error.
 """
 
@@ -32,7 +32,7 @@ from leantrain.units import format_bytes
 
 log = logging.getLogger("leantrain")
 
-MARGIN = 0.25  # planned total x (1 + MARGIN) must fit the budget
+MARGIN = 0.25  # predicted total x (1 + MARGIN) must fit the budget
 RAM_SHARE = 0.5  # default CPU budget: this share of the available RAM, divided by the local processes
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -48,7 +48,7 @@ def parse_bytes(value: int | str) -> int:
 
 
 def need_bytes(lines: dict[str, int]) -> int:
-    """Planned peak with the margin on what the training adds (the framework overhead is measured, not planned)."""
+    """Predicted peak with the margin on what the training adds (the framework overhead is measured, not predicted)."""
     return int(lines["total"] + MARGIN * (lines["total"] - lines["framework_overhead"]))
 
 
@@ -88,7 +88,7 @@ def longest_sequence(cfg: Config, data) -> int:
 
 def fit_micro_batch(cfg: Config, model, per_process: int, seq_len: int, budget: int, precision: str = "fp32",
                      calibration=None, facts=None) -> tuple[int, str]:
-    """The largest divisor of the per-process batch whose planned peak (``leantrain plan``'s lines, with the
+    """The largest divisor of the per-process batch whose predicted peak (``leantrain plan``'s lines, with the
     margin) fits the budget. ``calibration`` / ``facts``: already measured (else measured here)."""
     facts = facts or memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     cal = calibration or memory_model.calibrate(model, seq_len, precision, cfg.efficiency.gradient_checkpointing,

@@ -1,4 +1,4 @@
-"""The memory and speed model behind ``leantrain plan`` and ``train.micro_batch_size=auto`` (one planner for both).
+"""The memory and speed model behind ``leantrain plan`` and ``train.micro_batch_size=auto`` (one model for both).
 
 Peak memory of one training process (what summary.json's ``train.peak_memory_bytes`` measures: whole-life peak
 RSS on CPU; on CUDA the allocator's peak) is predicted line by line:
@@ -181,7 +181,7 @@ def meta_state_bytes(model, optim_cfg) -> int:
 
 def measure_step_seconds(model, optim_cfg) -> float:
     """Seconds of one optimizer step (clip + step) on the model's own parameters with random gradients, timed on
-    the second step (the first allocates the state). The parameters change: call on a planning copy only."""
+    the second step (the first allocates the state). The parameters change: call on a throw-away copy only."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = build_optimizer(model, optim_cfg, 1e-6)
     for _ in range(2):
