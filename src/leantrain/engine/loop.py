@@ -329,9 +329,10 @@ class Loop:
     def run_epoch(self, lsgd) -> None:
         cfg, layout, acc = self.cfg, self.layout, self.accelerator
         start = self.state.start_step if self.epoch == self.state.epoch else 0
-        micro_batches = epoch_micro_batches(self.data.train, batch_size=layout.batch_size, seed=cfg.train.seed, epoch=self.epoch,
-                             batching=cfg.data.batching, group_size=cfg.data.group_size, drop_last=cfg.data.drop_last,
-                             rank=acc.process_index, world_size=layout.world_size, accum=layout.accum, start_step=start)
+        micro_batches = epoch_micro_batches(
+            self.data.train, batch_size=layout.batch_size, seed=cfg.train.seed, epoch=self.epoch,
+            batching=cfg.data.batching, group_size=cfg.data.group_size, drop_last=cfg.data.drop_last,
+            rank=acc.process_index, world_size=layout.world_size, accum=layout.accum, start_step=start)
         batches = iter(train_loader(self.data.train, micro_batches, self.data.collator,
                                     num_workers=cfg.data.num_workers, pin_memory=acc.device.type == "cuda"))
         for global_batch in micro_batches.batches[start:]:

@@ -87,12 +87,12 @@ def longest_sequence(cfg: Config, data) -> int:
 
 
 def fit_micro_batch(cfg: Config, model, per_process: int, seq_len: int, budget: int, precision: str = "fp32",
-                     calibration=None, facts=None) -> tuple[int, str]:
+                    calibration=None, facts=None) -> tuple[int, str]:
     """The largest divisor of the per-process batch whose predicted peak (``leantrain plan``'s lines, with the
     margin) fits the budget. ``calibration`` / ``facts``: already measured (else measured here)."""
     facts = facts or memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     cal = calibration or memory_model.calibrate(model, seq_len, precision, cfg.efficiency.gradient_checkpointing,
-                                           per_process)
+                                                per_process)
     state = memory_model.meta_state_bytes(model, cfg.optim)
     need = {m: need_bytes(memory_model.lines(facts, cal, m, state)) for m in divisors_desc(per_process)}
     for m in divisors_desc(per_process):
