@@ -1,6 +1,7 @@
 """The import direction of src/leantrain: arrows point down the layers, never up, never sideways between packages.
 
-    {errors, version, units} < config < {data, modeling, optim} < {perf, report} < engine < launch < commands < {cli, leantrain} < __main__
+    {errors, version, units} < config < {data, modeling, optim} < {perf, report} < engine < launch < commands
+        < {cli, leantrain} < __main__
 
 A package may import itself freely; packages of the same layer do not import each other. A leantrain import inside a
 function is allowed only to keep a heavy optional dependency lazy, marked on its line with ``# lazy:`` and a reason.
