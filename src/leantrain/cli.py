@@ -129,7 +129,7 @@ def _cmd_predict(ns) -> int:
 
 
 def _cmd_eval(ns) -> int:
-    from leantrain.commands.predict import eval_command  # lazy: torch and transformers load for the command only
+    from leantrain.commands.eval import eval_command  # lazy: torch and transformers load for the command only
 
     _, overrides = _split_positionals(ns.args)
     return eval_command(ns.model, overrides, ns.output, batch_size=ns.batch_size)

@@ -1,5 +1,4 @@
-"""``leantrain predict`` and ``leantrain eval``: use a fine-tuned model folder: predictions for unlabelled rows,
-metrics for labelled ones."""
+"""``leantrain predict``: a fine-tuned model folder's predictions for unlabelled rows (also what ``eval`` loads with)."""
 
 from __future__ import annotations
 
@@ -13,17 +12,17 @@ import torch
 from leantrain.config import Config, resolve
 from leantrain.data.loaders import eval_loader
 from leantrain.engine.accelerator import has_accelerator, setup_logging
-from leantrain.engine.evaluate import classification_metrics, predict_logits
+from leantrain.engine.evaluate import predict_logits
 from leantrain.engine.training_data import data_side
 from leantrain.errors import UserError
-from leantrain.report.logs import write_json
 from leantrain.modeling import load_config, load_processor, resolve_task, trained_label_names
 from leantrain.modeling.tasks import auto_model_class
 
 log = logging.getLogger("leantrain")
 
 
-def _load(model_dir: str, cfg: Config):
+def load_trained(model_dir: str, cfg: Config):
+    """A fine-tuned model folder, ready to predict: (accelerator, prepared model, (data side, processor), labels)."""
     from accelerate import Accelerator
 
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
@@ -44,7 +43,8 @@ def _load(model_dir: str, cfg: Config):
     return accelerator, accelerator.prepare(model), (data_side(task), processor), labels
 
 
-def _logits(accelerator, model, side, rows, cfg: Config, batch_size: int):
+def logits_in_row_order(accelerator, model, side, rows, cfg: Config, batch_size: int) -> torch.Tensor:
+    """The model's logits for ``rows`` (read longest first, returned in the rows' order)."""
     modality, processor = side
     ds = modality.process(rows, processor, cfg.data, desc="Processing")
     collator = modality.collator(processor, cfg.data, train=False, device_type=accelerator.device.type)
@@ -59,13 +59,13 @@ def _logits(accelerator, model, side, rows, cfg: Config, batch_size: int):
 
 def predict(model_dir: str, input_path: str, output_path: str, cfg: Config, batch_size: int = 64) -> int:
     """Write one JSON line per input row: {"row", "label", "score"} in input order. Returns the row count."""
-    accelerator, model, side, labels = _load(model_dir, cfg)
+    accelerator, model, side, labels = load_trained(model_dir, cfg)
     rows, notes = side[0].load_rows(input_path, cfg.data, require_labels=False, known_labels=labels)
     for n in notes:
         log.info(n)
     rows = rows.remove_columns([c for c in ("label",) if c in rows.column_names])
     files = rows[side[0].name] if side[0].name in ("image", "audio") else None  # each prediction names its file
-    probs = torch.softmax(_logits(accelerator, model, side, rows, cfg, batch_size), dim=-1)
+    probs = torch.softmax(logits_in_row_order(accelerator, model, side, rows, cfg, batch_size), dim=-1)
     score, pred = probs.max(dim=-1)
     if accelerator.is_main_process:
         Path(output_path).parent.mkdir(parents=True, exist_ok=True)
@@ -77,33 +77,8 @@ def predict(model_dir: str, input_path: str, output_path: str, cfg: Config, batc
     return len(pred)
 
 
-def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_size: int = 64) -> dict:
-    """Metrics of a saved model on a labelled file (``data.eval``)."""
-    if not cfg.data.eval:
-        raise UserError("leantrain eval needs labelled data: data.eval=path/to/file")
-    accelerator, model, side, labels = _load(model_dir, cfg)
-    rows, notes = side[0].load_rows(cfg.data.eval, cfg.data, require_labels=True, known_labels=labels)
-    for n in notes:
-        log.info(n)
-    logits = _logits(accelerator, model, side, rows, cfg, batch_size)
-    y = np.asarray(rows["label"])
-    losses = torch.nn.functional.cross_entropy(logits, torch.as_tensor(y), reduction="none").numpy()
-    metrics = classification_metrics(logits.argmax(-1).numpy(), y, losses, len(labels))
-    result = {"model": model_dir, "data": cfg.data.eval, "eval": metrics}
-    if output_path and accelerator.is_main_process:
-        write_json(output_path, result)
-    return result
-
-
 def predict_command(model_dir: str, input_path: str, output_path: str, overrides: list[str], *,
                     batch_size: int = 64) -> int:
     """``leantrain predict``: one JSON line per input row."""
     predict(model_dir, input_path, output_path, resolve(None, overrides), batch_size=batch_size)
-    return 0
-
-
-def eval_command(model_dir: str, overrides: list[str], output_path: str | None, *, batch_size: int = 64) -> int:
-    """``leantrain eval``: the metrics on labelled data (data.eval=...), printed as JSON."""
-    result = evaluate_file(model_dir, resolve(None, overrides), output_path, batch_size=batch_size)
-    print(json.dumps(result["eval"], indent=2))
     return 0
