@@ -44,7 +44,7 @@ def main() -> None:
     import vs_trainer
     from leantrain.data.batching import epoch_batches
     from leantrain.data.text import TextCollator
-    from leantrain.engine import hostmem
+    from leantrain.engine import host_allocator
     from leantrain.engine.distributed import clip_gradients
     from leantrain.engine.dropout import FastDropout
     from leantrain.modeling import packaged_model_path
@@ -62,13 +62,13 @@ def main() -> None:
     slots = [(parent, key, child) for parent in model.modules() for key, child in parent.named_children()
              if type(child) is nn.Dropout]
     fast = [FastDropout(child.p) for _, _, child in slots]
-    libc = hostmem._glibc()
+    libc = host_allocator.tunable_glibc()
 
     def switch(fast_dropout: bool, reuse: bool) -> None:
         for (parent, key, child), f in zip(slots, fast):
             setattr(parent, key, f if fast_dropout else child)
         if libc is not None:
-            hostmem._set(libc, hostmem.REUSE if reuse else hostmem.GLIBC_DEFAULTS)
+            host_allocator.set_malloc_params(libc, host_allocator.REUSE if reuse else host_allocator.GLIBC_DEFAULTS)
 
     batches = [b for e in range(4) for b in epoch_batches(lengths, 32, seed=0, epoch=e)][: args.steps]
     seconds = {v: 0.0 for v in VARIANTS}

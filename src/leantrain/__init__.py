@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from leantrain.version import __version__
 
 __all__ = ["train", "__version__"]
 
@@ -13,7 +13,7 @@ def train(config=None, overrides: list[str] | None = None) -> dict:
     ``config`` may be a path to a YAML file, a nested dict (``{"train": {"lr": 3e-5}}``), a ``leantrain.config.Config``
     or None for the defaults; ``overrides`` are ``key=value`` strings as on the command line.
     """
-    from leantrain.config import resolve
-    from leantrain.engine.loop import train as _train
+    from leantrain.config import resolve  # lazy: `import leantrain` stays light (no torch)
+    from leantrain.engine.loop import train as _train  # lazy: torch and transformers load on the first run
 
     return _train(resolve(config, overrides))

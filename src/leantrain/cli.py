@@ -1,14 +1,14 @@
-"""Command line: subcommands only, no training logic. Options may stand anywhere among key=value overrides."""
+"""Command line: argument parsing only; each subcommand calls its driver in ``leantrain.commands``. Options may stand
+anywhere among key=value overrides. ``leantrain`` and ``python -m leantrain.cli`` both run ``main``."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import textwrap
 
+from leantrain.config import describe_keys
 from leantrain.errors import UserError
+from leantrain.launch import LaunchOptions, inside_launcher
 
 EXAMPLES = """\
 examples:
@@ -45,15 +45,11 @@ def _launch_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--master-port", type=int, default=None, help="a free port on that machine (default 29500)")
 
 
-def _launch_opts(ns):
-    from leantrain.launch import LaunchOptions
-
+def _launch_opts(ns) -> LaunchOptions:
     return LaunchOptions(ns.nproc, ns.nnodes, ns.node_rank, ns.master_addr, ns.master_port)
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    from leantrain.config import describe_keys
-
     p = argparse.ArgumentParser(
         prog="leantrain", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
         description="Fine-tune Hugging Face models efficiently with PyTorch and Accelerate: one config, "
@@ -117,102 +113,50 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
 
 
 def _cmd_train(ns) -> int:
-    from leantrain.config import resolve
+    from leantrain.commands.train import train_command  # lazy: torch and transformers load for the command only
 
     source, overrides = _split_positionals(ns.args)
-    cfg = resolve(source, overrides)
-    if ns.print_config:
-        sys.stdout.write(cfg.to_yaml())
-        return 0
-    from leantrain.engine.inputs import validate_data
-    from leantrain.engine.loop import train
-    from leantrain.launch import inside_launcher, launch
-
-    opts = _launch_opts(ns)
-    if not inside_launcher():
-        opts.check()
-        data = validate_data(cfg)  # bad data fails here, before any model or worker starts
-        from leantrain.preflight import check_train
-
-        cfg = check_train(cfg, data, opts.nproc * opts.nnodes)  # model limits, output_dir, batch over processes
-        if opts.wanted:
-            return launch(cfg, opts)
-    summary = train(cfg)
-    ev = summary.get("eval") or {}
-    if ev and os.environ.get("RANK", "0") == "0":
-        print(f"eval accuracy: {ev['accuracy']:.4f}  macro-F1: {ev['f1_macro']:.4f}  ({summary['train']['steps']} steps, "
-              f"{summary['train']['samples_per_second']:.1f} samples/s) -> {summary.get('output_dir', '')}")
-    return 0
+    return train_command(source, overrides, _launch_opts(ns), print_config=ns.print_config)
 
 
 def _cmd_inspect(ns) -> int:
-    from leantrain.config import ModelConfig
-    from leantrain.modeling import inspect_model
+    from leantrain.commands.inspect import inspect_command  # lazy: torch and transformers load for the command only
 
-    info = inspect_model(ModelConfig(name=ns.name))
-    if ns.json:
-        print(json.dumps(info, indent=2))
-        return 0
-    print(f"model: {info['name']}  ({info['class']})")
-    for k, v in info["parameters"].items():
-        print(f"  {k + ' parameters:':<28} {v:>14,}")
-    print("config:")
-    print(textwrap.indent(json.dumps(info["config"], indent=2), "  "))
-    return 0
+    return inspect_command(ns.name, as_json=ns.json)
 
 
 def _cmd_predict(ns) -> int:
-    from leantrain.config import resolve
-    from leantrain.predict import predict
-
-    from leantrain.preflight import check_output_file
+    from leantrain.commands.predict import predict_command  # lazy: torch and transformers load for the command only
 
     _, overrides = _split_positionals(ns.args)
-    cfg = resolve(None, overrides)
-    check_output_file(ns.output, "--output")
-    predict(ns.model, ns.input, ns.output, cfg, batch_size=ns.batch_size, id_column=ns.id_column)
-    return 0
+    return predict_command(ns.model, ns.input, ns.output, overrides, batch_size=ns.batch_size,
+                           id_column=ns.id_column)
 
 
 def _cmd_eval(ns) -> int:
-    from leantrain.config import resolve
-    from leantrain.predict import evaluate_file
-
-    from leantrain.preflight import check_output_file
+    from leantrain.commands.eval import eval_command  # lazy: torch and transformers load for the command only
 
     _, overrides = _split_positionals(ns.args)
-    from leantrain.report.eval_report import format_table
-
-    cfg = resolve(None, overrides)
-    if ns.output:
-        check_output_file(ns.output, "--output", "metrics.json")
-    result = evaluate_file(ns.model, cfg, ns.output, batch_size=ns.batch_size)
-    print(json.dumps({k: v for k, v in result["eval"].items() if k != "per_class"}, indent=2))
-    print(format_table(result["eval"]["per_class"]))
-    return 0
+    return eval_command(ns.model, overrides, ns.output, batch_size=ns.batch_size)
 
 
 def _cmd_bench(ns) -> int:
-    from leantrain.perf.bench import run_bench
+    from leantrain.commands.bench import bench_command  # lazy: keeps the other commands' start-up light
 
     source, overrides = _split_positionals(ns.args)
-    result = run_bench(source, overrides, ns.sweep, repeat=ns.repeat, timeout=ns.timeout)
-    return 0 if any(r["status"] == "ok" for r in result["rows"]) else 1
+    return bench_command(source, overrides, ns.sweep, repeat=ns.repeat, timeout=ns.timeout)
 
 
 def _cmd_plan(ns) -> int:
-    from leantrain.perf.plan_command import run_plan
+    from leantrain.commands.plan import run_plan  # lazy: torch and transformers load for the command only
 
     source, overrides = _split_positionals(ns.args)
-    run_plan(source, overrides, memory=ns.memory, nproc=ns.nproc, as_json=ns.json,
-             recommend=not ns.breakdown_only)
+    run_plan(source, overrides, memory=ns.memory, nproc=ns.nproc, as_json=ns.json, recommend=not ns.breakdown_only)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Under torchrun, an uncaught error is recorded (rank, traceback) for torchrun's failure report."""
-    from leantrain.launch import inside_launcher
-
     if inside_launcher():
         from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -237,3 +181,7 @@ def _main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("leantrain: interrupted", file=sys.stderr)
         return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

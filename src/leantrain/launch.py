@@ -99,7 +99,7 @@ def torchrun_command(opts: LaunchOptions, config_file: Path) -> list[str]:
 
 
 def worker_env(opts: LaunchOptions) -> dict[str, str]:
-    from leantrain.engine.setup import has_accelerator
+    from leantrain.engine.accelerator import has_accelerator  # lazy: torch loads only when launching
 
     env = dict(os.environ)
     if not has_accelerator() and "OMP_NUM_THREADS" not in os.environ:

@@ -99,7 +99,7 @@ def test_gpt2_from_config_trains_with_eos_as_pad(tmp_path, capsys):
 
 
 def test_short_name_resolves_to_packaged_model(minilm, tmp_path):
-    from leantrain.model_names import PACKAGED_MODEL, display_name, resolve_model_name
+    from leantrain.modeling.names import PACKAGED_MODEL, display_name, resolve_model_name
 
     assert resolve_model_name("minilm") == minilm
     assert resolve_model_name(None) == minilm
@@ -112,7 +112,7 @@ def test_short_name_resolves_to_packaged_model(minilm, tmp_path):
 def test_hub_id_of_packaged_model_offline(minilm, monkeypatch):
     from huggingface_hub import constants
 
-    from leantrain.model_names import PACKAGED_MODEL, resolve_model_name
+    from leantrain.modeling.names import PACKAGED_MODEL, resolve_model_name
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert resolve_model_name(PACKAGED_MODEL) == minilm
@@ -141,7 +141,7 @@ def _joined_rows(n, seed=0):
 
 def test_comma_joined_labels_warn_and_point_to_multilabel(tmp_path):
     from leantrain.config import DataConfig
-    from leantrain.data.validate import load_and_validate
+    from leantrain.data.text_loader import load_and_validate
 
     f = write_rows(tmp_path / "train.csv", _joined_rows(200))
     data = load_and_validate(DataConfig(train=str(f)), seed=0, batch_size=8)
@@ -152,7 +152,7 @@ def test_comma_joined_labels_warn_and_point_to_multilabel(tmp_path):
 
 def test_plain_labels_with_a_comma_do_not_warn(tmp_path):
     from leantrain.config import DataConfig
-    from leantrain.data.validate import load_and_validate
+    from leantrain.data.text_loader import load_and_validate
 
     rows = [{"text": f"t {i}", "label": lab} for i, lab in enumerate(["yes, sure", "no", "maybe"] * 10)]
     data = load_and_validate(DataConfig(train=str(write_rows(tmp_path / "t.csv", rows))), seed=0, batch_size=8)
@@ -161,7 +161,7 @@ def test_plain_labels_with_a_comma_do_not_warn(tmp_path):
 
 def test_unseen_label_listing_is_capped(tmp_path):
     from leantrain.config import DataConfig
-    from leantrain.data.validate import load_and_validate
+    from leantrain.data.text_loader import load_and_validate
     from leantrain.errors import DataError
 
     train_f = write_rows(tmp_path / "train.csv", _joined_rows(300))

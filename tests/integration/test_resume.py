@@ -120,7 +120,7 @@ def test_refuses_changed_data_unless_allowed(runs, tmp_path, capsys):
 
 def test_corrupt_checkpoint_refused_and_auto_falls_back(runs, tmp_path, capsys):
     from leantrain.config import resolve
-    from leantrain.engine.resume import _decide
+    from leantrain.engine.resume import decide_here
 
     folder, _ = runs["a"]
     run = tmp_path / "run"
@@ -134,5 +134,5 @@ def test_corrupt_checkpoint_refused_and_auto_falls_back(runs, tmp_path, capsys):
     assert main(["train", *resume_args(folder, f"checkpoint.resume={newest}", f"output_dir={tmp_path / 'y'}")]) == 2
     assert "does not match its checksum" in capsys.readouterr().err
     cfg = resolve(None, resume_args(folder, f"output_dir={run}"))
-    decision = _decide(cfg, run)
+    decision = decide_here(cfg, run)
     assert decision.kind == "resume" and decision.path.name == "step-0000004"

@@ -9,6 +9,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from leantrain.config.metric_names import metric_names
+from leantrain.config.problem_type import check_problem_type
+
 
 MAX_MAGNITUDE = 1e9  # no float key means anything beyond this (train.epochs=1e300 is a typo, not a plan)
 MAX_INT = 2**53  # integers beyond exact float range are typos too (and overflow numpy / torch)
@@ -174,8 +177,6 @@ def check_metric(name: str, num_labels: int | None = None) -> None:
     """ValueError unless evaluation reports metric ``name`` (for ``num_labels`` classes), with did-you-mean."""
     import difflib
 
-    from leantrain.metric_names import metric_names
-
     names = metric_names(num_labels)
     if name in names:
         return
@@ -249,8 +250,6 @@ class CheckpointConfig(Section):
     @field_validator("best_metric")
     @classmethod
     def _known_metric(cls, v: str | None) -> str | None:
-        from leantrain.metric_names import metric_names
-
         names = [f"eval.{n}" for n in metric_names()]
         if v is not None and v not in names:
             raise ValueError(f"must be one of {', '.join(names)}")
@@ -363,8 +362,6 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _problem_type(self) -> "Config":
-        from leantrain.tasks import check_problem_type
-
         check_problem_type(self.model.task, self.model.config_overrides)
         return self
 

@@ -1,5 +1,5 @@
-"""Data: sources (files, saved folders, Hub names) -> validated, canonical ``datasets.Dataset``s."""
+"""Data: sources (files, folders, Hub names) -> validated canonical datasets -> processed -> global batches."""
 
-from leantrain.data.validate import PreparedData, load_and_validate, load_rows
+from leantrain.data.text_loader import PreparedData, load_and_validate, load_rows
 
 __all__ = ["PreparedData", "load_and_validate", "load_rows"]

@@ -64,8 +64,8 @@ def split_global_batch(batch: np.ndarray, parts: int) -> list[np.ndarray]:
 
 
 @dataclass
-class MicroBatchPlan:
-    """This rank's micro-batches for one epoch, ``accum`` per optimizer step, from ``start_step`` on."""
+class EpochMicroBatches:
+    """The batch sampler of one epoch: this rank's micro-batches, ``accum`` per optimizer step, from ``start_step`` on."""
 
     batches: list[np.ndarray]
     rank: int
@@ -82,10 +82,6 @@ class MicroBatchPlan:
             pieces = split_global_batch(batch, parts)
             for a in range(self.accum):
                 yield pieces[a * self.world_size + self.rank].tolist()
-
-    def step_sizes(self) -> list[int]:
-        """Real (weight 1) examples per optimizer step, over all ranks: the global loss denominator."""
-        return [len(b) for b in self.batches[self.start_step :]]
 
 
 class WeightedView:

@@ -1,4 +1,4 @@
-"""DataLoaders over processed datasets: the training loader follows the global batch plan for this rank;
+"""DataLoaders over processed datasets: the training loader follows this rank's share of the global batches;
 the evaluation loader reads in length order (least padding) and is sharded by Accelerate."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from leantrain.data.batching import MicroBatchPlan, WeightedView, epoch_batches
+from leantrain.data.batching import EpochMicroBatches, WeightedView, epoch_batches
 from leantrain.data.text import TextCollator
 
 
@@ -16,18 +16,19 @@ def make_collator(tokenizer, *, batching: str, max_length: int, pad_multiple: in
     return TextCollator(pad_id, pad_to=max_length if batching == "padded" else None, multiple_of=pad_multiple)
 
 
-def epoch_plan(dataset, *, batch_size: int, seed: int, epoch: int, batching: str, group_size: int,
-               drop_last: bool, rank: int, world_size: int, accum: int, start_step: int = 0) -> MicroBatchPlan:
+def epoch_micro_batches(dataset, *, batch_size: int, seed: int, epoch: int, batching: str, group_size: int,
+               drop_last: bool, rank: int, world_size: int, accum: int, start_step: int = 0) -> EpochMicroBatches:
+    """This rank's micro-batches of one epoch, from the dataset's lengths (see ``epoch_batches``)."""
     lengths = np.asarray(dataset["length"])
     batches = epoch_batches(lengths, batch_size, seed=seed, epoch=epoch, batching=batching,
                             group_size=group_size, drop_last=drop_last)
-    return MicroBatchPlan(batches, rank=rank, world_size=world_size, accum=accum, start_step=start_step)
+    return EpochMicroBatches(batches, rank=rank, world_size=world_size, accum=accum, start_step=start_step)
 
 
-def train_loader(dataset, plan: MicroBatchPlan, collator, *, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
+def train_loader(dataset, micro_batches: EpochMicroBatches, collator, *, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
     return DataLoader(
         WeightedView(dataset, dataset.column_names),  # processed: model inputs, [labels], length
-        batch_sampler=plan,
+        batch_sampler=micro_batches,
         collate_fn=collator,
         num_workers=num_workers,
         pin_memory=pin_memory,

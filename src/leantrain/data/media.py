@@ -19,7 +19,7 @@ import datasets
 from leantrain.config import DataConfig
 from leantrain.data import columns as cols_
 from leantrain.data.sources import Part, Source, SourceError, open_source, quiet
-from leantrain.data.validate import (PreparedData, _error, _labels, _open_parts, open_rows, prepared,
+from leantrain.data.text_loader import (PreparedData, data_error, label_map_of, open_parts, open_rows, prepared,
                                      rows_labels)
 
 SPLIT_NAMES = {"train": "train", "training": "train", "test": "test", "testing": "test", "validation": "validation",
@@ -148,10 +148,10 @@ def load_and_validate(cfg: DataConfig, kind: MediaKind, *, seed: int, batch_size
                       known_labels: list[str] | None = None) -> PreparedData:
     """Training and eval data; one DataError listing every problem (columns, files, labels)."""
     if cfg.train is None:
-        raise _error([f"data.train: required for {kind.role} classification: a folder with a folder per class, or "
+        raise data_error([f"data.train: required for {kind.role} classification: a folder with a folder per class, or "
                       f"a CSV/JSONL file with a path column ({kind.setting}) and a label column"])
     notes: list[str] = []
-    train_part, eval_part = _open_parts(cfg, cfg.train, cfg.eval, notes, folder_reader(kind))
+    train_part, eval_part = open_parts(cfg, cfg.train, cfg.eval, notes, folder_reader(kind))
     parts = [train_part] + ([eval_part] if eval_part is not None else [])
     chosen, more_notes, problems = detect(cfg, train_part, kind, need_label=True)
     notes += more_notes
@@ -162,10 +162,10 @@ def load_and_validate(cfg: DataConfig, kind: MediaKind, *, seed: int, batch_size
         if chosen[kind.role] in part.ds.column_names:
             paths[id(part)], more = check_files(part, chosen[kind.role], kind)
             problems += more
-    label_map, label_notes, warnings, more = _labels(cfg, chosen["label"], parts, known_labels)
+    label_map, label_notes, warnings, more = label_map_of(cfg, chosen["label"], parts, known_labels)
     notes, problems = notes + label_notes, problems + more
     if problems or label_map is None:
-        raise _error(problems)
+        raise data_error(problems)
     train = _canonical(train_part, chosen, paths[id(train_part)], kind, label_map)
     evaluation = _canonical(eval_part, chosen, paths[id(eval_part)], kind, label_map) if eval_part else None
     return prepared(cfg, train, evaluation, label_map, chosen, notes, warnings, seed=seed, batch_size=batch_size)
@@ -184,5 +184,5 @@ def load_rows(path: str, cfg: DataConfig, kind: MediaKind, *, require_labels: bo
     notes += label_notes
     problems += more
     if problems:
-        raise _error(problems)
+        raise data_error(problems)
     return _canonical(part, chosen, paths, kind, label_map), notes

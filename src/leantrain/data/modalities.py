@@ -1,5 +1,6 @@
-"""One data side per task: load + validate, process with the model's processor, collate. The engine picks one
-by task and stays free of modality branches."""
+"""One data side per modality (text, image, audio): load + validate, process with the model's processor, collate.
+The engine picks one through the task's modality (``leantrain.modeling.tasks.modality_of``) and stays free of
+modality branches."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from leantrain.config import DataConfig
+from leantrain.data import audio, image, text_loader
+from leantrain.data.loaders import make_collator
+from leantrain.data.text import tokenize
 
 
 @dataclass(frozen=True)
@@ -20,29 +24,19 @@ class Modality:
 
 
 def _text_process(dataset, tokenizer, cfg: DataConfig, desc: str = "Tokenizing"):
-    from leantrain.data.text import tokenize
-
     return tokenize(dataset, tokenizer, cfg.max_length, desc=desc)
 
 
 def _text_collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0, device_type: str = "cpu"):
-    from leantrain.data.loaders import make_collator
-
     return make_collator(tokenizer, batching=cfg.batching, max_length=cfg.max_length,
                          pad_multiple=8 if device_type == "cuda" else None)
 
 
-def for_task(task: str) -> Modality:
-    from leantrain.tasks import AUDIO, IMAGE, TEXT
-
-    if task == TEXT:
-        from leantrain.data.validate import load_and_validate, load_rows
-
-        return Modality("text", load_and_validate, load_rows, _text_process, _text_collator, True)
-    if task == IMAGE:
-        from leantrain.data import image as m
-    elif task == AUDIO:
-        from leantrain.data import audio as m
-    else:
-        raise ValueError(f"unknown task {task!r}")
-    return Modality(m.KIND.role, m.load_and_validate, m.load_rows, m.process, m.collator, False)
+def for_modality(name: str) -> Modality:
+    """The data side of a modality: ``text``, ``image`` or ``audio``."""
+    if name == "text":
+        return Modality("text", text_loader.load_and_validate, text_loader.load_rows, _text_process, _text_collator, True)
+    if name in ("image", "audio"):
+        m = image if name == "image" else audio
+        return Modality(m.KIND.role, m.load_and_validate, m.load_rows, m.process, m.collator, False)
+    raise ValueError(f"unknown modality {name!r}")

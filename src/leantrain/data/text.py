@@ -35,10 +35,6 @@ def tokenize(dataset, tokenizer, max_length: int, desc: str = "Tokenizing"):
     return out
 
 
-def model_columns(dataset) -> list[str]:
-    return [c for c in (*MODEL_INPUTS, "labels", "length") if c in dataset.column_names]
-
-
 class TextCollator:
     """Pads a list of rows to the longest row (or to ``max_length``), optionally to a multiple of N.
 

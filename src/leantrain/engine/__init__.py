@@ -1,1 +1,1 @@
-"""Engine: run set-up, train loop, step, evaluation."""
+"""Engine: the training run: accelerator set-up, training data, batch layout, loop, step, eval, checkpoints, resume."""

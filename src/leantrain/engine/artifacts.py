@@ -4,15 +4,26 @@ loss_curve.png. Rank 0 writes; every rank contributes its peak memory."""
 from __future__ import annotations
 
 import logging
+import platform
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
+from torch import nn
 
+from leantrain.config import Config
+from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.distributed import full_state_dict
-from leantrain.model_names import display_name
+from leantrain.engine.training_data import TrainingData
+from leantrain.modeling.names import display_name
 from leantrain.perf.memory import device_memory, peak_rss_bytes
+from leantrain.perf.meter import Throughput
+from leantrain.report.card import write_model_card
 from leantrain.report.logs import write_json
-from leantrain.run_settings import write_run_settings
+from leantrain.engine.run_settings import write_run_settings
+from leantrain.report.plots import plot_loss_curve
+from leantrain.version import __version__
 
 log = logging.getLogger("leantrain")
 
@@ -22,13 +33,11 @@ def versions() -> dict[str, str]:
     import datasets
     import transformers
 
-    import leantrain
-
-    return {"leantrain": leantrain.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+    return {"leantrain": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "accelerate": accelerate.__version__, "datasets": datasets.__version__}
 
 
-def peak_memory(accelerator) -> dict[str, int]:
+def peak_memory(accelerator: Accelerator) -> dict[str, int]:
     """The largest peak over all processes (a collective: every rank must call it)."""
     mine = torch.tensor([peak_rss_bytes(), *device_memory(accelerator.device).values()], dtype=torch.float64,
                         device=accelerator.device)
@@ -37,55 +46,82 @@ def peak_memory(accelerator) -> dict[str, int]:
     return {k: int(v) for k, v in zip(keys, peak.tolist())}
 
 
-def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_eval, records, wall_seconds,
-                 distributed: dict, optim_state: dict | None = None, extra: dict | None = None,
-                 extra_train: dict | None = None, efficiency: dict | None = None) -> dict:
-    """``extra``: sections merged into the summary (e.g. {"train": {"steps": ...}, "best": {...}});
-    ``extra_train``: more keys for the summary's train section (MFU, time split, ...)."""
-    out = Path(cfg.output_dir)
-    memory = peak_memory(accelerator)
-    state_dict = full_state_dict(model)  # gathered from the shards under FSDP (every rank takes part)
-    accelerator.wait_for_everyone()
-    summary = {
-        "output_dir": str(out),
-        "eval": last_eval,
+@dataclass
+class RunResult:
+    """What a finished run reports; summary.json is assembled from it alone (``build_summary``)."""
+
+    layout: BatchLayout
+    meter: Throughput
+    steps: int  # optimizer steps of the whole run (a resumed run counts those before the resume too)
+    last_eval: dict | None
+    records: list[dict]  # metrics.jsonl
+    wall_seconds: float
+    counts: dict[str, int]  # parameter counts
+    optim_state: dict | None
+    speed: dict  # MFU and the time split, for the summary's train section
+    efficiency: dict
+    distributed: dict
+    resumed_from_step: int | None
+    skipped_steps: list[int]
+    best: dict
+
+
+def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data: TrainingData, result: RunResult,
+                  memory: dict[str, int]) -> dict:
+    """summary.json, in one place. ``memory``: the peak over all processes (``peak_memory``)."""
+    meter, layout = result.meter, result.layout
+    return {
+        "output_dir": str(Path(cfg.output_dir)),
+        "eval": result.last_eval,
         "train": {
-            "steps": meter.steps,
-            "epochs": round(meter.steps / plan.steps_per_epoch, 4),
+            "steps": result.steps,
+            "epochs": round(result.steps / layout.steps_per_epoch, 4),
             "samples": meter.all_samples,
             "samples_per_second": meter.samples_per_second,
             "tokens_per_second": meter.tokens_per_second,
             "measured_steps": meter.measured_steps,
             "warmup_steps_excluded": min(meter.skip, meter.steps) if meter.steps > meter.skip else 0,
             "loop_seconds": meter.all_time,
-            "wall_seconds": wall_seconds,
-            "batch_size": plan.batch_size,
-            "micro_batch_size": plan.micro_batch_size,
-            "accumulation_steps": plan.accum,
-            "final_loss": next((r["loss"] for r in reversed(records) if r.get("type") == "train"), None),
+            "wall_seconds": result.wall_seconds,
+            "batch_size": layout.batch_size,
+            "micro_batch_size": layout.micro_batch_size,
+            "accumulation_steps": layout.accum,
+            "final_loss": next((r["loss"] for r in reversed(result.records) if r.get("type") == "train"), None),
             **memory,
-            **(extra_train or {}),
+            **result.speed,
+            "resumed_from_step": result.resumed_from_step,
+            "skipped_steps": result.skipped_steps,
         },
-        "efficiency": efficiency or {},
-        "model": {"name": inputs.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
-                  "parameters": counts, "labels": inputs.label_names},
-        "optim": optim_state or {"name": cfg.optim.name},
-        "data": {"train_rows": len(inputs.train), "eval_rows": len(inputs.eval), "columns": inputs.columns},
-        "distributed": distributed,
+        "efficiency": result.efficiency,
+        "model": {"name": data.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
+                  "parameters": result.counts, "labels": data.label_names},
+        "optim": result.optim_state or {"name": cfg.optim.name},
+        "data": {"train_rows": len(data.train), "eval_rows": len(data.eval), "columns": data.columns},
+        "distributed": result.distributed,
         "device": {"type": accelerator.device.type, "name": _device_name(accelerator.device),
                    "threads": torch.get_num_threads()},
         "versions": versions(),
+        "best": result.best,
     }
-    for key, value in (extra or {}).items():
-        summary[key] = {**summary[key], **value} if isinstance(summary.get(key), dict) else value
+
+
+def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: TrainingData,
+                 result: RunResult) -> dict:
+    """Gather the weights and the peak memory (collectives: every rank calls it); rank 0 writes config.yaml,
+    model/, summary.json and the report files. Returns the summary."""
+    out = Path(cfg.output_dir)
+    memory = peak_memory(accelerator)
+    state_dict = full_state_dict(model)  # gathered from the shards under FSDP (every rank takes part)
+    accelerator.wait_for_everyone()
+    summary = build_summary(cfg, accelerator, model, data, result, memory)
     if accelerator.is_main_process:
         (out / "config.yaml").write_text(cfg.to_yaml())
         model_dir = out / "model"
         accelerator.unwrap_model(model).save_pretrained(model_dir, state_dict=state_dict, safe_serialization=True)
-        inputs.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
-        write_run_settings(model_dir, cfg, inputs.task, inputs.columns)  # predict / eval default to them
+        data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
+        write_run_settings(model_dir, cfg, data.task, data.columns)  # predict / eval default to them
         write_json(out / "summary.json", summary)
-        _report_files(cfg, out, model_dir, inputs, summary, records)
+        _report_files(cfg, out, model_dir, data, summary, result.records)
         log.info("saved %s (model/, summary.json, metrics.jsonl, config.yaml)", out)
         ev = summary["eval"]
         if ev:
@@ -95,21 +131,15 @@ def save_outputs(cfg, accelerator, model, inputs, *, counts, meter, plan, last_e
     return summary
 
 
-def _report_files(cfg, out: Path, model_dir: Path, inputs, summary: dict, records: list) -> None:
-    from leantrain.report.card import write_model_card
-
-    base = inputs.model_name if cfg.model.config or cfg.model.config_type else display_name(cfg.model.name)
-    write_model_card(model_dir, base_model=base, label_names=inputs.label_names, summary=summary,
-                     config=cfg.to_dict(), task=inputs.task)
+def _report_files(cfg: Config, out: Path, model_dir: Path, data: TrainingData, summary: dict, records: list) -> None:
+    base = data.model_name if cfg.model.config or cfg.model.config_type else display_name(cfg.model.name)
+    write_model_card(model_dir, base_model=base, label_names=data.label_names, summary=summary,
+                     config=cfg.to_dict(), task=data.task)
     if cfg.report.plots:
-        from leantrain.report.plots import plot_loss_curve
-
-        plot_loss_curve(records, out / "loss_curve.png", title=f"{inputs.model_name} — {out.name}")
+        plot_loss_curve(records, out / "loss_curve.png", title=f"{data.model_name} — {out.name}")
 
 
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    import platform
-
     return platform.processor() or platform.machine()

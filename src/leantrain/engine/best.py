@@ -14,6 +14,10 @@ import os
 import shutil
 from pathlib import Path
 
+from accelerate import Accelerator
+from torch import nn
+
+from leantrain.config import Config
 from leantrain.errors import UserError
 from leantrain.report.logs import write_json
 
@@ -21,13 +25,13 @@ log = logging.getLogger("leantrain")
 
 
 class BestModel:
-    def __init__(self, cfg, accelerator, out: Path, tokenizer, state: dict | None = None):
+    def __init__(self, cfg: Config, accelerator: Accelerator, out: Path, processor, state: dict | None = None):
         ck = cfg.checkpoint
         self.metric = ck.best_metric
         self.key = self.metric.removeprefix("eval.") if self.metric else None
         self.mode = ck.best_mode if ck.best_mode != "auto" else ("min" if self.key == "loss" else "max")
         self.patience = cfg.train.early_stopping_patience
-        self.accelerator, self.out, self.tokenizer = accelerator, Path(out), tokenizer
+        self.accelerator, self.out, self.processor = accelerator, Path(out), processor
         state = state or {}
         self.value = state.get("value")
         self.step = state.get("step")
@@ -71,7 +75,7 @@ class BestModel:
             final, tmp, old = self.out / "best", self.out / ".best.tmp", self.out / ".best.old"
             shutil.rmtree(tmp, ignore_errors=True)
             acc.unwrap_model(model).save_pretrained(tmp, safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp)
+            self.processor.save_pretrained(tmp)
             write_json(tmp / "best.json", {"metric": self.metric, "mode": self.mode, "value": self.value,
                                            "step": self.step, "metrics": self.metrics})
             shutil.rmtree(old, ignore_errors=True)
@@ -82,7 +86,7 @@ class BestModel:
             log.info("best %s=%.4f at step %d -> %s", self.metric, self.value, self.step, final)
         acc.wait_for_everyone()
 
-    def load_into(self, model) -> dict | None:
+    def load_into(self, model: nn.Module) -> dict | None:
         """checkpoint.save_model=best: put the best weights into ``model``; returns their eval metrics."""
         from safetensors.torch import load_model
 

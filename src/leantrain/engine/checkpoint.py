@@ -25,12 +25,17 @@ import os
 import random
 import re
 import shutil
-import signal
 from pathlib import Path
 
 import numpy as np
 import torch
+from accelerate import Accelerator
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
+from leantrain.config import Config
+from leantrain.engine.batch_layout import BatchLayout
+from leantrain.engine.faults import FaultInjector
 from leantrain.engine.state_io import fsync_file, save_state
 
 log = logging.getLogger("leantrain")
@@ -42,8 +47,6 @@ SHARED_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json", 
                 "trainer_state.json", "config.json")
 
 # Test hooks (deterministic stand-ins for a machine dying): read once per call, cost nothing when unset.
-KILL_AT_STEP = "LEANTRAIN_TEST_KILL_AT_STEP"  # SIGKILL this process right after step k (and its save, if any)
-CRASH_IN_SAVE = "LEANTRAIN_TEST_CRASH_IN_SAVE"  # die half-way through the save at step k (files written, no manifest)
 
 
 def checkpoint_name(step: int) -> str:
@@ -138,17 +141,20 @@ def data_fingerprint(dataset) -> str:
 class Checkpointer:
     """Saves checkpoints of the run every ``checkpoint.every_steps`` optimizer steps; keeps the newest ``keep``."""
 
-    def __init__(self, cfg, accelerator, out: Path, plan, fingerprint: str):
-        self.cfg, self.accelerator, self.plan, self.fingerprint = cfg, accelerator, plan, fingerprint
+    def __init__(self, cfg: Config, accelerator: Accelerator, out: Path, layout: BatchLayout, fingerprint: str,
+                 faults: FaultInjector | None = None):
+        self.cfg, self.accelerator, self.layout, self.fingerprint = cfg, accelerator, layout, fingerprint
+        self.faults = faults
         self.root = Path(out) / ROOT
         self.every = cfg.checkpoint.every_steps
         self.keep = cfg.checkpoint.keep
         self.last: Path | None = None
 
     def due(self, step: int) -> bool:
-        return self.every > 0 and step % self.every == 0 and step < self.plan.total_steps
+        return self.every > 0 and step % self.every == 0 and step < self.layout.total_steps
 
-    def save(self, step: int, model, optimizer, scheduler, *, epoch: int, running, running_count: int,
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, *,
+             epoch: int, running: torch.Tensor, running_count: int,
              extra: dict) -> Path:
         """A collective: every rank calls it at the same step."""
         acc = self.accelerator
@@ -165,14 +171,16 @@ class Checkpointer:
             self._save_shared(tmp, step, model, optimizer, scheduler, epoch, extra)
         acc.wait_for_everyone()
         if acc.is_main_process:
-            _crash_hook(step)
+            if self.faults is not None:
+                self.faults.in_save(step)
             self._commit(tmp, final, step)
             self._prune()
         acc.wait_for_everyone()
         self.last = final
         return final
 
-    def save_diagnostic(self, step: int, model, optimizer, scheduler) -> Path | None:
+    def save_diagnostic(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                        scheduler: LRScheduler) -> Path | None:
         """The last finite state (after optimizer step ``step``) once a later step went non-finite: model, optimizer
         and scheduler state in output_dir/nonfinite-state/. For inspection, not for resuming (the RNG and the data
         position have moved on; resume from the newest periodic checkpoint instead). Main process only."""
@@ -182,7 +190,7 @@ class Checkpointer:
         tmp = folder.with_name(".tmp-nonfinite-state")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self._save_shared(tmp, step, model, optimizer, scheduler, step // self.plan.steps_per_epoch,
+        self._save_shared(tmp, step, model, optimizer, scheduler, step // self.layout.steps_per_epoch,
                           {"diagnostic": "last finite state before a non-finite step"})
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
@@ -198,12 +206,12 @@ class Checkpointer:
         save_state(scheduler.state_dict(), tmp, "scheduler")
         if getattr(acc, "scaler", None) is not None:
             save_state(acc.scaler.state_dict(), tmp, "scaler")
-        plan = self.plan
+        layout = self.layout
         trainer = {
-            "format": FORMAT, "step": step, "epoch": epoch, "step_in_epoch": step - epoch * plan.steps_per_epoch,
-            "steps_per_epoch": plan.steps_per_epoch, "total_steps": plan.total_steps,
-            "world_size": acc.num_processes, "global_batch": plan.batch_size, "micro_batch": plan.micro_batch_size,
-            "accumulation": plan.accum, "data_fingerprint": self.fingerprint, **extra,
+            "format": FORMAT, "step": step, "epoch": epoch, "step_in_epoch": step - epoch * layout.steps_per_epoch,
+            "steps_per_epoch": layout.steps_per_epoch, "total_steps": layout.total_steps,
+            "world_size": acc.num_processes, "global_batch": layout.batch_size, "micro_batch": layout.micro_batch_size,
+            "accumulation": layout.accum, "data_fingerprint": self.fingerprint, **extra,
         }
         save_state(trainer, tmp, "trainer_state")
         save_state(self.cfg.to_dict(), tmp, "config")
@@ -231,14 +239,3 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
         for stale in [*self.root.glob(".tmp-*"), *self.root.glob(".old-*")]:  # left by a run killed mid-save
             shutil.rmtree(stale, ignore_errors=True)
-
-
-def _crash_hook(step: int) -> None:
-    if os.environ.get(CRASH_IN_SAVE) == str(step):
-        os._exit(137)
-
-
-def kill_hook(step: int) -> None:
-    """``LEANTRAIN_TEST_KILL_AT_STEP=k``: SIGKILL this process after step k, as a dying machine would."""
-    if os.environ.get(KILL_AT_STEP) == str(step):
-        os.kill(os.getpid(), signal.SIGKILL)

@@ -10,9 +10,13 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
+from accelerate import Accelerator
 from torch import nn
 
+from leantrain.config import Config
+from leantrain.modeling.switches import repeated_blocks
 from leantrain.optim import fused_torch_optimizer
+from leantrain.perf.meter import Throughput
 
 log = logging.getLogger("leantrain")
 
@@ -32,7 +36,7 @@ class CommStats:
         return self.allreduce_bytes + self.param_sync_bytes
 
 
-def strategy_name(cfg, world_size: int) -> str:
+def strategy_name(cfg: Config, world_size: int) -> str:
     """ddp / fsdp / deepspeed with several processes; "none" for one process, whatever was asked."""
     s = cfg.distributed.strategy
     if world_size == 1:
@@ -67,16 +71,6 @@ def time_allreduce(model, stats: CommStats) -> None:
 # ----------------------------------------------------------------------------------------------- FSDP
 
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks to shard one by one: the model's _no_split_modules, else the longest ModuleList."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
-    if blocks:
-        return blocks
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1]
-    return list(max(lists, key=len)) if lists else []
-
-
 def apply_fsdp(model: nn.Module, accelerator) -> nn.Module:
     """Shard parameters, gradients and optimizer state over the processes with FSDP2 (``fully_shard``).
 
@@ -89,7 +83,7 @@ def apply_fsdp(model: nn.Module, accelerator) -> nn.Module:
 
     mesh = init_device_mesh(accelerator.device.type, (accelerator.num_processes,))
     model.to(accelerator.device)
-    for block in _blocks(model):
+    for block in repeated_blocks(model):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     if accelerator.mixed_precision != "no":
@@ -177,7 +171,7 @@ def clip_gradients(model: nn.Module, accelerator, max_norm: float, optimizer=Non
     return norm
 
 
-def _clip_foldable(accelerator) -> bool:
+def _clip_foldable(accelerator: Accelerator) -> bool:
     """No grad scaler (fp16 owns grad_scale), no DeepSpeed engine (it clips itself)."""
     from accelerate.utils import DistributedType
 
@@ -199,7 +193,7 @@ def replica_spread(model: nn.Module, accelerator) -> float | None:
 # ------------------------------------------------------------------------------------------- local SGD
 
 
-def local_sgd(accelerator, model, steps: int, stats: CommStats):
+def local_sgd(accelerator: Accelerator, model: nn.Module, steps: int, stats: CommStats):
     """Accelerate's LocalSGD (processes step alone, parameters averaged every ``steps``), averaging one flat buffer
     in a single all-reduce instead of one collective per parameter tensor. A null context when off or alone."""
     if steps <= 1 or accelerator.num_processes == 1:
@@ -228,7 +222,8 @@ def local_sgd(accelerator, model, steps: int, stats: CommStats):
     return FlatLocalSGD(accelerator=accelerator, model=model, local_sgd_steps=steps, enabled=True)
 
 
-def distributed_summary(cfg, accelerator, model, comm: CommStats, meter) -> dict:
+def distributed_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, comm: CommStats,
+                        meter: Throughput) -> dict:
     """summary.json's ``distributed`` section (a collective: every rank calls it)."""
     world = accelerator.num_processes
     local, full = local_parameter_bytes(model)

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import torch
 
+from torch import nn
+
 from leantrain.config import EfficiencyConfig
 from leantrain.engine.dropout import resolve_dropout, use_fast_dropout
 from leantrain.errors import ConfigError
+from leantrain.modeling.switches import enable_checkpointing
 
 log = logging.getLogger("leantrain")
 
@@ -75,8 +78,8 @@ def resolve_precision(requested: str, device_type: str) -> tuple[str, str]:
     return requested, "as configured"
 
 
-def apply_model_switches(model, eff: EfficiencyConfig, device_type: str) -> list[str]:
-    """Dropout and gradient checkpointing on the (unwrapped) model, before any memory planning. Returns notes for
+def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: str) -> list[str]:
+    """Dropout and gradient checkpointing on the (unwrapped) model, before the memory model measures it. Returns notes for
     the log.
 
     Attention: transformers 5 picks PyTorch SDPA by default where the model supports it (BERT, MiniLM, ...);
@@ -93,19 +96,7 @@ def apply_model_switches(model, eff: EfficiencyConfig, device_type: str) -> list
     return notes
 
 
-def enable_checkpointing(model) -> None:
-    """Non-reentrant gradient checkpointing on a transformers model (ConfigError if it has none)."""
-    if not getattr(model, "supports_gradient_checkpointing", False):
-        raise ConfigError(f"efficiency.gradient_checkpointing: {type(model).__name__} does not support it")
-    kwargs = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name; the old one warns
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model.config.use_cache = False
-
-
-def compile_model(model, eff: EfficiencyConfig) -> list[str]:
+def compile_model(model: nn.Module, eff: EfficiencyConfig) -> list[str]:
     """torch.compile in place, before ``accelerator.prepare``. Compilation is lazy: it happens in the first
     steps (left out of the throughput), and ``compile_seconds()`` reports it separately."""
     notes = []

@@ -6,8 +6,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import DataLoader
+
 from leantrain.engine.step import model_inputs, per_example_loss
-from leantrain.metric_names import metric_names
+from leantrain.config.metric_names import metric_names
 
 
 def classification_metrics(preds: np.ndarray, labels: np.ndarray, losses: np.ndarray | None, num_labels: int) -> dict:
@@ -25,7 +29,7 @@ def classification_metrics(preds: np.ndarray, labels: np.ndarray, losses: np.nda
 
 
 @torch.no_grad()
-def predict_logits(model, loader, accelerator):
+def predict_logits(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> torch.Tensor:
     """Yield gathered (logits, labels-or-None) per batch, for every process's shard, duplicates dropped."""
     was_training = model.training
     model.eval()
@@ -38,7 +42,7 @@ def predict_logits(model, loader, accelerator):
         model.train(was_training)
 
 
-def evaluate(model, loader, accelerator, num_labels: int) -> dict:
+def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, num_labels: int) -> dict:
     preds, labels, losses = [], [], []
     for logits, y in predict_logits(model, loader, accelerator):
         preds.append(logits.argmax(-1).cpu())

@@ -1,13 +1,23 @@
-"""Fault injection, to check that a failing process stops the whole run (on a laptop or a cluster).
+"""Fault injection, all of it in one place: environment variables that make a run fail on purpose, to check that a
+failing process stops the whole run (on a laptop or a cluster), that resume survives a dying machine, and that a
+NaN is caught. Read once when the run starts; unset, each costs one comparison per step.
 
-``LEANTRAIN_FAULT=KIND@STEP[:RANK]`` makes process RANK (default 0) fail when it reaches optimizer step STEP:
-``raise`` raises an exception, ``kill`` sends itself SIGKILL. Unset, this costs one dict lookup per run.
+``LEANTRAIN_FAULT=KIND@STEP[:RANK]``  process RANK (default 0) fails when it reaches optimizer step STEP: ``raise``
+                                       raises an exception, ``kill`` sends itself SIGKILL.
+``LEANTRAIN_TEST_NAN_AT_STEP=k``       the loss of optimizer step k becomes NaN (and so its gradients).
+``LEANTRAIN_TEST_KILL_AT_STEP=k``      SIGKILL this process right after step k (and its checkpoint save, if any).
+``LEANTRAIN_TEST_CRASH_IN_SAVE=k``     die half-way through the checkpoint save of step k (files written, no manifest).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+
+FAULT = "LEANTRAIN_FAULT"
+NAN_AT_STEP = "LEANTRAIN_TEST_NAN_AT_STEP"
+KILL_AT_STEP = "LEANTRAIN_TEST_KILL_AT_STEP"
+CRASH_IN_SAVE = "LEANTRAIN_TEST_CRASH_IN_SAVE"
 
 
 def parse(spec: str | None) -> tuple[str, int, int] | None:
@@ -20,17 +30,44 @@ def parse(spec: str | None) -> tuple[str, int, int] | None:
             raise ValueError
         return kind, int(step), int(rank or 0)
     except ValueError:
-        raise ValueError(f"LEANTRAIN_FAULT={spec!r}: expected KIND@STEP[:RANK] with KIND raise or kill") from None
+        raise ValueError(f"{FAULT}={spec!r}: expected KIND@STEP[:RANK] with KIND raise or kill") from None
+
+
+def _step_of(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value and value.lstrip("-").isdigit() else None
 
 
 class FaultInjector:
-    def __init__(self, rank: int):
-        fault = parse(os.environ.get("LEANTRAIN_FAULT"))
-        self.fault = fault if fault and fault[2] == rank else None
+    """The faults this process was asked for, each tied to the point of the run where it strikes."""
 
-    def at_step(self, step: int) -> None:
+    def __init__(self, rank: int):
+        fault = parse(os.environ.get(FAULT))
+        self.fault = fault if fault and fault[2] == rank else None
+        self.nan_at = _step_of(NAN_AT_STEP)
+        self.kill_at = _step_of(KILL_AT_STEP)
+        self.crash_in_save_at = _step_of(CRASH_IN_SAVE)
+
+    def poison(self, micro_batches: list[dict], step: int) -> list[dict]:
+        """Before optimizer step ``step``: its loss becomes NaN (``LEANTRAIN_TEST_NAN_AT_STEP``)."""
+        if self.nan_at == step:
+            micro_batches[0]["loss_weight"] = micro_batches[0]["loss_weight"] * float("nan")
+        return micro_batches
+
+    def after_update(self, step: int) -> None:
+        """Right after the update of step ``step``: ``LEANTRAIN_FAULT``."""
         if self.fault is None or step != self.fault[1]:
             return
         if self.fault[0] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        raise RuntimeError(f"injected fault at step {step} (LEANTRAIN_FAULT)")
+        raise RuntimeError(f"injected fault at step {step} ({FAULT})")
+
+    def in_save(self, step: int) -> None:
+        """Half-way through the checkpoint save of step ``step``: ``LEANTRAIN_TEST_CRASH_IN_SAVE``."""
+        if self.crash_in_save_at == step:
+            os._exit(137)
+
+    def after_step(self, step: int) -> None:
+        """After everything step ``step`` does (log, eval, save): ``LEANTRAIN_TEST_KILL_AT_STEP``."""
+        if self.kill_at == step:
+            os.kill(os.getpid(), signal.SIGKILL)

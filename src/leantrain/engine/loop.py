@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list, set_seed
+from torch import nn
 from torch.profiler import record_function
+from torch.utils.data import DataLoader
 
 from leantrain.config import Config, parse_stop_when
-from leantrain.errors import ConfigError
-from leantrain.engine.artifacts import save_outputs
+from leantrain.data.loaders import epoch_micro_batches, train_loader
+from leantrain.engine.accelerator import (attach_trackers, default_output_dir, device_type, make_accelerator,
+                                          setup_logging)
+from leantrain.engine.artifacts import RunResult, save_outputs
+from leantrain.engine.batch_layout import BatchLayout, batch_layout
 from leantrain.engine.best import BestModel
-from leantrain.engine.checkpoint import Checkpointer, data_fingerprint, kill_hook
+from leantrain.engine.checkpoint import Checkpointer, data_fingerprint
 from leantrain.engine.distributed import (CommStats, apply_fsdp, distributed_summary, local_sgd, replica_spread,
                                           strategy_name, time_allreduce)
 from leantrain.engine.dropout import resolve_dropout
@@ -22,21 +31,19 @@ from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switc
                                          resolve_precision)
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
-from leantrain.engine.hostmem import host_memory
-from leantrain.engine.inputs import prepare_inputs
+from leantrain.engine.host_allocator import host_memory
 from leantrain.engine.nonfinite import NonFiniteGuard
-from leantrain.preflight import check_stop_when
-from leantrain.engine.resume import apply_rng, decide, prior_records, restore
-from leantrain.engine.setup import (attach_trackers, default_output_dir, device_type, make_accelerator, setup_logging,
-                                    step_plan)
+from leantrain.engine.preflight import check_stop_when, check_train
+from leantrain.engine.resume import Decision, LoopState, apply_rng, decide, prior_records, restore
 from leantrain.engine.step import train_step
-from leantrain.data.loaders import epoch_plan, train_loader
+from leantrain.engine.training_data import TrainingData, prepare_training_data
+from leantrain.errors import ConfigError
 from leantrain.modeling import build_model, parameter_counts
 from leantrain.optim import build_optimizer, build_scheduler, state_report
 from leantrain.optim.state import describe as describe_optim_state
+from leantrain.perf.auto_micro_batch import auto_micro_batch
 from leantrain.perf.flops import MfuMeter
 from leantrain.perf.meter import PhaseClock, Throughput
-from leantrain.perf.plan import auto_micro_batch
 from leantrain.perf.profile import StepProfiler
 from leantrain.report.logs import MetricsLog
 from leantrain.report.progress import Progress
@@ -44,10 +51,8 @@ from leantrain.report.progress import Progress
 log = logging.getLogger("leantrain")
 
 
-def _output_dir(cfg: Config, accelerator) -> Path:
+def _output_dir(cfg: Config, accelerator: Accelerator) -> Path:
     """Every rank must agree on the folder: rank 0 names it and broadcasts the name."""
-    from accelerate.utils import broadcast_object_list
-
     name = [cfg.output_dir or default_output_dir()]
     if accelerator.num_processes > 1:
         broadcast_object_list(name, from_process=0)
@@ -64,17 +69,69 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
 
 def train(cfg: Config) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; returns the summary (also written to output_dir/summary.json)."""
-    from leantrain.preflight import check_train
-
     cfg = check_train(cfg)  # output_dir writable, data.max_length within the model's limit: before any work
     with host_memory(cfg.efficiency.cpu_allocator, device_type()) as allocator:
         return _train(cfg, allocator)
 
 
 def _train(cfg: Config, allocator: str) -> dict:
-    from accelerate.utils import set_seed
-
+    """Set up, run, finish."""
     t_start = time.perf_counter()
+    start = start_run(cfg, allocator)
+    if start.decision.kind == "complete":
+        return start.decision.summary
+    run = build_run(start)
+    loop = Loop(run.parts)
+    run_loop(loop, run)
+    return finish(loop, run, wall_seconds=time.perf_counter() - t_start)
+
+
+@dataclass
+class RunStart:
+    """The run before any data or model: its config (with the agreed output folder), Accelerator, precision and
+    the resume decision."""
+
+    cfg: Config
+    accelerator: Accelerator
+    out: Path
+    decision: Decision
+    precision: str
+    precision_reason: str
+    allocator: str
+
+
+@dataclass
+class LoopParts:
+    """Everything the loop works with, built by ``build_run``."""
+
+    cfg: Config
+    accelerator: Accelerator
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    eval_dl: DataLoader
+    data: TrainingData
+    layout: BatchLayout
+    metrics_log: MetricsLog
+    meter: Throughput
+    ckpt: Checkpointer
+    state: LoopState
+    flops: MfuMeter
+    faults: FaultInjector
+
+
+@dataclass
+class Run:
+    """A set-up run: what the loop uses, and what the summary needs besides the loop's own results."""
+
+    start: RunStart
+    parts: LoopParts
+    counts: dict[str, int]
+    comm: CommStats
+
+
+def start_run(cfg: Config, allocator: str) -> RunStart:
+    """Precision, the Accelerator, logging, the run folder (agreed by all ranks) and the resume decision."""
     precision, why = resolve_precision(cfg.efficiency.precision, device_type())
     accelerator = make_accelerator(cfg, None, ACCELERATE_PRECISION[precision])
     setup_logging(accelerator.is_main_process)
@@ -85,79 +142,94 @@ def _train(cfg: Config, allocator: str) -> dict:
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     accelerator.project_configuration.set_directories(str(out))
     decision = decide(cfg, out, accelerator)
-    if decision.kind == "complete":
-        return decision.summary
-    set_seed(cfg.train.seed)
+    return RunStart(cfg, accelerator, out, decision, precision, why, allocator)
 
-    inputs = prepare_inputs(cfg, accelerator)
-    check_stop_when(cfg, len(inputs.label_names))  # eval.mcc is for 2 classes
-    plan = step_plan(cfg, len(inputs.train), accelerator.num_processes)
-    for note in plan.notes:
+
+def build_run(start: RunStart) -> Run:
+    """Data, batch layout, model (with its switches, the automatic micro-batch, compilation), optimizer, schedule,
+    trackers, checkpointer, the restored state and the meters."""
+    cfg, accelerator, out = start.cfg, start.accelerator, start.out
+    set_seed(cfg.train.seed)
+    data = prepare_training_data(cfg, accelerator)
+    check_stop_when(cfg, len(data.label_names))  # eval.mcc is for 2 classes
+    layout = batch_layout(cfg, len(data.train), accelerator.num_processes)
+    for note in layout.notes:
         log.info(note)
 
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
-    model = build_model(cfg.model, inputs.label_names, inputs.task)
+    model = build_model(cfg.model, data.label_names, data.task)
     counts = parameter_counts(model)
-    log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", inputs.model_name, type(model).__name__,
+    log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
     notes = apply_model_switches(model, cfg.efficiency, accelerator.device.type)
     if cfg.train.micro_batch_size == "auto":
-        plan = step_plan(cfg, len(inputs.train), accelerator.num_processes,
-                         auto_micro_batch(cfg, model, inputs, accelerator, plan))
-        notes += plan.notes
+        layout = batch_layout(cfg, len(data.train), accelerator.num_processes,
+                              auto_micro_batch(cfg, model, data, accelerator, layout, start.precision))
+        notes += layout.notes
     notes += compile_model(model, cfg.efficiency)
     for note in notes:
         log.info(note)
     model.train()
-    model, optimizer, scheduler, eval_dl, comm = _prepare(cfg, accelerator, model, plan, inputs)
+    model, optimizer, scheduler, eval_dl, comm = _prepare(cfg, accelerator, model, layout, data)
     attach_trackers(cfg, accelerator, out)
 
-    ckpt = Checkpointer(cfg, accelerator, out, plan, data_fingerprint(inputs.train))
-    state = restore(decision, cfg, accelerator, plan, ckpt.fingerprint, model, optimizer, scheduler)
+    faults = FaultInjector(accelerator.process_index)
+    ckpt = Checkpointer(cfg, accelerator, out, layout, data_fingerprint(data.train), faults)
+    state = restore(start.decision, cfg, accelerator, layout, ckpt.fingerprint, model, optimizer, scheduler)
     metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator,
                              prior=prior_records(out, state) if accelerator.is_main_process else None)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
-    mean_tokens = float(np.mean(inputs.token_lengths)) if inputs.token_lengths is not None else 0.0
+    mean_tokens = float(np.mean(data.token_lengths)) if data.token_lengths is not None else 0.0
     flops = MfuMeter(accelerator.unwrap_model(model).config, counts["non_embedding"], mean_tokens,
-                     accelerator.device, precision, accelerator.num_processes)  # MFU is for token models only
-    loop = Loop(cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter, ckpt, state,
-                flops)
-    apply_rng(state, cfg, accelerator)
-    profiler = StepProfiler(cfg.efficiency.profile, out / "profile", active=cfg.efficiency.profile_steps,
-                            is_main=accelerator.is_main_process)
-    with local_sgd(accelerator, model, cfg.distributed.local_sgd_steps, comm) as lsgd, profiler:
-        loop.run(lsgd, profiler)
-    step = loop.step
+                     accelerator.device, start.precision, accelerator.num_processes)  # MFU is for token models only
+    parts = LoopParts(cfg, accelerator, model, optimizer, scheduler, eval_dl, data, layout, metrics_log, meter, ckpt,
+                      state, flops, faults)
+    return Run(start, parts, counts, comm)
 
+
+def run_loop(loop: Loop, run: Run) -> None:
+    """The optimizer steps, with the restored RNG, the profiler and local SGD around them."""
+    p = run.parts
+    apply_rng(p.state, p.cfg, p.accelerator)
+    profiler = StepProfiler(p.cfg.efficiency.profile, run.start.out / "profile", active=p.cfg.efficiency.profile_steps,
+                            is_main=p.accelerator.is_main_process)
+    with local_sgd(p.accelerator, p.model, p.cfg.distributed.local_sgd_steps, run.comm) as lsgd, profiler:
+        loop.run(lsgd, profiler)
+
+
+def finish(loop: Loop, run: Run, *, wall_seconds: float) -> dict:
+    """The final evaluation (unless the last step had one), the best model back in place, the outputs saved."""
+    p, start = run.parts, run.start
+    cfg, accelerator, model = p.cfg, p.accelerator, p.model
     loop.guard.check()
     last_eval = loop.last_eval
-    if loop.eval_step != step:
-        last_eval = _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, None, meter)
-        loop.best.update(last_eval, step, model)
+    if loop.eval_step != loop.step:
+        last_eval = _evaluate(model, p.eval_dl, accelerator, p.data, loop.step, p.metrics_log, None, p.meter)
+        loop.best.update(last_eval, loop.step, model)
     if cfg.checkpoint.save_model == "best":
         last_eval = loop.best.load_into(model) or last_eval
-    summary = save_outputs(
-        cfg, accelerator, model, inputs, counts=counts, meter=meter, plan=plan, last_eval=last_eval,
-        records=metrics_log.records, wall_seconds=time.perf_counter() - t_start,
-        distributed=distributed_summary(cfg, accelerator, model, comm, meter), optim_state=loop.optim_state,
-        extra_train={**flops.summary(meter.tokens_per_second), "time_split_seconds": loop.clock.summary()},
+    result = RunResult(
+        layout=p.layout, meter=p.meter, steps=loop.step, last_eval=last_eval, records=p.metrics_log.records,
+        wall_seconds=wall_seconds, counts=run.counts, optim_state=loop.optim_state,
+        speed={**p.flops.summary(p.meter.tokens_per_second), "time_split_seconds": loop.clock.summary()},
         efficiency={**cfg.efficiency.model_dump(), "precision_requested": cfg.efficiency.precision,
-                    "precision": precision, "precision_reason": why, "cpu_allocator_applied": allocator,
+                    "precision": start.precision, "precision_reason": start.precision_reason,
+                    "cpu_allocator_applied": start.allocator,
                     "dropout_applied": resolve_dropout(cfg.efficiency.dropout, accelerator.device.type),
                     "attn_implementation": accelerator.unwrap_model(model).config._attn_implementation,
                     "compile_seconds": compile_seconds() if cfg.efficiency.compile else None},
-        extra={"train": {"steps": step, "epochs": round(step / plan.steps_per_epoch, 4),
-                         "resumed_from_step": state.step if state.resumed_from else None,
-                         "skipped_steps": loop.guard.skipped},
-               "best": loop.best.summary()},
+        distributed=distributed_summary(cfg, accelerator, model, run.comm, p.meter),
+        resumed_from_step=p.state.step if p.state.resumed_from else None, skipped_steps=loop.guard.skipped,
+        best=loop.best.summary(),
     )
+    summary = save_outputs(cfg, accelerator, model, p.data, result)
     accelerator.end_training()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # else gloo aborts at exit under torchrun
     return summary
 
 
-def _prepare(cfg, accelerator, model, plan, inputs):
+def _prepare(cfg: Config, accelerator: Accelerator, model: nn.Module, layout: BatchLayout, data: TrainingData):
     """Model, optimizer, schedule and eval data placed and wrapped for the strategy (DDP via Accelerate's
     prepare; FSDP2 shards before the optimizer is built, so the optimizer state is sharded too)."""
     strategy = strategy_name(cfg, accelerator.num_processes)
@@ -165,8 +237,8 @@ def _prepare(cfg, accelerator, model, plan, inputs):
     if strategy == "fsdp":
         model = apply_fsdp(model, accelerator)
     optimizer = build_optimizer(model, cfg.optim, cfg.train.lr)
-    scheduler = build_scheduler(optimizer, cfg.optim, plan.total_steps)
-    eval_dl = inputs.eval_loader(plan.micro_batch_size)
+    scheduler = build_scheduler(optimizer, cfg.optim, layout.total_steps)
+    eval_dl = data.eval_loader(layout.micro_batch_size)
     if strategy == "fsdp":
         optimizer, scheduler, eval_dl = accelerator.prepare(optimizer, scheduler, eval_dl)
     else:
@@ -176,11 +248,11 @@ def _prepare(cfg, accelerator, model, plan, inputs):
     return model, optimizer, scheduler, eval_dl, comm
 
 
-def _eval_due(every: int, step: int, plan) -> bool:
+def _eval_due(every: int, step: int, layout: BatchLayout) -> bool:
     """Every N steps, or at each epoch's end when N is 0; the final evaluation is made after the loop."""
-    if step >= plan.total_steps:
+    if step >= layout.total_steps:
         return False
-    return step % (every or plan.steps_per_epoch) == 0
+    return step % (every or layout.steps_per_epoch) == 0
 
 
 def _log_step(accelerator, model, running, count, grad_norm, lr, meter, step, epoch) -> dict:
@@ -206,8 +278,9 @@ def _target_met(stop_when: str | None, metrics: dict) -> bool:
     return metrics[key] >= value if op == ">=" else metrics[key] <= value
 
 
-def _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, progress, meter) -> dict:
-    metrics = evaluate(model, eval_dl, accelerator, len(inputs.label_names))
+def _evaluate(model: nn.Module, eval_dl: DataLoader, accelerator: Accelerator, data: TrainingData, step: int,
+              metrics_log: MetricsLog, progress: Progress | None, meter: Throughput) -> dict:
+    metrics = evaluate(model, eval_dl, accelerator, len(data.label_names))
     record = {"type": "eval", "step": step, "loop_seconds": meter.all_time, **{f"eval.{k}": v for k, v in metrics.items()}}
     metrics_log.write(record)
     text = "eval @ step %d: %s" % (step, " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "samples"))
@@ -220,36 +293,36 @@ def _evaluate(model, eval_dl, accelerator, inputs, step, metrics_log, progress, 
 
 class Loop:
     """The epoch / step iteration with its running state (step, epoch, loss accumulated on device), resumed from
-    ``state`` (a fresh start or a checkpoint), with checkpoints, the best model and the non-finite guard."""
+    ``parts.state`` (a fresh start or a checkpoint), with checkpoints, the best model and the non-finite guard."""
 
-    def __init__(self, cfg, accelerator, model, optimizer, scheduler, eval_dl, inputs, plan, metrics_log, meter,
-                 ckpt, state, flops):
-        self.cfg, self.accelerator, self.model = cfg, accelerator, model
-        self.optimizer, self.scheduler, self.eval_dl = optimizer, scheduler, eval_dl
-        self.inputs, self.plan, self.metrics_log, self.meter = inputs, plan, metrics_log, meter
-        self.ckpt, self.state, self.flops = ckpt, state, flops
+    def __init__(self, parts: LoopParts):
+        p = parts
+        self.cfg, self.accelerator, self.model = p.cfg, p.accelerator, p.model
+        self.optimizer, self.scheduler, self.eval_dl = p.optimizer, p.scheduler, p.eval_dl
+        self.data, self.layout, self.metrics_log, self.meter = p.data, p.layout, p.metrics_log, p.meter
+        self.ckpt, self.state, self.flops, self.faults = p.ckpt, p.state, p.flops, p.faults
         self.clock = PhaseClock()
-        self.host_is_device = accelerator.device.type == "cpu"  # compute/optimizer split without any device sync
-        self.lengths = np.asarray(inputs.train["length"])
-        self.step, self.epoch = state.step, state.epoch
-        self.last_eval, self.eval_step = state.last_eval, state.eval_step
-        self.running, self.running_count, self.grad_norm = state.running, state.running_count, None
-        self.guard = NonFiniteGuard(cfg, accelerator, Path(cfg.output_dir), self.lengths, plan,
-                                    lambda: ckpt.last or state.resumed_from)
-        self.step_optimizer = self.guard.optimizer(optimizer)
-        self.guard.save_diagnostic = lambda last: ckpt.save_diagnostic(last, model, optimizer, scheduler)
-        self.best = BestModel(cfg, accelerator, Path(cfg.output_dir), inputs.tokenizer, state.best)
-        self.faults = FaultInjector(accelerator.process_index)
+        self.host_is_device = p.accelerator.device.type == "cpu"  # compute/optimizer split without any device sync
+        self.lengths = np.asarray(p.data.train["length"])
+        self.step, self.epoch = p.state.step, p.state.epoch
+        self.last_eval, self.eval_step = p.state.last_eval, p.state.eval_step
+        self.running, self.running_count, self.grad_norm = p.state.running, p.state.running_count, None
+        self.guard = NonFiniteGuard(p.cfg, p.accelerator, Path(p.cfg.output_dir), self.lengths, p.layout,
+                                    lambda: p.ckpt.last or p.state.resumed_from)
+        self.step_optimizer = self.guard.optimizer(p.optimizer)
+        self.guard.save_diagnostic = lambda last: p.ckpt.save_diagnostic(last, p.model, p.optimizer, p.scheduler)
+        self.best = BestModel(p.cfg, p.accelerator, Path(p.cfg.output_dir), p.data.processor, p.state.best)
         self.stopped = False
-        self.optim_state = None
-        self.progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress,
-                                 initial=state.step)
+        self.optim_state: dict | None = None
+        self.profiler: StepProfiler | None = None
+        self.progress = Progress(p.layout.total_steps, enabled=p.accelerator.is_main_process,
+                                 mode=p.cfg.report.progress, initial=p.state.step)
 
     @property
     def done(self) -> bool:
-        return self.step >= self.plan.total_steps or self.stopped or self.best.should_stop
+        return self.step >= self.layout.total_steps or self.stopped or self.best.should_stop
 
-    def run(self, lsgd=None, profiler=None) -> None:
+    def run(self, lsgd=None, profiler: StepProfiler | None = None) -> None:
         self.profiler = profiler
         while not self.done:
             self.run_epoch(lsgd)
@@ -257,36 +330,38 @@ class Loop:
         self.progress.close()
 
     def run_epoch(self, lsgd) -> None:
-        cfg, plan, acc = self.cfg, self.plan, self.accelerator
+        cfg, layout, acc = self.cfg, self.layout, self.accelerator
         start = self.state.start_step if self.epoch == self.state.epoch else 0
-        mb_plan = epoch_plan(self.inputs.train, batch_size=plan.batch_size, seed=cfg.train.seed, epoch=self.epoch,
-                             batching=cfg.data.batching, group_size=cfg.data.group_size, drop_last=cfg.data.drop_last,
-                             rank=acc.process_index, world_size=plan.world_size, accum=plan.accum, start_step=start)
-        batches = iter(train_loader(self.inputs.train, mb_plan, self.inputs.collator,
+        micro_batches = epoch_micro_batches(
+            self.data.train, batch_size=layout.batch_size, seed=cfg.train.seed, epoch=self.epoch,
+            batching=cfg.data.batching, group_size=cfg.data.group_size, drop_last=cfg.data.drop_last,
+            rank=acc.process_index, world_size=layout.world_size, accum=layout.accum, start_step=start)
+        batches = iter(train_loader(self.data.train, micro_batches, self.data.collator,
                                     num_workers=cfg.data.num_workers, pin_memory=acc.device.type == "cuda"))
-        for global_batch in mb_plan.batches[start:]:
+        for global_batch in micro_batches.batches[start:]:
             if self.done:
                 return
             self.meter.start_step()
             self.clock.start()
             with record_function("data"):
-                micro = self.guard.inject([_to_device(next(batches), acc.device) for _ in range(plan.accum)],
-                                          self.step + 1)
+                micro = self.faults.poison([_to_device(next(batches), acc.device) for _ in range(layout.accum)],
+                                           self.step + 1)
             self.clock.lap("data")
             self.lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (host value, no sync)
             loss_sum, self.grad_norm = train_step(
                 self.model, micro, global_count=len(global_batch), accelerator=acc, optimizer=self.step_optimizer,
                 scheduler=self.scheduler, max_grad_norm=cfg.train.max_grad_norm,
+                guard=functools.partial(self.guard.before_update, self.step + 1),
                 on_phase=self.clock.lap if self.host_is_device else None,
             )
-            self.guard.observe(self.step + 1, loss_sum, self.grad_norm, self.step_optimizer, self.metrics_log)
+            self.guard.after_update(self.step + 1, self.step_optimizer, self.metrics_log)
             if lsgd is not None:
                 lsgd.step()
             self.running += loss_sum
             self.running_count += len(global_batch)
             self.step += 1
-            self.meter.end_step(len(global_batch), self.inputs.tokens_in(global_batch))
-            self.faults.at_step(self.step)
+            self.meter.end_step(len(global_batch), self.data.tokens_in(global_batch))
+            self.faults.after_update(self.step)
             if self.profiler is not None:
                 self.profiler.step()
             if self.optim_state is None:  # once, after the first step allocated the state (metadata only, no sync)
@@ -297,18 +372,18 @@ class Loop:
     def after_step(self) -> None:
         cfg, step = self.cfg, self.step
         logged = None
-        if step % cfg.train.log_every_steps == 0 or step == self.plan.total_steps:
+        if step % cfg.train.log_every_steps == 0 or step == self.layout.total_steps:
             self.guard.check()
             with record_function("logging"):
                 logged = _log_step(self.accelerator, self.model, self.running, self.running_count, self.grad_norm,
-                                   self.lr, self.meter, step, epoch=step / self.plan.steps_per_epoch)
+                                   self.lr, self.meter, step, epoch=step / self.layout.steps_per_epoch)
             logged["mfu"] = self.flops.of(logged["tokens_per_second"])
             self.metrics_log.write(logged)
             self.running.zero_()
             self.running_count = 0
         self.progress.update(step, {k: logged[k] for k in ("loss", "lr", "samples_per_second")} if logged else None)
-        if _eval_due(cfg.train.eval_every_steps, step, self.plan):
-            self.last_eval = _evaluate(self.model, self.eval_dl, self.accelerator, self.inputs, step,
+        if _eval_due(cfg.train.eval_every_steps, step, self.layout):
+            self.last_eval = _evaluate(self.model, self.eval_dl, self.accelerator, self.data, step,
                                        self.metrics_log, self.progress, self.meter)
             self.eval_step = step
             self.best.update(self.last_eval, step, self.model)
@@ -320,4 +395,4 @@ class Loop:
             self.ckpt.save(step, self.model, self.optimizer, self.scheduler, epoch=self.epoch, running=self.running,
                            running_count=self.running_count,
                            extra={"best": self.best.state(), "eval_step": self.eval_step, "last_eval": self.last_eval})
-        kill_hook(step)
+        self.faults.after_step(step)

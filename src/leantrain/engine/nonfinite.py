@@ -18,19 +18,21 @@ counted in summary.json (``train.skipped_steps``). The learning-rate schedule st
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
+from accelerate import Accelerator
 
+from leantrain.config import Config
 from leantrain.data.batching import epoch_batches, split_global_batch
+from leantrain.engine.batch_layout import BatchLayout
 from leantrain.errors import UserError
 from leantrain.optim import fused_torch_optimizer
-from leantrain.report.logs import write_json
+from leantrain.report.logs import MetricsLog, write_json
 
 log = logging.getLogger("leantrain")
-
-NAN_AT_STEP = "LEANTRAIN_TEST_NAN_AT_STEP"  # test hook: the loss of optimizer step k becomes NaN
 
 
 class NonFiniteError(UserError):
@@ -56,61 +58,38 @@ class _SkipOptimizer:
         return getattr(self._optimizer, name)
 
 
-class _FreezeOnBad:
-    """abort mode: once a loss or gradient norm is non-finite, every later update is skipped on the device, through
-    the fused optimizers' ``found_inf`` input; no host sync. ``guard_update`` is called by the step before ``step()``."""
-
-    def __init__(self, optimizer, guard):
-        self._optimizer, self._guard = optimizer, guard
-        self._torch_opt = getattr(optimizer, "optimizer", optimizer)  # under Accelerate's AcceleratedOptimizer
-
-    def guard_update(self, loss_sum: torch.Tensor, grad_norm) -> None:
-        ok = torch.isfinite(loss_sum)
-        if grad_norm is not None and self._guard.use_grad_norm:
-            ok = ok & torch.isfinite(grad_norm)
-        self._guard.frozen |= ~ok
-        self._torch_opt.found_inf = self._guard.frozen.float()
-
-    def __getattr__(self, name):
-        return getattr(self._optimizer, name)
-
-
 class NonFiniteGuard:
-    def __init__(self, cfg, accelerator, out: Path, lengths, plan, last_checkpoint):
+    """The run's NaN/Inf watch (see the module docstring). The train step calls ``before_update`` once per step."""
+
+    def __init__(self, cfg: Config, accelerator: Accelerator, out: Path, lengths: np.ndarray, layout: BatchLayout,
+                 last_checkpoint: Callable[[], Path | None]):
         self.mode = cfg.train.nonfinite
-        self.cfg, self.accelerator, self.out, self.lengths, self.plan = cfg, accelerator, Path(out), lengths, plan
-        self.last_checkpoint = last_checkpoint  # () -> Path | None
+        self.cfg, self.accelerator, self.out, self.lengths, self.layout = cfg, accelerator, Path(out), lengths, layout
+        self.last_checkpoint = last_checkpoint
         dev = accelerator.device
         self.first_bad = torch.full((), -1, dtype=torch.long, device=dev)
         self.bad_values = torch.zeros(2, device=dev)  # loss sum, grad norm at the first bad step
         self.skipped: list[int] = []
-        self._nan_at = os.environ.get(NAN_AT_STEP)
         self.frozen = torch.zeros((), dtype=torch.bool, device=dev)  # abort mode: no update after a bad step
         # under fp16's grad scaler inf gradients are routine (the scaler skips those steps): judge the loss alone
         self.use_grad_norm = getattr(accelerator, "scaler", None) is None
         self.freezes = False
-        self.save_diagnostic = None  # (last finite step) -> Path | None, set by the loop
+        self.fused: torch.optim.Optimizer | None = None  # abort mode: the fused optimizer that takes found_inf
+        self.save_diagnostic: Callable[[int], Path | None] | None = None  # (last finite step) -> folder; by the loop
 
     def optimizer(self, optimizer):
+        """The optimizer the step uses: skip_step wraps it; abort freezes a fused one through ``found_inf``."""
         if self.mode == "skip_step":
             return _SkipOptimizer(optimizer)
-        self.freezes = fused_torch_optimizer(optimizer) is not None and self.use_grad_norm  # the scaler owns found_inf when there is one
-        return _FreezeOnBad(optimizer, self) if self.freezes else optimizer
+        fused = fused_torch_optimizer(optimizer)
+        self.freezes = fused is not None and self.use_grad_norm  # the scaler owns found_inf when there is one
+        self.fused = fused if self.freezes else None
+        return optimizer
 
-    def inject(self, micro: list[dict], step: int) -> list[dict]:
-        """Test hook: make optimizer step ``step`` produce a NaN loss (and so NaN gradients)."""
-        if self._nan_at == str(step):
-            micro[0]["loss_weight"] = micro[0]["loss_weight"] * float("nan")
-        return micro
-
-    def observe(self, step: int, loss_sum: torch.Tensor, grad_norm, optimizer, metrics_log) -> None:
-        if self.mode == "skip_step":
-            if optimizer.skipped:
-                self.skipped.append(step)
-                rec = {"type": "nonfinite", "step": step, "action": "skipped", **self.batch_of(step)}
-                metrics_log.write(rec)
-                log.warning("warning: non-finite gradients at step %d: update skipped (batch rows %s)",
-                            step, rec["batch"][:16])
+    def before_update(self, step: int, loss_sum: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
+        """abort mode: the step's one finite check, on the device (no host sync), between the clip and the update.
+        Records the first bad step; with a fused optimizer, this and every later update are skipped on the device."""
+        if self.mode != "abort":
             return
         ok = torch.isfinite(loss_sum)
         if grad_norm is not None and self.use_grad_norm:
@@ -119,6 +98,18 @@ class NonFiniteGuard:
         self.first_bad.masked_fill_(first, step)
         values = torch.stack([loss_sum.detach().float(), (grad_norm if grad_norm is not None else loss_sum).float()])
         self.bad_values = torch.where(first, values, self.bad_values)
+        if self.fused is not None:
+            self.frozen |= ~ok
+            self.fused.found_inf = self.frozen.float()
+
+    def after_update(self, step: int, optimizer, metrics_log: MetricsLog) -> None:
+        """skip_step mode: log and count an update the optimizer skipped."""
+        if self.mode == "skip_step" and optimizer.skipped:
+            self.skipped.append(step)
+            rec = {"type": "nonfinite", "step": step, "action": "skipped", **self.batch_of(step)}
+            metrics_log.write(rec)
+            log.warning("warning: non-finite gradients at step %d: update skipped (batch rows %s)",
+                        step, rec["batch"][:16])
 
     def check(self) -> None:
         """A collective on logging steps and before saves (abort mode): stop if any process saw a NaN/Inf."""
@@ -140,7 +131,7 @@ class NonFiniteGuard:
         loss_sum, norm = self.bad_values.tolist()
         frozen = self.save_diagnostic(step - 1) if self.freezes and self.save_diagnostic else None
         last = self.last_checkpoint()
-        diag = {"step": step, "ranks": ranks, "epoch": (step - 1) // self.plan.steps_per_epoch,
+        diag = {"step": step, "ranks": ranks, "epoch": (step - 1) // self.layout.steps_per_epoch,
                 "loss_sum_on_rank": loss_sum if self.accelerator.process_index in ranks else None,
                 "grad_norm": norm if self.cfg.train.max_grad_norm is not None else None,
                 **self.batch_of(step), "last_finite_checkpoint": str(last) if last else None,
@@ -157,13 +148,13 @@ class NonFiniteGuard:
              "train.nonfinite=skip_step skips such updates instead"])
 
     def batch_of(self, step: int) -> dict:
-        """The global batch of optimizer step ``step`` (1-based) and each process's part, from the pure batch plan."""
-        plan, d = self.plan, self.cfg.data
-        epoch, index = divmod(step - 1, plan.steps_per_epoch)
-        batches = epoch_batches(self.lengths, plan.batch_size, seed=self.cfg.train.seed, epoch=epoch,
+        """The global batch of optimizer step ``step`` (1-based) and each process's part, from the pure batch layout."""
+        layout, d = self.layout, self.cfg.data
+        epoch, index = divmod(step - 1, layout.steps_per_epoch)
+        batches = epoch_batches(self.lengths, layout.batch_size, seed=self.cfg.train.seed, epoch=epoch,
                                 batching=d.batching, group_size=d.group_size, drop_last=d.drop_last)
         batch = batches[index]
-        parts = split_global_batch(batch, plan.world_size * plan.accum)
-        per_rank = {r: [int(i) for a in range(plan.accum) for i in parts[a * plan.world_size + r] if i >= 0]
-                    for r in range(plan.world_size)}
+        parts = split_global_batch(batch, layout.world_size * layout.accum)
+        per_rank = {r: [int(i) for a in range(layout.accum) for i in parts[a * layout.world_size + r] if i >= 0]
+                    for r in range(layout.world_size)}
         return {"batch": [int(i) for i in batch], "batch_by_rank": per_rank}

@@ -16,11 +16,17 @@ from pathlib import Path
 
 import torch
 import yaml
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from leantrain.config import Config
+from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.checkpoint import ROOT, complete_checkpoints, rank_file, set_rng_state, verify
 from leantrain.engine.state_io import StateFormatError, load_state
 from leantrain.errors import UserError
+from leantrain.report.logs import read_metrics
 
 log = logging.getLogger("leantrain")
 
@@ -89,7 +95,8 @@ def _differs_error(where: Path, blocking: list[str]) -> UserError:
         "(start afresh, removing the old checkpoints) or another output_dir:", blocking)
 
 
-def _decide(cfg, out: Path) -> Decision:
+def decide_here(cfg: Config, out: Path) -> Decision:
+    """The decision of this process alone, from the files in ``out`` (fresh, resume or complete); see ``decide``."""
     mode = cfg.checkpoint.resume
     now = cfg.to_dict()
     if mode == "never":
@@ -136,14 +143,12 @@ def _with_config(path: Path, now: dict) -> Decision:
     return Decision("resume", path=path, inexact=inexact)
 
 
-def decide(cfg, out: Path, accelerator) -> Decision:
+def decide(cfg: Config, out: Path, accelerator: Accelerator) -> Decision:
     """Rank 0 decides (it alone may remove folders); every rank gets the same decision or the same error."""
-    from accelerate.utils import broadcast_object_list
-
     box: list = [None, None]
     if accelerator.is_main_process:
         try:
-            box[0] = _decide(cfg, out)
+            box[0] = decide_here(cfg, out)
         except UserError as e:
             box[1] = (str(e.args[0]), e.problems)
     if accelerator.num_processes > 1:
@@ -156,14 +161,15 @@ def decide(cfg, out: Path, accelerator) -> Decision:
     return decision
 
 
-def restore(decision: Decision, cfg, accelerator, plan, fingerprint: str, model, optimizer, scheduler) -> LoopState:
+def restore(decision: Decision, cfg: Config, accelerator: Accelerator, layout: BatchLayout, fingerprint: str,
+            model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler) -> LoopState:
     """Load a checkpoint into the prepared model, optimizer and scheduler; refuse silent inexactness."""
     if decision.kind != "resume":
         return LoopState(running=torch.zeros((), device=accelerator.device))
     path = decision.path
     try:
         trainer = load_state(path, "trainer_state")
-        problems = _inexact(decision, trainer, accelerator, plan, fingerprint, path)
+        problems = _inexact(decision, trainer, accelerator, layout, fingerprint, path)
         if problems and not cfg.checkpoint.allow_inexact_resume:
             raise UserError(f"cannot resume exactly from {path}; pass checkpoint.allow_inexact_resume=true to "
                             "resume anyway:", problems)
@@ -180,21 +186,22 @@ def restore(decision: Decision, cfg, accelerator, plan, fingerprint: str, model,
         raise UserError(f"cannot resume from {path}: {e}") from None
     step = int(trainer["step"])
     running = rank.get("running_loss", torch.zeros(())).to(accelerator.device)
-    log.info("resuming from %s (step %d of %d)", path, step, plan.total_steps)
-    return LoopState(step=step, epoch=step // plan.steps_per_epoch, start_step=step % plan.steps_per_epoch,
+    log.info("resuming from %s (step %d of %d)", path, step, layout.total_steps)
+    return LoopState(step=step, epoch=step // layout.steps_per_epoch, start_step=step % layout.steps_per_epoch,
                      running=running, running_count=int(rank.get("running_count", 0)), rng=rank.get("rng"),
                      best=trainer.get("best"), eval_step=int(trainer.get("eval_step", -1)),
                      last_eval=trainer.get("last_eval") or {}, resumed_from=path)
 
 
-def _inexact(decision: Decision, trainer: dict, accelerator, plan, fingerprint: str, path: Path) -> list[str]:
+def _inexact(decision: Decision, trainer: dict, accelerator: Accelerator, layout: BatchLayout, fingerprint: str,
+             path: Path) -> list[str]:
     problems = list(decision.inexact)
     world = accelerator.num_processes
     if trainer.get("world_size") != world:
         problems.append(f"world size {trainer.get('world_size')} -> {world}: each process's random stream "
                         "(dropout) and the float summation order differ")
-    if trainer.get("global_batch") != plan.batch_size and not any(p.startswith("train.batch_size") for p in problems):
-        problems.append(f"global batch {trainer.get('global_batch')} -> {plan.batch_size}: the examples after the "
+    if trainer.get("global_batch") != layout.batch_size and not any(p.startswith("train.batch_size") for p in problems):
+        problems.append(f"global batch {trainer.get('global_batch')} -> {layout.batch_size}: the examples after the "
                         "resume point differ")
     if trainer.get("data_fingerprint") != fingerprint:
         problems.append(f"the training data changed (fingerprint {str(trainer.get('data_fingerprint'))[:12]} -> "
@@ -219,7 +226,7 @@ def _load_model(path: Path, model) -> None:
                                f"unexpected {sorted(unexpected)[:5]})")
 
 
-def apply_rng(state: LoopState, cfg, accelerator) -> None:
+def apply_rng(state: LoopState, cfg: Config, accelerator: Accelerator) -> None:
     """The last thing before the loop: every generator exactly where the checkpoint left it."""
     if state.rng is not None:
         set_rng_state(state.rng)
@@ -231,8 +238,6 @@ def apply_rng(state: LoopState, cfg, accelerator) -> None:
 
 def prior_records(out: Path, state: LoopState) -> list[dict]:
     """A resumed run's metrics.jsonl: the records up to the resume step (a killed run may have logged past it)."""
-    from leantrain.report.logs import read_metrics
-
     path = Path(out) / "metrics.jsonl"
     if state.resumed_from is None or not path.is_file():
         return []

@@ -3,17 +3,19 @@
 step = micro-batches -> forward -> per-example losses x weight, summed / global count -> backward -> clip -> step.
 
 The denominator is the number of real examples in the *global* batch (all micro-batches, all processes), known
-on the host from the batch plan, so no collective and no host sync is needed to normalise. DDP averages
+on the host from the batch layout, so no collective and no host sync is needed to normalise. DDP averages
 gradients over processes, so each process scales its loss by the world size: the all-reduced gradient is then
 exactly d(sum of losses / global count). Gradients are all-reduced once, on the last micro-batch.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator
+from torch import nn
 from torch.profiler import record_function
 
 from leantrain.engine.distributed import clip_gradients, grad_sync
@@ -28,25 +30,27 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in batch.items() if k not in ("labels", "loss_weight", "length")}
 
 
-def weighted_loss_sum(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def weighted_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Sum of per-example losses weighted by ``loss_weight`` (0 for padding examples)."""
     logits = model(**model_inputs(batch)).logits
     return (per_example_loss(logits, batch["labels"]) * batch["loss_weight"]).sum()
 
 
 def train_step(
-    model,
+    model: nn.Module,
     micro_batches: Iterable[dict[str, torch.Tensor]],
     *,
     global_count: int,
-    accelerator,
-    optimizer,
-    scheduler,
+    accelerator: Accelerator,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     max_grad_norm: float | None,
-    on_phase=None,
+    guard: Callable[[torch.Tensor, torch.Tensor | None], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step over this process's micro-batches. Returns this process's loss sum (a device tensor,
     not yet divided by anything) and the gradient norm before clipping (a tensor, or None). No host sync.
+    ``guard(loss_sum, grad_norm)`` (optional): the non-finite check, on the device, between the clip and the update.
     ``on_phase(name)`` (optional) is called when the compute and the optimizer phases end, for timing."""
     micro_batches = list(micro_batches)
     scale = accelerator.num_processes / global_count
@@ -63,9 +67,8 @@ def train_step(
         on_phase("compute")
     with record_function("optimizer"):
         grad_norm = clip_gradients(model, accelerator, max_grad_norm, optimizer) if max_grad_norm is not None else None
-        guard_update = getattr(optimizer, "guard_update", None)  # the non-finite guard (device-side, no sync)
-        if guard_update is not None:
-            guard_update(loss_sum, grad_norm)
+        if guard is not None:
+            guard(loss_sum, grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)

@@ -13,6 +13,7 @@ import torch
 
 from leantrain.config import OptimConfig
 from leantrain.errors import UserError
+from leantrain.optim.hybrid import CombinedOptimizer
 
 log = logging.getLogger("leantrain")
 
@@ -98,8 +99,6 @@ def muon(model, cfg: OptimConfig, lr: float, groups_fn) -> torch.optim.Optimizer
     """torch.optim.Muon on the hidden 2-D weights (Linear layers of the base model), AdamW on everything else
     (embeddings, the task head, norms, biases), as Muon's authors prescribe. Muon's step is scaled to match
     AdamW's update RMS (adjust_lr_fn="match_rms_adamw"), so one train.lr serves both."""
-    from leantrain.optim.hybrid import CombinedOptimizer
-
     if not hasattr(torch.optim, "Muon"):
         raise UserError(f"optim.name=muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}")
     hidden = muon_parameters(model)

@@ -12,15 +12,15 @@ from typing import Any, Iterator
 import torch
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
+def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _tensors(v)
+            yield from _tensors_in(v)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _tensors(v)
+            yield from _tensors_in(v)
 
 
 def _unwrap(optimizer):
@@ -29,17 +29,22 @@ def _unwrap(optimizer):
     return optimizer
 
 
+def state_tensors(optimizer) -> Iterator[torch.Tensor]:
+    """Every tensor of the optimizer's state (under Accelerate's wrapper too); a shared tensor may come twice."""
+    for per_param in _unwrap(optimizer).state.values():
+        yield from _tensors_in(per_param)
+
+
 def state_bytes(optimizer) -> int:
     """Bytes of optimizer state now held (call after the first step: most optimizers allocate lazily)."""
     seen: set[tuple[int, int]] = set()
     total = 0
-    for per_param in _unwrap(optimizer).state.values():
-        for t in _tensors(per_param):
-            n = t.numel() * t.element_size()
-            key = (t.data_ptr(), n)
-            if n and key not in seen:
-                seen.add(key)
-                total += n
+    for t in state_tensors(optimizer):
+        n = t.numel() * t.element_size()
+        key = (t.data_ptr(), n)
+        if n and key not in seen:
+            seen.add(key)
+            total += n
     return total
 
 

@@ -1,1 +1,1 @@
-"""Measuring what a run costs: time, throughput, memory."""
+"""Measurement only (imports nothing above it): meters, FLOPs/MFU, memory, memory model, auto micro-batch, profile."""

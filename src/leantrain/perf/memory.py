@@ -8,7 +8,7 @@ import sys
 import torch
 
 
-_EARLIER_PEAK = 0  # the peak before the last reset_peak_rss (the planner's calibration windows)
+_EARLIER_PEAK = 0  # the peak before the last reset_peak_rss (the memory model's calibration windows)
 
 
 def peak_rss_bytes() -> int:

@@ -73,7 +73,6 @@ class PhaseClock:
     micro-batches) is measured.
     """
 
-    enabled: bool = True
     totals: dict[str, float] = field(default_factory=dict)
     _t: float = 0.0
 
@@ -82,8 +81,7 @@ class PhaseClock:
 
     def lap(self, phase: str) -> None:
         now = time.perf_counter()
-        if self.enabled:
-            self.totals[phase] = self.totals.get(phase, 0.0) + now - self._t
+        self.totals[phase] = self.totals.get(phase, 0.0) + now - self._t
         self._t = now
 
     def summary(self) -> dict[str, float]:

@@ -1,1 +1,1 @@
-"""Progress, run logs, plots and the model card."""
+"""Report: progress on the terminal, metrics.jsonl and trackers, plots, the model card, the bench table."""

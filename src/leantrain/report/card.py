@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from leantrain.units import format_bytes
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
 _METRIC_ORDER = ["accuracy", "f1_macro", "mcc", "loss"]
 _METRIC_NAMES = {"accuracy": "accuracy", "f1_macro": "macro F1", "mcc": "Matthews corr. (MCC)", "loss": "loss"}
@@ -24,9 +26,10 @@ def looks_like_hub_id(name: str | None) -> bool:
 
 
 def human_bytes(n: float | int | None) -> str | None:
+    """A summary's byte count for the card (``format_bytes``), or None when it is missing."""
     if not isinstance(n, (int, float)) or n < 0:
         return None
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    return format_bytes(n)
 
 
 def _fmt(value: Any) -> str:

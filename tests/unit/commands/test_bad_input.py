@@ -98,7 +98,7 @@ def test_stop_when_unknown_metric_is_refused_with_did_you_mean():
 
 
 def test_stop_when_mcc_needs_two_classes():
-    from leantrain.preflight import check_stop_when
+    from leantrain.engine.preflight import check_stop_when
 
     cfg = resolve(None, ["train.stop_when=eval.mcc>=0.5"])
     check_stop_when(cfg, 2)
@@ -110,7 +110,7 @@ def test_metric_names_are_the_evaluators():
     import numpy as np
 
     from leantrain.engine.evaluate import classification_metrics
-    from leantrain.metric_names import metric_names
+    from leantrain.config.metric_names import metric_names
 
     for k in (2, 3):
         out = classification_metrics(np.array([0, 1, 1]), np.array([0, 1, 0]), np.ones(3), k)
@@ -129,7 +129,7 @@ def test_max_length_above_the_models_positions_exits_2_naming_both(tmp_path, tin
 
 
 def test_default_max_length_is_lowered_to_a_small_models_limit(capsys):
-    from leantrain.preflight import check_max_length
+    from leantrain.engine.preflight import check_max_length
 
     small = ['model.config_type=bert', 'model.config_overrides={max_position_embeddings: 64, hidden_size: 32, '
              'num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 64}']
@@ -142,7 +142,7 @@ def test_default_max_length_is_lowered_to_a_small_models_limit(capsys):
 def test_roberta_position_offset():
     from transformers import RobertaConfig
 
-    from leantrain.preflight import position_limit
+    from leantrain.engine.preflight import position_limit
 
     assert position_limit(RobertaConfig(max_position_embeddings=514, pad_token_id=1))[0] == 512
 
@@ -244,7 +244,7 @@ def test_unknown_hub_id_offline_fails_fast_naming_the_cache(tmp_path, capsys, mo
 
 
 def test_unknown_hub_id_online_is_one_short_request(monkeypatch):
-    from leantrain import hubcheck
+    from leantrain.modeling import hubcheck
 
     class RepositoryNotFoundError(Exception):
         pass
@@ -284,15 +284,15 @@ class FakeLibc:
 
 @pytest.fixture
 def fake_libc(monkeypatch):
-    from leantrain.engine import hostmem
+    from leantrain.engine import host_allocator as hostmem
 
     libc = FakeLibc()
-    monkeypatch.setattr(hostmem, "_glibc", lambda: libc)
+    monkeypatch.setattr(hostmem, "tunable_glibc", lambda: libc)
     return libc
 
 
 def test_cpu_allocator_auto_applies_on_cpu_training_only(fake_libc):
-    from leantrain.engine.hostmem import host_memory
+    from leantrain.engine.host_allocator import host_memory
 
     with host_memory("auto", "cuda") as applied:
         assert applied == "system" and fake_libc.values == {}
@@ -302,7 +302,7 @@ def test_cpu_allocator_auto_applies_on_cpu_training_only(fake_libc):
 
 
 def test_cpu_allocator_restores_the_previous_settings(fake_libc):
-    from leantrain.engine.hostmem import GLIBC_DEFAULTS, REUSE, host_memory
+    from leantrain.engine.host_allocator import GLIBC_DEFAULTS, REUSE, host_memory
 
     with host_memory("reuse", "cpu"):
         with host_memory("reuse", "cpu"):  # e.g. bench or a test running train() inside a run
@@ -313,7 +313,7 @@ def test_cpu_allocator_restores_the_previous_settings(fake_libc):
 
 
 def test_cpu_allocator_leaves_a_tuned_allocator_alone(monkeypatch):
-    from leantrain.engine import hostmem
+    from leantrain.engine import host_allocator as hostmem
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1000000")
     monkeypatch.setattr(ctypes, "CDLL", lambda *a: pytest.fail("libc touched"))

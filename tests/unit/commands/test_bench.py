@@ -8,7 +8,7 @@ import pytest
 from tests.helpers import alternating_rows, write_rows
 from leantrain.cli import main
 from leantrain.errors import UserError
-from leantrain.perf.bench import make_variants, parse_sweeps, split_values
+from leantrain.commands.bench import make_variants, parse_sweeps, split_values
 
 
 def test_sweep_parsing_and_cartesian_product():
@@ -74,7 +74,7 @@ def test_bench_2x1_sweep_writes_table_files_and_chart(tmp_path, tiny_bert, capsy
 def test_a_failing_training_process_is_reported_with_its_error(tmp_path):
     import sys
 
-    from leantrain.perf.bench import run_once
+    from leantrain.commands.bench import run_once
 
     cmd = [sys.executable, "-c", "import sys; print('loading'); print('leantrain: error: optim.name=adamw8bit needs "
            "bitsandbytes'); print('  - a detail'); sys.exit(2)"]

@@ -13,7 +13,7 @@ import torch
 from tests.helpers import REPO, write_rows
 from leantrain.config import OptimConfig, resolve
 from leantrain.optim import build_optimizer, state_bytes
-from leantrain.perf import planner
+from leantrain.perf import memory_model
 
 OPTIMIZERS = ["adamw", "adafactor", "sgd", "muon"] + (["lion"] if importlib.util.find_spec("lion_pytorch") else []) \
     + (["adamw8bit"] if importlib.util.find_spec("bitsandbytes") else [])
@@ -35,23 +35,23 @@ def test_optimizer_state_line_equals_the_real_state_after_one_step(classifier, n
         p.grad = torch.randn_like(p)
     opt = build_optimizer(model, OptimConfig(name=name), 1e-3)
     opt.step()
-    assert planner.meta_state_bytes(classifier, OptimConfig(name=name)) == state_bytes(opt) > 0
+    assert memory_model.meta_state_bytes(classifier, OptimConfig(name=name)) == state_bytes(opt) > 0
 
 
 def test_parameter_and_gradient_lines_count_the_tensors(classifier):
     model = classifier
     model.classifier.weight.requires_grad_(False)  # a frozen tensor has no gradient
     try:
-        facts = planner.model_facts(model, framework_bytes=0)
+        facts = memory_model.model_facts(model, framework_bytes=0)
         n = sum(p.numel() for p in model.parameters())
         frozen = model.classifier.weight.numel()
         assert facts.parameter_bytes == 4 * n and facts.gradient_bytes == 4 * (n - frozen)
         linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) - frozen
         assert facts.cast_bytes == 2 * linear
-        cal = planner.Calibration("fp32", False, 16, (1, 3), (100, 300), (1000, 3000), (0.1, 0.2))
-        one = planner.lines(facts, cal, 5, state_bytes=800)
+        cal = memory_model.Calibration("fp32", False, 16, (1, 3), (100, 300), (1000, 3000), (0.1, 0.2))
+        one = memory_model.lines(facts, cal, 5, state_bytes=800)
         assert one["activations"] == 500 and one["temporary_buffers"] == max(0, 5000 - facts.gradient_bytes - 500)
-        fsdp = planner.lines(facts, cal, 5, state_bytes=800, strategy="fsdp", nproc=4)
+        fsdp = memory_model.lines(facts, cal, 5, state_bytes=800, strategy="fsdp", nproc=4)
         assert fsdp["optimizer_state"] == 200 and fsdp["gradients"] == facts.gradient_bytes // 4
         assert fsdp["parameters"] == facts.parameter_bytes // 4 + 2 * facts.largest_block_bytes
         assert fsdp["activations"] == one["activations"]  # each process still holds its own micro-batch's

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from leantrain.data.batching import MicroBatchPlan, epoch_batches, split_global_batch
+from leantrain.data.batching import EpochMicroBatches, epoch_batches, split_global_batch
 
 
 @pytest.mark.parametrize("batching", ["grouped", "dynamic", "padded"])
@@ -57,18 +57,17 @@ def test_ranks_and_micro_steps_cover_each_global_batch_once(world, accum):
     lengths = np.random.default_rng(1).integers(1, 50, size=77)
     batches = epoch_batches(lengths, 12, seed=5, epoch=0)
     seen = []
-    plans = [MicroBatchPlan(batches, rank=r, world_size=world, accum=accum) for r in range(world)]
+    plans = [EpochMicroBatches(batches, rank=r, world_size=world, accum=accum) for r in range(world)]
     per_rank = [list(p) for p in plans]
     assert len({len(x) for x in per_rank}) == 1  # every rank runs the same number of micro-batches
     for r in range(world):
         for mb in per_rank[r]:
             seen += [i for i in mb if i >= 0]
     assert sorted(seen) == list(range(77))
-    assert plans[0].step_sizes() == [len(b) for b in batches]
 
 
 def test_plan_start_step_skips_whole_steps():
     batches = epoch_batches(np.ones(40), 8, seed=0, epoch=0)
-    plan = MicroBatchPlan(batches, rank=0, world_size=1, accum=2, start_step=3)
+    plan = EpochMicroBatches(batches, rank=0, world_size=1, accum=2, start_step=3)
     assert len(plan) == 4
     assert list(plan)[0] == split_global_batch(batches[3], 2)[0].tolist()

@@ -14,7 +14,7 @@ from leantrain.cli import main
 from leantrain.config import DataConfig, resolve
 from leantrain.data import audio
 from leantrain.errors import DataError
-from leantrain.tasks import resolve_task
+from leantrain.modeling import resolve_task
 from tests.helpers import TINY_AST, TINY_VIT, write_rows
 
 pytestmark = pytest.mark.usefixtures("own_datasets_cache")  # each test its own Arrow cache, never ~/.cache

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from tests.helpers import gradients, text_batch, word_rows, write_rows
 from leantrain import train
 from leantrain.config import resolve
-from leantrain.engine.setup import step_plan
+from leantrain.engine.batch_layout import batch_layout
 from leantrain.errors import ConfigError
 
 
@@ -56,7 +56,7 @@ def test_the_runs_do_train(tiny_bert, plain):
 def test_micro_batch_that_does_not_divide_says_what_would():
     cfg = resolve(None, ["train.batch_size=48", "train.micro_batch_size=16"])  # 24 per process over 2
     with pytest.raises(ConfigError, match=r"use train.micro_batch_size=12, or train.batch_size=64"):
-        step_plan(cfg, 100, world_size=2)
+        batch_layout(cfg, 100, world_size=2)
 
 
 # ------------------------------------------------------------------------------------------ gradient checkpointing
@@ -153,34 +153,34 @@ def classifier(tiny_bert):
 
 
 def test_planner_lines_and_measured_activations(classifier):
-    from leantrain.perf import planner
+    from leantrain.perf import memory_model
 
-    cal = planner.calibrate(classifier, 34, "fp32", False, per_process=8)
+    cal = memory_model.calibrate(classifier, 34, "fp32", False, per_process=8)
     assert cal.sizes[0] == 1 and 2 <= cal.sizes[1] <= 8 and cal.saved_at(16) > cal.saved_at(8) > 0
-    facts = planner.model_facts(classifier, framework_bytes=100 * 2**20)
-    lines = planner.lines(facts, cal, 8, state_bytes=123)
+    facts = memory_model.model_facts(classifier, framework_bytes=100 * 2**20)
+    lines = memory_model.lines(facts, cal, 8, state_bytes=123)
     n = sum(p.numel() for p in classifier.parameters())
     assert lines["parameters"] == lines["gradients"] == 4 * n and lines["optimizer_state"] == 123
     assert lines["framework_overhead"] >= 100 * 2**20 and lines["activations"] == cal.saved_at(8)
     assert lines["total"] == sum(v for k, v in lines.items() if k != "total")
-    ckpt = planner.calibrate(classifier, 34, "fp32", True, per_process=8)
-    assert not planner.is_checkpointing(classifier)  # calibration leaves the model as it was
+    ckpt = memory_model.calibrate(classifier, 34, "fp32", True, per_process=8)
+    assert not memory_model.is_checkpointing(classifier)  # calibration leaves the model as it was
     per_example = lambda c: (c.saved[1] - c.saved[0]) / (c.sizes[1] - c.sizes[0])  # noqa: E731
     assert per_example(ckpt) < per_example(cal) / 2  # checkpointing keeps layer inputs only
 
 
 def test_planner_picks_the_largest_divisor_that_fits(classifier):
     from leantrain.errors import UserError
-    from leantrain.perf import planner
-    from leantrain.perf.plan import need_bytes, plan_micro_batch
+    from leantrain.perf import memory_model
+    from leantrain.perf.auto_micro_batch import need_bytes, fit_micro_batch
 
     cfg = resolve(None, [])
-    cal = planner.calibrate(classifier, 34, "fp32", False, per_process=24)
-    facts = planner.model_facts(classifier, framework_bytes=50 * 2**20)
-    state = planner.meta_state_bytes(classifier, cfg.optim)
-    need = {m: need_bytes(planner.lines(facts, cal, m, state)) for m in (1, 4, 6, 8)}
+    cal = memory_model.calibrate(classifier, 34, "fp32", False, per_process=24)
+    facts = memory_model.model_facts(classifier, framework_bytes=50 * 2**20)
+    state = memory_model.meta_state_bytes(classifier, cfg.optim)
+    need = {m: need_bytes(memory_model.lines(facts, cal, m, state)) for m in (1, 4, 6, 8)}
     assert need[1] < need[4] < need[6] < need[8]
-    pick = lambda budget: plan_micro_batch(cfg, classifier, 24, 34, budget, calibration=cal, facts=facts)[0]  # noqa: E731
+    pick = lambda budget: fit_micro_batch(cfg, classifier, 24, 34, budget, calibration=cal, facts=facts)[0]  # noqa: E731
     assert pick(need[4] + 1) == 4  # 6 does not fit, 5 does not divide
     assert pick(10**12) == 24
     with pytest.raises(UserError, match="even a micro-batch of 1.*efficiency.memory_budget"):
@@ -197,7 +197,7 @@ def test_auto_micro_batch_run_equals_plain_run(tmp_path, tiny_bert, data, plain)
 
 
 def test_memory_budget_parsing():
-    from leantrain.perf.plan import parse_bytes
+    from leantrain.perf.auto_micro_batch import parse_bytes
 
     assert parse_bytes("4GiB") == 4 * 2**30 and parse_bytes("500MB") == 500_000_000 and parse_bytes(123) == 123
     with pytest.raises(ConfigError, match="efficiency.memory_budget"):

@@ -167,7 +167,7 @@ def test_clip_folded_into_fused_adamw_equals_clip_grad_norm(clip_setup, max_norm
 
 FAULTS = """
 import resource, torch
-from leantrain.engine.hostmem import host_memory
+from leantrain.engine.host_allocator import host_memory
 
 def faults_of_a_fresh_64mb_buffer():
     for _ in range(12):  # a training step's pattern: a big buffer and small tensors, allocated, touched, freed

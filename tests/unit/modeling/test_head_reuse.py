@@ -6,8 +6,8 @@ import torch
 from tests.helpers import write_rows
 from leantrain import train
 from leantrain.config import ModelConfig
-from leantrain.engine.setup import setup_logging
-from leantrain.head_reuse import find_head, row_sources
+from leantrain.engine.accelerator import setup_logging
+from leantrain.modeling.head_reuse import find_head, row_sources
 from leantrain.modeling import build_model
 
 TEXTS = ["the cat sat", "a dog ran far", "birds sing at dawn", "rain on the roof", "quiet night here"]

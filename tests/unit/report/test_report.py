@@ -62,7 +62,7 @@ def test_model_card_full(tmp_path):
     assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2" and "leantrain" in meta["tags"]
     for needle in ["| 0 | negative |", "| 2 | positive |", "| accuracy | 0.8733 |", "| macro F1 | 0.8712 |",
                    "MCC", "300", "| train.lr | 5e-05 |", "| optim.weight_decay | 0.01 |", "0.9, 0.999",
-                   "3.50 GiB", "700.0 MiB", "2,410", "95.3", "62.4 s", "| optimizer steps | 141 |",
+                   "3.50 GiB", "700.00 MiB", "2,410", "95.3", "62.4 s", "| optimizer steps | 141 |",
                    "torch 2.13.0", 'pipeline("text-classification"', "cpu x86_64"]:
         assert needle in text, needle
 
@@ -81,4 +81,4 @@ def test_helpers():
     assert looks_like_hub_id("bert-base-uncased") and looks_like_hub_id("org/model.v2")
     assert not looks_like_hub_id("/abs/path") and not looks_like_hub_id("./rel") and not looks_like_hub_id("a/b/c")
     assert not looks_like_hub_id("../x") and not looks_like_hub_id("")
-    assert human_bytes(512 * 2**20) == "512.0 MiB" and human_bytes(2**31) == "2.00 GiB" and human_bytes(None) is None
+    assert human_bytes(512 * 2**20) == "512.00 MiB" and human_bytes(2**31) == "2.00 GiB" and human_bytes(None) is None

@@ -1,4 +1,4 @@
-"""Validated, processed inputs for a run: data checked before the model is loaded, processed once (the main
+"""The training data of a run, validated and processed: data checked before the model is loaded, processed once (the main
 process first; the others read the cache it wrote). The task picks the data side (text, image, audio); what the
 engine gets back is the same for all: datasets with ``length``, collators, label names, the processor."""
 
@@ -8,18 +8,21 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
+from accelerate import Accelerator
 
 from leantrain.config import Config
 from leantrain.data.loaders import eval_loader
-from leantrain.data.modalities import for_task
-from leantrain.modeling import load_processor, model_name
-from leantrain.tasks import resolve_task
+from leantrain.data.modalities import Modality, for_modality
+from leantrain.modeling import load_processor, model_name, resolve_task
+from leantrain.modeling.tasks import modality_of
 
 log = logging.getLogger("leantrain")
 
 
 @dataclass
-class Inputs:
+class TrainingData:
+    """What the engine trains on, the same for every task: processed datasets, collators, labels, processor."""
+
     train: object  # datasets.Dataset, processed: model inputs (or file paths), labels, length
     eval: object
     label_names: list[str]
@@ -33,10 +36,6 @@ class Inputs:
     eval_collator: object | None = None  # unset: the training collator
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
 
-    @property
-    def tokenizer(self):  # the name the text-only engine used
-        return self.processor
-
     def tokens_in(self, indices) -> int | None:
         """Non-padding tokens in these training examples; None when the inputs are not tokens."""
         return int(self.token_lengths[indices].sum()) if self.token_lengths is not None else None
@@ -46,14 +45,20 @@ class Inputs:
                            self.eval_collator or self.collator, num_workers=self.num_workers)
 
 
+def data_side(task: str) -> Modality:
+    """The data side (loader, processor step, collator) of a task."""
+    return for_modality(modality_of(task))
+
+
 def validate_data(cfg: Config):
     """Load and check the data (no model, no processor): raises DataError listing every problem."""
-    return for_task(resolve_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+    return data_side(resolve_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
 
 
-def prepare_inputs(cfg: Config, accelerator) -> Inputs:
+def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData:
+    """Validate (main process first), load the processor, process and cache the data, build the collators."""
     task = resolve_task(cfg)
-    modality = for_task(task)
+    modality = data_side(task)
     with accelerator.main_process_first():
         data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
     log.info("task: %s", task)
@@ -73,5 +78,5 @@ def prepare_inputs(cfg: Config, accelerator) -> Inputs:
     collator = modality.collator(processor, cfg.data, train=True, seed=cfg.train.seed, device_type=device)
     eval_collator = modality.collator(processor, cfg.data, train=False, seed=cfg.train.seed, device_type=device)
     tokens = np.asarray(train["length"]) if modality.counts_tokens else None
-    return Inputs(train, evals, data.label_names, processor, collator, name, data.columns, cfg.train.eval_batch_size,
+    return TrainingData(train, evals, data.label_names, processor, collator, name, data.columns, cfg.train.eval_batch_size,
                   cfg.data.num_workers, task=task, eval_collator=eval_collator, token_lengths=tokens)

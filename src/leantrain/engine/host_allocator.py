@@ -1,4 +1,4 @@
-"""Host memory reuse during training (``efficiency.cpu_allocator``).
+"""The host allocator: memory reuse during training (``efficiency.cpu_allocator``).
 
 glibc serves every allocation above 32 MiB (and, by default, many above 128 KiB) with a fresh ``mmap`` and gives it
 back with ``munmap`` when freed. A training step frees and re-allocates the same big buffers every step (the word
@@ -35,7 +35,7 @@ GLIBC_DEFAULTS = {M_TRIM_THRESHOLD: 128 * 1024, M_MMAP_MAX: 65536}
 REUSE = {M_TRIM_THRESHOLD: 2**31 - 1, M_MMAP_MAX: 0}
 
 
-def _glibc():
+def tunable_glibc():
     """The C library when it is glibc and the user has not tuned or replaced the allocator; else None."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return None
@@ -49,7 +49,7 @@ def _glibc():
         return None
 
 
-def _set(libc, params: dict[int, int]) -> bool:
+def set_malloc_params(libc, params: dict[int, int]) -> bool:
     return all(libc.mallopt(ctypes.c_int(k), ctypes.c_int(v)) == 1 for k, v in params.items())
 
 
@@ -61,8 +61,8 @@ def host_memory(mode: str, device: str = "cpu"):
     """Within the block, ``mode='reuse'`` (or ``'auto'`` on a CPU ``device``) keeps freed host memory for reuse (see
     the module docstring). Yields what was done, for the log: 'reuse', or 'system' when nothing was changed."""
     wanted = mode == "reuse" or (mode == "auto" and device == "cpu")
-    libc = _glibc() if wanted else None
-    if libc is None or not _set(libc, REUSE):
+    libc = tunable_glibc() if wanted else None
+    if libc is None or not set_malloc_params(libc, REUSE):
         yield "system"
         return
     _applied.append(REUSE)
@@ -70,6 +70,7 @@ def host_memory(mode: str, device: str = "cpu"):
         yield "reuse"
     finally:
         _applied.pop()
-        _set(libc, _applied[-1] if _applied else GLIBC_DEFAULTS)  # the previous settings: leantrain's own, else glibc's
+        # the previous settings: leantrain's own, else glibc's
+        set_malloc_params(libc, _applied[-1] if _applied else GLIBC_DEFAULTS)
         if not _applied:
             libc.malloc_trim(ctypes.c_size_t(0))

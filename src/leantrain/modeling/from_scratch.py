@@ -14,9 +14,11 @@ import difflib
 import inspect
 import json
 from pathlib import Path
+from typing import Any
 
 from leantrain.config import ModelConfig
 from leantrain.errors import ConfigError
+from leantrain.modeling.tasks import AUDIO, IMAGE
 
 
 def from_scratch(cfg: ModelConfig) -> bool:
@@ -42,8 +44,6 @@ def config_from_spec(cfg: ModelConfig):
     """A fresh ``PretrainedConfig`` from model.config or model.config_type, with model.config_overrides applied."""
     from transformers import CONFIG_MAPPING, AutoConfig
 
-    from leantrain.modeling import check_config_overrides
-
     if cfg.config and cfg.config_type:
         raise ConfigError("set model.config (a config.json) or model.config_type (a model type), not both")
     kind, values = _read_config_file(cfg.config) if cfg.config else (cfg.config_type, {})
@@ -58,10 +58,21 @@ def config_from_spec(cfg: ModelConfig):
         raise ConfigError(f"{key}: a {kind} config with model.config_overrides is invalid: {e}") from None
 
 
+def check_config_overrides(config, overrides: dict[str, Any]) -> None:
+    """Every key of ``model.config_overrides`` must be a field of the model's config (with a did-you-mean)."""
+    known = set(config.to_dict())
+    bad = [k for k in overrides if k not in known]
+    if bad:
+        problems = []
+        for k in bad:
+            hint = difflib.get_close_matches(k, sorted(known), n=1)
+            problems.append(f"model.config_overrides.{k}: not a field of {type(config).__name__}"
+                            + (f" — did you mean {hint[0]!r}?" if hint else ""))
+        raise ConfigError("bad model.config_overrides:", problems)
+
+
 def build_processor(config, task: str):
     """The image processor or feature extractor of the config's model type, sized from the config."""
-    from leantrain.tasks import AUDIO, IMAGE
-
     if task == IMAGE:
         return _image_processor(config)
     if task == AUDIO:

@@ -1,4 +1,4 @@
-"""The memory and speed model behind ``leantrain plan`` and ``train.micro_batch_size=auto`` (one planner for both).
+"""The memory and speed model behind ``leantrain plan`` and ``train.micro_batch_size=auto`` (one model for both).
 
 Peak memory of one training process (what summary.json's ``train.peak_memory_bytes`` measures: whole-life peak
 RSS on CPU; on CUDA the allocator's peak) is predicted line by line:
@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from leantrain.modeling.switches import is_checkpointing, repeated_blocks, set_checkpointing
+from leantrain.optim import build_optimizer
+from leantrain.optim.state import state_tensors
 from leantrain.perf import memory
 
 FALLBACK_STATE_BYTES = {"adamw": 8, "adafactor": 0.1, "adamw8bit": 2.1, "sgd": 4, "lion": 4, "muon": 6}
@@ -77,22 +80,6 @@ class ModelFacts:
     step_seconds: dict[str, float] = field(default_factory=dict)
 
 
-def is_checkpointing(model) -> bool:
-    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
-        "is_gradient_checkpointing"
-    return bool(getattr(model, flag, False))
-
-
-def set_checkpointing(model, on: bool) -> None:
-    from leantrain.engine.efficiency import enable_checkpointing
-
-    if on:
-        enable_checkpointing(model)
-    elif is_checkpointing(model):
-        off = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
-        off()
-
-
 def autocast_for(precision: str, device: torch.device):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     return (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
@@ -141,7 +128,8 @@ def _memory_peak(device: torch.device) -> int:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else memory.window_peak_rss_bytes()
 
 
-def _resident(device: torch.device) -> int:
+def resident_bytes(device: torch.device) -> int:
+    """What this process holds now: allocated bytes on CUDA, RSS (after trimming the heap) on CPU."""
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device)
     memory.trim_heap()
@@ -158,9 +146,9 @@ def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_proc
     set_checkpointing(model, checkpointing)
     autocast = autocast_for(precision, device)
     try:
-        before = _resident(device)
+        before = resident_bytes(device)
         _pass(model, 1, seq_len, autocast)
-        warmup = max(0, _resident(device) - before)
+        warmup = max(0, resident_bytes(device) - before)
         one = _pass(model, 1, seq_len, autocast)
         big = min(per_process, max(2, int(seconds / max(one[2], 1e-3))))
         many = _pass(model, big, seq_len, autocast)
@@ -174,9 +162,6 @@ def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_proc
 def meta_state_bytes(model, optim_cfg) -> int:
     """Bytes of optimizer state after one step, from the real optimizer on a meta-device copy of the model (no
     memory, no compute). Falls back to bytes/parameter when the model or optimizer cannot be built on meta."""
-    from leantrain.optim import build_optimizer
-    from leantrain.optim.state import _tensors, _unwrap
-
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     try:
         with torch.device("meta"):
@@ -187,13 +172,8 @@ def meta_state_bytes(model, optim_cfg) -> int:
                 p.grad = torch.zeros_like(p)
         opt = build_optimizer(clone, optim_cfg, 1e-3)
         opt.step()
-        seen, total = set(), 0
-        for st in _unwrap(opt).state.values():
-            for t in _tensors(st):
-                if id(t) not in seen:
-                    seen.add(id(t))
-                    total += t.numel() * t.element_size()
-        return total
+        unique = {id(t): t for t in state_tensors(opt)}  # meta tensors have no data pointer: one per object
+        return sum(t.numel() * t.element_size() for t in unique.values())
     except Exception:  # noqa: BLE001 - any model/optimizer that meta cannot run: the documented per-parameter rate
         n = sum(p.numel() for p in model.parameters() if p.requires_grad)
         return int(n * FALLBACK_STATE_BYTES.get(optim_cfg.name, 8))
@@ -201,9 +181,7 @@ def meta_state_bytes(model, optim_cfg) -> int:
 
 def measure_step_seconds(model, optim_cfg) -> float:
     """Seconds of one optimizer step (clip + step) on the model's own parameters with random gradients, timed on
-    the second step (the first allocates the state). The parameters change: call on a planning copy only."""
-    from leantrain.optim import build_optimizer
-
+    the second step (the first allocates the state). The parameters change: call on a throw-away copy only."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = build_optimizer(model, optim_cfg, 1e-6)
     for _ in range(2):
@@ -224,9 +202,7 @@ def model_facts(model, framework_bytes: int) -> ModelFacts:
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     linear = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.requires_grad]
-    from leantrain.engine.distributed import _blocks
-
-    blocks = _blocks(model)
+    blocks = repeated_blocks(model)
     largest = max((sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks), default=0)
     return ModelFacts(
         parameter_bytes=sum(p.numel() * p.element_size() for p in params),

@@ -1,4 +1,4 @@
-"""Load the configured data, check all of it in one pass, and return canonical datasets.
+"""The text loader: load the configured text data, check all of it in one pass, and return canonical datasets.
 
 Every problem found (missing file, malformed row, missing column, blank text, missing or unknown label) is
 collected, and they are raised together as one DataError, before any model or worker process is started.
@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from leantrain.config import DataConfig
 from leantrain.data import columns as cols_
+from leantrain.data.demo import demo_files
 from leantrain.data.labels import LabelMap, from_data, from_known, missing, nonzero, scan
 from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
 from leantrain.errors import DataError
@@ -35,12 +36,10 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     notes: list[str] = []
     train_spec, eval_spec = cfg.train, cfg.eval
     if train_spec is None:
-        from leantrain.data.demo import demo_files
-
         demo_train, demo_eval = demo_files()
         train_spec, eval_spec = str(demo_train), eval_spec or str(demo_eval)
         notes.append("data: the built-in demo dataset (set data.train to use your own)")
-    train_part, eval_part = _open_parts(cfg, train_spec, eval_spec, notes)
+    train_part, eval_part = open_parts(cfg, train_spec, eval_spec, notes)
     parts = [train_part] + ([eval_part] if eval_part is not None else [])
 
     chosen, more_notes, problems = cols_.detect(cfg, train_part, need_label=True)
@@ -50,10 +49,10 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     warnings, more = _check_texts(parts, chosen)
     warnings = source_warnings(parts) + warnings
     problems += more
-    label_map, label_notes, label_warnings, more = _labels(cfg, chosen["label"], parts, known_labels)
+    label_map, label_notes, label_warnings, more = label_map_of(cfg, chosen["label"], parts, known_labels)
     notes, warnings, problems = notes + label_notes, warnings + label_warnings, problems + more
     if problems or label_map is None:
-        raise _error(problems)
+        raise data_error(problems)
 
     train = _canonical(train_part, chosen, label_map)
     evaluation = _canonical(eval_part, chosen, label_map) if eval_part is not None else None
@@ -82,7 +81,7 @@ def _one_class(train: datasets.Dataset, label_map, chosen) -> None:  # noqa: ANN
     if len(ids) == 1:
         name = label_map.names[ids[0]] if 0 <= ids[0] < len(label_map.names) else ids[0]
         col = chosen.get("label") or "label"
-        raise _error([f"data.train: every training row has the same label, {name!r} in column {col!r}: a classifier "
+        raise data_error([f"data.train: every training row has the same label, {name!r} in column {col!r}: a classifier "
                       "needs at least 2 classes in its training data (is data.label_column the right column? did "
                       "data.max_train_samples or the eval hold-out leave one class?)"])
 
@@ -100,7 +99,7 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels:
     notes += label_notes
     problems += more
     if problems:
-        raise _error(problems)
+        raise data_error(problems)
     return _canonical(part, chosen, label_map), notes + warnings
 
 
@@ -114,9 +113,9 @@ def open_rows(path: str, cfg: DataConfig, folder_reader=None) -> Part:  # noqa: 
         wanted = [cfg.eval_split] if cfg.eval_split else ["validation", "test"]
         part = pick_split(source, wanted, setting="data.eval_split" if cfg.eval_split else None, single_ok=True)
     except SourceError as e:
-        raise _error([str(e)]) from None
+        raise data_error([str(e)]) from None
     if part is None:
-        raise _error([f"{path}: several splits ({', '.join(source.data)}) and none is named validation or test; "
+        raise data_error([f"{path}: several splits ({', '.join(source.data)}) and none is named validation or test; "
                       "set data.eval_split"])
     return part
 
@@ -129,13 +128,14 @@ def source_warnings(parts: list[Part]) -> list[str]:
     return out
 
 
-def _error(problems: list[str]) -> DataError:
+def data_error(problems: list[str]) -> DataError:
+    """One DataError listing every problem found (text and media loaders alike)."""
     n = len(problems)
     return DataError(f"the data has {n} problem{'s' if n != 1 else ''}:", problems)
 
 
-def _open_parts(cfg: DataConfig, train_spec: str, eval_spec: str | None, notes: list[str], folder_reader=None
-                ) -> tuple[Part, Part | None]:  # noqa: ANN001 - folder_reader: see sources.open_source
+def open_parts(cfg: DataConfig, train_spec: str, eval_spec: str | None, notes: list[str], folder_reader=None
+               ) -> tuple[Part, Part | None]:  # noqa: ANN001 - folder_reader: see sources.open_source
     """The train split and the eval split (None: hold out from train); one DataError for all that fails."""
     problems: list[str] = []
     sources = {}
@@ -145,7 +145,7 @@ def _open_parts(cfg: DataConfig, train_spec: str, eval_spec: str | None, notes: 
         except SourceError as e:
             problems.append(str(e))
     if problems:
-        raise _error(problems)
+        raise data_error(problems)
     train_src, eval_src = sources["data.train"], sources["data.eval"]
     train_part = eval_part = None
     try:
@@ -170,7 +170,7 @@ def _open_parts(cfg: DataConfig, train_spec: str, eval_spec: str | None, notes: 
             splits = ", ".join(part.source.data)
             notes.append(f"{'training' if part is train_part else 'eval'} data: {part.name} (splits: {splits})")
     if problems:
-        raise _error(problems)
+        raise data_error(problems)
     return train_part, eval_part
 
 
@@ -210,7 +210,7 @@ def rows_labels(cfg: DataConfig, part: Part, chosen: dict, known_labels: list[st
     labels are required (eval), else the labels are left out with a note (predict)."""
     if chosen["label"] is None:
         return None, [], []
-    label_map, label_notes, label_warnings, more = _labels(cfg, chosen["label"], [part], known_labels)
+    label_map, label_notes, label_warnings, more = label_map_of(cfg, chosen["label"], [part], known_labels)
     if more and not require_labels:
         note = f"labels of column {chosen['label']!r} left out: {more[0]}"
         chosen["label"] = None
@@ -218,9 +218,9 @@ def rows_labels(cfg: DataConfig, part: Part, chosen: dict, known_labels: list[st
     return label_map, label_notes + label_warnings, more
 
 
-def _labels(cfg: DataConfig, col: str | None, parts: list[Part], known: list[str] | None
-            ) -> tuple[LabelMap | None, list[str], list[str], list[str]]:
-    """(map, notes, warnings, problems); parts[0] is the training data (or the one input of load_rows)."""
+def label_map_of(cfg: DataConfig, col: str | None, parts: list[Part], known: list[str] | None
+                 ) -> tuple[LabelMap | None, list[str], list[str], list[str]]:
+    """The label map of the data (text and media loaders alike): (map, notes, warnings, problems); parts[0] is the training data (or the one input of load_rows)."""
     scans, problems = [], []
     for part in parts:
         if col is None or col not in part.ds.column_names:
@@ -253,7 +253,7 @@ def _hold_out(train: datasets.Dataset, fraction: float, seed: int, notes: list[s
         with quiet():
             split = train.train_test_split(test_size=fraction, seed=seed)
     except ValueError as e:
-        raise _error([f"data.eval_fraction={fraction}: cannot hold out eval rows from {len(train)} training "
+        raise data_error([f"data.eval_fraction={fraction}: cannot hold out eval rows from {len(train)} training "
                       f"rows ({e}); set data.eval"]) from None
     notes.append(f"eval data: none given, so {len(split['test'])} of {len(train)} training rows ({fraction:.0%}) are "
                  f"held out (seed {seed}; set data.eval to use your own)")

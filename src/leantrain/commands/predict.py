@@ -1,4 +1,4 @@
-"""Use a fine-tuned model folder: predictions for unlabelled rows, metrics for labelled ones."""
+"""``leantrain predict``: a fine-tuned model folder's predictions for unlabelled rows (also what ``eval`` loads with)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from leantrain.config import Config
+from leantrain.config import Config, resolve
 from leantrain.data.loaders import eval_loader
-from leantrain.data.modalities import for_task
-from leantrain.engine.evaluate import classification_metrics, predict_logits
-from leantrain.engine.setup import has_accelerator, setup_logging
+from leantrain.engine.accelerator import has_accelerator, setup_logging
+from leantrain.engine.evaluate import predict_logits
+from leantrain.engine.training_data import data_side
 from leantrain.errors import UserError
-from leantrain.model_names import resolve_model_name
-from leantrain.preflight import check_weights
-from leantrain.modeling import load_config, load_processor, trained_label_names
-from leantrain.run_settings import with_run_settings
-from leantrain.tasks import auto_model_class, resolve_task
+from leantrain.data.text_loader import open_rows
+from leantrain.engine.preflight import check_output_file, check_weights
+from leantrain.engine.run_settings import with_run_settings
+from leantrain.modeling import load_config, load_processor, resolve_task, trained_label_names
+from leantrain.modeling.names import resolve_model_name
+from leantrain.modeling.tasks import auto_model_class
 
 log = logging.getLogger("leantrain")
 
 
-def _load(model_dir: str, cfg: Config):
+def load_trained(model_dir: str, cfg: Config):
+    """A fine-tuned model folder, ready to predict: (accelerator, prepared model, (data side, processor), labels)."""
     from accelerate import Accelerator
 
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
@@ -44,10 +46,11 @@ def _load(model_dir: str, cfg: Config):
         model_dir, use_safetensors=None if mcfg.allow_pickle else True,
         revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)
     processor = load_processor(mcfg, task)
-    return accelerator, accelerator.prepare(model), (for_task(task), processor), labels
+    return accelerator, accelerator.prepare(model), (data_side(task), processor), labels
 
 
-def _logits(accelerator, model, side, rows, cfg: Config, batch_size: int):
+def logits_in_row_order(accelerator, model, side, rows, cfg: Config, batch_size: int) -> torch.Tensor:
+    """The model's logits for ``rows`` (read longest first, returned in the rows' order)."""
     modality, processor = side
     ds = modality.process(rows, processor, cfg.data, desc="Processing")
     collator = modality.collator(processor, cfg.data, train=False, device_type=accelerator.device.type)
@@ -65,14 +68,14 @@ def predict(model_dir: str, input_path: str, output_path: str, cfg: Config, batc
     """Write one JSON line per input row in input order: {"row", "text" (and "text_pair") or "path", "label",
     "score"}; with ``id_column``, that column's value under "id" instead of the text. Returns the row count."""
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
-    accelerator, model, side, labels = _load(model_dir, cfg)
+    accelerator, model, side, labels = load_trained(model_dir, cfg)
     cfg = with_run_settings(model_dir, cfg, input_path)  # the run's columns and max_length, unless set here
     rows, notes = side[0].load_rows(input_path, cfg.data, require_labels=False, known_labels=labels)
     for n in notes:
         log.info(n)
     rows = rows.remove_columns([c for c in ("label",) if c in rows.column_names])
     shown = _shown_fields(rows, side[0].name, input_path, cfg, id_column)
-    probs = torch.softmax(_logits(accelerator, model, side, rows, cfg, batch_size), dim=-1)
+    probs = torch.softmax(logits_in_row_order(accelerator, model, side, rows, cfg, batch_size), dim=-1)
     score, pred = probs.max(dim=-1)
     if accelerator.is_main_process:
         Path(output_path).parent.mkdir(parents=True, exist_ok=True)
@@ -90,8 +93,6 @@ def _shown_fields(rows, modality: str, input_path: str, cfg: Config, id_column: 
         if modality in ("image", "audio"):
             return {"path": rows[modality]}  # each prediction names its file
         return {k: rows[k] for k in ("text", "text_pair") if k in rows.column_names}
-    from leantrain.data.validate import open_rows
-
     ds = open_rows(input_path, cfg.data).ds
     if id_column not in ds.column_names:
         raise UserError(f"--id-column {id_column!r}: {input_path} has no such column "
@@ -101,34 +102,10 @@ def _shown_fields(rows, modality: str, input_path: str, cfg: Config, id_column: 
     return {"id": ds[id_column]}
 
 
-def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_size: int = 64) -> dict:
-    """Metrics of a saved model on a labelled file (``data.eval``), per class too, and a confusion matrix written
-    next to ``output_path`` (x.json -> x.confusion.json / .png) or into the run folder (eval_confusion.*)."""
-    if not cfg.data.eval:
-        raise UserError("leantrain eval needs labelled data: data.eval=path/to/file")
-    from leantrain.report.eval_report import confusion, confusion_stem, per_class, write_confusion
-
-    model_dir = resolve_model_name(model_dir, cfg.model.revision)
-    accelerator, model, side, labels = _load(model_dir, cfg)
-    cfg = with_run_settings(model_dir, cfg, cfg.data.eval)  # the run's columns and max_length, unless set here
-    rows, notes = side[0].load_rows(cfg.data.eval, cfg.data, require_labels=True, known_labels=labels)
-    for n in notes:
-        log.info(n)
-    logits = _logits(accelerator, model, side, rows, cfg, batch_size)
-    y = np.asarray(rows["label"])
-    preds = logits.argmax(-1).numpy()
-    losses = torch.nn.functional.cross_entropy(logits, torch.as_tensor(y), reduction="none").numpy()
-    metrics = classification_metrics(preds, y, losses, len(labels))
-    metrics["per_class"] = per_class(preds, y, labels)
-    result = {"model": model_dir, "data": cfg.data.eval, "eval": metrics}
-    if accelerator.is_main_process:
-        cm = confusion(preds, y, labels)
-        json_path, png_path = write_confusion(confusion_stem(model_dir, output_path), cm,
-                                              f"{Path(model_dir).name} on {Path(cfg.data.eval).name}")
-        result["confusion_matrix"] = {"json": str(json_path), "png": str(png_path)}
-        log.info("confusion matrix: %s, %s", json_path, png_path)
-        if output_path:
-            from leantrain.report.logs import write_json
-
-            write_json(output_path, result)
-    return result
+def predict_command(model_dir: str, input_path: str, output_path: str, overrides: list[str], *,
+                    batch_size: int = 64, id_column: str | None = None) -> int:
+    """``leantrain predict``: one JSON line per input row."""
+    cfg = resolve(None, overrides)
+    check_output_file(output_path, "--output")
+    predict(model_dir, input_path, output_path, cfg, batch_size=batch_size, id_column=id_column)
+    return 0

@@ -11,6 +11,8 @@ import logging
 from pathlib import Path
 
 from leantrain.config import Config
+from leantrain.data.text_loader import open_rows
+from leantrain.errors import UserError
 
 log = logging.getLogger("leantrain")
 
@@ -67,9 +69,6 @@ def _columns_of(input_path: str | None, cfg: Config) -> set[str] | None:
     """The columns of the file predict / eval reads, or None when it cannot be opened here (the load reports it)."""
     if input_path is None:
         return None
-    from leantrain.data.validate import open_rows
-    from leantrain.errors import UserError
-
     try:
         return set(open_rows(input_path, cfg.data).ds.column_names)
     except (UserError, OSError, ValueError):

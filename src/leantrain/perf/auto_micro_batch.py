@@ -1,13 +1,14 @@
-"""Micro-batch choice for ``train.micro_batch_size=auto`` and budget helpers, on the planner's lines.
+"""Automatic micro-batch size (``train.micro_batch_size=auto``) and the memory-budget helpers it shares with
+``leantrain plan``.
 
 The memory model itself (framework overhead, parameters, gradients, optimizer state, casts, activations,
-temporary buffers: each measured or counted) lives in ``leantrain.perf.planner``, shared with ``leantrain plan``,
-so the two never disagree. A margin (on the planned training part, not on the measured framework overhead)
+temporary buffers: each measured or counted) lives in ``leantrain.perf.memory_model``, shared with ``leantrain plan``,
+so the two never disagree. A margin (on the predicted training part, not on the measured framework overhead)
 covers what a prediction can miss.
 
-On CPU an out-of-memory is a SIGKILL that cannot be caught, so ``train.micro_batch_size=auto`` plans against
+On CPU an out-of-memory is a SIGKILL that cannot be caught, so ``train.micro_batch_size=auto`` sizes against
 ``efficiency.memory_budget`` (default: half the available RAM, shared by the local processes; compared
-with the whole process's planned peak). On CUDA it probes:
+with the whole process's predicted peak). On CUDA it probes:
 a real forward/backward at each candidate size, largest first, catching the out-of-memory error.
 """
 
@@ -19,15 +20,20 @@ import re
 from contextlib import nullcontext
 
 import torch
+from accelerate import Accelerator
+from accelerate.utils import broadcast_object_list
+from torch import nn
 
 from leantrain.config import Config
 from leantrain.errors import ConfigError, UserError
+from leantrain.perf import memory_model
+from leantrain.perf.memory import current_rss_bytes
+from leantrain.units import format_bytes
 
 log = logging.getLogger("leantrain")
 
-MARGIN = 0.25  # planned total x (1 + MARGIN) must fit the budget
+MARGIN = 0.25  # predicted total x (1 + MARGIN) must fit the budget
 RAM_SHARE = 0.5  # default CPU budget: this share of the available RAM, divided by the local processes
-OPTIMIZER_STATE_BYTES = {"adamw": 8}  # per trainable parameter (exp_avg + exp_avg_sq in fp32)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -41,27 +47,21 @@ def parse_bytes(value: int | str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
-
 def need_bytes(lines: dict[str, int]) -> int:
-    """Planned peak with the margin on what the training adds (the framework overhead is measured, not planned)."""
+    """Predicted peak with the margin on what the training adds (the framework overhead is measured, not predicted)."""
     return int(lines["total"] + MARGIN * (lines["total"] - lines["framework_overhead"]))
 
 
 def framework_bytes(model, plots: bool = False) -> int:
     """What this process holds besides the model's parameters, now (RSS on CPU, allocated bytes on CUDA), with the
     plotting library the run loads at its end when ``plots`` (resident from then on, so part of the peak)."""
-    from leantrain.perf.planner import _resident
-
     device = next(model.parameters()).device
     if plots and device.type == "cpu":
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot  # noqa: F401
-    return max(0, _resident(device) - sum(p.numel() * p.element_size() for p in model.parameters()))
+    return max(0, memory_model.resident_bytes(device) - sum(p.numel() * p.element_size() for p in model.parameters()))
 
 
 def default_budget(device: torch.device, local: int | None = None) -> tuple[int, str]:
@@ -70,46 +70,43 @@ def default_budget(device: torch.device, local: int | None = None) -> tuple[int,
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         return total, f"{torch.cuda.get_device_name(device)} memory"
-    import psutil
-
-    from leantrain.perf.memory import current_rss_bytes
+    import psutil  # lazy: only the CPU budget needs it
 
     local = local or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     avail = psutil.virtual_memory().available + current_rss_bytes()
-    return int(avail * RAM_SHARE / local), f"{RAM_SHARE:.0%} of {gib(avail)} available RAM / {local} local process(es)"
+    return int(avail * RAM_SHARE / local), f"{RAM_SHARE:.0%} of {format_bytes(avail)} available RAM / {local} local process(es)"
 
 
 def divisors_desc(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
 
-def longest_sequence(cfg: Config, inputs) -> int:
-    return cfg.data.max_length if cfg.data.batching == "padded" else int(max(inputs.train["length"]))
+def longest_sequence(cfg: Config, data) -> int:
+    """The sequence length the memory is sized for: data.max_length when padded, else the longest example."""
+    return cfg.data.max_length if cfg.data.batching == "padded" else int(max(data.train["length"]))
 
 
-def plan_micro_batch(cfg: Config, model, per_process: int, seq_len: int, budget: int, precision: str = "fp32",
-                     calibration=None, facts=None) -> tuple[int, str]:
-    """The largest divisor of the per-process batch whose planned peak (``leantrain plan``'s lines, with the
+def fit_micro_batch(cfg: Config, model, per_process: int, seq_len: int, budget: int, precision: str = "fp32",
+                    calibration=None, facts=None) -> tuple[int, str]:
+    """The largest divisor of the per-process batch whose predicted peak (``leantrain plan``'s lines, with the
     margin) fits the budget. ``calibration`` / ``facts``: already measured (else measured here)."""
-    from leantrain.perf import planner
-
-    facts = facts or planner.model_facts(model, framework_bytes(model, cfg.report.plots))
-    cal = calibration or planner.calibrate(model, seq_len, precision, cfg.efficiency.gradient_checkpointing,
-                                           per_process)
-    state = planner.meta_state_bytes(model, cfg.optim)
-    need = {m: need_bytes(planner.lines(facts, cal, m, state)) for m in divisors_desc(per_process)}
+    facts = facts or memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
+    cal = calibration or memory_model.calibrate(model, seq_len, precision, cfg.efficiency.gradient_checkpointing,
+                                                per_process)
+    state = memory_model.meta_state_bytes(model, cfg.optim)
+    need = {m: need_bytes(memory_model.lines(facts, cal, m, state)) for m in divisors_desc(per_process)}
     for m in divisors_desc(per_process):
         if need[m] <= budget:
             bigger = [d for d in divisors_desc(per_process) if d > m]
-            why = f"planned peak {gib(need[m])} incl. {MARGIN:.0%} margin at {seq_len} tokens"
+            why = f"planned peak {format_bytes(need[m])} incl. {MARGIN:.0%} margin at {seq_len} tokens"
             if bigger:
-                why += f"; {bigger[-1]} would need {gib(need[bigger[-1]])}"
+                why += f"; {bigger[-1]} would need {format_bytes(need[bigger[-1]])}"
             return m, why
-    one = planner.lines(facts, cal, 1, state)
+    one = memory_model.lines(facts, cal, 1, state)
     raise UserError(
-        f"train.micro_batch_size=auto: even a micro-batch of 1 needs {gib(need[1])} "
-        f"({', '.join(f'{k} {gib(v)}' for k, v in one.items() if k != 'total')}, +{MARGIN:.0%} of the training "
-        f"part) over the budget of {gib(budget)}; raise efficiency.memory_budget, or turn on "
+        f"train.micro_batch_size=auto: even a micro-batch of 1 needs {format_bytes(need[1])} "
+        f"({', '.join(f'{k} {format_bytes(v)}' for k, v in one.items() if k != 'total')}, +{MARGIN:.0%} of the training "
+        f"part) over the budget of {format_bytes(budget)}; raise efficiency.memory_budget, or turn on "
         "efficiency.gradient_checkpointing / efficiency.precision=bf16, or lower data.max_length"
     )
 
@@ -132,31 +129,28 @@ def probe_micro_batch(model, per_process: int, seq_len: int, budget: int, autoca
         finally:
             model.zero_grad(set_to_none=True)
         if peak is not None and peak * (1 + MARGIN / 2) <= budget:  # + optimizer state, allocated at the first step
-            return m, f"probed: peak {gib(peak)} at {seq_len} tokens"
-    raise UserError(f"train.micro_batch_size=auto: a micro-batch of 1 at {seq_len} tokens does not fit {gib(budget)}; "
+            return m, f"probed: peak {format_bytes(peak)} at {seq_len} tokens"
+    raise UserError(f"train.micro_batch_size=auto: a micro-batch of 1 at {seq_len} tokens does not fit {format_bytes(budget)}; "
                     "turn on efficiency.gradient_checkpointing, use bf16, or lower data.max_length")
 
 
-def auto_micro_batch(cfg: Config, model, inputs, accelerator, plan) -> int:
-    """``train.micro_batch_size=auto``: chosen on rank 0 and broadcast, so that every rank agrees."""
-    from accelerate.utils import broadcast_object_list
-
-    per_process = plan.batch_size // plan.world_size
+def auto_micro_batch(cfg: Config, model: nn.Module, data, accelerator: Accelerator, layout, precision: str) -> int:
+    """``train.micro_batch_size=auto``: chosen on rank 0 and broadcast, so that every rank agrees. ``data``: the
+    run's training data (``.train`` with a ``length`` column); ``layout``: its batch layout before the choice;
+    ``precision``: the resolved one (fp32, bf16, ...)."""
+    per_process = layout.batch_size // layout.world_size
     choice = [None]
     if accelerator.is_main_process:
         budget, source = ((parse_bytes(cfg.efficiency.memory_budget), "efficiency.memory_budget")
                           if cfg.efficiency.memory_budget is not None else default_budget(accelerator.device))
-        seq_len = longest_sequence(cfg, inputs)
+        seq_len = longest_sequence(cfg, data)
         model.to(accelerator.device)
         if accelerator.device.type == "cuda":
             micro, why = probe_micro_batch(model, per_process, seq_len, budget, autocast=accelerator.autocast)
         else:
-            from leantrain.engine.efficiency import resolve_precision
-
-            precision = resolve_precision(cfg.efficiency.precision, accelerator.device.type)[0]
-            micro, why = plan_micro_batch(cfg, model, per_process, seq_len, budget, precision)
+            micro, why = fit_micro_batch(cfg, model, per_process, seq_len, budget, precision)
         log.info("micro batch auto: %d of %d per process (%s; budget %s from %s)", micro, per_process, why,
-                 gib(budget), source)
+                 format_bytes(budget), source)
         choice = [micro]
     if accelerator.num_processes > 1:
         broadcast_object_list(choice, from_process=0)

@@ -12,7 +12,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from leantrain.config.sections import check_metric, parse_stop_when
+from leantrain.engine.batch_layout import batch_layout
 from leantrain.errors import ConfigError, UserError
+from leantrain.modeling import load_config, resolve_task
+from leantrain.modeling.tasks import TEXT
 
 log = logging.getLogger("leantrain")
 
@@ -41,13 +45,9 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
 
     Set explicitly above the limit: ConfigError naming both numbers. Left at its default (128) above a small
     model's limit: lowered to the limit, with a log note. Returns the (possibly updated) config."""
-    from leantrain.tasks import TEXT, resolve_task
-
     if resolve_task(cfg) != TEXT:
         return cfg
     if config is None:
-        from leantrain.modeling import load_config
-
         config = load_config(cfg.model)
     found = position_limit(config)
     if found is None:
@@ -69,8 +69,6 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
 
 def check_stop_when(cfg, num_labels: int) -> None:  # noqa: ANN001
     """train.stop_when must name a metric evaluation reports for ``num_labels`` classes (mcc: 2 only)."""
-    from leantrain.config.sections import check_metric, parse_stop_when
-
     for key, value in (("train.stop_when", cfg.train.stop_when), ("checkpoint.best_metric", cfg.checkpoint.best_metric)):
         if value is None:
             continue
@@ -139,7 +137,5 @@ def check_train(cfg, data=None, world_size: int = 1):  # noqa: ANN001 - Config, 
     if data is not None:
         check_stop_when(cfg, len(data.label_names))
         if world_size > 1:  # batch arithmetic over the processes, before they start
-            from leantrain.engine.setup import step_plan
-
-            step_plan(cfg, len(data.train), world_size)
+            batch_layout(cfg, len(data.train), world_size)
     return cfg

@@ -1,4 +1,6 @@
-"""Build the model for a task from a Hub id or a local folder; label maps; parameter counts.
+"""Load or build the model of a run: its config, processor and AutoModelFor<task> from a Hub id, a local folder
+or (``model.config`` / ``model.config_type``) from a config alone; the task ``model.task=auto`` decides; label maps;
+parameter counts.
 
 Loading is safe by default: safetensors weights only (``model.allow_pickle`` opts into *.bin), no remote code
 (``model.trust_remote_code``), and a warning when remote code runs without a pinned revision.
@@ -6,17 +8,19 @@ Loading is safe by default: safetensors weights only (``model.allow_pickle`` opt
 
 from __future__ import annotations
 
-import difflib
 import logging
 import re
 from pathlib import Path
 from typing import Any
 
-from leantrain.config import ModelConfig
+from leantrain.config import Config, ModelConfig
 from leantrain.errors import ConfigError, UserError
-from leantrain.head_reuse import needs_remap, remap_head
-from leantrain.model_names import PACKAGED_MODEL, packaged_model_path, resolve_model_name  # noqa: F401
-from leantrain.pad_token import ensure_pad_token, set_model_pad_token
+from leantrain.modeling.hubcheck import check_model_name
+from leantrain.modeling.head_reuse import needs_remap, remap_head
+from leantrain.modeling.names import PACKAGED_MODEL, packaged_model_path, resolve_model_name  # noqa: F401
+from leantrain.modeling.pad_token import ensure_pad_token, set_model_pad_token
+from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch
+from leantrain.modeling.tasks import AUDIO, IMAGE, TEXT, auto_model_class, task_of_config
 
 log = logging.getLogger("leantrain")
 
@@ -39,12 +43,8 @@ def _load_error(name: str, err: Exception) -> UserError:
 def load_config(cfg: ModelConfig):
     from transformers import AutoConfig
 
-    from leantrain.fromconfig import config_from_spec, from_scratch
-
     if from_scratch(cfg):
         return config_from_spec(cfg)
-    from leantrain.hubcheck import check_model_name
-
     name = model_name(cfg)
     check_model_name(name, cfg.revision)  # a missing folder or an unknown Hub id: named, in seconds
     try:
@@ -69,12 +69,8 @@ def load_processor(cfg: ModelConfig, task: str):
     """The model's own processor: tokenizer (text), image processor (images) or feature extractor (audio).
 
     A model trained from scratch (model.config / model.config_type) gets one built from its config."""
-    from leantrain.tasks import IMAGE, TEXT
-
     if task == TEXT:
         return load_tokenizer(cfg)
-    from leantrain.fromconfig import build_processor, from_scratch
-
     if from_scratch(cfg):
         return build_processor(load_config(cfg), task)
     from transformers import AutoFeatureExtractor, AutoImageProcessor
@@ -100,25 +96,10 @@ def trained_label_names(config) -> list[str] | None:
     return None if all(_DEFAULT_LABEL.match(n) for n in names) else names
 
 
-def check_config_overrides(config, overrides: dict[str, Any]) -> None:
-    known = set(config.to_dict())
-    bad = [k for k in overrides if k not in known]
-    if bad:
-        problems = []
-        for k in bad:
-            hint = difflib.get_close_matches(k, sorted(known), n=1)
-            problems.append(f"model.config_overrides.{k}: not a field of {type(config).__name__}"
-                            + (f" — did you mean {hint[0]!r}?" if hint else ""))
-        raise ConfigError("bad model.config_overrides:", problems)
-
-
 def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-classification"):
     """The task's AutoModelFor... with the data's labels; a new head when the label set changes.
 
     With model.config / model.config_type: random initialisation from that config (seeded by the caller)."""
-    from leantrain.fromconfig import from_scratch
-    from leantrain.tasks import auto_model_class
-
     auto = auto_model_class(task)
     config = load_config(cfg)
     check_config_overrides(config, cfg.config_overrides)
@@ -162,8 +143,6 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
 
 def _with_pad_token(model, cfg: ModelConfig, task: str):
     """A text classifier whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...)."""
-    from leantrain.tasks import TEXT
-
     if task == TEXT and getattr(model.config, "pad_token_id", None) is None:
         set_model_pad_token(model, load_tokenizer(cfg))
     return model
@@ -188,7 +167,6 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
     """
     from transformers import AutoModel
 
-    from leantrain.tasks import TEXT, auto_model_class, task_of_config
 
     config = load_config(cfg)
     archs = getattr(config, "architectures", None) or []
@@ -201,3 +179,24 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
         raise _load_error(name, e) from None
     return {"name": name, "class": type(model).__name__, "parameters": parameter_counts(model),
             "labels": trained_label_names(config), "config": config.to_diff_dict()}
+
+
+def resolve_task(cfg: Config) -> str:
+    """``model.task``, or what ``auto`` decides (see the module docstring). Reads config.json at most."""
+    m = cfg.model
+    if m.task != "auto":
+        return m.task
+    if m.name or m.config or m.config_type:
+        try:
+            task = task_of_config(load_config(m))
+        except ConfigError:
+            raise
+        except UserError:  # an unreachable Hub id: building the model reports it
+            task = None
+        if task is not None:
+            return task
+    if cfg.data.image_column:
+        return IMAGE
+    if cfg.data.audio_column:
+        return AUDIO
+    return TEXT

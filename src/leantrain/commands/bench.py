@@ -19,7 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from leantrain.config import resolve
 from leantrain.errors import ConfigError, UserError
+from leantrain.report import bench_report
 
 
 @dataclass
@@ -76,8 +78,6 @@ def make_variants(sweeps: list[tuple[str, list[str]]]) -> list[Variant]:
 
 
 def validate(variant: Variant, source: str | None, overrides: list[str]) -> None:
-    from leantrain.config import resolve
-
     try:
         resolve(source, [*overrides, *variant.overrides])
     except ConfigError as e:
@@ -117,9 +117,6 @@ def run_bench(source: str | None, overrides: list[str], sweeps: list[str], *, re
               timeout: float | None = None, echo=print) -> dict:
     """Validate, run (interleaved over ``repeat`` rounds), tabulate and write bench.csv/json/png. Returns the
     result dict (also in bench.json)."""
-    from leantrain.config import resolve
-    from leantrain.report import bench_report
-
     if repeat < 1:
         raise UserError(f"--repeat must be at least 1 (got {repeat})")
     base = resolve(source, overrides)  # a bad base config fails the whole command, before anything runs
@@ -176,3 +173,10 @@ def row_of(v: Variant) -> dict:
         "device": (last.get("device") or {}).get("type"),
     })
     return row
+
+
+def bench_command(source: str | None, overrides: list[str], sweeps: list[str], *, repeat: int = 1,
+                  timeout: float | None = None) -> int:
+    """``leantrain bench``: exit status 0 when at least one variant ran."""
+    result = run_bench(source, overrides, sweeps, repeat=repeat, timeout=timeout)
+    return 0 if any(r["status"] == "ok" for r in result["rows"]) else 1

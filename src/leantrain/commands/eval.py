@@ -1,0 +1,63 @@
+"""``leantrain eval``: the metrics of a fine-tuned model folder on labelled data (``data.eval``), per class too,
+with a confusion matrix (JSON and PNG)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from leantrain.commands.predict import load_trained, logits_in_row_order
+from leantrain.config import Config, resolve
+from leantrain.engine.evaluate import classification_metrics
+from leantrain.engine.preflight import check_output_file
+from leantrain.engine.run_settings import with_run_settings
+from leantrain.errors import UserError
+from leantrain.modeling.names import resolve_model_name
+from leantrain.report.eval_report import confusion, confusion_stem, format_table, per_class, write_confusion
+from leantrain.report.logs import write_json
+
+log = logging.getLogger("leantrain")
+
+
+def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_size: int = 64) -> dict:
+    """Metrics of a saved model on a labelled file (``data.eval``), per class too, and a confusion matrix written
+    next to ``output_path`` (x.json -> x.confusion.json / .png) or into the run folder (eval_confusion.*)."""
+    if not cfg.data.eval:
+        raise UserError("leantrain eval needs labelled data: data.eval=path/to/file")
+    model_dir = resolve_model_name(model_dir, cfg.model.revision)
+    accelerator, model, side, labels = load_trained(model_dir, cfg)
+    cfg = with_run_settings(model_dir, cfg, cfg.data.eval)  # the run's columns and max_length, unless set here
+    rows, notes = side[0].load_rows(cfg.data.eval, cfg.data, require_labels=True, known_labels=labels)
+    for n in notes:
+        log.info(n)
+    logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size)
+    y = np.asarray(rows["label"])
+    preds = logits.argmax(-1).numpy()
+    losses = torch.nn.functional.cross_entropy(logits, torch.as_tensor(y), reduction="none").numpy()
+    metrics = classification_metrics(preds, y, losses, len(labels))
+    metrics["per_class"] = per_class(preds, y, labels)
+    result = {"model": model_dir, "data": cfg.data.eval, "eval": metrics}
+    if accelerator.is_main_process:
+        cm = confusion(preds, y, labels)
+        json_path, png_path = write_confusion(confusion_stem(model_dir, output_path), cm,
+                                              f"{Path(model_dir).name} on {Path(cfg.data.eval).name}")
+        result["confusion_matrix"] = {"json": str(json_path), "png": str(png_path)}
+        log.info("confusion matrix: %s, %s", json_path, png_path)
+        if output_path:
+            write_json(output_path, result)
+    return result
+
+
+def eval_command(model_dir: str, overrides: list[str], output_path: str | None, *, batch_size: int = 64) -> int:
+    """``leantrain eval``: the metrics on labelled data (data.eval=...), printed as JSON, then a per-class table."""
+    cfg = resolve(None, overrides)
+    if output_path:
+        check_output_file(output_path, "--output", "metrics.json")
+    result = evaluate_file(model_dir, cfg, output_path, batch_size=batch_size)
+    print(json.dumps({k: v for k, v in result["eval"].items() if k != "per_class"}, indent=2))
+    print(format_table(result["eval"]["per_class"]))
+    return 0

@@ -1,0 +1,46 @@
+"""Switches on the model itself, before it is wrapped: gradient checkpointing on / off, and the repeated blocks
+(the unit FSDP shards one by one and the memory model sizes)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from leantrain.errors import ConfigError
+
+
+def enable_checkpointing(model: nn.Module) -> None:
+    """Non-reentrant gradient checkpointing on a transformers model (ConfigError if it has none)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"efficiency.gradient_checkpointing: {type(model).__name__} does not support it")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name; the old one warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
+
+
+def is_checkpointing(model: nn.Module) -> bool:
+    """Whether gradient checkpointing is on (transformers' old and new attribute names)."""
+    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    return bool(getattr(model, flag, False))
+
+
+def set_checkpointing(model: nn.Module, on: bool) -> None:
+    """Turn gradient checkpointing on or off (the memory model measures both)."""
+    if on:
+        enable_checkpointing(model)
+    elif is_checkpointing(model):
+        off = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+        off()
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to shard one by one: the model's _no_split_modules, else the longest ModuleList."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1]
+    return list(max(lists, key=len)) if lists else []
