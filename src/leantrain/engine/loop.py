@@ -25,6 +25,7 @@ from leantrain.engine.faults import FaultInjector
 from leantrain.engine.hostmem import host_memory
 from leantrain.engine.inputs import prepare_inputs
 from leantrain.engine.nonfinite import NonFiniteGuard
+from leantrain.engine.preempt import Preemption, stop_if_signalled
 from leantrain.engine.resume import apply_rng, decide, prior_records, restore
 from leantrain.engine.setup import (attach_trackers, default_output_dir, device_type, make_accelerator, setup_logging,
                                     step_plan)
@@ -235,6 +236,7 @@ class Loop:
         self.guard.save_diagnostic = lambda last: ckpt.save_diagnostic(last, model, optimizer, scheduler)
         self.best = BestModel(cfg, accelerator, Path(cfg.output_dir), inputs.tokenizer, state.best)
         self.faults = FaultInjector(accelerator.process_index)
+        self.preempt = Preemption(accelerator, plan, cfg.train.log_every_steps, ckpt.due)
         self.stopped = False
         self.optim_state = None
         self.progress = Progress(plan.total_steps, enabled=accelerator.is_main_process, mode=cfg.report.progress,
@@ -246,9 +248,13 @@ class Loop:
 
     def run(self, lsgd=None, profiler=None) -> None:
         self.profiler = profiler
-        while not self.done:
-            self.run_epoch(lsgd)
-            self.epoch += 1
+        self.preempt.install()
+        try:
+            while not self.done:
+                self.run_epoch(lsgd)
+                self.epoch += 1
+        finally:
+            self.preempt.uninstall()
         self.progress.close()
 
     def run_epoch(self, lsgd) -> None:
@@ -288,6 +294,7 @@ class Loop:
                 self.optim_state = state_report(self.optimizer, cfg.optim.name)
                 self.progress.write(describe_optim_state(self.optim_state))
             self.after_step()
+            stop_if_signalled(self)
 
     def after_step(self) -> None:
         cfg, step = self.cfg, self.step
@@ -311,8 +318,12 @@ class Loop:
             if self.stopped:
                 log.info("stopping at step %d: %s", step, cfg.train.stop_when)
         if self.ckpt.due(step):
-            self.guard.check()  # a checkpoint is always a finite state
-            self.ckpt.save(step, self.model, self.optimizer, self.scheduler, epoch=self.epoch, running=self.running,
-                           running_count=self.running_count,
-                           extra={"best": self.best.state(), "eval_step": self.eval_step, "last_eval": self.last_eval})
+            self.save_checkpoint()
         kill_hook(step)
+
+    def save_checkpoint(self):
+        self.guard.check()  # a checkpoint is always a finite state
+        return self.ckpt.save(self.step, self.model, self.optimizer, self.scheduler, epoch=self.epoch,
+                              running=self.running, running_count=self.running_count,
+                              extra={"best": self.best.state(), "eval_step": self.eval_step,
+                                     "last_eval": self.last_eval})
