@@ -24,6 +24,7 @@ from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.hostmem import host_memory
 from leantrain.engine.inputs import prepare_inputs
+from leantrain.engine.lock import hold as hold_lock, release as release_lock
 from leantrain.engine.nonfinite import NonFiniteGuard
 from leantrain.engine.preempt import Preemption, stop_if_signalled
 from leantrain.engine.resume import apply_rng, decide, prior_records, restore
@@ -65,7 +66,10 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
 def train(cfg: Config) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; returns the summary (also written to output_dir/summary.json)."""
     with host_memory(cfg.efficiency.cpu_allocator) as allocator:
-        return _train(cfg, allocator)
+        try:
+            return _train(cfg, allocator)
+        finally:
+            release_lock()
 
 
 def _train(cfg: Config, allocator: str) -> dict:
@@ -79,6 +83,7 @@ def _train(cfg: Config, allocator: str) -> dict:
     if allocator == "reuse":
         log.info("host memory: freed buffers stay in the process for the next step (efficiency.cpu_allocator)")
     out = _output_dir(cfg, accelerator)
+    hold_lock(out, accelerator)  # one run per output_dir (exit 2 naming the other run's pid)
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     accelerator.project_configuration.set_directories(str(out))
     decision = decide(cfg, out, accelerator)

@@ -1,0 +1,205 @@
+"""Kill a small training run at random moments, resume it each time, and check that nothing was lost.
+
+    python benchmarks/fault_injection.py --faults 10 [--nproc 2] [--seed 0] [--workdir DIR]
+
+What it does: builds a tiny random BERT (1 layer, hidden 16, dropout 0.1) and a small two-class CSV, trains it once
+without interruption (the reference), then trains the same config in another folder while injecting ``--faults``
+faults, each followed by a plain rerun of the same command (which resumes from the newest complete checkpoint):
+
+- ``sigkill``: SIGKILL of the ``leantrain train`` process at a random moment after it made progress (uniform over
+  the time the reference took to finish from there). Checkpoints are written every 2 steps, so many kills land
+  inside a save; the script counts those (a ``.tmp-step-*`` folder is left behind).
+- ``crash-in-save``: the process dies half-way through a save (files written, no manifest) at a random
+  checkpoint step ahead (the ``LEANTRAIN_TEST_CRASH_IN_SAVE`` hook).
+
+At the end it compares the per-step losses, learning rates, grad norms, evaluations (metrics.jsonl) and the final
+parameters (model/model.safetensors) bitwise with the reference and prints the counts. Exit status 0 when every
+fault was survived with nothing lost. With ``--nproc 2`` the SIGKILL goes to the launcher, and the workers must die
+with it (gloo on 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STEPS = 24
+WORDS = {"pos": ["great", "lovely", "superb", "fine"], "neg": ["awful", "bad", "broken", "poor"]}
+
+
+def make_data(folder: Path) -> None:
+    import csv
+
+    rng = random.Random(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train.csv", 48), ("dev.csv", 16)):
+        with (folder / name).open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["text", "label"])
+            for _ in range(n):
+                lab = rng.choice(["pos", "neg"])
+                w.writerow([" ".join(rng.choice(WORDS[lab]) for _ in range(rng.randint(1, 10))), lab])
+
+
+def make_model(folder: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from leantrain.modeling import packaged_model_path
+
+    tok = AutoTokenizer.from_pretrained(packaged_model_path())
+    config = BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=128, hidden_dropout_prob=0.1,
+                        attention_probs_dropout_prob=0.1)
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+
+
+def command(work: Path, out: Path, nproc: int) -> list[str]:
+    cmd = [sys.executable, "-m", "leantrain", "train", f"model.name={work / 'bert'}",
+           f"data.train={work / 'data' / 'train.csv'}", f"data.eval={work / 'data' / 'dev.csv'}",
+           "train.batch_size=8", f"train.max_steps={STEPS}", "train.eval_every_steps=8", "train.lr=2e-3",
+           "train.log_every_steps=1", "checkpoint.every_steps=2", "checkpoint.keep=2", "report.plots=false",
+           "report.progress=none", "efficiency.precision=fp32", f"output_dir={out}"]
+    if nproc > 1:
+        cmd += ["--nproc", str(nproc), "train.micro_batch_size=2"]
+    return cmd
+
+
+def env(extra: dict | None = None) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "GLOO_SOCKET_IFNAME": "lo", **(extra or {})}
+
+
+def logged_steps(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    steps = 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("type") == "train":
+            steps = max(steps, rec["step"])
+    return steps
+
+
+def newest_checkpoint(out: Path) -> int:
+    root = out / "checkpoints"
+    steps = [int(p.name[5:]) for p in root.glob("step-*") if (p / "manifest.json").is_file()] if root.is_dir() else []
+    return max(steps, default=0)
+
+
+def run_until_progress(cmd: list[str], out: Path, extra_env: dict | None = None) -> tuple[subprocess.Popen, float]:
+    """Start a run; return it once it logged a step beyond its resume point (or ended), and when that was."""
+    start_step = newest_checkpoint(out)
+    proc = subprocess.Popen(cmd, env=env(extra_env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None and logged_steps(out) <= start_step:
+        time.sleep(0.05)
+    return proc, time.monotonic()
+
+
+def trajectory(out: Path) -> list[dict]:
+    keep = ("type", "step", "loss", "lr", "grad_norm", "eval.loss", "eval.accuracy")
+    return [{k: r[k] for k in keep if k in r} for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+
+
+def same_params(a: Path, b: Path) -> bool:
+    import torch
+    from safetensors.torch import load_file
+
+    pa, pb = load_file(str(a / "model" / "model.safetensors")), load_file(str(b / "model" / "model.safetensors"))
+    return pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--faults", type=int, default=10)
+    ap.add_argument("--nproc", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", type=Path, default=None, help="kept afterwards (default: a temporary folder)")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="leantrain-faults-"))
+    shutil.rmtree(work / "ref", ignore_errors=True)
+    shutil.rmtree(work / "chain", ignore_errors=True)
+    make_data(work / "data")
+    make_model(work / "bert")
+
+    ref, chain = work / "ref", work / "chain"
+    proc, t0 = run_until_progress(command(work, ref, args.nproc), ref)
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        print(err[-3000:], file=sys.stderr)
+        return 1
+    window = time.monotonic() - t0  # from the first logged step to the end, uninterrupted
+    print(f"reference: {STEPS} steps, {args.nproc} process(es); {window:.1f} s from the first step to the end")
+
+    counts = {"sigkill": 0, "sigkill_during_save": 0, "crash_in_save": 0, "resumes": 0, "runs": 0}
+    cmd = command(work, chain, args.nproc)
+    injected = 0
+    while injected < args.faults:
+        kind = "crash_in_save" if rng.random() < 0.3 else "sigkill"
+        extra = None
+        if kind == "crash_in_save":
+            ahead = newest_checkpoint(chain) + 2 * rng.randint(1, 3)
+            if ahead >= STEPS:
+                kind = "sigkill"
+            else:
+                extra = {"LEANTRAIN_TEST_CRASH_IN_SAVE": str(ahead)}
+        left = (STEPS - newest_checkpoint(chain)) / STEPS  # the share of the reference's time still ahead
+        proc, t = run_until_progress(cmd, chain, extra)
+        counts["runs"] += 1
+        if kind == "sigkill":
+            deadline = t + rng.uniform(0, window * left)
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate()
+        if "resuming from" in err:
+            counts["resumes"] += 1
+        if proc.returncode == 0:  # finished before the fault: start over in a fresh folder
+            print(f"  run finished before the {kind} (not counted); starting the chain afresh")
+            shutil.rmtree(chain)
+            continue
+        if kind == "sigkill" and proc.returncode not in (-9, 137):
+            print(f"unexpected exit status {proc.returncode}:\n{err[-3000:]}", file=sys.stderr)
+            return 1
+        in_save = kind == "sigkill" and any((chain / "checkpoints").glob(".tmp-step-*"))
+        injected += 1
+        counts[kind] += 1
+        counts["sigkill_during_save"] += in_save
+        print(f"  fault {injected}: {kind}{' (during a save)' if in_save else ''} after step "
+              f"{logged_steps(chain)}; newest complete checkpoint: step {newest_checkpoint(chain)}")
+    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True)
+    counts["runs"] += 1
+    counts["resumes"] += "resuming from" in proc.stderr
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        return 1
+    same = trajectory(chain) == trajectory(ref) and same_params(chain, ref)
+    survived = injected if same else 0
+    print(json.dumps({**counts, "faults_injected": injected, "survived_nothing_lost": survived,
+                      "bitwise_equal": same, "nproc": args.nproc, "steps": STEPS}))
+    print(f"faults injected: {injected}; survived with nothing lost: {survived} "
+          f"(final parameters and per-step trajectory bitwise equal to the uninterrupted run: {same})")
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
