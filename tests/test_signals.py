@@ -130,6 +130,7 @@ def test_stopping_the_launcher_leaves_no_worker(bert, sig):
     cmd = [sys.executable, "-m", "leantrain", "train", *_args(folder, *TWO, "train.max_steps=100000",
                                                               "train.epochs=1")]
     launcher = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    procs = []
     try:
         _poll(lambda: _train_records(run) >= 2 or launcher.poll() is not None, 240, "two logged steps")
         assert launcher.poll() is None, launcher.stderr.read()[-3000:]
@@ -139,9 +140,12 @@ def test_stopping_the_launcher_leaves_no_worker(bert, sig):
         _, err = launcher.communicate(timeout=240)
         gone, alive = psutil.wait_procs(procs, timeout=120)
         assert not alive, alive
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    finally:  # never leave a process behind, even when the test fails
+        for proc in [*procs, psutil.Process(launcher.pid)] if launcher.poll() is None else procs:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
     if sig == signal.SIGKILL:
         assert launcher.returncode == -9
     else:
