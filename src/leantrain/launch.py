@@ -79,9 +79,11 @@ def run_group(cmd: list[str], env: dict[str, str]) -> int:
     to torchrun's agent, which forwards them once to every worker and waits for them (a terminal's Ctrl-C reaches
     this process alone: the workers are not in the terminal's process group); the agent dies when this process
     dies, and the workers die with the agent, so nothing of the run outlives a SIGKILL here."""
-    from leantrain.engine.preempt import SIGNALS, die_with_parent
+    from leantrain.engine.preempt import SIGNALS
 
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    if cmd[1] == "-m":  # python -m MODULE ... -> the same, in a process that dies with this one
+        cmd = [cmd[0], "-m", "leantrain.engine.preempt", *cmd[2:]]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
 
     def forward(signum, frame):
         if proc.poll() is None:

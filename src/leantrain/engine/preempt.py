@@ -169,3 +169,21 @@ def _parse_hook(spec: str | None, rank: int) -> tuple[int, int] | None:
     if int(who or 0) != rank:
         return None
     return int(getattr(signal, f"SIG{name}")), int(step)
+
+
+def run_module_dying_with_parent(argv: list[str]) -> None:
+    """``python -m leantrain.engine.preempt MODULE ARGS``: run ``python -m MODULE ARGS`` (torchrun) in a process that
+    the kernel SIGKILLs when its parent (the launcher) dies. Done here rather than in a ``preexec_fn``, which is not
+    safe in a parent that has threads (pyarrow's)."""
+    import runpy
+
+    parent = os.getppid()
+    die_with_parent(signal.SIGKILL)
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os._exit(1)
+    sys.argv = [argv[0], *argv[1:]]
+    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    run_module_dying_with_parent(sys.argv[1:])
