@@ -14,8 +14,9 @@ faults, each followed by a plain rerun of the same command (which resumes from t
 
 At the end it compares the per-step losses, learning rates, grad norms, evaluations (metrics.jsonl) and the final
 parameters (model/model.safetensors) bitwise with the reference and prints the counts. Exit status 0 when every
-fault was survived with nothing lost. With ``--nproc 2`` the SIGKILL goes to the launcher, and the workers must die
-with it (gloo on 127.0.0.1).
+fault was survived with nothing lost and no process outlived a kill. With ``--nproc 2`` the SIGKILL goes to the
+launcher, and torchrun and the workers must die with it (``left_running`` counts those that did not; gloo on
+127.0.0.1).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 STEPS = 40
 WORDS = {"pos": ["great", "lovely", "superb", "fine"], "neg": ["awful", "bad", "broken", "poor"]}
@@ -149,7 +152,7 @@ def main() -> int:
     window = time.monotonic() - t0  # from the first logged step to the end, uninterrupted
     print(f"reference: {STEPS} steps, {args.nproc} process(es); {window:.1f} s from the first step to the end")
 
-    counts = {"sigkill": 0, "sigkill_during_save": 0, "crash_in_save": 0, "resumes": 0, "runs": 0}
+    counts = {"sigkill": 0, "sigkill_during_save": 0, "crash_in_save": 0, "resumes": 0, "runs": 0, "left_running": 0}
     cmd = command(work, chain, args.nproc)
     injected = chain_faults = survived = 0
     all_same = True
@@ -172,7 +175,15 @@ def main() -> int:
             while proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.002)
             if proc.poll() is None:
+                try:
+                    group = psutil.Process(proc.pid).children(recursive=True)  # torchrun and workers (--nproc)
+                except psutil.NoSuchProcess:
+                    group = []
                 proc.send_signal(signal.SIGKILL)
+                _, alive = psutil.wait_procs(group, timeout=60)
+                counts["left_running"] += len(alive)
+                for p in alive:  # would train on: take them down, and count it as a failure
+                    p.kill()
         _, err = proc.communicate()
         if "resuming from" in err:
             counts["resumes"] += 1
@@ -202,6 +213,7 @@ def main() -> int:
         return 1
     same = trajectory(chain) == trajectory(ref) and same_params(chain, ref)
     survived, all_same = survived + (chain_faults if same else 0), all_same and same
+    all_same = all_same and counts["left_running"] == 0
     print(json.dumps({**counts, "faults_injected": injected, "survived_nothing_lost": survived,
                       "bitwise_equal": all_same, "nproc": args.nproc, "steps": STEPS}))
     print(f"faults injected: {injected}; survived with nothing lost: {survived} (final parameters and per-step "

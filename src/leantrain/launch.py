@@ -74,24 +74,27 @@ def worker_env(opts: LaunchOptions) -> dict[str, str]:
     return env
 
 
-def run_group(cmd: list[str], env: dict[str, str]) -> int:
+def run_group(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
     """Run torchrun in a session of its own and wait for it. SIGTERM / SIGINT sent to this process are forwarded
     to torchrun's agent, which forwards them once to every worker and waits for them (a terminal's Ctrl-C reaches
     this process alone: the workers are not in the terminal's process group); the agent dies when this process
-    dies, and the workers die with the agent, so nothing of the run outlives a SIGKILL here."""
+    dies, and the workers die with the agent, so nothing of the run outlives a SIGKILL here.
+    Returns torchrun's exit status and the first signal forwarded (0: none)."""
     from leantrain.engine.preempt import SIGNALS
 
     if cmd[1] == "-m":  # python -m MODULE ... -> the same, in a process that dies with this one
         cmd = [cmd[0], "-m", "leantrain.engine.preempt", *cmd[2:]]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    received: list[int] = []
 
     def forward(signum, frame):
+        received.append(signum)
         if proc.poll() is None:
             proc.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
     try:
-        return proc.wait()
+        return proc.wait(), (received[0] if received else 0)
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
@@ -110,12 +113,16 @@ def launch(cfg: Config, opts: LaunchOptions) -> int:
         total = opts.nproc * opts.nnodes
         log.info("launching %d process(es) on this machine (%d in all): %s", opts.nproc, total, " ".join(cmd))
         env = {**worker_env(opts), STATUS_FILE: str(Path(tmp) / "status.json")}
-        rc = run_group(cmd, env)
+        rc, signum = run_group(cmd, env)
         status = read_status(Path(tmp) / "status.json")
     if status and status.get("preempted"):
         print(f"leantrain: stopped by {status['signal']} after step {status['step']}; checkpoint {status['checkpoint']}"
               f"; run the same command again to resume (exit status {EXIT_PREEMPTED})", file=sys.stderr)
         return EXIT_PREEMPTED
+    if signum and rc != 0:  # told to stop, not a worker failure
+        print(f"leantrain: stopped by {signal.Signals(signum).name} before the workers could write a checkpoint; "
+              "the next run resumes from the newest complete one", file=sys.stderr)
+        return 128 + signum
     if rc != 0:
         print(f"leantrain: error: a worker failed (exit status {rc}); its rank and error are shown above",
               file=sys.stderr)
