@@ -12,8 +12,9 @@
 
 Protocol: every rank writes its own files into ``checkpoints/.tmp-step-XXXXXXX/`` and fsyncs them; after a barrier
 rank 0 writes the manifest, fsyncs the folder, renames it to ``step-XXXXXXX`` and fsyncs ``checkpoints/``; only then
-are checkpoints beyond ``checkpoint.keep`` deleted. A folder without a manifest, or whose checksums do not match, is
-never resumed from.
+are checkpoints beyond ``checkpoint.keep`` deleted (renamed to ``.del-step-XXXXXXX`` first, so that a prune killed
+half-way never leaves a half-deleted step folder). A folder without a manifest, or whose checksums do not match, is
+never resumed from (and is reported). A full disk during a save removes the partial folder and exits 2.
 """
 
 from __future__ import annotations
