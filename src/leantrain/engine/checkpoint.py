@@ -110,6 +110,9 @@ def verify(folder: Path) -> dict:
     """The manifest, after checking that every file it names is there with the recorded sha256.
     Raises ValueError naming the first problem."""
     mpath = folder / "manifest.json"
+    if not mpath.exists():
+        raise ValueError(f"{folder}: manifest.json is missing (deleted, or the folder was not written by a complete "
+                         "save): its files cannot be verified")
     try:
         manifest = json.loads(mpath.read_text())
         files = manifest["files"]
