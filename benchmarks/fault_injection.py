@@ -118,7 +118,8 @@ def run_until_progress(cmd: list[str], out: Path, extra_env: dict | None = None)
 
 def trajectory(out: Path) -> list[dict]:
     keep = ("type", "step", "loss", "lr", "grad_norm", "eval.loss", "eval.accuracy")
-    return [{k: r[k] for k in keep if k in r} for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [{k: r[k] for k in keep if k in r} for r in map(json.loads, lines)]
 
 
 def same_params(a: Path, b: Path) -> bool:
