@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leantrain.config import Config
+from leantrain.engine.preempt import EXIT_PREEMPTED, STATUS_FILE, read_status
 from leantrain.errors import UserError
 
 log = logging.getLogger("leantrain")
@@ -89,7 +91,10 @@ def inside_launcher() -> bool:
 
 
 def torchrun_command(opts: LaunchOptions, config_file: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc}"]
+    from leantrain.engine.preempt import GRACE_SECONDS
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc}",
+           f"--shutdown-timeout={GRACE_SECONDS}"]  # time the workers get to checkpoint after SIGTERM / SIGINT
     if opts.nnodes == 1 and opts.master_port is None:
         cmd.append("--standalone")  # a free local port for the rendezvous
     else:
@@ -108,6 +113,35 @@ def worker_env(opts: LaunchOptions) -> dict[str, str]:
     return env
 
 
+def run_group(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
+    """Run torchrun in a session of its own and wait for it. SIGTERM / SIGINT sent to this process are forwarded
+    to torchrun's agent, which forwards them once to every worker and waits for them (a terminal's Ctrl-C reaches
+    this process alone: the workers are not in the terminal's process group); the agent dies when this process
+    dies, and the workers die with the agent, so nothing of the run outlives a SIGKILL here.
+    Returns torchrun's exit status and the first signal forwarded (0: none)."""
+    from leantrain.engine.preempt import SIGNALS
+
+    if cmd[1] == "-m":  # python -m MODULE ... -> the same, in a process that dies with this one
+        cmd = [cmd[0], "-m", "leantrain.engine.preempt", *cmd[2:]]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    try:
+        return proc.wait(), (received[0] if received else 0)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        if proc.poll() is None:  # an exception here (not a signal): take the run down with us
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def launch(cfg: Config, opts: LaunchOptions) -> int:
     """Run ``cfg`` on ``opts.nproc`` processes here (x ``opts.nnodes`` machines); returns the exit status."""
     opts.check()
@@ -117,7 +151,17 @@ def launch(cfg: Config, opts: LaunchOptions) -> int:
         cmd = torchrun_command(opts, config_file)
         total = opts.nproc * opts.nnodes
         log.info("launching %d process(es) on this machine (%d in all): %s", opts.nproc, total, " ".join(cmd))
-        rc = subprocess.run(cmd, env=worker_env(opts)).returncode
+        env = {**worker_env(opts), STATUS_FILE: str(Path(tmp) / "status.json")}
+        rc, signum = run_group(cmd, env)
+        status = read_status(Path(tmp) / "status.json")
+    if status and status.get("preempted"):
+        print(f"leantrain: stopped by {status['signal']} after step {status['step']}; checkpoint {status['checkpoint']}"
+              f"; run the same command again to resume (exit status {EXIT_PREEMPTED})", file=sys.stderr)
+        return EXIT_PREEMPTED
+    if signum and rc != 0:  # told to stop, not a worker failure
+        print(f"leantrain: stopped by {signal.Signals(signum).name} before the workers could write a checkpoint; "
+              "the next run resumes from the newest complete one", file=sys.stderr)
+        return 128 + signum
     if rc != 0:
         print(f"leantrain: error: a worker failed (exit status {rc}); its rank and error are shown above",
               file=sys.stderr)

@@ -12,12 +12,14 @@
 
 Protocol: every rank writes its own files into ``checkpoints/.tmp-step-XXXXXXX/`` and fsyncs them; after a barrier
 rank 0 writes the manifest, fsyncs the folder, renames it to ``step-XXXXXXX`` and fsyncs ``checkpoints/``; only then
-are checkpoints beyond ``checkpoint.keep`` deleted. A folder without a manifest, or whose checksums do not match, is
-never resumed from.
+are checkpoints beyond ``checkpoint.keep`` deleted (renamed to ``.del-step-XXXXXXX`` first, so that a prune killed
+half-way never leaves a half-deleted step folder). A folder without a manifest, or whose checksums do not match, is
+never resumed from (and is reported). A full disk during a save removes the partial folder and exits 2.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -37,6 +39,7 @@ from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.state_io import fsync_file, save_state
+from leantrain.errors import UserError
 
 log = logging.getLogger("leantrain")
 
@@ -82,10 +85,37 @@ def complete_checkpoints(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(NAME.match(p.name).group(1)), reverse=True)
 
 
+def checkpoint_folders(out: Path) -> list[Path]:
+    """Every folder named step-XXXXXXX, newest first, with or without a manifest (a committed checkpoint always has
+    one: a step folder without it was damaged, and ``verify`` says so)."""
+    root = Path(out) / ROOT
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(NAME.match(p.name).group(1)), reverse=True)
+
+
+def clean_leftovers(root: Path) -> None:
+    """What a run killed mid-save or mid-prune left in ``checkpoints/``: a step moved aside to be replaced
+    (``.old-``) goes back when its replacement never arrived; unfinished saves (``.tmp-``) and prunes (``.del-``)
+    are deleted."""
+    if not root.is_dir():
+        return
+    for old in root.glob(".old-step-*"):
+        final = root / old.name[len(".old-"):]
+        if not final.exists() and (old / "manifest.json").is_file():
+            os.replace(old, final)
+    for stale in [*root.glob(".tmp-*"), *root.glob(".old-*"), *root.glob(".del-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def verify(folder: Path) -> dict:
     """The manifest, after checking that every file it names is there with the recorded sha256.
     Raises ValueError naming the first problem."""
     mpath = folder / "manifest.json"
+    if not mpath.exists():
+        raise ValueError(f"{folder}: manifest.json is missing (deleted, or the folder was not written by a complete "
+                         "save): its files cannot be verified")
     try:
         manifest = json.loads(mpath.read_text())
         files = manifest["files"]
@@ -160,20 +190,31 @@ class Checkpointer:
         acc = self.accelerator
         final = self.root / checkpoint_name(step)
         tmp = self.root / f".tmp-{final.name}"
+        try:
+            if acc.is_main_process:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir(parents=True)
+            acc.wait_for_everyone()
+            save_state({"rng": rng_state(), "running_loss": running, "running_count": running_count},
+                       tmp, rank_file(acc.process_index))
+            if acc.is_main_process:
+                self._save_shared(tmp, step, model, optimizer, scheduler, epoch, extra)
+            acc.wait_for_everyone()
+            if acc.is_main_process:
+                if self.faults is not None:
+                    self.faults.in_save(step)
+                self._commit(tmp, final, step)
+        except Exception as e:
+            if not disk_full(e):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            previous = complete_checkpoints(self.root.parent)
+            intact = (f"the previous checkpoint (step {int(NAME.match(previous[0].name).group(1))}) is intact"
+                      if previous else "there is no earlier checkpoint")
+            raise UserError(f"disk full while saving checkpoint step {step} to {final}; {intact}; free some space "
+                            "(or lower checkpoint.keep) and run the same command again to resume") from None
         if acc.is_main_process:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-        acc.wait_for_everyone()
-        save_state({"rng": rng_state(), "running_loss": running, "running_count": running_count},
-                   tmp, rank_file(acc.process_index))
-        if acc.is_main_process:
-            self._save_shared(tmp, step, model, optimizer, scheduler, epoch, extra)
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            if self.faults is not None:
-                self.faults.in_save(step)
-            self._commit(tmp, final, step)
             self._prune()
         acc.wait_for_everyone()
         self.last = final
@@ -235,7 +276,19 @@ class Checkpointer:
         log.info("checkpoint: %s", final)
 
     def _prune(self) -> None:
+        """Rename first, delete after: a prune killed half-way leaves a ``.del-`` folder (cleaned at the next start
+        or save), never a half-deleted ``step-`` folder."""
         for old in complete_checkpoints(self.root.parent)[self.keep:]:
-            shutil.rmtree(old, ignore_errors=True)
-        for stale in [*self.root.glob(".tmp-*"), *self.root.glob(".old-*")]:  # left by a run killed mid-save
-            shutil.rmtree(stale, ignore_errors=True)
+            doomed = self.root / f".del-{old.name}"
+            shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(old, doomed)
+        fsync_dir(self.root)
+        clean_leftovers(self.root)
+
+
+def disk_full(e: BaseException) -> bool:
+    """ENOSPC / EDQUOT as an OSError, or wrapped by safetensors (a SafetensorError naming the IO error)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e)
+    return "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text

@@ -7,6 +7,8 @@ NaN is caught. Read once when the run starts; unset, each costs one comparison p
 ``LEANTRAIN_TEST_NAN_AT_STEP=k``       the loss of optimizer step k becomes NaN (and so its gradients).
 ``LEANTRAIN_TEST_KILL_AT_STEP=k``      SIGKILL this process right after step k (and its checkpoint save, if any).
 ``LEANTRAIN_TEST_CRASH_IN_SAVE=k``     die half-way through the checkpoint save of step k (files written, no manifest).
+``LEANTRAIN_TEST_SIGNAL_AT_STEP=SIG@k[:RANK]``  process RANK (default 0) sends itself SIG (TERM, INT) after step k,
+                                       as a scheduler preempting the job would (see ``engine.preempt``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ FAULT = "LEANTRAIN_FAULT"
 NAN_AT_STEP = "LEANTRAIN_TEST_NAN_AT_STEP"
 KILL_AT_STEP = "LEANTRAIN_TEST_KILL_AT_STEP"
 CRASH_IN_SAVE = "LEANTRAIN_TEST_CRASH_IN_SAVE"
+SIGNAL_AT_STEP = "LEANTRAIN_TEST_SIGNAL_AT_STEP"
 
 
 def parse(spec: str | None) -> tuple[str, int, int] | None:
@@ -38,6 +41,17 @@ def _step_of(name: str) -> int | None:
     return int(value) if value and value.lstrip("-").isdigit() else None
 
 
+def _signal_of(spec: str | None, rank: int) -> tuple[int, int] | None:
+    """(signal number, step) of ``LEANTRAIN_TEST_SIGNAL_AT_STEP=SIG@k[:RANK]`` for this rank, else None."""
+    if not spec:
+        return None
+    name, _, rest = spec.partition("@")
+    step, _, who = rest.partition(":")
+    if int(who or 0) != rank:
+        return None
+    return int(getattr(signal, f"SIG{name}")), int(step)
+
+
 class FaultInjector:
     """The faults this process was asked for, each tied to the point of the run where it strikes."""
 
@@ -47,6 +61,7 @@ class FaultInjector:
         self.nan_at = _step_of(NAN_AT_STEP)
         self.kill_at = _step_of(KILL_AT_STEP)
         self.crash_in_save_at = _step_of(CRASH_IN_SAVE)
+        self.signal_at = _signal_of(os.environ.get(SIGNAL_AT_STEP), rank)
 
     def poison(self, micro_batches: list[dict], step: int) -> list[dict]:
         """Before optimizer step ``step``: its loss becomes NaN (``LEANTRAIN_TEST_NAN_AT_STEP``)."""
@@ -71,3 +86,8 @@ class FaultInjector:
         """After everything step ``step`` does (log, eval, save): ``LEANTRAIN_TEST_KILL_AT_STEP``."""
         if self.kill_at == step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def signal_after(self, step: int) -> None:
+        """After step ``step``, before the processes agree whether to stop: ``LEANTRAIN_TEST_SIGNAL_AT_STEP``."""
+        if self.signal_at is not None and step == self.signal_at[1]:
+            os.kill(os.getpid(), self.signal_at[0])

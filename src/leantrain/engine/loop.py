@@ -32,7 +32,9 @@ from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switc
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.host_allocator import host_memory
+from leantrain.engine.lock import hold as hold_lock, release as release_lock
 from leantrain.engine.nonfinite import NonFiniteGuard
+from leantrain.engine.preempt import Preemption, stop_if_signalled
 from leantrain.engine.preflight import check_stop_when, check_train
 from leantrain.engine.resume import Decision, LoopState, apply_rng, decide, prior_records, restore
 from leantrain.engine.step import train_step
@@ -71,7 +73,10 @@ def train(cfg: Config) -> dict:
     """Fine-tune ``cfg.model`` on ``cfg.data``; returns the summary (also written to output_dir/summary.json)."""
     cfg = check_train(cfg)  # output_dir writable, data.max_length within the model's limit: before any work
     with host_memory(cfg.efficiency.cpu_allocator, device_type()) as allocator:
-        return _train(cfg, allocator)
+        try:
+            return _train(cfg, allocator)
+        finally:
+            release_lock()
 
 
 def _train(cfg: Config, allocator: str) -> dict:
@@ -139,6 +144,7 @@ def start_run(cfg: Config, allocator: str) -> RunStart:
     if allocator == "reuse":
         log.info("host memory: freed buffers stay in the process for the next step (efficiency.cpu_allocator)")
     out = _output_dir(cfg, accelerator)
+    hold_lock(out, accelerator)  # one run per output_dir (exit 2 naming the other run's pid)
     cfg = cfg.model_copy(update={"output_dir": str(out)})
     accelerator.project_configuration.set_directories(str(out))
     decision = decide(cfg, out, accelerator)
@@ -312,6 +318,7 @@ class Loop:
         self.step_optimizer = self.guard.optimizer(p.optimizer)
         self.guard.save_diagnostic = lambda last: p.ckpt.save_diagnostic(last, p.model, p.optimizer, p.scheduler)
         self.best = BestModel(p.cfg, p.accelerator, Path(p.cfg.output_dir), p.data.processor, p.state.best)
+        self.preempt = Preemption(p.accelerator, p.layout, p.cfg.train.log_every_steps, p.ckpt.due)
         self.stopped = False
         self.optim_state: dict | None = None
         self.profiler: StepProfiler | None = None
@@ -324,9 +331,13 @@ class Loop:
 
     def run(self, lsgd=None, profiler: StepProfiler | None = None) -> None:
         self.profiler = profiler
-        while not self.done:
-            self.run_epoch(lsgd)
-            self.epoch += 1
+        self.preempt.install()
+        try:
+            while not self.done:
+                self.run_epoch(lsgd)
+                self.epoch += 1
+        finally:
+            self.preempt.uninstall()
         self.progress.close()
 
     def run_epoch(self, lsgd) -> None:
@@ -368,6 +379,8 @@ class Loop:
                 self.optim_state = state_report(self.optimizer, cfg.optim.name)
                 self.progress.write(describe_optim_state(self.optim_state))
             self.after_step()
+            self.faults.signal_after(self.step)
+            stop_if_signalled(self)
 
     def after_step(self) -> None:
         cfg, step = self.cfg, self.step
@@ -391,8 +404,12 @@ class Loop:
             if self.stopped:
                 log.info("stopping at step %d: %s", step, cfg.train.stop_when)
         if self.ckpt.due(step):
-            self.guard.check()  # a checkpoint is always a finite state
-            self.ckpt.save(step, self.model, self.optimizer, self.scheduler, epoch=self.epoch, running=self.running,
-                           running_count=self.running_count,
-                           extra={"best": self.best.state(), "eval_step": self.eval_step, "last_eval": self.last_eval})
+            self.save_checkpoint()
         self.faults.after_step(step)
+
+    def save_checkpoint(self) -> Path:
+        self.guard.check()  # a checkpoint is always a finite state
+        return self.ckpt.save(self.step, self.model, self.optimizer, self.scheduler, epoch=self.epoch,
+                              running=self.running, running_count=self.running_count,
+                              extra={"best": self.best.state(), "eval_step": self.eval_step,
+                                     "last_eval": self.last_eval})

@@ -4,6 +4,11 @@
 this one, ignoring keys that cannot change the computation (HARMLESS). Any other difference exits 2 naming the keys.
 Changes that make a resume inexact (world size, global batch, data, a missing RNG state) are refused unless
 ``checkpoint.allow_inexact_resume=true``, which turns them into a warning that says what will differ.
+
+The newest checkpoint that verifies wins, compared with its own config: a finished run's summary.json counts only
+when the checkpoints are that run's (a later ``checkpoint.resume=never`` run, interrupted, is resumed, not mistaken
+for the finished one). A step folder whose manifest is missing or damaged is reported, never skipped silently.
+No message proposes a command that deletes checkpoints.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
-from leantrain.engine.checkpoint import ROOT, complete_checkpoints, rank_file, set_rng_state, verify
+from leantrain.engine.checkpoint import (ROOT, checkpoint_folders, clean_leftovers, complete_checkpoints, rank_file,
+                                         set_rng_state, verify)
 from leantrain.engine.state_io import StateFormatError, load_state
 from leantrain.errors import UserError
 from leantrain.report.logs import read_metrics
@@ -91,18 +97,21 @@ def config_diff(old: dict, new: dict) -> tuple[list[str], list[str]]:
 
 def _differs_error(where: Path, blocking: list[str]) -> UserError:
     return UserError(
-        f"{where} was written with a different config; change these back, or pass checkpoint.resume=never "
-        "(start afresh, removing the old checkpoints) or another output_dir:", blocking)
+        f"{where} was written with a different config; change these back to continue that run, or pass another "
+        "output_dir for a new one (nothing in this folder is changed):", blocking)
 
 
 def decide_here(cfg: Config, out: Path) -> Decision:
     """The decision of this process alone, from the files in ``out`` (fresh, resume or complete); see ``decide``."""
     mode = cfg.checkpoint.resume
     now = cfg.to_dict()
+    clean_leftovers(out / ROOT)  # of a run killed mid-save or mid-prune
     if mode == "never":
         if (out / ROOT).is_dir():
             log.info("checkpoint.resume=never: removing the old checkpoints in %s", out / ROOT)
             shutil.rmtree(out / ROOT)
+        if (out / "summary.json").is_file():  # the folder no longer holds a finished run until this one finishes
+            (out / "summary.json").unlink()
         return Decision("fresh")
     if mode != "auto":
         path = Path(mode)
@@ -113,30 +122,49 @@ def decide_here(cfg: Config, out: Path) -> Decision:
         except ValueError as e:
             raise UserError(f"checkpoint.resume={mode}: {e}") from None
         return _with_config(path, now)
-    if (out / "summary.json").is_file() and (out / "config.yaml").is_file():
-        blocking, inexact = config_diff(yaml.safe_load((out / "config.yaml").read_text()), now)
+    newest, bad = _newest_verified(out)
+    finished = (out / "summary.json").is_file() and (out / "config.yaml").is_file()
+    if finished:
+        finished_cfg = yaml.safe_load((out / "config.yaml").read_text())
+        if newest is not None and any(config_diff(_checkpoint_config(newest), finished_cfg)):
+            finished = False  # the checkpoint is from a later run here (checkpoint.resume=never): follow it
+    if finished:
+        blocking, inexact = config_diff(finished_cfg, now)
         if blocking or inexact:
             raise _differs_error(out, blocking + inexact)
         return Decision("complete", summary=json.loads((out / "summary.json").read_text()))
+    if newest is not None:
+        return _with_config(newest, now)
+    if bad:
+        raise UserError(f"no checkpoint in {out / ROOT} verifies; move them aside to keep them and start afresh, or "
+                        "pass another output_dir:", bad)
+    return Decision("fresh")
+
+
+def _newest_verified(out: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint whose manifest and checksums verify, and what is wrong with the newer ones (a folder
+    whose manifest.json is missing or damaged is reported like a checksum failure, never skipped silently)."""
     bad = []
-    for path in complete_checkpoints(out):
+    for path in checkpoint_folders(out):
         try:
             verify(path)
         except ValueError as e:
             log.warning("warning: skipping checkpoint %s", e)
             bad.append(str(e))
             continue
-        return _with_config(path, now)
-    if bad:
-        raise UserError(f"no checkpoint in {out / ROOT} verifies; pass checkpoint.resume=never to start afresh:", bad)
-    return Decision("fresh")
+        return path, bad
+    return None, bad
+
+
+def _checkpoint_config(path: Path) -> dict:
+    try:
+        return load_state(path, "config")
+    except StateFormatError as e:
+        raise UserError(f"cannot resume from {path}: {e}") from None
 
 
 def _with_config(path: Path, now: dict) -> Decision:
-    try:
-        old = load_state(path, "config")
-    except StateFormatError as e:
-        raise UserError(f"cannot resume from {path}: {e}") from None
+    old = _checkpoint_config(path)
     blocking, inexact = config_diff(old, now)
     if blocking:
         raise _differs_error(path, blocking)
@@ -243,6 +271,21 @@ def prior_records(out: Path, state: LoopState) -> list[dict]:
         return []
     try:
         return [r for r in read_metrics(path) if r.get("step", 0) <= state.step]
-    except ValueError:  # a line cut by the kill
-        lines = path.read_text().splitlines()
-        return [r for r in (json.loads(x) for x in lines[:-1] if x.strip()) if r.get("step", 0) <= state.step]
+    except ValueError:  # a line cut by the kill, or damage: the checkpoint, not the log, is the source of truth
+        pass
+    records, damaged = [], []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            damaged.append(number)
+            continue
+        if isinstance(record.get("step", 0), (int, float)) and record.get("step", 0) <= state.step:
+            records.append(record)
+    log.warning("warning: %s: skipping %d damaged line(s) (line %s); the log is rewritten from the rest, the "
+                "checkpoint is the source of truth", path, len(damaged), ", ".join(map(str, damaged[:10])))
+    return records
