@@ -74,7 +74,7 @@ class Preemption:
     """The signal flag of one process and the agreement on it across processes."""
 
     def __init__(self, accelerator, layout, log_every: int, checkpoint_due):
-        self.accelerator, self.layout, self.log_every, self.checkpoint_due = accelerator, plan, log_every, checkpoint_due
+        self.accelerator, self.layout, self.log_every, self.checkpoint_due = accelerator, layout, log_every, checkpoint_due
         self.signum = 0
         self.previous: dict[int, object] = {}
         self.host_is_device = accelerator.device.type == "cpu"
@@ -123,7 +123,7 @@ class Preemption:
 def stop_if_signalled(loop) -> None:
     """At a step boundary: if the processes agree that a signal came, checkpoint and raise ``Preempted``."""
     signum = loop.preempt.agreed(loop.step)
-    if not signum or loop.step >= loop.plan.total_steps:
+    if not signum or loop.step >= loop.layout.total_steps:
         return  # a signal during the last step lets the run finish
     import torch
 
@@ -139,7 +139,7 @@ def stop_if_signalled(loop) -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     if acc.is_main_process:
-        raise Preempted(f"stopped by {name} after step {step} of {loop.plan.total_steps}; checkpoint {path}; run the "
+        raise Preempted(f"stopped by {name} after step {step} of {loop.layout.total_steps}; checkpoint {path}; run the "
                         f"same command again to resume from it (exit status {EXIT_PREEMPTED})")
     raise Preempted(f"process {acc.process_index}: stopped by {name} after step {step} (see process 0)")
 

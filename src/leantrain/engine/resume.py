@@ -28,8 +28,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
-from leantrain.engine.checkpoint import (ROOT, checkpoint_folders, clean_leftovers, complete_checkpoints, rank_file,
-                                         set_rng_state, verify)
+from leantrain.engine.checkpoint import ROOT, checkpoint_folders, clean_leftovers, rank_file, set_rng_state, verify
 from leantrain.engine.state_io import StateFormatError, load_state
 from leantrain.errors import UserError
 from leantrain.report.logs import read_metrics
