@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leantrain.config import Config
-from leantrain.engine.preempt import EXIT_PREEMPTED, STATUS_FILE, read_status
+from leantrain.engine.preempt import EXIT_PREEMPTED, GRACE_SECONDS, SIGNALS, STATUS_FILE, read_status
 from leantrain.errors import UserError
 
 log = logging.getLogger("leantrain")
@@ -91,8 +91,6 @@ def inside_launcher() -> bool:
 
 
 def torchrun_command(opts: LaunchOptions, config_file: Path) -> list[str]:
-    from leantrain.engine.preempt import GRACE_SECONDS
-
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc}",
            f"--shutdown-timeout={GRACE_SECONDS}"]  # time the workers get to checkpoint after SIGTERM / SIGINT
     if opts.nnodes == 1 and opts.master_port is None:
@@ -119,8 +117,6 @@ def run_group(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
     this process alone: the workers are not in the terminal's process group); the agent dies when this process
     dies, and the workers die with the agent, so nothing of the run outlives a SIGKILL here.
     Returns torchrun's exit status and the first signal forwarded (0: none)."""
-    from leantrain.engine.preempt import SIGNALS
-
     if cmd[1] == "-m":  # python -m MODULE ... -> the same, in a process that dies with this one
         cmd = [cmd[0], "-m", "leantrain.engine.preempt", *cmd[2:]]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)

@@ -71,7 +71,7 @@ def test_interrupted_never_rerun_in_finished_dir_auto_resumes(tiny_bert, data, f
 # --- 6: a deleted manifest is reported; an interrupted prune leaves nothing half-deleted ----------------------------
 def test_deleted_manifest_is_reported_and_auto_falls_back(tiny_bert, data, finished, tmp_path, caplog):
     from leantrain.config import resolve
-    from leantrain.engine.resume import _decide
+    from leantrain.engine.resume import decide_here
 
     run = tmp_path / "run"
     shutil.copytree(finished / "checkpoints", run / "checkpoints")
@@ -79,7 +79,7 @@ def test_deleted_manifest_is_reported_and_auto_falls_back(tiny_bert, data, finis
     (newest / "manifest.json").unlink()
     cfg = resolve(None, _args(tiny_bert, data, run)[1:])
     with caplog.at_level(logging.WARNING, logger="leantrain"):
-        decision = _decide(cfg, run)
+        decision = decide_here(cfg, run)
     assert decision.kind == "resume" and decision.path.name == "step-0000002"
     assert "step-0000004: manifest.json is missing" in caplog.text
 
