@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from leantrain.config import DataConfig
 from leantrain.data import columns as cols_
 from leantrain.data.labels import LabelMap, from_data, from_known, missing, nonzero, scan
+from leantrain.caches import using_cache_dir
 from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
 from leantrain.errors import DataError
 
@@ -94,7 +95,8 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels:
 def open_rows(path: str, cfg: DataConfig, folder_reader=None) -> Part:  # noqa: ANN001
     """The one split of ``path`` that predict / eval read (validation, then test, or data.eval_split)."""
     try:
-        source = open_source(path, None, folder_reader)
+        with using_cache_dir(cfg.cache_dir):
+            source = open_source(path, None, folder_reader)
         wanted = [cfg.eval_split] if cfg.eval_split else ["validation", "test"]
         part = pick_split(source, wanted, setting="data.eval_split" if cfg.eval_split else None, single_ok=True)
     except SourceError as e:

@@ -100,9 +100,9 @@ def _report_files(cfg, out: Path, model_dir: Path, inputs, summary: dict, record
     write_model_card(model_dir, base_model=base, label_names=inputs.label_names, summary=summary,
                      config=cfg.to_dict(), task=inputs.task)
     if cfg.report.plots:
-        from leantrain.report.plots import plot_loss_curve
+        from leantrain.report.plots import plot_loss_curve, short_model_name
 
-        plot_loss_curve(records, out / "loss_curve.png", title=f"{inputs.model_name} — {out.name}")
+        plot_loss_curve(records, out / "loss_curve.png", title=f"{short_model_name(inputs.model_name)} — {out.name}")
 
 
 def _device_name(device: torch.device) -> str:

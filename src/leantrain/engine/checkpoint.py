@@ -226,6 +226,25 @@ class Checkpointer:
         fsync_dir(self.root)
         log.info("checkpoint: %s", final)
 
+    def finish(self) -> dict:
+        """After a successful run: keep the newest ``checkpoint.keep_final`` checkpoints, remove the rest (main
+        process), log what was removed and return ``{"kept", "removed", "removed_bytes"}`` for summary.json."""
+        found = complete_checkpoints(self.root.parent)
+        keep = self.cfg.checkpoint.keep_final
+        removed, freed = [], 0
+        if self.accelerator.is_main_process:
+            for old in found[keep:]:
+                size = sum(f.stat().st_size for f in old.rglob("*") if f.is_file())
+                shutil.rmtree(old, ignore_errors=True)
+                removed.append(old.name)
+                freed += size
+            if removed:
+                log.info("finished: removed %d checkpoint(s) (%s, %.1f MB; checkpoint.keep_final=%d), kept %s",
+                         len(removed), ", ".join(removed), freed / 1e6, keep,
+                         ", ".join(p.name for p in found[:keep]) or "none")
+        self.accelerator.wait_for_everyone()
+        return {"kept": [p.name for p in found[:keep]], "removed": removed, "removed_bytes": freed}
+
     def _prune(self) -> None:
         for old in complete_checkpoints(self.root.parent)[self.keep:]:
             shutil.rmtree(old, ignore_errors=True)

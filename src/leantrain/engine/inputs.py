@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from leantrain.caches import using_cache_dir
 from leantrain.config import Config
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import for_task
@@ -48,13 +49,15 @@ class Inputs:
 
 def validate_data(cfg: Config):
     """Load and check the data (no model, no processor): raises DataError listing every problem."""
-    return for_task(resolve_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+    with using_cache_dir(cfg.data.cache_dir):
+        return for_task(resolve_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed,
+                                                             batch_size=cfg.train.batch_size)
 
 
 def prepare_inputs(cfg: Config, accelerator) -> Inputs:
     task = resolve_task(cfg)
     modality = for_task(task)
-    with accelerator.main_process_first():
+    with accelerator.main_process_first(), using_cache_dir(cfg.data.cache_dir):
         data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
     log.info("task: %s", task)
     for note in data.notes:

@@ -37,7 +37,7 @@ from leantrain.perf.flops import MfuMeter
 from leantrain.perf.meter import PhaseClock, Throughput
 from leantrain.perf.plan import auto_micro_batch
 from leantrain.perf.profile import StepProfiler
-from leantrain.report.logs import MetricsLog
+from leantrain.report.logs import MetricsLog, write_json
 from leantrain.report.progress import Progress
 
 log = logging.getLogger("leantrain")
@@ -87,8 +87,9 @@ def _train(cfg: Config, allocator: str) -> dict:
 
     inputs = prepare_inputs(cfg, accelerator)
     plan = step_plan(cfg, len(inputs.train), accelerator.num_processes)
-    for note in plan.notes:
-        log.info(note)
+    if cfg.train.micro_batch_size != "auto":  # with auto, the batch line comes once the micro-batch is chosen
+        for note in plan.notes:
+            log.info(note)
 
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
     model = build_model(cfg.model, inputs.label_names, inputs.task)
@@ -146,6 +147,9 @@ def _train(cfg: Config, allocator: str) -> dict:
                          "skipped_steps": loop.guard.skipped},
                "best": loop.best.summary()},
     )
+    summary["checkpoints"] = ckpt.finish()
+    if accelerator.is_main_process:
+        write_json(out / "summary.json", summary)
     accelerator.end_training()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # else gloo aborts at exit under torchrun
