@@ -15,8 +15,8 @@ from leantrain.errors import ConfigError
 from leantrain.engine.artifacts import save_outputs
 from leantrain.engine.best import BestModel
 from leantrain.engine.checkpoint import Checkpointer, data_fingerprint, kill_hook
-from leantrain.engine.distributed import (CommStats, apply_fsdp, distributed_summary, local_sgd, replica_spread,
-                                          strategy_name, time_allreduce)
+from leantrain.engine.distributed import (CommStats, apply_fsdp, count_fsdp_traffic, distributed_summary, local_sgd,
+                                          replica_spread, strategy_name, time_allreduce)
 from leantrain.engine.dropout import resolve_dropout
 from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, compile_seconds,
                                          resolve_precision)
@@ -163,6 +163,7 @@ def _prepare(cfg, accelerator, model, plan, inputs):
     comm = CommStats()
     if strategy == "fsdp":
         model = apply_fsdp(model, accelerator)
+        count_fsdp_traffic(model, comm)
     optimizer = build_optimizer(model, cfg.optim, cfg.train.lr)
     scheduler = build_scheduler(optimizer, cfg.optim, plan.total_steps)
     eval_dl = inputs.eval_loader(plan.micro_batch_size)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import statistics
 import sys
 
 import torch
 
 from leantrain.config import Config, resolve
 from leantrain.perf import planner
+from leantrain.perf.noise import rank_by_speed
 from leantrain.perf.plan import (MARGIN, default_budget, divisors_desc, framework_bytes, longest_sequence,
                                  need_bytes, parse_bytes)
 
@@ -72,7 +74,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
 
     def cal(p: str, ckpt: bool) -> planner.Calibration:
         if (p, ckpt) not in cals:
-            cals[p, ckpt] = planner.calibrate(model, seq_len, p, ckpt, per_process)
+            cals[p, ckpt] = planner.calibrate(model, seq_len, p, ckpt, per_process, timing=False)
             log.info("calibrated: %s, gradient checkpointing %s, micro-batches %s x %d tokens", p,
                      "on" if ckpt else "off", cals[p, ckpt].sizes, seq_len)
             facts.warmup_bytes = max(facts.warmup_bytes, cals[p, ckpt].warmup_bytes)
@@ -90,8 +92,14 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
                "gradient_checkpointing": ckpt, "optimizer": name, "lines": lines, "peak_bytes": lines["total"],
                "need_bytes": need_bytes(lines), "fits": need_bytes(lines) <= budget}
         if name in facts.step_seconds:
-            step = (per_process // m) * c.seconds_at(m) + facts.step_seconds[name]
+            accum = per_process // m
+            step = accum * c.seconds_at(m) + facts.step_seconds[name]
+            (fast, slow), (step_lo, step_hi) = c.seconds_range_at(m), facts.step_range.get(name, (None, None))
+            step_lo = facts.step_seconds[name] if step_lo is None else step_lo
+            step_hi = facts.step_seconds[name] if step_hi is None else step_hi
             row["samples_per_second"] = cfg.train.batch_size / step
+            row["samples_per_second_range"] = [cfg.train.batch_size / (accum * slow + step_hi),
+                                               cfg.train.batch_size / (accum * fast + step_lo)]
         return row
 
     ckpt = cfg.efficiency.gradient_checkpointing
@@ -104,18 +112,26 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
         for p in precisions(device, cfg.efficiency.precision):
             for c in can_ckpt:
                 cal(p, c)
+        planner.time_calibrations(model, list(cals.values()))  # all settings in interleaved rounds
         for name in {cfg.optim.name, *available_optimizers()}:
             if name not in facts.step_seconds:
-                facts.step_seconds[name] = planner.measure_step_seconds(model, cfg.optim.model_copy(update={"name": name}))
+                times = planner.measure_step_times(model, cfg.optim.model_copy(update={"name": name}))
+                facts.step_seconds[name] = statistics.median(times)
+                facts.step_range[name] = (min(times), max(times))
     result.update(option(precision, ckpt, cfg.optim.name, micro))
     if recommend:
         rows = [option(p, c, name, m) for p in precisions(device, cfg.efficiency.precision) for c in can_ckpt
                 for name in available_optimizers() for m in divisors_desc(per_process)]
-        fits = sorted((r for r in rows if r["fits"]), key=lambda r: -r["samples_per_second"])
+        current = (micro, precision, ckpt, cfg.optim.name)
+        changes = lambda r: sum(a != b for a, b in zip(  # noqa: E731 - settings that differ from the config's
+            (r["micro_batch_size"], r["precision"], r["gradient_checkpointing"], r["optimizer"]), current))
+        fits = rank_by_speed([r for r in rows if r["fits"]], prefer=changes)
         result["recommendations"] = [{**r, "overrides": overrides_for(r)} for r in fits[:TOP]]
+        result["within_noise_of_fastest"] = sum(r["speed"] == "within noise" for r in fits)
         result["options_considered"], result["options_fitting"] = len(rows), len(fits)
         result["options"] = [{"overrides": overrides_for(r), "need_bytes": r["need_bytes"], "fits": r["fits"],
-                               "samples_per_second": r["samples_per_second"]} for r in rows]
+                               "samples_per_second": r["samples_per_second"],
+                               "samples_per_second_range": r["samples_per_second_range"]} for r in rows]
     result["calibration"] = [c.__dict__ for c in cals.values()]
     result["parameters"] = sum(p.numel() for p in model.parameters())
     if as_json:
@@ -153,9 +169,14 @@ def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
     if "recommendations" not in r:
         return
     w(f"\nfastest of {r['options_fitting']} fitting settings (of {r['options_considered']}; global batch "
-      f"{r['global_batch']} kept):\n")
+      f"{r['global_batch']} kept; predicted samples/s with the range its timed passes spanned):\n")
     for i, rec in enumerate(r["recommendations"], 1):
-        w(f"  {i}. {rec['samples_per_second']:8.1f} samples/s  peak {human(rec['peak_bytes']):>11}   "
-          f"{' '.join(rec['overrides'])}\n")
+        lo, hi = rec["samples_per_second_range"]
+        w(f"  {i}. {rec['samples_per_second']:8.1f} samples/s ({lo:.1f}-{hi:.1f})  {rec['speed']:<12}  peak "
+          f"{human(rec['peak_bytes']):>11}   {' '.join(rec['overrides'])}\n")
     if not r["recommendations"]:
         w("  none fits: lower data.max_length or train.batch_size, or raise --memory\n")
+    elif r["recommendations"][0]["speed"] == "within noise":
+        w(f"  within noise: {r['within_noise_of_fastest']} fitting setting(s) have predicted ranges that overlap the "
+          "top one's, so their order is not measured: none of them is shown to be the fastest (choose among them by "
+          "memory; listed from the fewest changes to your settings; a quieter machine narrows the ranges)\n")
