@@ -151,7 +151,8 @@ def clear_caches(echo=print) -> list[dict]:
         echo(f"removed {human(r['bytes']):>10}  {p}")
     if own.is_dir() and not any(own.iterdir()):
         own.rmdir()
-    echo(f"removed {human(sum(r['bytes'] for r in removed))} in {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}"
+    n = len(removed)
+    echo(f"removed {human(sum(r['bytes'] for r in removed))} in {n} entr{'y' if n == 1 else 'ies'}"
          if removed else "nothing to remove")
     return removed
 
