@@ -202,14 +202,13 @@ def test_planner_lines_and_measured_activations(classifier):
 def test_planner_picks_the_largest_divisor_that_fits(classifier):
     from leantrain.errors import UserError
     from leantrain.perf import planner
-    from leantrain.perf.plan import allocator_reuse, need_bytes, plan_micro_batch
+    from leantrain.perf.plan import need_bytes, plan_micro_batch
 
     cfg = resolve(None, [])
     cal = planner.calibrate(classifier, 34, "fp32", False, per_process=24)
     facts = planner.model_facts(classifier, framework_bytes=50 * 2**20)
     state = planner.meta_state_bytes(classifier, cfg.optim)
-    reuse = allocator_reuse(cfg, classifier)  # CPU with efficiency.cpu_allocator=reuse: one more transient copy
-    need = {m: need_bytes(planner.lines(facts, cal, m, state, allocator_reuse=reuse)) for m in (1, 4, 6, 8)}
+    need = {m: need_bytes(planner.lines(facts, cal, m, state)) for m in (1, 4, 6, 8)}
     assert need[1] < need[4] < need[6] < need[8]
     pick = lambda budget: plan_micro_batch(cfg, classifier, 24, 34, budget, calibration=cal, facts=facts)[0]  # noqa: E731
     assert pick(need[4] + 1) == 4  # 6 does not fit, 5 does not divide

@@ -18,8 +18,8 @@ import torch
 from leantrain.config import Config, resolve
 from leantrain.perf import planner
 from leantrain.perf.noise import rank_by_speed
-from leantrain.perf.plan import (MARGIN, RUN_ALLOWANCE, allocator_reuse, default_budget, divisors_desc,
-                                 framework_bytes, longest_sequence, need_bytes, parse_bytes)
+from leantrain.perf.plan import (MARGIN, RUN_ALLOWANCE, default_budget, divisors_desc, framework_bytes,
+                                 longest_sequence, need_bytes, parse_bytes)
 
 log = logging.getLogger("leantrain")
 TOP = 5
@@ -87,7 +87,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
 
     def option(p: str, ckpt: bool, name: str, m: int) -> dict:
         c = cal(p, ckpt)
-        lines = planner.lines(facts, c, m, state(name), strategy=strategy, nproc=nproc, allocator_reuse=reuse)
+        lines = planner.lines(facts, c, m, state(name), strategy=strategy, nproc=nproc)
         row = {"micro_batch_size": m, "accumulation_steps": per_process // m, "precision": p,
                "gradient_checkpointing": ckpt, "optimizer": name, "lines": lines, "peak_bytes": lines["total"],
                "need_bytes": need_bytes(lines), "fits": need_bytes(lines) <= budget}
@@ -103,7 +103,6 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
         return row
 
     ckpt = cfg.efficiency.gradient_checkpointing
-    reuse = allocator_reuse(cfg, model)
     result = {"device": str(device), "nproc": nproc, "strategy": strategy, "seq_len": seq_len,
               "global_batch": cfg.train.batch_size, "budget_bytes": budget, "budget_source": source_text,
               "margin": MARGIN}

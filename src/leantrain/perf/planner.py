@@ -315,11 +315,8 @@ def model_facts(model, framework_bytes: int) -> ModelFacts:
 
 
 def lines(facts: ModelFacts, cal: Calibration, micro: int, state_bytes: int, *, strategy: str = "none",
-          nproc: int = 1, allocator_reuse: bool = False) -> dict[str, int]:
-    """Predicted peak bytes of one process, line by line, with ``total``. ``allocator_reuse``: CPU training with
-    ``efficiency.cpu_allocator=reuse``, which keeps freed forward/backward memory resident for the next step
-    (measured: MiniLM, 16 x 35 tokens, bf16: peak 1.120 GiB with reuse, 1.052 GiB with the system allocator, +68 MB
-    where activations + temporary buffers are 99 MB); counted as one more copy of those two lines."""
+          nproc: int = 1) -> dict[str, int]:
+    """Predicted peak bytes of one process, line by line, with ``total``."""
     shard = nproc if strategy == "fsdp" and nproc > 1 else 1
     params = facts.parameter_bytes // shard + (2 * facts.largest_block_bytes if shard > 1 else 0)
     grads = facts.gradient_bytes // shard + (facts.gradient_bytes if strategy == "ddp" and nproc > 1 else 0)
@@ -334,7 +331,5 @@ def lines(facts: ModelFacts, cal: Calibration, micro: int, state_bytes: int, *, 
         "activations": saved - casts,
         "temporary_buffers": max(0, cal.peak_at(micro) - facts.gradient_bytes - saved),
     }
-    if allocator_reuse:
-        out["allocator_reuse"] = out["activations"] + out["casts"] + out["temporary_buffers"]
     out["total"] = sum(out.values())
     return out
