@@ -64,8 +64,13 @@ def record_dataset_cache(dataset, spec: str) -> None:
             return
         base = leantrain_cache_dir()
         base.mkdir(parents=True, exist_ok=True)
-        text = "".join(json.dumps({"path": d, "source": str(spec)}) + "\n" for d in folders)
-        fd = os.open(base / RECORD, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        record = base / RECORD
+        known = record.read_text(errors="replace") if record.is_file() else ""
+        wanted = [json.dumps({"path": d, "source": str(spec)}) for d in folders]
+        text = "".join(e + "\n" for e in wanted if e not in known)  # each folder and source once
+        if not text:
+            return
+        fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, text.encode())
         finally:
