@@ -177,7 +177,8 @@ def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_proc
     """Memory: forward/backward passes at a micro-batch of 1 and at the largest size (<= ``per_process``) that
     takes about ``seconds`` (or at ``size``), after one warm-up pass at 1 (its residue is the runtime's one-time
     caches). Time (``timing``; else call :func:`time_calibrations` on several calibrations at once, interleaved):
-    steady-state passes at 1 and at half the larger size, ``TIME_REPEATS`` times (their spread is the noise)."""
+    steady-state passes at 1 and at a quarter of the larger size, ``TIME_REPEATS`` times (their spread is the
+    noise)."""
     device = next(model.parameters()).device
     was_training, was_ckpt = model.training, is_checkpointing(model)
     model.train()
@@ -193,7 +194,7 @@ def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_proc
     finally:
         set_checkpointing(model, was_ckpt)
         model.train(was_training)
-    timed = max(2, big // 2)  # timed at half the memory pass's size: half the cost, linear to the rest
+    timed = max(2, big // 4)  # timed at a quarter of the memory pass's size: a quarter of the cost, linear beyond
     cal = Calibration(precision, checkpointing, seq_len, (1, big), (one[0], many[0]), (one[1], many[1]),
                       (one[2], many[2] * timed / big), warmup, (), (1, timed))
     if timing:
@@ -202,21 +203,22 @@ def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_proc
 
 
 def time_calibrations(model, cals: list[Calibration], rounds: int = TIME_REPEATS) -> None:
-    """Steady-state timing of each calibration's two sizes, in interleaved rounds (A, B, C, A, B, C, ...) so that
-    a busy moment on a shared machine lands on every setting alike rather than on one; sets ``seconds`` (medians)
-    and ``big_seconds`` (each round's time at the larger size: the measured spread)."""
+    """Steady-state timing of each calibration's two sizes (1 once, the larger in every round), in interleaved
+    rounds (A, B, C, A, B, C, ...) so that a busy moment on a shared machine lands on every setting alike rather
+    than on one; sets ``seconds`` (medians) and ``big_seconds`` (each round's time at the larger size: the spread)."""
     device = next(model.parameters()).device
     was_training, was_ckpt = model.training, is_checkpointing(model)
     model.train()
     small: dict[int, list[float]] = {i: [] for i in range(len(cals))}
     large: dict[int, list[float]] = {i: [] for i in range(len(cals))}
     try:
-        for _ in range(rounds):
+        for r in range(rounds):
             for i, c in enumerate(cals):
                 set_checkpointing(model, c.checkpointing)
                 autocast = autocast_for(c.precision, device)
                 m = (c.time_sizes or c.sizes)[1]
-                small[i].append(_pass(model, 1, c.seq_len, autocast, memory_too=False)[2])
+                if r == 0:  # the intercept (per-pass overhead) once; the spread comes from the larger size
+                    small[i].append(_pass(model, 1, c.seq_len, autocast, memory_too=False)[2])
                 large[i].append(_pass(model, m, c.seq_len, autocast, memory_too=False)[2])
     finally:
         set_checkpointing(model, was_ckpt)
