@@ -158,7 +158,6 @@ def test_fsdp_shards_parameters_and_matches(job, single):
     # FSDP's traffic is counted, not 0: each micro-batch (2 per step here) gathers every unit's full parameters in
     # the forward (and the resharded ones again in the backward) and reduce-scatters their gradients
     full, accum = d["parameter_bytes_full"], 2
-    print("fsdp traffic", {k: v for k, v in d.items() if "bytes" in k or "calls" in k})
     assert accum * full <= d["allgather_bytes_per_step"] <= 2 * accum * full
     assert full <= d["reduce_scatter_bytes_per_step"] <= accum * full
     assert d["communicated_bytes_per_step"] == d["allgather_bytes_per_step"] + d["reduce_scatter_bytes_per_step"]
