@@ -52,8 +52,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ns = ap.parse_args()
     root = Path(ns.out or tempfile.mkdtemp(prefix="plan-accuracy-"))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from conftest import make_tiny_bert
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.helpers import make_tiny_bert
 
     tiny = root / "tiny-bert"
     if not tiny.exists():

@@ -152,6 +152,7 @@ def resume_args(folder: Path, *extra: str) -> list[str]:
     return [f"model.name={folder.parent / 'bert'}", f"data.train={folder / 'train.csv'}",
             f"data.eval={folder / 'dev.csv'}", "train.batch_size=8", "train.micro_batch_size=4", "train.epochs=2",
             "train.lr=2e-3", "train.log_every_steps=1", "checkpoint.every_steps=2", "checkpoint.keep=2",
+            "checkpoint.keep_final=2",  # these tests resume from a finished run's checkpoints
             "report.plots=false", "report.progress=none", f"output_dir={folder / 'run'}", *extra]
 
 

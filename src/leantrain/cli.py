@@ -90,13 +90,16 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     b = sub.add_parser("bench", help="short trials of a config across a sweep of key=value lists, side by side",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES + "\n" + keys,
                        description="Runs each point of the cartesian product of the sweeps in a fresh training "
-                       "process and writes a table (samples/s, tokens/s, peak memory, optimizer state, eval loss and "
-                       "accuracy, each also as a ratio to the first variant) to the terminal and to output_dir/"
+                       "process, over interleaved rounds, and writes a table (samples/s and tokens/s as median "
+                       "[min-max], peak memory, optimizer state, eval loss and accuracy, each also as a ratio to the "
+                       "first variant; 'within noise' where the spreads overlap) to the terminal and to output_dir/"
                        "bench.csv, bench.json and bench.png. Exit status 0 when at least one variant ran.")
     b.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     b.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
                    help="one key and its values; repeat for a cartesian product")
-    b.add_argument("--repeat", type=int, default=1, help="rounds over all variants, interleaved (default: 1)")
+    b.add_argument("--rounds", "--repeat", dest="rounds", type=int, default=3,
+                   help="rounds over all variants, interleaved A, B, A, B, ...: the table shows the median and the "
+                   "min-max spread (default: %(default)s; --repeat is the old name)")
     b.add_argument("--timeout", type=float, default=None, help="seconds per training run (default: none)")
     pl = sub.add_parser("plan", help="predicted peak memory of a config on this device, and the fastest settings "
                         "that fit a budget", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -109,7 +112,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     pl.add_argument("--nproc", type=int, default=1, help="processes sharing the global batch (DDP/FSDP per device)")
     pl.add_argument("--json", action="store_true", help="print JSON on stdout (total under peak_bytes)")
     pl.add_argument("--breakdown-only", action="store_true", help="only this config's lines (no search; faster)")
-    return p, {"train": t, "inspect": i, "predict": pr, "eval": e, "bench": b, "plan": pl}
+    c = sub.add_parser("cache", help="list or clear the caches leantrain made outside run folders (docs/caches.md)")
+    c_what = c.add_mutually_exclusive_group()
+    c_what.add_argument("--list", action="store_true", help="show each cache folder and its size (the default)")
+    c_what.add_argument("--clear", action="store_true", help="remove them (asks nothing; prints what it removed)")
+    return p, {"train": t, "inspect": i, "predict": pr, "eval": e, "bench": b, "plan": pl, "cache": c}
 
 
 def _cmd_train(ns) -> int:
@@ -144,7 +151,7 @@ def _cmd_bench(ns) -> int:
     from leantrain.commands.bench import bench_command  # lazy: keeps the other commands' start-up light
 
     source, overrides = _split_positionals(ns.args)
-    return bench_command(source, overrides, ns.sweep, repeat=ns.repeat, timeout=ns.timeout)
+    return bench_command(source, overrides, ns.sweep, rounds=ns.rounds, timeout=ns.timeout)
 
 
 def _cmd_plan(ns) -> int:
@@ -153,6 +160,12 @@ def _cmd_plan(ns) -> int:
     source, overrides = _split_positionals(ns.args)
     run_plan(source, overrides, memory=ns.memory, nproc=ns.nproc, as_json=ns.json, recommend=not ns.breakdown_only)
     return 0
+
+
+def _cmd_cache(ns) -> int:
+    from leantrain.commands.cache import cache_command  # lazy: keeps the other commands' start-up light
+
+    return cache_command(clear=ns.clear)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +190,7 @@ def _main(argv: list[str] | None = None) -> int:
     ns = subs[argv[0]].parse_intermixed_args(argv[1:])
     try:
         return {"train": _cmd_train, "inspect": _cmd_inspect, "predict": _cmd_predict, "eval": _cmd_eval,
-                "bench": _cmd_bench, "plan": _cmd_plan}[argv[0]](ns)
+                "bench": _cmd_bench, "plan": _cmd_plan, "cache": _cmd_cache}[argv[0]](ns)
     except UserError as e:
         print(f"leantrain: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -139,6 +139,12 @@ def test_fsdp_shards_parameters_and_matches(job, single):
     assert d["strategy"] == "fsdp" and d["world_size"] == 2
     assert d["parameter_bytes_per_process"] <= 0.55 * d["parameter_bytes_full"]  # really sharded (DTensors)
     assert_same_run(single, tmp / "fsdp")  # model/ saved from the gathered full state dict
+    # FSDP's traffic is counted, not 0: each micro-batch (2 per step here) gathers every unit's full parameters in
+    # the forward (and the resharded ones again in the backward) and reduce-scatters their gradients
+    full, accum = d["parameter_bytes_full"], 2
+    assert accum * full <= d["allgather_bytes_per_step"] <= 2 * accum * full
+    assert full <= d["reduce_scatter_bytes_per_step"] <= accum * full
+    assert d["communicated_bytes_per_step"] == d["allgather_bytes_per_step"] + d["reduce_scatter_bytes_per_step"]
 
 
 def test_local_sgd_drifts_then_syncs(job):

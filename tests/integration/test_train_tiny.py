@@ -131,4 +131,4 @@ def test_tensorboard_tracker_is_opt_in(tmp_path, tiny_bert, files):
 
     acc = EventAccumulator(str(events[0].parent))
     acc.Reload()
-    assert {"train/loss", "eval.accuracy"} <= set(acc.Tags()["scalars"])
+    assert {"train/loss", "eval/accuracy"} <= set(acc.Tags()["scalars"])

@@ -2,8 +2,10 @@
 
 Each variant (one point of the cartesian product of the sweeps) is validated on its own: a bad key or value
 becomes a row with its error, not a crash of the sweep. Each valid variant trains in a fresh
-``python -m leantrain train`` process, so its peak memory is its own; with ``--repeat N`` the runs are interleaved
-(v1, v2, ..., v1, v2, ...) so that a slow patch on a shared machine does not land on one variant alone.
+``python -m leantrain train`` process, so its peak memory is its own. Over ``--rounds N`` (default 3) the runs are
+interleaved (v1, v2, ..., v1, v2, ...) so that a slow patch on a shared machine does not land on one variant alone;
+the table shows each variant's median with its min-max spread, and calls a difference "within noise" when the
+spreads overlap.
 """
 
 from __future__ import annotations
@@ -113,12 +115,16 @@ def _last_error(log_path: Path) -> str:
     return (lines[-1] if lines else "no output")[:500]
 
 
-def run_bench(source: str | None, overrides: list[str], sweeps: list[str], *, repeat: int = 1,
-              timeout: float | None = None, echo=print) -> dict:
-    """Validate, run (interleaved over ``repeat`` rounds), tabulate and write bench.csv/json/png. Returns the
-    result dict (also in bench.json)."""
+DEFAULT_ROUNDS = 3
+
+
+def run_bench(source: str | None, overrides: list[str], sweeps: list[str], *, rounds: int = DEFAULT_ROUNDS,
+              repeat: int | None = None, timeout: float | None = None, echo=print) -> dict:
+    """Validate, run (interleaved over ``rounds`` rounds; ``repeat`` is the old name), tabulate and write
+    bench.csv/json/png. Returns the result dict (also in bench.json)."""
+    repeat = rounds if repeat is None else repeat
     if repeat < 1:
-        raise UserError(f"--repeat must be at least 1 (got {repeat})")
+        raise UserError(f"--rounds must be at least 1 (got {repeat})")
     base = resolve(source, overrides)  # a bad base config fails the whole command, before anything runs
     out = Path(base.output_dir or Path("runs") / time.strftime("bench-%Y%m%d-%H%M%S"))
     overrides = [o for o in overrides if not o.split("=", 1)[0].strip() == "output_dir"]
@@ -140,8 +146,9 @@ def run_bench(source: str | None, overrides: list[str], sweeps: list[str], *, re
             v.error = v.failures[0]
     rows = [row_of(v) for v in variants]
     result = {"command": " ".join(["leantrain", "bench", *([source] if source else []), *overrides,
-                                   *(f"--sweep {s}" for s in sweeps), f"--repeat {repeat}"]),
-              "output_dir": str(out), "repeat": repeat, "rows": bench_report.add_ratios(rows)}
+                                   *(f"--sweep {s}" for s in sweeps), f"--rounds {repeat}"]),
+              "output_dir": str(out), "rounds": repeat, "repeat": repeat, "order": "interleaved",
+              "rows": bench_report.add_noise(bench_report.add_ratios(rows))}
     out.mkdir(parents=True, exist_ok=True)
     bench_report.write_all(result, out)
     echo(bench_report.format_table(result["rows"]))
@@ -150,7 +157,8 @@ def run_bench(source: str | None, overrides: list[str], sweeps: list[str], *, re
 
 
 def row_of(v: Variant) -> dict:
-    """One table row: medians over the repeats that ran; eval metrics and state from the last run."""
+    """One table row: medians over the rounds that ran (throughput also min, max and each round's value); eval
+    metrics and state from the last run."""
     row = {"variant": v.label, "overrides": v.overrides, "status": "ok" if v.summaries else "error", "error": v.error, "runs": len(v.summaries),
            "failed_runs": len(v.failures)}
     if not v.summaries:
@@ -160,6 +168,10 @@ def row_of(v: Variant) -> dict:
     tr = lambda s: s["train"]  # noqa: E731
     memory_key = "cuda_max_allocated_bytes" if "cuda_max_allocated_bytes" in tr(last) else "peak_memory_bytes"
     optim = last.get("optim") or {}
+    for key in ("samples_per_second", "tokens_per_second"):
+        values = [tr(s)[key] for s in v.summaries]
+        row[f"{key}_runs"] = values
+        row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
     row.update({
         "samples_per_second": med(lambda s: tr(s)["samples_per_second"]),
         "tokens_per_second": med(lambda s: tr(s)["tokens_per_second"]),
@@ -175,8 +187,8 @@ def row_of(v: Variant) -> dict:
     return row
 
 
-def bench_command(source: str | None, overrides: list[str], sweeps: list[str], *, repeat: int = 1,
+def bench_command(source: str | None, overrides: list[str], sweeps: list[str], *, rounds: int = DEFAULT_ROUNDS,
                   timeout: float | None = None) -> int:
     """``leantrain bench``: exit status 0 when at least one variant ran."""
-    result = run_bench(source, overrides, sweeps, repeat=repeat, timeout=timeout)
+    result = run_bench(source, overrides, sweeps, rounds=rounds, timeout=timeout)
     return 0 if any(r["status"] == "ok" for r in result["rows"]) else 1

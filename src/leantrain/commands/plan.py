@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import statistics
 import sys
 from dataclasses import dataclass, field
 
@@ -26,8 +27,9 @@ from leantrain.errors import UserError
 from leantrain.modeling import build_model
 from leantrain.perf import memory_model
 from leantrain.units import format_bytes
-from leantrain.perf.auto_micro_batch import (MARGIN, default_budget, divisors_desc, framework_bytes, longest_sequence,
-                                             need_bytes, parse_bytes)
+from leantrain.perf.auto_micro_batch import (MARGIN, RUN_ALLOWANCE, default_budget, divisors_desc, framework_bytes,
+                                             longest_sequence, need_bytes, parse_bytes)
+from leantrain.perf.noise import rank_by_speed
 
 log = logging.getLogger("leantrain")
 TOP = 5
@@ -64,7 +66,7 @@ class Search:
 
     def calibration(self, precision: str, ckpt: bool) -> memory_model.Calibration:
         if (precision, ckpt) not in self.calibrations:
-            cal = memory_model.calibrate(self.model, self.seq_len, precision, ckpt, self.per_process)
+            cal = memory_model.calibrate(self.model, self.seq_len, precision, ckpt, self.per_process, timing=False)
             log.info("calibrated: %s, gradient checkpointing %s, micro-batches %s x %d tokens", precision,
                      "on" if ckpt else "off", cal.sizes, self.seq_len)
             self.facts.warmup_bytes = max(self.facts.warmup_bytes, cal.warmup_bytes)
@@ -78,7 +80,9 @@ class Search:
 
     def measure_step(self, name: str) -> None:
         if name not in self.facts.step_seconds:
-            self.facts.step_seconds[name] = memory_model.measure_step_seconds(self.model, self._optim(name))
+            times = memory_model.measure_step_times(self.model, self._optim(name))
+            self.facts.step_seconds[name] = statistics.median(times)
+            self.facts.step_range[name] = (min(times), max(times))
 
     def _optim(self, name: str):
         return self.cfg.optim.model_copy(update={"name": name})
@@ -94,7 +98,12 @@ class Search:
                "need_bytes": need_bytes(lines), "fits": need_bytes(lines) <= self.budget}
         if name in self.facts.step_seconds:
             step = accum * cal.seconds_at(micro) + self.facts.step_seconds[name]
-            row["samples_per_second"] = self.cfg.train.batch_size / step
+            fast, slow = cal.seconds_range_at(micro)
+            one = self.facts.step_seconds[name]
+            step_lo, step_hi = self.facts.step_range.get(name, (one, one))
+            batch = self.cfg.train.batch_size
+            row["samples_per_second"] = batch / step
+            row["samples_per_second_range"] = [batch / (accum * slow + step_hi), batch / (accum * fast + step_lo)]
         return row
 
 
@@ -130,7 +139,8 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     settings = _settings(search, device) if recommend else []
     result.update(search.option(precision, ckpt, cfg.optim.name, micro))
     if recommend:
-        result.update(_recommendations([search.option(*setting) for setting in settings]))
+        current = (micro, precision, ckpt, cfg.optim.name)
+        result.update(_recommendations([search.option(*setting) for setting in settings], current))
     result["calibration"] = [c.__dict__ for c in search.calibrations.values()]
     result["parameters"] = sum(p.numel() for p in model.parameters())
     if as_json:
@@ -147,18 +157,29 @@ def _settings(search: Search, device: torch.device) -> list[tuple[str, bool, str
     for p in precisions(device, cfg.efficiency.precision):
         for c in can_ckpt:
             search.calibration(p, c)
+    memory_model.time_calibrations(search.model, list(search.calibrations.values()))  # interleaved timing rounds
     for name in {cfg.optim.name, *available_optimizers()}:
         search.measure_step(name)
     return [(p, c, name, m) for p in precisions(device, cfg.efficiency.precision) for c in can_ckpt
             for name in available_optimizers() for m in divisors_desc(search.per_process)]
 
 
-def _recommendations(rows: list[dict]) -> dict:
-    fits = sorted((r for r in rows if r["fits"]), key=lambda r: -r["samples_per_second"])
+def _changes(row: dict, current: tuple) -> int:
+    """How many settings of ``row`` differ from the config's own (ties within noise go to the fewest changes)."""
+    mine = (row["micro_batch_size"], row["precision"], row["gradient_checkpointing"], row["optimizer"])
+    return sum(a != b for a, b in zip(mine, current))
+
+
+def _recommendations(rows: list[dict], current: tuple) -> dict:
+    """The fitting settings ranked by predicted speed, but only where the measured ranges separate them
+    (``perf.noise.rank_by_speed``: 'within noise' otherwise, fewest changes first)."""
+    fits = rank_by_speed([r for r in rows if r["fits"]], prefer=lambda r: _changes(r, current))
     return {"recommendations": [{**r, "overrides": overrides_for(r)} for r in fits[:TOP]],
+            "within_noise_of_fastest": sum(r["speed"] == "within noise" for r in fits),
             "options_considered": len(rows), "options_fitting": len(fits),
             "options": [{"overrides": overrides_for(r), "need_bytes": r["need_bytes"], "fits": r["fits"],
-                         "samples_per_second": r["samples_per_second"]} for r in rows]}
+                         "samples_per_second": r["samples_per_second"],
+                         "samples_per_second_range": r["samples_per_second_range"]} for r in rows]}
 
 
 def overrides_for(row: dict) -> list[str]:
@@ -177,14 +198,20 @@ def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
         label = "predicted peak (per process)" if k == "total" else k.replace("_", " ")
         w(f"  {label:<30} {v:>15,} B  {format_bytes(v):>11}\n")
     w(f"  budget {format_bytes(r['budget_bytes'])} ({r['budget_source']}): "
-      f"{'fits' if r['fits'] else 'does NOT fit'} (with {MARGIN:.0%} margin on the training part: "
+      f"{'fits' if r['fits'] else 'does NOT fit'} (with {MARGIN:.0%} margin on the training part and "
+      f"{RUN_ALLOWANCE // 2**20} MiB for evaluation and saving: "
       f"{format_bytes(r['need_bytes'])})\n")
     if "recommendations" not in r:
         return
     w(f"\nfastest of {r['options_fitting']} fitting settings (of {r['options_considered']}; global batch "
-      f"{r['global_batch']} kept):\n")
+      f"{r['global_batch']} kept; predicted samples/s with the range its timed passes spanned):\n")
     for i, rec in enumerate(r["recommendations"], 1):
-        w(f"  {i}. {rec['samples_per_second']:8.1f} samples/s  peak {format_bytes(rec['peak_bytes']):>11}   "
-          f"{' '.join(rec['overrides'])}\n")
+        lo, hi = rec["samples_per_second_range"]
+        w(f"  {i}. {rec['samples_per_second']:8.1f} samples/s ({lo:.1f}-{hi:.1f})  {rec['speed']:<12}  peak "
+          f"{format_bytes(rec['peak_bytes']):>11}   {' '.join(rec['overrides'])}\n")
     if not r["recommendations"]:
         w("  none fits: lower data.max_length or train.batch_size, or raise --memory\n")
+    elif r["recommendations"][0]["speed"] == "within noise":
+        w(f"  within noise: {r['within_noise_of_fastest']} fitting setting(s) have predicted ranges that overlap the "
+          "top one's, so their order is not measured: none of them is shown to be the fastest (choose among them by "
+          "memory; listed from the fewest changes to your settings; a quieter machine narrows the ranges)\n")

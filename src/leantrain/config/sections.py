@@ -117,6 +117,10 @@ class DataConfig(Section):
         "lines; none: quote characters are plain text (e.g. a TSV with stray quotes); standard: quoting as in auto, "
         "and such fields are accepted"
     )
+    cache_dir: str | None = Field(
+        None, description="where datasets keeps its Arrow copies of the data files and the processed (tokenised) "
+        "caches; unset = $HF_DATASETS_CACHE, else ~/.cache/huggingface/datasets (see docs/caches.md)"
+    )
 
 
 class TrainConfig(Section):
@@ -234,6 +238,10 @@ class CheckpointConfig(Section):
 
     every_steps: int = Field(500, ge=0, description="save a resumable checkpoint every N optimizer steps; 0 = never")
     keep: int = Field(3, ge=1, description="newest complete checkpoints kept in output_dir/checkpoints/")
+    keep_final: int = Field(
+        1, ge=0, description="checkpoints kept once the run has finished (model/ and summary.json written); the log "
+        "and summary.json say what was removed"
+    )
     resume: str = Field(
         "auto", description="auto: continue from the last complete checkpoint in output_dir (same config); "
         "never: start afresh (old checkpoints are removed); or a checkpoint folder"

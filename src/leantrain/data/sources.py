@@ -17,6 +17,8 @@ from typing import Iterator, Sequence
 
 import datasets
 
+from leantrain.data.caches import datasets_cache_dir, default_datasets_cache, record_dataset_cache
+
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl",
            ".parquet": "parquet", ".pq": "parquet"}
 csv.field_size_limit(2**31 - 1)  # long documents are fine; the default limit is 128 KiB per field
@@ -140,7 +142,8 @@ def _open_file(path: Path, fmt: str, key: str | None, quoting: str = "auto") -> 
     builder = {"tsv": "csv", "jsonl": "json"}.get(fmt, fmt)
     try:
         with quiet():
-            ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=datasets_cache_dir(),
+                                       **kwargs)
     except Exception as e:  # noqa: BLE001
         diagnose = {"json": diagnose_json, "parquet": _diagnose_parquet}.get(builder)
         found = diagnose(path, where) if diagnose else None
@@ -148,6 +151,7 @@ def _open_file(path: Path, fmt: str, key: str | None, quoting: str = "auto") -> 
     if lines is not None and len(ds) != len(lines):  # the loader and the structure check must agree on the rows
         raise SourceError(f"{where}: read {len(ds)} rows, but the file holds {len(lines)} (rows start on lines "
                           f"{', '.join(map(str, lines[:3]))}, ...); check the quoting (data.quoting)")
+    record_dataset_cache(ds, str(path))
     return Source(key, str(path), fmt, ds, path, lines, warnings=warnings)
 
 
@@ -155,10 +159,23 @@ def _load_named(name: str, pre: str, what: str) -> datasets.Dataset | datasets.D
     """A dataset folder or a Hub name, through ``datasets.load_dataset``."""
     try:
         with quiet():
-            return datasets.load_dataset(name)
+            ds = datasets.load_dataset(name, cache_dir=datasets_cache_dir())
     except Exception as e:  # noqa: BLE001
+        if _offline() and not Path(name).exists():
+            raise SourceError(f"{pre}{what} it is not in the datasets cache ({default_datasets_cache()}) and the Hub "
+                              "is offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set): load it once with network "
+                              "access (or with data.cache_dir pointing to a cache that has it), or save it with "
+                              "save_to_disk and give that folder; data files need one of the extensions .csv .tsv "
+                              ".json .jsonl .parquet") from None
         raise SourceError(f"{pre}{what} datasets.load_dataset could not load it ({_cause(e)}); data files need one "
                           "of the extensions .csv .tsv .json .jsonl .parquet") from None
+    record_dataset_cache(ds, name)
+    return ds
+
+
+def _offline() -> bool:
+    return bool(getattr(datasets.config, "HF_HUB_OFFLINE", False) or getattr(datasets.config, "HF_DATASETS_OFFLINE",
+                                                                              False))
 
 
 def _cause(e: BaseException) -> str:

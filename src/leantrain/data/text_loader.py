@@ -16,6 +16,7 @@ from leantrain.config import DataConfig
 from leantrain.data import columns as cols_
 from leantrain.data.demo import demo_files
 from leantrain.data.labels import LabelMap, from_data, from_known, missing, nonzero, scan
+from leantrain.data.caches import using_cache_dir
 from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
 from leantrain.errors import DataError
 
@@ -109,7 +110,8 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels:
 def open_rows(path: str, cfg: DataConfig, folder_reader=None) -> Part:  # noqa: ANN001
     """The one split of ``path`` that predict / eval read (validation, then test, or data.eval_split)."""
     try:
-        source = open_source(path, None, folder_reader, quoting=cfg.quoting)
+        with using_cache_dir(cfg.cache_dir):
+            source = open_source(path, None, folder_reader, quoting=cfg.quoting)
         wanted = [cfg.eval_split] if cfg.eval_split else ["validation", "test"]
         part = pick_split(source, wanted, setting="data.eval_split" if cfg.eval_split else None, single_ok=True)
     except SourceError as e:

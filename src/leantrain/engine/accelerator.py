@@ -50,6 +50,10 @@ def quiet_libraries() -> None:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     logging.getLogger("accelerate").setLevel(logging.ERROR)
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):  # a log file: no carriage-return bars from datasets.map
+        import datasets
+
+        datasets.disable_progress_bars()
 
 
 def has_accelerator() -> bool:

@@ -22,7 +22,7 @@ from leantrain.perf.meter import Throughput
 from leantrain.report.card import write_model_card
 from leantrain.report.logs import write_json
 from leantrain.engine.run_settings import write_run_settings
-from leantrain.report.plots import plot_loss_curve
+from leantrain.report.plots import plot_loss_curve, short_model_name
 from leantrain.version import __version__
 
 log = logging.getLogger("leantrain")
@@ -136,7 +136,7 @@ def _report_files(cfg: Config, out: Path, model_dir: Path, data: TrainingData, s
     write_model_card(model_dir, base_model=base, label_names=data.label_names, summary=summary,
                      config=cfg.to_dict(), task=data.task)
     if cfg.report.plots:
-        plot_loss_curve(records, out / "loss_curve.png", title=f"{data.model_name} — {out.name}")
+        plot_loss_curve(records, out / "loss_curve.png", title=f"{short_model_name(data.model_name)} — {out.name}")
 
 
 def _device_name(device: torch.device) -> str:

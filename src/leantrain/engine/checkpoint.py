@@ -275,15 +275,39 @@ class Checkpointer:
         fsync_dir(self.root)
         log.info("checkpoint: %s", final)
 
+    def finish(self) -> dict:
+        """After a successful run: keep the newest ``checkpoint.keep_final`` checkpoints, remove the rest (main
+        process), log what was removed and return ``{"kept", "removed", "removed_bytes"}`` for summary.json."""
+        found = complete_checkpoints(self.root.parent)
+        keep = self.cfg.checkpoint.keep_final
+        removed, freed = [], 0
+        if self.accelerator.is_main_process:
+            for old in found[keep:]:
+                freed += sum(f.stat().st_size for f in old.rglob("*") if f.is_file())
+                self._remove(old)
+                removed.append(old.name)
+            fsync_dir(self.root)
+            if removed:
+                log.info("finished: removed %d checkpoint(s) (%s, %.1f MB; checkpoint.keep_final=%d), kept %s",
+                         len(removed), ", ".join(removed), freed / 1e6, keep,
+                         ", ".join(p.name for p in found[:keep]) or "none")
+        self.accelerator.wait_for_everyone()
+        return {"kept": [p.name for p in found[:keep]], "removed": removed, "removed_bytes": freed}
+
     def _prune(self) -> None:
         """Rename first, delete after: a prune killed half-way leaves a ``.del-`` folder (cleaned at the next start
         or save), never a half-deleted ``step-`` folder."""
         for old in complete_checkpoints(self.root.parent)[self.keep:]:
-            doomed = self.root / f".del-{old.name}"
-            shutil.rmtree(doomed, ignore_errors=True)
-            os.replace(old, doomed)
+            self._remove(old)
         fsync_dir(self.root)
         clean_leftovers(self.root)
+
+    def _remove(self, old: Path) -> None:
+        """Renamed to ``.del-<name>`` first (a kill here leaves no half-deleted ``step-`` folder), then deleted."""
+        doomed = self.root / f".del-{old.name}"
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.replace(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
 def disk_full(e: BaseException) -> bool:

@@ -30,10 +30,15 @@ class CommStats:
     allreduce_seconds: float = 0.0  # from launch to completion; overlaps the backward pass
     param_syncs: int = 0
     param_sync_bytes: int = 0
+    allgather_calls: int = 0  # FSDP: unsharded parameters gathered (forward, and backward when resharded)
+    allgather_bytes: int = 0  # size of the gathered (output) buffers
+    reduce_scatter_calls: int = 0  # FSDP: gradients reduced and scattered back to their shards
+    reduce_scatter_bytes: int = 0  # size of the (unsharded) input buffers
+    eval_allgather_bytes: int = 0  # FSDP: gathered for evaluation (reported apart, not in ``bytes``)
 
     @property
     def bytes(self) -> int:
-        return self.allreduce_bytes + self.param_sync_bytes
+        return self.allreduce_bytes + self.param_sync_bytes + self.allgather_bytes + self.reduce_scatter_bytes
 
 
 def strategy_name(cfg: Config, world_size: int) -> str:
@@ -95,6 +100,39 @@ def apply_fsdp(model: nn.Module, accelerator) -> nn.Module:
 
         model.forward = autocast_forward
     return model
+
+
+def count_fsdp_traffic(model: nn.Module, stats: CommStats) -> None:
+    """Count FSDP2's all-gathers and reduce-scatters (calls and buffer bytes, as the DDP hook counts its all-reduce
+    buckets) through its public custom-collective hooks, on every sharded module; the collectives themselves are
+    FSDP's defaults."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    class CountingAllGather(DefaultAllGather):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            n = output_tensor.numel() * output_tensor.element_size()
+            if self.module.training:  # evaluation's gathers are not training traffic
+                stats.allgather_calls += 1
+                stats.allgather_bytes += n
+            else:
+                stats.eval_allgather_bytes += n
+            return super().__call__(output_tensor, input_tensor, group, async_op)
+
+    class CountingReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            stats.reduce_scatter_calls += 1
+            stats.reduce_scatter_bytes += input_tensor.numel() * input_tensor.element_size()
+            return super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_custom_all_gather(CountingAllGather(module))
+            module.set_custom_reduce_scatter(CountingReduceScatter())
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -240,6 +278,11 @@ def distributed_summary(cfg: Config, accelerator: Accelerator, model: nn.Module,
         "gradient_allreduce_calls": comm.allreduce_calls,
         "parameter_syncs": comm.param_syncs,
     }
+    if comm.allgather_calls or comm.reduce_scatter_calls:  # FSDP
+        out.update({"allgather_bytes_per_step": comm.allgather_bytes / steps,
+                    "reduce_scatter_bytes_per_step": comm.reduce_scatter_bytes / steps,
+                    "allgather_calls": comm.allgather_calls, "reduce_scatter_calls": comm.reduce_scatter_calls,
+                    "eval_allgather_bytes": comm.eval_allgather_bytes})
     if comm.allreduce_calls and meter.all_time > 0:
         out["allreduce_seconds_per_step"] = comm.allreduce_seconds / steps
         out["allreduce_fraction_of_step_time"] = comm.allreduce_seconds / meter.all_time

@@ -24,8 +24,8 @@ from leantrain.engine.artifacts import RunResult, save_outputs
 from leantrain.engine.batch_layout import BatchLayout, batch_layout
 from leantrain.engine.best import BestModel
 from leantrain.engine.checkpoint import Checkpointer, data_fingerprint
-from leantrain.engine.distributed import (CommStats, apply_fsdp, distributed_summary, local_sgd, replica_spread,
-                                          strategy_name, time_allreduce)
+from leantrain.engine.distributed import (CommStats, apply_fsdp, count_fsdp_traffic, distributed_summary, local_sgd,
+                                          replica_spread, strategy_name, time_allreduce)
 from leantrain.engine.dropout import resolve_dropout
 from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, compile_seconds,
                                          resolve_precision)
@@ -47,7 +47,7 @@ from leantrain.perf.auto_micro_batch import auto_micro_batch
 from leantrain.perf.flops import MfuMeter
 from leantrain.perf.meter import PhaseClock, Throughput
 from leantrain.perf.profile import StepProfiler
-from leantrain.report.logs import MetricsLog
+from leantrain.report.logs import MetricsLog, write_json
 from leantrain.report.progress import Progress
 
 log = logging.getLogger("leantrain")
@@ -159,8 +159,9 @@ def build_run(start: RunStart) -> Run:
     data = prepare_training_data(cfg, accelerator)
     check_stop_when(cfg, len(data.label_names))  # eval.mcc is for 2 classes
     layout = batch_layout(cfg, len(data.train), accelerator.num_processes)
-    for note in layout.notes:
-        log.info(note)
+    if cfg.train.micro_batch_size != "auto":  # with auto, the batch line comes once the micro-batch is chosen
+        for note in layout.notes:
+            log.info(note)
 
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
     model = build_model(cfg.model, data.label_names, data.task)
@@ -229,6 +230,9 @@ def finish(loop: Loop, run: Run, *, wall_seconds: float) -> dict:
         best=loop.best.summary(),
     )
     summary = save_outputs(cfg, accelerator, model, p.data, result)
+    summary["checkpoints"] = p.ckpt.finish()  # only now, with model/ and summary.json written, are they spare
+    if accelerator.is_main_process:
+        write_json(Path(cfg.output_dir) / "summary.json", summary)
     accelerator.end_training()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # else gloo aborts at exit under torchrun
@@ -242,6 +246,7 @@ def _prepare(cfg: Config, accelerator: Accelerator, model: nn.Module, layout: Ba
     comm = CommStats()
     if strategy == "fsdp":
         model = apply_fsdp(model, accelerator)
+        count_fsdp_traffic(model, comm)
     optimizer = build_optimizer(model, cfg.optim, cfg.train.lr)
     scheduler = build_scheduler(optimizer, cfg.optim, layout.total_steps)
     eval_dl = data.eval_loader(layout.micro_batch_size)

@@ -38,7 +38,7 @@ log = logging.getLogger("leantrain")
 # config keys (or prefixes ending in '.') that cannot change what is computed
 HARMLESS = ("output_dir", "report.", "efficiency.cpu_allocator", "train.log_every_steps", "train.eval_every_steps", "train.eval_batch_size",
             "train.warmup_steps_excluded", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.resume",
-            "checkpoint.allow_inexact_resume", "data.num_workers")
+            "checkpoint.allow_inexact_resume", "checkpoint.keep_final", "data.num_workers", "data.cache_dir")
 # config keys whose change makes a resume inexact: allowed only with checkpoint.allow_inexact_resume
 INEXACT = {"train.batch_size": "the data position is a step index: the examples after the resume point differ",
            "train.micro_batch_size": "the float summation order of each step differs"}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from accelerate import Accelerator
 
+from leantrain.data.caches import using_cache_dir
 from leantrain.config import Config
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
@@ -52,14 +53,16 @@ def data_side(task: str) -> Modality:
 
 def validate_data(cfg: Config):
     """Load and check the data (no model, no processor): raises DataError listing every problem."""
-    return data_side(resolve_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+    with using_cache_dir(cfg.data.cache_dir):
+        return data_side(resolve_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed,
+                                                              batch_size=cfg.train.batch_size)
 
 
 def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData:
     """Validate (main process first), load the processor, process and cache the data, build the collators."""
     task = resolve_task(cfg)
     modality = data_side(task)
-    with accelerator.main_process_first():
+    with accelerator.main_process_first(), using_cache_dir(cfg.data.cache_dir):
         data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
     log.info("task: %s", task)
     for note in data.notes:

@@ -16,11 +16,15 @@ RSS on CPU; on CUDA the allocator's peak) is predicted line by line:
 Activations and temporaries are calibrated by short forward/backward passes of the actual model on this device
 at two small micro-batch sizes on the longest sequence, per precision and checkpointing, and extrapolated
 linearly in the micro-batch (which is how transformer activations grow at a fixed length). The same passes are
-timed, which with one measured optimizer step gives the predicted step time and samples/s.
+timed, which with a measured optimizer step gives the predicted step time and samples/s. Each timing is repeated
+(the larger pass ``TIME_REPEATS`` times, the optimizer step ``TIME_REPEATS`` times on one block, scaled to the
+model), so every predicted speed comes with the spread measured on this machine: ``leantrain plan`` ranks two
+settings only where their ranges do not overlap ("within noise" otherwise).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -34,6 +38,7 @@ from leantrain.perf import memory
 
 FALLBACK_STATE_BYTES = {"adamw": 8, "adafactor": 0.1, "adamw8bit": 2.1, "sgd": 4, "lion": 4, "muon": 6}
 CALIBRATION_SECONDS = 4.0  # the larger calibration pass takes about this long (a micro-batch of 1 is the other)
+TIME_REPEATS = 3  # timed runs of the larger pass and of the optimizer step: their min-max is the measured spread
 
 
 @dataclass
@@ -49,10 +54,12 @@ class Calibration:
     peak: tuple[int, int]
     seconds: tuple[float, float]
     warmup_bytes: int = 0  # left resident by the first pass (runtime caches), counted once in the framework line
+    big_seconds: tuple[float, ...] = ()  # every timed run of the larger timing pass (its median is seconds[1])
+    time_sizes: tuple[int, int] | None = None  # the micro-batches ``seconds`` were timed at (None: ``sizes``)
 
-    def _at(self, pair, m: int) -> float:
-        (a, b), (ya, yb) = self.sizes, pair
-        slope = max(0.0, (yb - ya) / (b - a))
+    def _at(self, pair, m: int, sizes=None) -> float:
+        (a, b), (ya, yb) = sizes or self.sizes, pair
+        slope = max(0.0, (yb - ya) / (b - a)) if b != a else 0.0
         return ya + slope * (m - a)
 
     def saved_at(self, m: int) -> int:
@@ -62,7 +69,15 @@ class Calibration:
         return max(0, int(self._at(self.peak, m)))
 
     def seconds_at(self, m: int) -> float:
-        return max(1e-6, self._at(self.seconds, m))
+        return max(1e-6, self._at(self.seconds, m, self.time_sizes))
+
+    def seconds_range_at(self, m: int) -> tuple[float, float]:
+        """(fastest, slowest) seconds at ``m``: the prediction scaled by the larger pass's measured min / max
+        relative to its median (one timed run: no spread)."""
+        mid = self.seconds_at(m)
+        if len(self.big_seconds) < 2 or self.seconds[1] <= 0:
+            return mid, mid
+        return mid * min(self.big_seconds) / self.seconds[1], mid * max(self.big_seconds) / self.seconds[1]
 
 
 @dataclass
@@ -78,6 +93,7 @@ class ModelFacts:
     warmup_bytes: int = 0  # the largest first-pass residue of any calibration (runtime caches, made once)
     state_bytes: dict[str, int] = field(default_factory=dict)
     step_seconds: dict[str, float] = field(default_factory=dict)
+    step_range: dict[str, tuple[float, float]] = field(default_factory=dict)  # (min, max) of the timed steps
 
 
 def autocast_for(precision: str, device: torch.device):
@@ -85,8 +101,10 @@ def autocast_for(precision: str, device: torch.device):
     return (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
 
 
-def _pass(model, m: int, seq_len: int, autocast) -> tuple[int, int, float]:
-    """One forward/backward at (m, seq_len): (saved-for-backward bytes, peak bytes above the start, seconds)."""
+def _pass(model, m: int, seq_len: int, autocast, memory_too: bool = True) -> tuple[int, int, float]:
+    """One forward/backward at (m, seq_len): (saved-for-backward bytes, peak bytes above the start, seconds).
+    ``memory_too=False``: timing only, in the steady state a training loop runs in (no heap trim before it, whose
+    fresh pages cost first-touch faults that a running loop does not pay; no saved-tensor hooks); bytes are 0."""
     device = next(model.parameters()).device
     storages: dict[int, int] = {}
 
@@ -99,15 +117,21 @@ def _pass(model, m: int, seq_len: int, autocast) -> tuple[int, int, float]:
     ids = torch.randint(min(1000, vocab - 1), vocab, (m, seq_len), device=device)
     labels = torch.zeros(m, dtype=torch.long, device=device)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    start = _memory_start(device)
+    start = _memory_start(device) if memory_too else 0
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if memory_too else nullcontext()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
+        with hooks, autocast():
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
         torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
+    if not memory_too:
+        model.zero_grad(set_to_none=True)
+        return 0, 0, seconds
     peak = _memory_peak(device) - start
     model.zero_grad(set_to_none=True)
     del logits
@@ -137,9 +161,12 @@ def resident_bytes(device: torch.device) -> int:
 
 
 def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_process: int,
-              seconds: float = CALIBRATION_SECONDS) -> Calibration:
-    """Measure forward/backward passes at a micro-batch of 1 and at the largest size (<= ``per_process``) that
-    takes about ``seconds``, after one warm-up pass at 1 (its residue is the runtime's one-time caches)."""
+              seconds: float = CALIBRATION_SECONDS, timing: bool = True, size: int | None = None) -> Calibration:
+    """Memory: forward/backward passes at a micro-batch of 1 and at the largest size (<= ``per_process``) that
+    takes about ``seconds`` (or at ``size``), after one warm-up pass at 1 (its residue is the runtime's one-time
+    caches). Time (``timing``; else call :func:`time_calibrations` on several calibrations at once, interleaved):
+    steady-state passes at 1 and at a quarter of the larger size, ``TIME_REPEATS`` times (their spread is the
+    noise)."""
     device = next(model.parameters()).device
     was_training, was_ckpt = model.training, is_checkpointing(model)
     model.train()
@@ -150,13 +177,43 @@ def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_proc
         _pass(model, 1, seq_len, autocast)
         warmup = max(0, resident_bytes(device) - before)
         one = _pass(model, 1, seq_len, autocast)
-        big = min(per_process, max(2, int(seconds / max(one[2], 1e-3))))
+        big = size or min(per_process, max(2, int(seconds / max(one[2], 1e-3))))  # size: measure there, exactly
         many = _pass(model, big, seq_len, autocast)
     finally:
         set_checkpointing(model, was_ckpt)
         model.train(was_training)
-    return Calibration(precision, checkpointing, seq_len, (1, big), (one[0], many[0]), (one[1], many[1]),
-                       (one[2], many[2]), warmup)
+    timed = max(2, big // 4)  # timed at a quarter of the memory pass's size: a quarter of the cost, linear beyond
+    cal = Calibration(precision, checkpointing, seq_len, (1, big), (one[0], many[0]), (one[1], many[1]),
+                      (one[2], many[2] * timed / big), warmup, (), (1, timed))
+    if timing:
+        time_calibrations(model, [cal])
+    return cal
+
+
+def time_calibrations(model, cals: list[Calibration], rounds: int = TIME_REPEATS) -> None:
+    """Steady-state timing of each calibration's two sizes (1 once, the larger in every round), in interleaved
+    rounds (A, B, C, A, B, C, ...) so that a busy moment on a shared machine lands on every setting alike rather
+    than on one; sets ``seconds`` (medians) and ``big_seconds`` (each round's time at the larger size: the spread)."""
+    device = next(model.parameters()).device
+    was_training, was_ckpt = model.training, is_checkpointing(model)
+    model.train()
+    small: dict[int, list[float]] = {i: [] for i in range(len(cals))}
+    large: dict[int, list[float]] = {i: [] for i in range(len(cals))}
+    try:
+        for r in range(rounds):
+            for i, c in enumerate(cals):
+                set_checkpointing(model, c.checkpointing)
+                autocast = autocast_for(c.precision, device)
+                m = (c.time_sizes or c.sizes)[1]
+                if r == 0:  # the intercept (per-pass overhead) once; the spread comes from the larger size
+                    small[i].append(_pass(model, 1, c.seq_len, autocast, memory_too=False)[2])
+                large[i].append(_pass(model, m, c.seq_len, autocast, memory_too=False)[2])
+    finally:
+        set_checkpointing(model, was_ckpt)
+        model.train(was_training)
+    for i, c in enumerate(cals):
+        c.seconds = (statistics.median(small[i]), statistics.median(large[i]))
+        c.big_seconds = tuple(large[i])
 
 
 def meta_state_bytes(model, optim_cfg) -> int:
@@ -179,12 +236,28 @@ def meta_state_bytes(model, optim_cfg) -> int:
         return int(n * FALLBACK_STATE_BYTES.get(optim_cfg.name, 8))
 
 
-def measure_step_seconds(model, optim_cfg) -> float:
-    """Seconds of one optimizer step (clip + step) on the model's own parameters with random gradients, timed on
-    the second step (the first allocates the state). The parameters change: call on a throw-away copy only."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = build_optimizer(model, optim_cfg, 1e-6)
-    for _ in range(2):
+def measure_step_times(model, optim_cfg, repeats: int = TIME_REPEATS) -> list[float]:
+    """Seconds of one optimizer step (clip + step) with random gradients, ``repeats`` timed steps after the first
+    (which allocates the state). To stay cheap it runs on one repeated block (a transformer layer) and scales by
+    the trainable parameters (the step's cost grows with them; the whole model when it has no blocks). The
+    parameters change: call on a planning copy only."""
+    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    target, scale = model, 1.0
+    blocks = [b for b in repeated_blocks(model) if any(p.requires_grad for p in b.parameters())]
+    if blocks:  # a layer of the most repeated kind (BERT lists its embeddings among the blocks too)
+        kinds = [type(b).__name__ for b in blocks]
+        block = next(b for b in blocks if type(b).__name__ == max(set(kinds), key=kinds.count))
+        part = sum(p.numel() for p in block.parameters() if p.requires_grad)
+        target, scale = block, total / part
+    params = [p for p in target.parameters() if p.requires_grad]
+    try:
+        opt = build_optimizer(target, optim_cfg, 1e-6)
+    except Exception:  # noqa: BLE001 - an optimizer that needs the whole model (its head, embeddings): time that
+        target, scale = model, 1.0
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = build_optimizer(model, optim_cfg, 1e-6)
+    times = []
+    for i in range(repeats + 1):
         for p in params:
             p.grad = torch.randn_like(p) * 1e-3
         t0 = time.perf_counter()
@@ -192,10 +265,16 @@ def measure_step_seconds(model, optim_cfg) -> float:
         opt.step()
         if params[0].device.type == "cuda":
             torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
+        if i:
+            times.append((time.perf_counter() - t0) * scale)
         opt.zero_grad(set_to_none=True)
     del opt
-    return seconds
+    return times
+
+
+def measure_step_seconds(model, optim_cfg) -> float:
+    """The median of :func:`measure_step_times`."""
+    return statistics.median(measure_step_times(model, optim_cfg))
 
 
 def model_facts(model, framework_bytes: int) -> ModelFacts:

@@ -47,9 +47,21 @@ class MetricsLog:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
         if self.accelerator is not None and self.accelerator.trackers:
-            nums = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
-            prefix = "" if record.get("type") == "eval" else f"{record.get('type', 'train')}/"
-            self.accelerator.log({f"{prefix}{k}": v for k, v in nums.items()}, step=record.get("step"))
+            self.accelerator.log(tracker_values(record), step=record.get("step"))
+
+
+def tracker_values(record: dict[str, Any]) -> dict[str, float]:
+    """A metrics record as tracker tags, one scheme for every kind: ``<type>/<name>`` (``train/loss``,
+    ``eval/accuracy``, ``eval/loop_seconds``); a record key that already names its type (``eval.accuracy``) loses
+    that prefix rather than doubling it."""
+    kind = str(record.get("type", "train"))
+    out = {}
+    for k, v in record.items():
+        if k == "step" or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        name = k.removeprefix(f"{kind}.").removeprefix(f"{kind}/")
+        out[f"{kind}/{name}"] = v
+    return out
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

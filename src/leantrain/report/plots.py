@@ -21,6 +21,17 @@ def _series(records: list[dict[str, Any]], kind: str, key: str) -> tuple[list[fl
     return xs, ys
 
 
+def short_model_name(name: str, limit: int = 48) -> str:
+    """A model's name short enough for a chart title: a local folder's last part (``runs/x/model`` -> ``x/model``,
+    a folder called model says little alone), a Hub id as it is; cut in the middle beyond ``limit`` characters."""
+    text = str(name).rstrip("/\\")
+    parts = Path(text).parts
+    if os.path.isabs(text) or text.startswith(".") or len(parts) > 2 or Path(text).is_dir():
+        keep = 2 if len(parts) > 1 and parts[-1] in ("model", "best", "final") else 1
+        text = "/".join(parts[-keep:])
+    return text if len(text) <= limit else text[: limit // 2 - 1] + "…" + text[-(limit - limit // 2):]
+
+
 def plot_loss_curve(records: list[dict[str, Any]], path: str | os.PathLike, title: str = "") -> Path | None:
     """Save a PNG: loss (train line, eval markers) and eval accuracy above, learning rate below.
 

@@ -44,7 +44,7 @@ def test_bench_2x1_sweep_writes_table_files_and_chart(tmp_path, tiny_bert, capsy
     out = tmp_path / "bench"
     rc = main(["bench", f"model.name={tiny_bert}", "--sweep", "optim.name=adamw,sgd,nonsense", f"data.train={data}",
                "train.max_steps=2", "train.batch_size=16", "--sweep", "train.lr=1e-3", "report.plots=false",
-               f"output_dir={out}"])
+               f"output_dir={out}", "--rounds", "2"])
     assert rc == 0
     table = capsys.readouterr().out
     assert "optim.name=adamw train.lr=1e-3" in table and "samples/s" in table
@@ -61,9 +61,12 @@ def test_bench_2x1_sweep_writes_table_files_and_chart(tmp_path, tiny_bert, capsy
     assert f"{ok_s['samples_per_second']:.1f} ({ok_s['samples_per_second_ratio']:.2f}x)" in table
     assert ok_a["steps"] == 2 and ok_a["samples_per_second"] > 0 and ok_a["peak_memory_bytes"] > 50e6
     assert ok_a["eval_accuracy"] is not None and ok_a["baseline"] == ok_a["variant"]
+    assert result["rounds"] == 2 and ok_a["runs"] == 2 and len(ok_a["samples_per_second_runs"]) == 2
+    assert ok_a["samples_per_second_min"] <= ok_a["samples_per_second"] <= ok_a["samples_per_second_max"]
+    assert ok_s["speed_vs_baseline"] in ("within noise", "faster", "slower") and "median of 2" in table
     # each variant trained in its own process and folder
     for r in (ok_a, ok_s):
-        folder = out / f"optim.name-{r['variant'].split()[0].split('=')[1]}__train.lr-1e-3"
+        folder = out / f"optim.name-{r['variant'].split()[0].split('=')[1]}__train.lr-1e-3" / "run2"
         assert json.loads((folder / "summary.json").read_text())["optim"]["name"] in ("adamw", "sgd")
     with (out / "bench.csv").open() as f:
         csv_rows = list(csv.DictReader(f))

@@ -95,9 +95,11 @@ def test_plan_json_ranks_and_its_overrides_resolve(tiny_bert, texts, full_plan):
     assert plan["seq_len"] == 128 and plan["micro_batch_size"] == 16 and plan["fits"]
     recs = plan["recommendations"]
     assert recs and all(r["need_bytes"] <= plan["budget_bytes"] for r in recs)
-    speeds = [r["samples_per_second"] for r in recs]
-    assert speeds == sorted(speeds, reverse=True)
-    assert speeds[0] == max(o["samples_per_second"] for o in plan["options"] if o["fits"])
+    # ranked by speed only beyond the measured spread; within noise, the fewest changes to the config come first
+    assert recs[0]["speed"] in ("fastest", "within noise") and all(r["speed"] for r in recs)
+    if recs[0]["speed"] == "fastest":
+        assert recs[0]["samples_per_second"] == max(o["samples_per_second"] for o in plan["options"] if o["fits"])
+    assert all(lo <= r["samples_per_second"] <= hi for r in recs for lo, hi in [r["samples_per_second_range"]])
     for r in recs:
         cfg = resolve(None, base + r["overrides"])  # ready to paste: a valid config keeping the global batch
         assert cfg.train.batch_size == 16 and cfg.train.micro_batch_size == r["micro_batch_size"]

@@ -1,0 +1,68 @@
+"""Logs that read well outside a terminal: no datasets progress bars, one `batch:` line with auto, a chart title
+that fits, one tracker tag scheme."""
+
+import pytest
+
+from tests.helpers import write_rows
+from leantrain import train
+
+
+def test_tracker_tags_use_one_scheme_for_train_and_eval():
+    from leantrain.report.logs import MetricsLog
+
+    logged = []
+
+    class FakeAccelerator:
+        trackers = [object()]
+
+        def log(self, values, step=None):
+            logged.append((step, values))
+
+    m = MetricsLog(None, FakeAccelerator())
+    m.write({"type": "train", "step": 2, "loss": 0.5, "lr": 1e-3, "skipped": False})
+    m.write({"type": "eval", "step": 2, "loop_seconds": 1.5, "eval.accuracy": 0.75, "eval.loss": 0.4})
+    assert logged == [(2, {"train/loss": 0.5, "train/lr": 1e-3}),
+                      (2, {"eval/loop_seconds": 1.5, "eval/accuracy": 0.75, "eval/loss": 0.4})]
+
+
+def test_datasets_progress_bars_are_off_when_output_is_not_a_terminal(monkeypatch):
+    import datasets
+
+    from leantrain.engine.accelerator import setup_logging
+
+    datasets.enable_progress_bars()
+    try:
+        setup_logging(True)  # under pytest, stdout and stderr are captured: not terminals
+        assert not datasets.is_progress_bar_enabled()
+    finally:
+        datasets.enable_progress_bars()
+
+
+@pytest.mark.parametrize("name, short", [
+    ("/tmp/pytest-of-root/pytest-12/some-long-folder-name/with/many/parts/tiny-bert0", "tiny-bert0"),
+    ("runs/emotion-2024-11-30/model", "emotion-2024-11-30/model"),
+    ("sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"),
+    ("bert-base-uncased", "bert-base-uncased"),
+])
+def test_short_model_name(name, short):
+    from leantrain.report.plots import short_model_name
+
+    assert short_model_name(name) == short
+    assert len(short_model_name("/x/" + "a" * 200)) <= 48
+
+
+def test_auto_micro_batch_prints_one_batch_line_and_the_plot_title_is_short(tmp_path, tiny_bert, capsys, monkeypatch):
+    import leantrain.report.plots as plots
+
+    titles = []
+    real = plots.plot_loss_curve
+    monkeypatch.setattr(plots, "plot_loss_curve", lambda records, path, title="": titles.append(title) or
+                        real(records, path, title))
+    rows = [{"text": ("good fine " if i % 2 else "bad poor ") * (1 + i % 3), "label": i % 2} for i in range(40)]
+    data = write_rows(tmp_path / "train.csv", rows)
+    train(None, [f"model.name={tiny_bert}", f"data.train={data}", "train.max_steps=2", "train.batch_size=8",
+                 "train.micro_batch_size=auto", "efficiency.memory_budget=64GiB", f"output_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    batch_lines = [line for line in err.splitlines() if line.startswith("batch:")]
+    assert len(batch_lines) == 1, batch_lines
+    assert titles == [f"{tiny_bert.name} — run"]
