@@ -286,7 +286,6 @@ class Checkpointer:
                 freed += sum(f.stat().st_size for f in old.rglob("*") if f.is_file())
                 self._remove(old)
                 removed.append(old.name)
-            fsync_dir(self.root)
             if removed:
                 log.info("finished: removed %d checkpoint(s) (%s, %.1f MB; checkpoint.keep_final=%d), kept %s",
                          len(removed), ", ".join(removed), freed / 1e6, keep,
