@@ -37,7 +37,7 @@ MARGIN = 0.25  # predicted total x (1 + MARGIN) must fit the budget
 # the micro-batch, saving, the loss-curve plot, and on CPU the reuse allocator (efficiency.cpu_allocator=reuse) keeping
 # freed transients resident. Measured (MiniLM, demo data, 35 tokens, bf16, CPU, 6 steps): whole-run peaks of
 # 1.106 / 1.120 GiB at micro-batches 8 / 16 (1.052 GiB at 16 with the system allocator), 80-153 MB above the predicted
-# lines; the 25% margin alone missed (a 1.2 GiB budget was overshot by 13 MB). tests/test_plan_noise.py keeps them.
+# lines; the 25% margin alone missed (a 1.2 GiB budget was overshot by 13 MB). tests/unit/commands/test_plan_noise.py keeps them.
 RUN_ALLOWANCE = 128 * 2**20
 RAM_SHARE = 0.5  # default CPU budget: this share of the available RAM, divided by the local processes
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
