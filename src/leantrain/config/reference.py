@@ -1,7 +1,7 @@
 """docs/config.md, generated from the pydantic schema: every key with its type, default and description.
 
 The walk over the schema is ``walk_fields`` (the one ``--help`` and the "did you mean" check use too), so the page
-cannot drift from the code: ``tests/test_docs.py`` fails when docs/config.md is stale. Regenerate with
+cannot drift from the code: ``tests/unit/test_docs.py`` fails when docs/config.md is stale. Regenerate with
 
     python -m leantrain.config.reference --write docs/config.md
 """
