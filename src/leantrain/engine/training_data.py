@@ -1,6 +1,7 @@
 """The training data of a run, validated and processed: data checked before the model is loaded, processed once (the main
-process first; the others read the cache it wrote). The task picks the data side (text, image, audio); what the
-engine gets back is the same for all: datasets with ``length``, collators, label names, the processor."""
+process first; the others read the cache it wrote). The task picks the data side (its modality's: text, image,
+audio, adapted by the task); what the engine gets back is the same for all: datasets with ``length``, collators,
+label names, the processor, and the task that counts the loss's units."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from leantrain.config import Config
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
 from leantrain.modeling import load_processor, model_name, resolve_task
-from leantrain.modeling.tasks import modality_of
+from leantrain.modeling.tasks import Task, get_task
 
 log = logging.getLogger("leantrain")
 
@@ -36,6 +37,15 @@ class TrainingData:
     eval_collator: object | None = None  # unset: the training collator
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
 
+    @property
+    def task_object(self) -> Task:
+        """The registered task (loss, units, metrics) of ``task``."""
+        return get_task(self.task)
+
+    def units_in(self, indices) -> int:
+        """The task's loss units (examples, labels, tokens) in these training examples: the loss's denominator."""
+        return self.task_object.count(self.train, indices)
+
     def tokens_in(self, indices) -> int | None:
         """Non-padding tokens in these training examples; None when the inputs are not tokens."""
         return int(self.token_lengths[indices].sum()) if self.token_lengths is not None else None
@@ -46,8 +56,9 @@ class TrainingData:
 
 
 def data_side(task: str) -> Modality:
-    """The data side (loader, processor step, collator) of a task."""
-    return for_modality(modality_of(task))
+    """The data side (loader, processor step, collator) of a task: its modality's, as the task adapts it."""
+    entry = get_task(task)
+    return entry.data_side(for_modality(entry.modality))
 
 
 def validate_data(cfg: Config):

@@ -109,7 +109,7 @@ def test_stop_when_mcc_needs_two_classes():
 def test_metric_names_are_the_evaluators():
     import numpy as np
 
-    from leantrain.engine.evaluate import classification_metrics
+    from leantrain.modeling.tasks.classification import classification_metrics
     from leantrain.config.metric_names import metric_names
 
     for k in (2, 3):
