@@ -36,7 +36,7 @@ def train_step(
     micro_batches: Iterable[dict[str, torch.Tensor]],
     *,
     global_count: int,
-    task: Task,
+    task: Task | None = None,
     accelerator: Accelerator,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
@@ -46,7 +46,8 @@ def train_step(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step over this process's micro-batches. Returns this process's loss sum (a device tensor,
     not yet divided by anything) and the gradient norm before clipping (a tensor, or None). No host sync.
-    ``global_count``: the task's units (``task.count``) in the global batch, the loss's denominator.
+    ``global_count``: the task's units (``task.count``) in the global batch, the loss's denominator; ``task``
+    unset: text classification.
     ``guard(loss_sum, grad_norm)`` (optional): the non-finite check, on the device, between the clip and the update.
     ``on_phase(name)`` (optional) is called when the compute and the optimizer phases end, for timing."""
     micro_batches = list(micro_batches)

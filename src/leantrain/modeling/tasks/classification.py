@@ -49,6 +49,9 @@ class Classification(Task):
         score, pred = torch.softmax(logits.float(), dim=-1).max(dim=-1)
         return [{"label": label_names[p], "score": round(s, 6)} for p, s in zip(pred.tolist(), score.tolist())]
 
+    def headline(self, ev: dict) -> str:
+        return f"eval accuracy: {ev['accuracy']:.4f}  macro-F1: {ev['f1_macro']:.4f}"
+
 
 TEXT_CLASSIFICATION = register(Classification(
     task_spec(TEXT), "AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",

@@ -91,6 +91,10 @@ class Task:
         """One record per row (``leantrain predict``): e.g. {"label": ..., "score": ...}."""
         raise NotImplementedError
 
+    def headline(self, ev: dict) -> str:
+        """The eval result in one line, as ``leantrain train`` prints it at the end."""
+        return "eval " + "  ".join(f"{k}: {ev[k]:.4f}" for k in self.spec.metrics if k in ev)
+
 
 TASKS: dict[str, Task] = {}
 
