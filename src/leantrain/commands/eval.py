@@ -37,10 +37,15 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     y = np.asarray(rows["label"])
     values = {k: v.numpy() for k, v in task.eval_batch(logits, torch.as_tensor(y)).items()}
     metrics = task.metrics(values, len(labels))
+    classes = task.spec.labels == "classes"  # per class and a confusion matrix: for class labels
     preds = values["preds"]
-    metrics["per_class"] = per_class(preds, y, labels)
+    if classes:
+        metrics["per_class"] = per_class(preds, y, labels)
     result = {"model": model_dir, "data": cfg.data.eval, "eval": metrics}
-    if accelerator.is_main_process:
+    if accelerator.is_main_process and not classes:
+        if output_path:
+            write_json(output_path, result)
+    elif accelerator.is_main_process:
         cm = confusion(preds, y, labels)
         json_path, png_path = write_confusion(confusion_stem(model_dir, output_path), cm,
                                               f"{Path(model_dir).name} on {Path(cfg.data.eval).name}")
@@ -58,5 +63,6 @@ def eval_command(model_dir: str, overrides: list[str], output_path: str | None, 
         check_output_file(output_path, "--output", "metrics.json")
     result = evaluate_file(model_dir, cfg, output_path, batch_size=batch_size)
     print(json.dumps({k: v for k, v in result["eval"].items() if k != "per_class"}, indent=2))
-    print(format_table(result["eval"]["per_class"]))
+    if "per_class" in result["eval"]:
+        print(format_table(result["eval"]["per_class"]))
     return 0

@@ -4,20 +4,22 @@ another. Each task's spec (``leantrain.config.tasks``) names its problem_type.""
 
 from __future__ import annotations
 
-from leantrain.config.tasks import SPECS
+from leantrain.config.tasks import SPECS, TEXT
 from leantrain.errors import ConfigError
 
 
 def check_problem_type(task: str, overrides: dict) -> None:
-    """``model.config_overrides.problem_type`` must be absent or the task's own (``task`` may be ``auto``)."""
+    """``model.config_overrides.problem_type`` must be absent or the task's own; under ``model.task=auto`` that of
+    the classifiers (another problem type needs its task named: ``model.task=text-regression``)."""
     if "problem_type" not in overrides:
         return
     given = overrides["problem_type"]
-    allowed = {SPECS[task].problem_type} if task in SPECS else {s.problem_type for s in SPECS.values()}
+    allowed = {SPECS[task].problem_type} if task in SPECS else {SPECS[TEXT].problem_type}
     if given not in allowed:
-        known = {s.problem_type for s in SPECS.values()}
+        owner = [s.name for s in SPECS.values() if s.problem_type == given]
         raise ConfigError(
             f"model.config_overrides.problem_type={given!r} contradicts the task ({task}): the task decides "
             f"problem_type ({' or '.join(sorted(allowed))}); remove the override"
-            + ("" if given not in ("regression", "multi_label_classification") or given in known else
+            + (f" and set model.task={owner[0]}" if owner else
+               "" if given != "multi_label_classification" else
                f" ({given.replace('_', '-')} training is planned, not available yet)"))

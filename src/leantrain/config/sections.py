@@ -52,7 +52,7 @@ class ModelConfig(Section):
     )
     task: str = Field(
         "auto", description="auto: from the model's config (its model type), else data.image_column / "
-        "data.audio_column, else text-classification",
+        "data.audio_column, else text-classification; text labels that are numbers, not all whole: text-regression",
         json_schema_extra={"choices": "tasks"},  # the task registry's names (leantrain.config.tasks)
     )
     config: str | None = Field(

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TEXT, IMAGE, AUDIO = "text-classification", "image-classification", "audio-classification"
+TEXT_REGRESSION = "text-regression"
 
 CLASSIFICATION_METRICS = ("accuracy", "f1_macro", "mcc", "loss")  # mcc: two classes only
+REGRESSION_METRICS = ("pearson", "spearman", "mse", "mae", "loss")
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,8 @@ class TaskSpec:
     """What is known of a task before any data or model: its name (``model.task``), the data side it reads
     (``text``, ``image``, ``audio``: ``leantrain.data.modalities``), transformers' ``problem_type``, the metrics
     evaluation reports (``eval.<name>``; ``two_class_only`` ones only for 2 labels; ``lower_is_better`` ones pick
-    the best model by their minimum) and the ``pipeline()`` task name of the saved model."""
+    the best model by their minimum), the ``pipeline()`` task name of the saved model, and how its labels are read
+    (``classes``: names or ids; ``scores``: numbers; ``model.task=auto`` picks the task whose kind the data has)."""
 
     name: str
     modality: str
@@ -29,6 +32,7 @@ class TaskSpec:
     two_class_only: tuple[str, ...] = ()
     lower_is_better: tuple[str, ...] = ("loss",)
     pipeline: str = ""
+    labels: str = "classes"
 
     @property
     def pipeline_task(self) -> str:
@@ -57,3 +61,5 @@ def task_spec(name: str) -> TaskSpec:
 
 for _name, _modality in ((TEXT, "text"), (IMAGE, "image"), (AUDIO, "audio")):
     register_spec(TaskSpec(_name, _modality, "single_label_classification", CLASSIFICATION_METRICS, ("mcc",)))
+register_spec(TaskSpec(TEXT_REGRESSION, "text", "regression", REGRESSION_METRICS,
+                       lower_is_better=("mse", "mae", "loss"), pipeline="text-classification", labels="scores"))

@@ -21,6 +21,7 @@ class Modality:
     process: Callable  # (canonical Dataset, processor, DataConfig, desc) -> Dataset with [labels], length
     collator: Callable  # (processor, DataConfig, *, train, seed, device_type) -> rows -> tensors
     counts_tokens: bool  # `length` counts tokens (tokens/s is reported for text only)
+    label_kind: Callable = lambda cfg: "classes"  # (DataConfig) -> "classes" | "scores": what auto reads
 
 
 def _text_process(dataset, tokenizer, cfg: DataConfig, desc: str = "Tokenizing"):
@@ -33,7 +34,8 @@ def _text_collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0, de
 
 
 MODALITIES = {
-    "text": Modality("text", text_loader.load_and_validate, text_loader.load_rows, _text_process, _text_collator, True),
+    "text": Modality("text", text_loader.load_and_validate, text_loader.load_rows, _text_process, _text_collator, True,
+                     text_loader.label_kind),
     **{m.KIND.role: Modality(m.KIND.role, m.load_and_validate, m.load_rows, m.process, m.collator, False)
        for m in (image, audio)},
 }

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from leantrain.config.sections import check_metric, parse_stop_when
 from leantrain.engine.batch_layout import batch_layout
+from leantrain.engine.training_data import run_task
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling import load_config, resolve_task
 from leantrain.modeling.tasks import get_task
@@ -70,7 +71,7 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
 def check_stop_when(cfg, num_labels: int, task: str | None = None) -> None:  # noqa: ANN001
     """train.stop_when must name a metric evaluation reports for ``task`` (unset: the run's) with ``num_labels``
     classes (mcc: 2 only)."""
-    task = task or resolve_task(cfg)
+    task = task or run_task(cfg)
     for key, value in (("train.stop_when", cfg.train.stop_when), ("checkpoint.best_metric", cfg.checkpoint.best_metric)):
         if value is None:
             continue

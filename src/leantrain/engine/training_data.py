@@ -15,7 +15,7 @@ from leantrain.config import Config
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
 from leantrain.modeling import load_processor, model_name, resolve_task
-from leantrain.modeling.tasks import Task, get_task
+from leantrain.modeling.tasks import Task, get_task, task_for_labels
 
 log = logging.getLogger("leantrain")
 
@@ -61,14 +61,23 @@ def data_side(task: str) -> Modality:
     return entry.data_side(for_modality(entry.modality))
 
 
+def run_task(cfg: Config) -> str:
+    """``model.task``, or what ``auto`` decides from the model (``resolve_task``) and then from the training labels
+    (numbers that are not all whole: the modality's score task, e.g. text-regression)."""
+    task = resolve_task(cfg)
+    if cfg.model.task != "auto":
+        return task
+    return task_for_labels(task, for_modality(get_task(task).modality).label_kind(cfg.data))
+
+
 def validate_data(cfg: Config):
     """Load and check the data (no model, no processor): raises DataError listing every problem."""
-    return data_side(resolve_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+    return data_side(run_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
 
 
 def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData:
     """Validate (main process first), load the processor, process and cache the data, build the collators."""
-    task = resolve_task(cfg)
+    task = run_task(cfg)
     modality = data_side(task)
     with accelerator.main_process_first():
         data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)

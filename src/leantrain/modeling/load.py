@@ -116,13 +116,13 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
         return _with_pad_token(model, cfg, task)
     trained = trained_label_names(config)
     remap = needs_remap(trained, label_names, cfg.reuse_head)  # a fine-tuned head: rows follow the label names
-    kwargs = dict(
+    kwargs = {  # a dict display: an override of a field the task sets (problem_type) is no duplicate keyword
         **({} if remap else labels),
-        use_safetensors=None if cfg.allow_pickle else True,
-        ignore_mismatched_sizes=not remap and trained != label_names,  # a new head for a base model
+        "use_safetensors": None if cfg.allow_pickle else True,
+        "ignore_mismatched_sizes": not remap and trained != label_names,  # a new head for a base model
         **_hub_kwargs(cfg),
         **cfg.config_overrides,
-    )
+    }
     name = model_name(cfg)
     try:
         model, info = auto.from_pretrained(name, output_loading_info=True, **kwargs)

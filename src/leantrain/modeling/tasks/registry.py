@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from leantrain.config.tasks import AUDIO, IMAGE, TEXT, TaskSpec, register_spec, task_spec  # noqa: F401
+from leantrain.config.tasks import AUDIO, IMAGE, TEXT, TEXT_REGRESSION, TaskSpec, register_spec, task_spec  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -130,11 +130,25 @@ def default_task(modality: str) -> str:
     return found[0]
 
 
+def task_for_labels(task: str, kind: str) -> str:
+    """``task``, or the task of the same modality whose labels are of ``kind`` (``model.task=auto``: float labels
+    make a text task a regression)."""
+    here = get_task(task)
+    if here.spec.labels == kind:
+        return task
+    found = [t.name for t in TASKS.values() if t.modality == here.modality and t.spec.labels == kind]
+    return found[0] if found else task
+
+
 def task_of_config(config) -> str | None:
-    """The one task whose model mapping holds the config's model type, else None (unknown or ambiguous)."""
+    """The one task whose model mapping holds the config's model type, else None (unknown or ambiguous). Several
+    tasks share a mapping (text classification and regression): the config's problem_type decides, else the
+    modality's default."""
     from transformers.models.auto import modeling_auto  # lazy: heavy
 
     kind = getattr(config, "model_type", None)
-    found = [t.name for t in TASKS.values()
-             if t.model_mapping and kind in getattr(modeling_auto, t.model_mapping, {})]
-    return found[0] if len(found) == 1 else None
+    found = [t for t in TASKS.values() if t.model_mapping and kind in getattr(modeling_auto, t.model_mapping, {})]
+    if len(found) > 1:
+        found = ([t for t in found if t.spec.problem_type == getattr(config, "problem_type", None)]
+                 or [t for t in found if t.default_for])
+    return found[0].name if len(found) == 1 else None
