@@ -114,7 +114,7 @@ def test_metric_names_are_the_evaluators():
 
     for k in (2, 3):
         out = classification_metrics(np.array([0, 1, 1]), np.array([0, 1, 0]), np.ones(3), k)
-        assert [m for m in out if m != "samples"] == metric_names(k)
+        assert [m for m in out if m != "samples"] == metric_names(k, "text-classification")
 
 
 # ------------------------------------------------------------------------------------------ item 8: max_length
