@@ -348,8 +348,9 @@ class Loop:
                                            self.step + 1)
             self.clock.lap("data")
             self.lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (host value, no sync)
+            units = self.data.units_in(global_batch)  # the loss's denominator, the task's unit, known on the host
             loss_sum, self.grad_norm = train_step(
-                self.model, micro, global_count=self.data.units_in(global_batch), task=self.data.task_object,
+                self.model, micro, global_count=units, task=self.data.task_object,
                 accelerator=acc, optimizer=self.step_optimizer,
                 scheduler=self.scheduler, max_grad_norm=cfg.train.max_grad_norm,
                 guard=functools.partial(self.guard.before_update, self.step + 1),
@@ -359,7 +360,7 @@ class Loop:
             if lsgd is not None:
                 lsgd.step()
             self.running += loss_sum
-            self.running_count += self.data.units_in(global_batch)
+            self.running_count += units
             self.step += 1
             self.meter.end_step(len(global_batch), self.data.tokens_in(global_batch))
             self.faults.after_update(self.step)
