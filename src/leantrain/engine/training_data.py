@@ -81,7 +81,8 @@ def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData
     modality = data_side(task)
     with accelerator.main_process_first():
         data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
-    log.info("task: %s", task)
+    log.info("task: %s%s", task,
+             " (model.task=auto: from the model and the labels)" if cfg.model.task == "auto" else "")
     for note in data.notes:
         log.info(note)
     for warning in data.warnings:
