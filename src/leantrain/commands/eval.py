@@ -12,7 +12,6 @@ import torch
 
 from leantrain.commands.predict import load_trained, logits_in_row_order
 from leantrain.config import Config, resolve
-from leantrain.engine.evaluate import classification_metrics
 from leantrain.engine.preflight import check_output_file
 from leantrain.engine.run_settings import with_run_settings
 from leantrain.errors import UserError
@@ -29,19 +28,24 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     if not cfg.data.eval:
         raise UserError("leantrain eval needs labelled data: data.eval=path/to/file")
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
-    accelerator, model, side, labels = load_trained(model_dir, cfg)
+    accelerator, model, side, labels, task = load_trained(model_dir, cfg)
     cfg = with_run_settings(model_dir, cfg, cfg.data.eval)  # the run's columns and max_length, unless set here
     rows, notes = side[0].load_rows(cfg.data.eval, cfg.data, require_labels=True, known_labels=labels)
     for n in notes:
         log.info(n)
     logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size)
     y = np.asarray(rows["label"])
-    preds = logits.argmax(-1).numpy()
-    losses = torch.nn.functional.cross_entropy(logits, torch.as_tensor(y), reduction="none").numpy()
-    metrics = classification_metrics(preds, y, losses, len(labels))
-    metrics["per_class"] = per_class(preds, y, labels)
+    values = {k: v.numpy() for k, v in task.eval_batch(logits, torch.as_tensor(y)).items()}
+    metrics = task.metrics(values, len(labels))
+    classes = task.spec.labels == "classes"  # per class and a confusion matrix: for class labels
+    preds = values["preds"]
+    if classes:
+        metrics["per_class"] = per_class(preds, y, labels)
     result = {"model": model_dir, "data": cfg.data.eval, "eval": metrics}
-    if accelerator.is_main_process:
+    if accelerator.is_main_process and not classes:
+        if output_path:
+            write_json(output_path, result)
+    elif accelerator.is_main_process:
         cm = confusion(preds, y, labels)
         json_path, png_path = write_confusion(confusion_stem(model_dir, output_path), cm,
                                               f"{Path(model_dir).name} on {Path(cfg.data.eval).name}")
@@ -59,5 +63,6 @@ def eval_command(model_dir: str, overrides: list[str], output_path: str | None, 
         check_output_file(output_path, "--output", "metrics.json")
     result = evaluate_file(model_dir, cfg, output_path, batch_size=batch_size)
     print(json.dumps({k: v for k, v in result["eval"].items() if k != "per_class"}, indent=2))
-    print(format_table(result["eval"]["per_class"]))
+    if "per_class" in result["eval"]:
+        print(format_table(result["eval"]["per_class"]))
     return 0

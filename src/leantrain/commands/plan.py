@@ -125,7 +125,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     micro = cfg.train.micro_batch_size if isinstance(cfg.train.micro_batch_size, int) else per_process
     if per_process % micro:
         micro = max(d for d in divisors_desc(per_process) if d <= micro)
-    model = build_model(cfg.model, data.label_names).to(device)
+    model = build_model(cfg.model, data.label_names, data.task).to(device)
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     budget, budget_source = ((parse_bytes(memory), "--memory") if memory is not None else
                              default_budget(device, local=nproc) if device.type == "cpu" else default_budget(device))

@@ -20,13 +20,14 @@ from leantrain.engine.preflight import check_output_file, check_weights
 from leantrain.engine.run_settings import with_run_settings
 from leantrain.modeling import load_config, load_processor, resolve_task, trained_label_names
 from leantrain.modeling.names import resolve_model_name
-from leantrain.modeling.tasks import auto_model_class
+from leantrain.modeling.tasks import auto_model_class, get_task
 
 log = logging.getLogger("leantrain")
 
 
 def load_trained(model_dir: str, cfg: Config):
-    """A fine-tuned model folder, ready to predict: (accelerator, prepared model, (data side, processor), labels)."""
+    """A fine-tuned model folder, ready to predict: (accelerator, prepared model, (data side, processor), labels,
+    the registered task)."""
     from accelerate import Accelerator
 
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
@@ -46,7 +47,7 @@ def load_trained(model_dir: str, cfg: Config):
         model_dir, use_safetensors=None if mcfg.allow_pickle else True,
         revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)
     processor = load_processor(mcfg, task)
-    return accelerator, accelerator.prepare(model), (data_side(task), processor), labels
+    return accelerator, accelerator.prepare(model), (data_side(task), processor), labels, get_task(task)
 
 
 def logits_in_row_order(accelerator, model, side, rows, cfg: Config, batch_size: int) -> torch.Tensor:
@@ -65,26 +66,26 @@ def logits_in_row_order(accelerator, model, side, rows, cfg: Config, batch_size:
 
 def predict(model_dir: str, input_path: str, output_path: str, cfg: Config, batch_size: int = 64,
             id_column: str | None = None) -> int:
-    """Write one JSON line per input row in input order: {"row", "text" (and "text_pair") or "path", "label",
-    "score"}; with ``id_column``, that column's value under "id" instead of the text. Returns the row count."""
+    """Write one JSON line per input row in input order: {"row", "text" (and "text_pair") or "path", then the
+    task's prediction (classification: "label", "score")}; with ``id_column``, that column's value under "id"
+    instead of the text. Returns the row count."""
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
-    accelerator, model, side, labels = load_trained(model_dir, cfg)
+    accelerator, model, side, labels, task = load_trained(model_dir, cfg)
     cfg = with_run_settings(model_dir, cfg, input_path)  # the run's columns and max_length, unless set here
     rows, notes = side[0].load_rows(input_path, cfg.data, require_labels=False, known_labels=labels)
     for n in notes:
         log.info(n)
     rows = rows.remove_columns([c for c in ("label",) if c in rows.column_names])
     shown = _shown_fields(rows, side[0].name, input_path, cfg, id_column)
-    probs = torch.softmax(logits_in_row_order(accelerator, model, side, rows, cfg, batch_size), dim=-1)
-    score, pred = probs.max(dim=-1)
+    predicted = task.predictions(logits_in_row_order(accelerator, model, side, rows, cfg, batch_size), labels)
     if accelerator.is_main_process:
         Path(output_path).parent.mkdir(parents=True, exist_ok=True)
         with open(output_path, "w") as f:
-            for i, (p, s) in enumerate(zip(pred.tolist(), score.tolist())):
-                record = {"row": i, **{k: v[i] for k, v in shown.items()}, "label": labels[p], "score": round(s, 6)}
+            for i, prediction in enumerate(predicted):
+                record = {"row": i, **{k: v[i] for k, v in shown.items()}, **prediction}
                 f.write(json.dumps(record, default=str) + "\n")
-        log.info("wrote %d predictions to %s", len(pred), output_path)
-    return len(pred)
+        log.info("wrote %d predictions to %s", len(predicted), output_path)
+    return len(predicted)
 
 
 def _shown_fields(rows, modality: str, input_path: str, cfg: Config, id_column: str | None) -> dict[str, list]:

@@ -9,8 +9,9 @@ import sys
 from leantrain.config import resolve
 from leantrain.engine.loop import train
 from leantrain.engine.preflight import check_train
-from leantrain.engine.training_data import validate_data
+from leantrain.engine.training_data import run_task, validate_data
 from leantrain.launch import LaunchOptions, inside_launcher, launch
+from leantrain.modeling.tasks import get_task
 
 
 def train_command(source: str | None, overrides: list[str], launch_options: LaunchOptions, *,
@@ -29,6 +30,6 @@ def train_command(source: str | None, overrides: list[str], launch_options: Laun
     summary = train(cfg)
     ev = summary.get("eval") or {}
     if ev and os.environ.get("RANK", "0") == "0":
-        print(f"eval accuracy: {ev['accuracy']:.4f}  macro-F1: {ev['f1_macro']:.4f}  ({summary['train']['steps']} steps, "
+        print(f"{get_task(run_task(cfg)).headline(ev)}  ({summary['train']['steps']} steps, "
               f"{summary['train']['samples_per_second']:.1f} samples/s) -> {summary.get('output_dir', '')}")
     return 0

@@ -21,6 +21,7 @@ from pydantic.fields import FieldInfo
 
 from leantrain.config.load import field_default, walk_fields
 from leantrain.config.sections import Config
+from leantrain.config.tasks import task_names
 
 COMMAND = "python -m leantrain.config.reference --write docs/config.md"
 
@@ -117,6 +118,8 @@ def render_reference() -> str:
         lines = ["| key | type | default | description |", "|---|---|---|---|"]
         for key, field in rows:
             kind = type_name(field.annotation)
+            if (field.json_schema_extra or {}).get("choices") == "tasks":  # model.task: the task registry's names
+                kind = " | ".join(f"`{n}`" for n in ["auto", *task_names()])
             if bounds := constraints(field):
                 kind = f"{kind} ({bounds})"
             default = json.dumps(field_default(field), default=str)

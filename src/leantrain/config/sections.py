@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leantrain.config.metric_names import metric_names
+from leantrain.config.tasks import SPECS, task_names
 from leantrain.config.problem_type import check_problem_type
 
 
@@ -49,9 +50,10 @@ class ModelConfig(Section):
     name: str | None = Field(
         None, description="Hub id or local folder; unset or minilm = the packaged sentence-transformers/all-MiniLM-L6-v2"
     )
-    task: Literal["auto", "text-classification", "image-classification", "audio-classification"] = Field(
+    task: str = Field(
         "auto", description="auto: from the model's config (its model type), else data.image_column / "
-        "data.audio_column, else text-classification"
+        "data.audio_column, else text-classification; text labels that are numbers, not all whole: text-regression",
+        json_schema_extra={"choices": "tasks"},  # the task registry's names (leantrain.config.tasks)
     )
     config: str | None = Field(
         None, description="train from scratch: a local config.json (or a folder holding one); model.name is then "
@@ -72,6 +74,14 @@ class ModelConfig(Section):
         "by label name (new labels get fresh rows; no common name = a fresh head); always = rows by position; "
         "never = a fresh head"
     )
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        names = ["auto", *task_names()]
+        if v not in names:
+            raise ValueError("expected " + ", ".join(f"'{n}'" for n in names[:-1]) + f" or '{names[-1]}'")
+        return v
 
 
 class DataConfig(Section):
@@ -177,14 +187,16 @@ class TrainConfig(Section):
         return v
 
 
-def check_metric(name: str, num_labels: int | None = None) -> None:
-    """ValueError unless evaluation reports metric ``name`` (for ``num_labels`` classes), with did-you-mean."""
+def check_metric(name: str, num_labels: int | None = None, task: str | None = None) -> None:
+    """ValueError unless evaluation reports metric ``name`` (for ``task``, any when unset, with ``num_labels``
+    classes), with did-you-mean."""
     import difflib
 
-    names = metric_names(num_labels)
+    task = task if task in SPECS else None  # auto, unresolved: any task's
+    names = metric_names(num_labels, task)
     if name in names:
         return
-    if name in metric_names():
+    if name in metric_names(None, task):
         raise ValueError(f"eval.{name} is reported for 2 classes only; this data has {num_labels}: use one of "
                          + ", ".join(f"eval.{n}" for n in names))
     close = [n for n in names if n.startswith(name)] or difflib.get_close_matches(name, names, n=1, cutoff=0.5)

@@ -104,7 +104,8 @@ def _refuse_fractions(part: Part, col: str, arr: pa.ChunkedArray) -> None:
     if idx.size:
         raise SourceError(
             f"{part.where}: label column {col!r} holds numbers that are not whole ({arr[int(idx[0])].as_py()!r} at "
-            f"{part.rows(idx)}); regression is not supported yet: labels must be classes (integers or strings)")
+            f"{part.rows(idx)}); class labels must be integers or strings; for scores (regression) set "
+            "model.task=text-regression")
 
 
 def _scan_python(part: Part, col: str, values: list[Any]) -> LabelScan:
@@ -112,7 +113,7 @@ def _scan_python(part: Part, col: str, values: list[Any]) -> LabelScan:
     bad = [i for i, v in enumerate(values) if isinstance(v, (list, dict)) or (isinstance(v, float) and not v.is_integer())]
     if bad:
         raise SourceError(f"{part.where}: label column {col!r} holds {values[bad[0]]!r} at {part.rows(bad)}; "
-                          "labels must be integers or strings (regression is not supported yet)")
+                          "labels must be integers or strings (for scores, regression: model.task=text-regression)")
     names = pa.chunked_array([pa.array([None if v is None else label_name(v) for v in values], pa.string())])
     whole = all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values)
     return LabelScan(names, pc.cast(names, pa.int64()) if whole else None)

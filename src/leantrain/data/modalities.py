@@ -1,6 +1,6 @@
 """One data side per modality (text, image, audio): load + validate, process with the model's processor, collate.
-The engine picks one through the task's modality (``leantrain.modeling.tasks.modality_of``) and stays free of
-modality branches."""
+The engine picks one through the task's modality (``leantrain.modeling.tasks``: ``Task.modality``, and
+``Task.data_side`` may adapt it) and stays free of task and modality branches."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ class Modality:
     process: Callable  # (canonical Dataset, processor, DataConfig, desc) -> Dataset with [labels], length
     collator: Callable  # (processor, DataConfig, *, train, seed, device_type) -> rows -> tensors
     counts_tokens: bool  # `length` counts tokens (tokens/s is reported for text only)
+    label_kind: Callable = lambda cfg: "classes"  # (DataConfig) -> "classes" | "scores": what auto reads
 
 
 def _text_process(dataset, tokenizer, cfg: DataConfig, desc: str = "Tokenizing"):
@@ -32,11 +33,17 @@ def _text_collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0, de
                          pad_multiple=8 if device_type == "cuda" else None)
 
 
+MODALITIES = {
+    "text": Modality("text", text_loader.load_and_validate, text_loader.load_rows, _text_process, _text_collator, True,
+                     text_loader.label_kind),
+    **{m.KIND.role: Modality(m.KIND.role, m.load_and_validate, m.load_rows, m.process, m.collator, False)
+       for m in (image, audio)},
+}
+
+
 def for_modality(name: str) -> Modality:
     """The data side of a modality: ``text``, ``image`` or ``audio``."""
-    if name == "text":
-        return Modality("text", text_loader.load_and_validate, text_loader.load_rows, _text_process, _text_collator, True)
-    if name in ("image", "audio"):
-        m = image if name == "image" else audio
-        return Modality(m.KIND.role, m.load_and_validate, m.load_rows, m.process, m.collator, False)
-    raise ValueError(f"unknown modality {name!r}")
+    try:
+        return MODALITIES[name]
+    except KeyError:
+        raise ValueError(f"unknown modality {name!r}") from None

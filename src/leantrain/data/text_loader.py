@@ -17,6 +17,7 @@ from leantrain.data import columns as cols_
 from leantrain.data.demo import demo_files
 from leantrain.data.labels import LabelMap, from_data, from_known, missing, nonzero, scan
 from leantrain.data.caches import using_cache_dir
+from leantrain.data.scores import looks_like_scores, score_labels
 from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
 from leantrain.errors import DataError
 
@@ -31,9 +32,10 @@ class PreparedData:
     warnings: list[str] = field(default_factory=list)  # e.g. fewer training examples than one batch
 
 
-def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labels: list[str] | None = None
-                      ) -> PreparedData:
-    """The training and eval data of ``cfg``, validated; raises one DataError listing every problem."""
+def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labels: list[str] | None = None,
+                      labels: str = "classes") -> PreparedData:
+    """The training and eval data of ``cfg``, validated; raises one DataError listing every problem. ``labels``:
+    how the labels are read, ``classes`` (ids of names) or ``scores`` (numbers, regression)."""
     notes: list[str] = []
     train_spec, eval_spec = cfg.train, cfg.eval
     if train_spec is None:
@@ -50,7 +52,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     warnings, more = _check_texts(parts, chosen)
     warnings = source_warnings(parts) + warnings
     problems += more
-    label_map, label_notes, label_warnings, more = label_map_of(cfg, chosen["label"], parts, known_labels)
+    label_map, label_notes, label_warnings, more = LABEL_READERS[labels](cfg, chosen["label"], parts, known_labels)
     notes, warnings, problems = notes + label_notes, warnings + label_warnings, problems + more
     if problems or label_map is None:
         raise data_error(problems)
@@ -68,7 +70,8 @@ def prepared(cfg: DataConfig, train, evaluation, label_map, chosen, notes, warni
         train, evaluation = _hold_out(train, cfg.eval_fraction, seed, notes)
     train = _first(train, cfg.max_train_samples, "data.max_train_samples", "training", notes)
     evaluation = _first(evaluation, cfg.max_eval_samples, "data.max_eval_samples", "eval", notes)
-    _one_class(train, label_map, chosen)
+    if isinstance(label_map, LabelMap):
+        _one_class(train, label_map, chosen)
     if len(train) < batch_size:
         warnings.append(f"only {len(train)} training examples, fewer than one batch (train.batch_size={batch_size})")
     return PreparedData(train, evaluation, label_map.names, chosen, notes, warnings)
@@ -87,8 +90,8 @@ def _one_class(train: datasets.Dataset, label_map, chosen) -> None:  # noqa: ANN
                       "data.max_train_samples or the eval hold-out leave one class?)"])
 
 
-def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels: list[str] | None
-              ) -> tuple[datasets.Dataset, list[str]]:
+def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels: list[str] | None,
+              labels: str = "classes") -> tuple[datasets.Dataset, list[str]]:
     """One source for ``predict`` / ``eval``, canonical columns; ``label`` only when present (or required)."""
     part = open_rows(path, cfg)
     problems = [f"{part.where} has no rows"] if len(part.ds) == 0 else []
@@ -96,7 +99,7 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels:
     warnings, texts = _check_texts([part], chosen)
     warnings = source_warnings([part]) + warnings
     problems += more + texts
-    label_map, label_notes, more = rows_labels(cfg, part, chosen, known_labels, require_labels)
+    label_map, label_notes, more = rows_labels(cfg, part, chosen, known_labels, require_labels, labels)
     notes += label_notes
     problems += more
     if problems:
@@ -207,12 +210,12 @@ def _check_texts(parts: list[Part], chosen: cols_.Columns) -> tuple[list[str], l
 
 
 def rows_labels(cfg: DataConfig, part: Part, chosen: dict, known_labels: list[str] | None,
-                require_labels: bool) -> tuple[dict | None, list[str], list[str]]:
+                require_labels: bool, labels: str = "classes") -> tuple[dict | None, list[str], list[str]]:
     """Labels of one predict/eval source -> (label map, notes, problems). Label problems are problems when the
     labels are required (eval), else the labels are left out with a note (predict)."""
     if chosen["label"] is None:
         return None, [], []
-    label_map, label_notes, label_warnings, more = label_map_of(cfg, chosen["label"], [part], known_labels)
+    label_map, label_notes, label_warnings, more = LABEL_READERS[labels](cfg, chosen["label"], [part], known_labels)
     if more and not require_labels:
         note = f"labels of column {chosen['label']!r} left out: {more[0]}"
         chosen["label"] = None
@@ -241,6 +244,18 @@ def label_map_of(cfg: DataConfig, col: str | None, parts: list[Part], known: lis
         return (None if problems or more else label_map), notes, [], problems + more
     label_map, notes, warnings, more = from_data(cfg, col, scans[0], scans[1:])
     return (None if problems or more else label_map), notes, warnings, problems + more
+
+
+LABEL_READERS = {"classes": label_map_of, "scores": score_labels}
+
+
+def label_kind(cfg: DataConfig) -> str:
+    """``scores`` when the training labels are numbers that are not all whole (regression), else ``classes``:
+    what ``model.task=auto`` reads from the data."""
+    train_spec = cfg.train if cfg.train is not None else str(demo_files()[0])
+    train_part, _ = open_parts(cfg, train_spec, None, [])
+    chosen, _, _ = cols_.detect(cfg, train_part, need_label=True)
+    return "scores" if looks_like_scores(train_part, chosen["label"]) else "classes"
 
 
 def _canonical(part: Part, chosen: cols_.Columns, label_map: LabelMap | None) -> datasets.Dataset:

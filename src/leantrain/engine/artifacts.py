@@ -4,6 +4,7 @@ loss_curve.png. Rank 0 writes; every rank contributes its peak memory."""
 from __future__ import annotations
 
 import logging
+import math
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,8 +126,8 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
         log.info("saved %s (model/, summary.json, metrics.jsonl, config.yaml)", out)
         ev = summary["eval"]
         if ev:
-            log.info("eval accuracy %.4f, macro-F1 %.4f, loss %.4f on %d examples",
-                     ev["accuracy"], ev["f1_macro"], ev["loss"], ev["samples"])
+            log.info("%s, loss %.4f on %d examples", data.task_object.headline(ev), ev.get("loss", math.nan),
+                     ev["samples"])
     accelerator.wait_for_everyone()
     return summary
 

@@ -18,6 +18,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from leantrain.config import Config
+from leantrain.config.metric_names import lower_is_better
 from leantrain.errors import UserError
 from leantrain.report.logs import write_json
 
@@ -29,7 +30,7 @@ class BestModel:
         ck = cfg.checkpoint
         self.metric = ck.best_metric
         self.key = self.metric.removeprefix("eval.") if self.metric else None
-        self.mode = ck.best_mode if ck.best_mode != "auto" else ("min" if self.key == "loss" else "max")
+        self.mode = ck.best_mode if ck.best_mode != "auto" else ("min" if lower_is_better(self.key) else "max")
         self.patience = cfg.train.early_stopping_patience
         self.accelerator, self.out, self.processor = accelerator, Path(out), processor
         state = state or {}

@@ -157,7 +157,7 @@ def build_run(start: RunStart) -> Run:
     cfg, accelerator, out = start.cfg, start.accelerator, start.out
     set_seed(cfg.train.seed)
     data = prepare_training_data(cfg, accelerator)
-    check_stop_when(cfg, len(data.label_names))  # eval.mcc is for 2 classes
+    check_stop_when(cfg, len(data.label_names), data.task)  # the task's metrics; eval.mcc is for 2 classes
     layout = batch_layout(cfg, len(data.train), accelerator.num_processes)
     if cfg.train.micro_batch_size != "auto":  # with auto, the batch line comes once the micro-batch is chosen
         for note in layout.notes:
@@ -291,7 +291,7 @@ def _target_met(stop_when: str | None, metrics: dict) -> bool:
 
 def _evaluate(model: nn.Module, eval_dl: DataLoader, accelerator: Accelerator, data: TrainingData, step: int,
               metrics_log: MetricsLog, progress: Progress | None, meter: Throughput) -> dict:
-    metrics = evaluate(model, eval_dl, accelerator, len(data.label_names))
+    metrics = evaluate(model, eval_dl, accelerator, len(data.label_names), data.task_object)
     record = {"type": "eval", "step": step, "loop_seconds": meter.all_time, **{f"eval.{k}": v for k, v in metrics.items()}}
     metrics_log.write(record)
     text = "eval @ step %d: %s" % (step, " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "samples"))
@@ -364,8 +364,10 @@ class Loop:
                                            self.step + 1)
             self.clock.lap("data")
             self.lr = self.scheduler.get_last_lr()[0]  # the rate this step applies (host value, no sync)
+            units = self.data.units_in(global_batch)  # the loss's denominator, the task's unit, known on the host
             loss_sum, self.grad_norm = train_step(
-                self.model, micro, global_count=len(global_batch), accelerator=acc, optimizer=self.step_optimizer,
+                self.model, micro, global_count=units, task=self.data.task_object,
+                accelerator=acc, optimizer=self.step_optimizer,
                 scheduler=self.scheduler, max_grad_norm=cfg.train.max_grad_norm,
                 guard=functools.partial(self.guard.before_update, self.step + 1),
                 on_phase=self.clock.lap if self.host_is_device else None,
@@ -374,7 +376,7 @@ class Loop:
             if lsgd is not None:
                 lsgd.step()
             self.running += loss_sum
-            self.running_count += len(global_batch)
+            self.running_count += units
             self.step += 1
             self.meter.end_step(len(global_batch), self.data.tokens_in(global_batch))
             self.faults.after_update(self.step)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from leantrain.config.sections import check_metric, parse_stop_when
 from leantrain.engine.batch_layout import batch_layout
+from leantrain.engine.training_data import run_task
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling import load_config, resolve_task
-from leantrain.modeling.tasks import TEXT
+from leantrain.modeling.tasks import get_task
 
 log = logging.getLogger("leantrain")
 
@@ -45,7 +46,7 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
 
     Set explicitly above the limit: ConfigError naming both numbers. Left at its default (128) above a small
     model's limit: lowered to the limit, with a log note. Returns the (possibly updated) config."""
-    if resolve_task(cfg) != TEXT:
+    if get_task(resolve_task(cfg)).processor != "tokenizer":  # a position limit is in tokens
         return cfg
     if config is None:
         config = load_config(cfg.model)
@@ -67,14 +68,16 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
     return cfg.model_copy(update={"data": cfg.data.model_copy(update={"max_length": limit})})
 
 
-def check_stop_when(cfg, num_labels: int) -> None:  # noqa: ANN001
-    """train.stop_when must name a metric evaluation reports for ``num_labels`` classes (mcc: 2 only)."""
+def check_stop_when(cfg, num_labels: int, task: str | None = None) -> None:  # noqa: ANN001
+    """train.stop_when must name a metric evaluation reports for ``task`` (unset: the run's) with ``num_labels``
+    classes (mcc: 2 only)."""
+    task = task or run_task(cfg)
     for key, value in (("train.stop_when", cfg.train.stop_when), ("checkpoint.best_metric", cfg.checkpoint.best_metric)):
         if value is None:
             continue
         name = parse_stop_when(value)[0] if key == "train.stop_when" else value.removeprefix("eval.")
         try:
-            check_metric(name, num_labels)
+            check_metric(name, num_labels, task)
         except ValueError as e:
             raise ConfigError(f"{key}={value}: {e}") from None
 

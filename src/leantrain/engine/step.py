@@ -1,9 +1,10 @@
 """The training step, the heart of the engine.
 
-step = micro-batches -> forward -> per-example losses x weight, summed / global count -> backward -> clip -> step.
+step = micro-batches -> forward -> the task's per-unit losses, summed / global count -> backward -> clip -> step.
 
-The denominator is the number of real examples in the *global* batch (all micro-batches, all processes), known
-on the host from the batch layout, so no collective and no host sync is needed to normalise. DDP averages
+The task (``leantrain.modeling.tasks``) gives the loss sum of a micro-batch and says what a unit is (an example, a
+label, a token); the denominator is the number of units in the *global* batch (all micro-batches, all processes),
+known on the host from the batch, so no collective and no host sync is needed to normalise. DDP averages
 gradients over processes, so each process scales its loss by the world size: the all-reduced gradient is then
 exactly d(sum of losses / global count). Gradients are all-reduced once, on the last micro-batch.
 """
@@ -13,27 +14,21 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
 from torch.profiler import record_function
 
 from leantrain.engine.distributed import clip_gradients, grad_sync
-
-
-def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy per example, computed in fp32 whatever the autocast dtype."""
-    return F.cross_entropy(logits.float(), labels, reduction="none")
+from leantrain.modeling.tasks import TEXT, Task, get_task
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in batch.items() if k not in ("labels", "loss_weight", "length")}
 
 
-def weighted_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Sum of per-example losses weighted by ``loss_weight`` (0 for padding examples)."""
-    logits = model(**model_inputs(batch)).logits
-    return (per_example_loss(logits, batch["labels"]) * batch["loss_weight"]).sum()
+def weighted_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], task: Task | None = None) -> torch.Tensor:
+    """The task's sum of per-unit losses of the batch (padding weighs 0); ``task`` unset: text classification."""
+    return (task or get_task(TEXT)).loss_sum(model(**model_inputs(batch)), batch)
 
 
 def train_step(
@@ -41,6 +36,7 @@ def train_step(
     micro_batches: Iterable[dict[str, torch.Tensor]],
     *,
     global_count: int,
+    task: Task | None = None,
     accelerator: Accelerator,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
@@ -50,6 +46,8 @@ def train_step(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step over this process's micro-batches. Returns this process's loss sum (a device tensor,
     not yet divided by anything) and the gradient norm before clipping (a tensor, or None). No host sync.
+    ``global_count``: the task's units (``task.count``) in the global batch, the loss's denominator; ``task``
+    unset: text classification.
     ``guard(loss_sum, grad_norm)`` (optional): the non-finite check, on the device, between the clip and the update.
     ``on_phase(name)`` (optional) is called when the compute and the optimizer phases end, for timing."""
     micro_batches = list(micro_batches)
@@ -59,7 +57,7 @@ def train_step(
         last = i == len(micro_batches) - 1
         with grad_sync(model, accelerator, enabled=last):
             with record_function("forward"):
-                loss = weighted_loss_sum(model, batch)
+                loss = weighted_loss_sum(model, batch, task)
             with record_function("backward"):
                 accelerator.backward(loss * scale)
         loss_sum += loss.detach()

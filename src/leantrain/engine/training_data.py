@@ -1,6 +1,7 @@
 """The training data of a run, validated and processed: data checked before the model is loaded, processed once (the main
-process first; the others read the cache it wrote). The task picks the data side (text, image, audio); what the
-engine gets back is the same for all: datasets with ``length``, collators, label names, the processor."""
+process first; the others read the cache it wrote). The task picks the data side (its modality's: text, image,
+audio, adapted by the task); what the engine gets back is the same for all: datasets with ``length``, collators,
+label names, the processor, and the task that counts the loss's units."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from leantrain.config import Config
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
 from leantrain.modeling import load_processor, model_name, resolve_task
-from leantrain.modeling.tasks import modality_of
+from leantrain.modeling.tasks import Task, get_task, task_for_labels
 
 log = logging.getLogger("leantrain")
 
@@ -37,6 +38,15 @@ class TrainingData:
     eval_collator: object | None = None  # unset: the training collator
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
 
+    @property
+    def task_object(self) -> Task:
+        """The registered task (loss, units, metrics) of ``task``."""
+        return get_task(self.task)
+
+    def units_in(self, indices) -> int:
+        """The task's loss units (examples, labels, tokens) in these training examples: the loss's denominator."""
+        return self.task_object.count(self.train, indices)
+
     def tokens_in(self, indices) -> int | None:
         """Non-padding tokens in these training examples; None when the inputs are not tokens."""
         return int(self.token_lengths[indices].sum()) if self.token_lengths is not None else None
@@ -47,24 +57,35 @@ class TrainingData:
 
 
 def data_side(task: str) -> Modality:
-    """The data side (loader, processor step, collator) of a task."""
-    return for_modality(modality_of(task))
+    """The data side (loader, processor step, collator) of a task: its modality's, as the task adapts it."""
+    entry = get_task(task)
+    return entry.data_side(for_modality(entry.modality))
+
+
+def run_task(cfg: Config) -> str:
+    """``model.task``, or what ``auto`` decides from the model (``resolve_task``) and then from the training labels
+    (numbers that are not all whole: the modality's score task, e.g. text-regression)."""
+    task = resolve_task(cfg)
+    if cfg.model.task != "auto":
+        return task
+    return task_for_labels(task, for_modality(get_task(task).modality).label_kind(cfg.data))
 
 
 def validate_data(cfg: Config):
     """Load and check the data (no model, no processor): raises DataError listing every problem."""
     with using_cache_dir(cfg.data.cache_dir):
-        return data_side(resolve_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed,
-                                                              batch_size=cfg.train.batch_size)
+        return data_side(run_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed,
+                                                          batch_size=cfg.train.batch_size)
 
 
 def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData:
     """Validate (main process first), load the processor, process and cache the data, build the collators."""
-    task = resolve_task(cfg)
-    modality = data_side(task)
     with accelerator.main_process_first(), using_cache_dir(cfg.data.cache_dir):
+        task = run_task(cfg)
+        modality = data_side(task)
         data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
-    log.info("task: %s", task)
+    log.info("task: %s%s", task,
+             " (model.task=auto: from the model and the labels)" if cfg.model.task == "auto" else "")
     for note in data.notes:
         log.info(note)
     for warning in data.warnings:

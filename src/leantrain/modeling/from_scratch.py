@@ -18,7 +18,6 @@ from typing import Any
 
 from leantrain.config import ModelConfig
 from leantrain.errors import ConfigError
-from leantrain.modeling.tasks import AUDIO, IMAGE
 
 
 def from_scratch(cfg: ModelConfig) -> bool:
@@ -71,13 +70,14 @@ def check_config_overrides(config, overrides: dict[str, Any]) -> None:
         raise ConfigError("bad model.config_overrides:", problems)
 
 
-def build_processor(config, task: str):
-    """The image processor or feature extractor of the config's model type, sized from the config."""
-    if task == IMAGE:
+def build_processor(config, kind: str):
+    """The image processor or feature extractor (``kind``, a task's processor) of the config's model type, sized
+    from the config."""
+    if kind == "image_processor":
         return _image_processor(config)
-    if task == AUDIO:
+    if kind == "feature_extractor":
         return _feature_extractor(config)
-    raise ValueError(task)
+    raise ValueError(kind)
 
 
 def _image_processor(config):

@@ -20,7 +20,7 @@ from leantrain.modeling.head_reuse import needs_remap, remap_head
 from leantrain.modeling.names import PACKAGED_MODEL, packaged_model_path, resolve_model_name  # noqa: F401
 from leantrain.modeling.pad_token import ensure_pad_token, set_model_pad_token
 from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch
-from leantrain.modeling.tasks import AUDIO, IMAGE, TEXT, auto_model_class, task_of_config
+from leantrain.modeling.tasks import auto_model_class, default_task, get_task, task_of_config
 
 log = logging.getLogger("leantrain")
 
@@ -69,15 +69,17 @@ def load_processor(cfg: ModelConfig, task: str):
     """The model's own processor: tokenizer (text), image processor (images) or feature extractor (audio).
 
     A model trained from scratch (model.config / model.config_type) gets one built from its config."""
-    if task == TEXT:
+    kind = get_task(task).processor
+    if kind == "tokenizer":
         return load_tokenizer(cfg)
     if from_scratch(cfg):
-        return build_processor(load_config(cfg), task)
+        return build_processor(load_config(cfg), kind)
     from transformers import AutoFeatureExtractor, AutoImageProcessor
 
     name = model_name(cfg)
+    auto = {"image_processor": AutoImageProcessor, "feature_extractor": AutoFeatureExtractor}[kind]
     try:
-        return (AutoImageProcessor if task == IMAGE else AutoFeatureExtractor).from_pretrained(name, **_hub_kwargs(cfg))
+        return auto.from_pretrained(name, **_hub_kwargs(cfg))
     except (OSError, ValueError) as e:
         raise _load_error(name, e) from None
 
@@ -103,9 +105,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
     auto = auto_model_class(task)
     config = load_config(cfg)
     check_config_overrides(config, cfg.config_overrides)
-    n = len(label_names)
-    labels = dict(num_labels=n, id2label={i: name for i, name in enumerate(label_names)},
-                  label2id={name: i for i, name in enumerate(label_names)})
+    labels = get_task(task).model_fields(label_names)  # num_labels, label maps, problem_type: the task's
     if from_scratch(cfg):
         config.update(labels)
         try:
@@ -116,13 +116,13 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
         return _with_pad_token(model, cfg, task)
     trained = trained_label_names(config)
     remap = needs_remap(trained, label_names, cfg.reuse_head)  # a fine-tuned head: rows follow the label names
-    kwargs = dict(
+    kwargs = {  # a dict display: an override of a field the task sets (problem_type) is no duplicate keyword
         **({} if remap else labels),
-        use_safetensors=None if cfg.allow_pickle else True,
-        ignore_mismatched_sizes=not remap and trained != label_names,  # a new head for a base model
+        "use_safetensors": None if cfg.allow_pickle else True,
+        "ignore_mismatched_sizes": not remap and trained != label_names,  # a new head for a base model
         **_hub_kwargs(cfg),
         **cfg.config_overrides,
-    )
+    }
     name = model_name(cfg)
     try:
         model, info = auto.from_pretrained(name, output_loading_info=True, **kwargs)
@@ -142,8 +142,8 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
 
 
 def _with_pad_token(model, cfg: ModelConfig, task: str):
-    """A text classifier whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...)."""
-    if task == TEXT and getattr(model.config, "pad_token_id", None) is None:
+    """A text model whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...)."""
+    if get_task(task).processor == "tokenizer" and getattr(model.config, "pad_token_id", None) is None:
         set_model_pad_token(model, load_tokenizer(cfg))
     return model
 
@@ -171,7 +171,7 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
     config = load_config(cfg)
     archs = getattr(config, "architectures", None) or []
     classifier = any(c in a for a in archs for c in _CLASSIFIERS)
-    auto = auto_model_class(task_of_config(config) or TEXT) if classifier else AutoModel
+    auto = auto_model_class(task_of_config(config) or default_task("text")) if classifier else AutoModel
     name = model_name(cfg)
     try:
         model = auto.from_pretrained(name, use_safetensors=None if cfg.allow_pickle else True, **_hub_kwargs(cfg))
@@ -196,7 +196,7 @@ def resolve_task(cfg: Config) -> str:
         if task is not None:
             return task
     if cfg.data.image_column:
-        return IMAGE
+        return default_task("image")
     if cfg.data.audio_column:
-        return AUDIO
-    return TEXT
+        return default_task("audio")
+    return default_task("text")

@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
+from leantrain.modeling.tasks import TASKS, TEXT, get_task
 from leantrain.units import format_bytes
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
-_METRIC_ORDER = ["accuracy", "f1_macro", "mcc", "loss"]
 _METRIC_NAMES = {"accuracy": "accuracy", "f1_macro": "macro F1", "mcc": "Matthews corr. (MCC)", "loss": "loss"}
 
 
@@ -52,9 +52,9 @@ def _table(header: tuple[str, str], rows: list[tuple[Any, Any]]) -> list[str]:
     return [f"| {header[0]} | {header[1]} |", "|---|---|", *(f"| {_cell(k)} | {_cell(v)} |" for k, v in rows)]
 
 
-def _eval_rows(ev: dict[str, Any]) -> list[tuple[str, Any]]:
+def _eval_rows(ev: dict[str, Any], order: tuple[str, ...]) -> list[tuple[str, Any]]:
     flat = {k.removeprefix("eval."): v for k, v in ev.items()}
-    keys = [k for k in _METRIC_ORDER if k in flat]
+    keys = [k for k in order if k in flat]
     keys += sorted(k for k, v in flat.items() if k not in keys and k != "samples" and isinstance(v, (int, float)))
     return [(_METRIC_NAMES.get(k, k), flat[k]) for k in keys]
 
@@ -90,13 +90,6 @@ def _hparam_rows(config: dict[str, Any]) -> list[tuple[str, Any]]:
     return rows
 
 
-_EXAMPLES = {  # task -> (what, the pipeline call's argument)
-    "text-classification": ("text", '"The delivery was quick and the product works perfectly."'),
-    "image-classification": ("image", '"photo.jpg"'),
-    "audio-classification": ("audio", '{"raw": samples, "sampling_rate": 16000}  # or a file path (needs ffmpeg)'),
-}
-
-
 def write_model_card(
     model_dir: str | os.PathLike, *, base_model: str, label_names: list[str], summary: dict, config: dict,
     task: str = "text-classification",
@@ -106,8 +99,8 @@ def write_model_card(
     summary, config = summary or {}, config or {}
     ev, tr = summary.get("eval") or {}, summary.get("train") or {}
     hub = looks_like_hub_id(base_model)
-    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": task}
-    what, example = _EXAMPLES.get(task, _EXAMPLES["text-classification"])
+    entry = get_task(task if task in TASKS else TEXT)  # the task's card lines and pipeline name
+    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": entry.spec.pipeline_task}
     if hub:
         meta["base_model"] = base_model
     meta["tags"] = ["leantrain"]
@@ -117,14 +110,15 @@ def write_model_card(
         base_text = f"a random initialisation of a `{str(base_model).removesuffix(' (from config)')}` config"
 
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", ""]
-    lines += [f"# {short}, fine-tuned for {what} classification", ""]
-    lines += [f"A{'n' if what[0] in 'aeiou' else ''} {what} classifier fine-tuned from {base_text} with leantrain "
+    noun = entry.card.noun
+    lines += [f"# {short}, fine-tuned for {entry.card.title}", ""]
+    lines += [f"A{'n' if noun[0] in 'aeiou' else ''} {noun} fine-tuned from {base_text} with leantrain "
               f"on {len(label_names)} labels.", ""]
     lines += ["## Labels", "", *_table(("id", "label"), list(enumerate(label_names))), ""]
     if ev:
         n = ev.get("samples", ev.get("eval.samples"))
         lines += ["## Evaluation", "", f"On {n:,} held-out examples:" if isinstance(n, int) else "On the eval set:", ""]
-        lines += [*_table(("metric", "value"), _eval_rows(ev)), ""]
+        lines += [*_table(("metric", "value"), _eval_rows(ev, entry.spec.metrics)), ""]
     if hparams := _hparam_rows(config):
         lines += ["## Training hyperparameters", "", *_table(("setting", "value"), hparams), ""]
     if cost := _train_rows(tr, summary):
@@ -133,8 +127,8 @@ def write_model_card(
         lines += ["## Framework versions", "", *(f"- {k} {v}" for k, v in versions.items()), ""]
     lines += [
         "## Usage", "", "```python", "from transformers import pipeline", "",
-        f'classifier = pipeline("{task}", model="{model_dir.as_posix()}")  # or its Hub id once pushed',
-        f"print(classifier({example}))", "```", "",
+        f'classifier = pipeline("{entry.spec.pipeline_task}", model="{model_dir.as_posix()}")  # or its Hub id once pushed',
+        f"print(classifier({entry.card.example}))", "```", "",
     ]
     model_dir.mkdir(parents=True, exist_ok=True)
     path = model_dir / "README.md"

@@ -109,12 +109,12 @@ def test_stop_when_mcc_needs_two_classes():
 def test_metric_names_are_the_evaluators():
     import numpy as np
 
-    from leantrain.engine.evaluate import classification_metrics
+    from leantrain.modeling.tasks.classification import classification_metrics
     from leantrain.config.metric_names import metric_names
 
     for k in (2, 3):
         out = classification_metrics(np.array([0, 1, 1]), np.array([0, 1, 0]), np.ones(3), k)
-        assert [m for m in out if m != "samples"] == metric_names(k)
+        assert [m for m in out if m != "samples"] == metric_names(k, "text-classification")
 
 
 # ------------------------------------------------------------------------------------------ item 8: max_length

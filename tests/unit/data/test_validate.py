@@ -144,7 +144,7 @@ def test_fractional_labels_are_refused_naming_regression(tmp_path):
     f = csv_file(tmp_path, "t.csv", "text,label", ["a,1.0", "b,0.5", "c,0.25"])
     (problem,) = problems(train=f)
     assert problem.startswith("data.train: t.csv: label column 'label' holds numbers that are not whole (0.5 at lines 3, 4)")
-    assert "regression is not supported yet" in problem
+    assert "model.task=text-regression" in problem
 
 
 def test_eval_label_missing_from_train_and_null_labels(tmp_path):

@@ -86,7 +86,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert):
 def test_loss_is_fp32_under_bf16_autocast(tiny_bert):
     from transformers import AutoModelForSequenceClassification
 
-    from leantrain.engine.step import model_inputs, per_example_loss, weighted_loss_sum
+    from leantrain.engine.step import model_inputs, weighted_loss_sum
+    from leantrain.modeling.tasks.classification import per_example_loss
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2)
     batch = text_batch()

@@ -1,0 +1,65 @@
+"""The names of the tasks and what the config checks need of each (``model.task``, the metrics ``train.stop_when`` /
+``checkpoint.best_metric`` may name, the problem_type an override must match), one ``TaskSpec`` per task.
+
+This is the low half of the task registry, importable by every layer. The task objects themselves (model class,
+loss, metrics, predictions: ``leantrain.modeling.tasks``) carry a spec; registering a task there registers its spec
+here, so a new task is one file and one ``register`` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TEXT, IMAGE, AUDIO = "text-classification", "image-classification", "audio-classification"
+TEXT_REGRESSION = "text-regression"
+
+CLASSIFICATION_METRICS = ("accuracy", "f1_macro", "mcc", "loss")  # mcc: two classes only
+REGRESSION_METRICS = ("pearson", "spearman", "mse", "mae", "loss")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What is known of a task before any data or model: its name (``model.task``), the data side it reads
+    (``text``, ``image``, ``audio``: ``leantrain.data.modalities``), transformers' ``problem_type``, the metrics
+    evaluation reports (``eval.<name>``; ``two_class_only`` ones only for 2 labels; ``lower_is_better`` ones pick
+    the best model by their minimum), the ``pipeline()`` task name of the saved model, and how its labels are read
+    (``classes``: names or ids; ``scores``: numbers; ``model.task=auto`` picks the task whose kind the data has)."""
+
+    name: str
+    modality: str
+    problem_type: str
+    metrics: tuple[str, ...]
+    two_class_only: tuple[str, ...] = ()
+    lower_is_better: tuple[str, ...] = ("loss",)
+    pipeline: str = ""
+    labels: str = "classes"
+
+    @property
+    def pipeline_task(self) -> str:
+        return self.pipeline or self.name
+
+
+SPECS: dict[str, TaskSpec] = {}
+
+
+def register_spec(spec: TaskSpec) -> TaskSpec:
+    """Add (or replace) a task's spec; ``model.task`` then accepts its name."""
+    SPECS[spec.name] = spec
+    return spec
+
+
+def task_names() -> list[str]:
+    return list(SPECS)
+
+
+def task_spec(name: str) -> TaskSpec:
+    try:
+        return SPECS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; known: {', '.join(SPECS)}") from None
+
+
+for _name, _modality in ((TEXT, "text"), (IMAGE, "image"), (AUDIO, "audio")):
+    register_spec(TaskSpec(_name, _modality, "single_label_classification", CLASSIFICATION_METRICS, ("mcc",)))
+register_spec(TaskSpec(TEXT_REGRESSION, "text", "regression", REGRESSION_METRICS,
+                       lower_is_better=("mse", "mae", "loss"), pipeline="text-classification", labels="scores"))

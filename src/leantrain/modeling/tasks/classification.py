@@ -1,0 +1,67 @@
+"""Single-label classification of texts (single or pairs), images and audio: one label id per example,
+cross-entropy summed over the examples (the engine divides by the global example count), accuracy / macro-F1 /
+MCC (two classes) / loss, softmax predictions."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from leantrain.config.metric_names import metric_names
+from leantrain.config.tasks import AUDIO, IMAGE, TEXT, task_spec
+from leantrain.modeling.tasks.registry import CardText, Task, register
+
+
+def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per example, computed in fp32 whatever the autocast dtype."""
+    return F.cross_entropy(logits.float(), labels, reduction="none")
+
+
+def classification_metrics(preds: np.ndarray, labels: np.ndarray, losses: np.ndarray | None, num_labels: int) -> dict:
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+    compute = {  # one entry per name of metric_names(): the config checks train.stop_when against those names
+        "accuracy": lambda: accuracy_score(labels, preds),
+        "f1_macro": lambda: f1_score(labels, preds, average="macro", labels=list(range(num_labels)), zero_division=0),
+        "mcc": lambda: matthews_corrcoef(labels, preds),
+        "loss": lambda: losses.mean(),
+    }
+    names = metric_names(num_labels, TEXT)
+    out = {name: float(compute[name]()) for name in names if name != "loss" or losses is not None}
+    out["samples"] = int(len(labels))
+    return out
+
+
+class Classification(Task):
+    """One class per example."""
+
+    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
+        return (per_example_loss(outputs.logits, batch["labels"]) * batch["loss_weight"]).sum()
+
+    def eval_batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
+        return {"preds": logits.argmax(-1), "labels": labels, "losses": per_example_loss(logits, labels)}
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        return classification_metrics(values["preds"], values["labels"], values.get("losses"), num_labels)
+
+    def predictions(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
+        score, pred = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+        return [{"label": label_names[p], "score": round(s, 6)} for p, s in zip(pred.tolist(), score.tolist())]
+
+    def headline(self, ev: dict) -> str:
+        return f"eval accuracy: {ev['accuracy']:.4f}  macro-F1: {ev['f1_macro']:.4f}"
+
+
+TEXT_CLASSIFICATION = register(Classification(
+    task_spec(TEXT), "AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "tokenizer", CardText("text classification", "text classifier",
+                          '"The delivery was quick and the product works perfectly."'), default_for=("text",)))
+IMAGE_CLASSIFICATION = register(Classification(
+    task_spec(IMAGE), "AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "image_processor", CardText("image classification", "image classifier", '"photo.jpg"'), default_for=("image",)))
+AUDIO_CLASSIFICATION = register(Classification(
+    task_spec(AUDIO), "AutoModelForAudioClassification", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+    "feature_extractor", CardText("audio classification", "audio classifier",
+                                  '{"raw": samples, "sampling_rate": 16000}  # or a file path (needs ffmpeg)'),
+    default_for=("audio",)))

@@ -1,0 +1,154 @@
+"""The task registry: one ``Task`` per ``model.task``, owning everything that differs by task, so that the engine
+has no branch on the task and a new task is one file that calls ``register``.
+
+A task owns: the Auto model class and the config fields it sets (``num_labels``, label maps, ``problem_type``),
+which processor its inputs need, the data side it reads with (a modality of ``leantrain.data.modalities``, which
+``leantrain.engine.training_data`` looks up and hands to ``Task.data_side`` to adapt: labels, collator), the loss
+summed over the batch's units and how many units a set of examples holds (the engine divides by that count over
+the global batch, known on the host), evaluation (per-batch values, then metrics), predictions, and the model
+card's lines. Its names and metric names live in its ``TaskSpec`` (``leantrain.config.tasks``), which the config
+checks before any work; ``register`` records both.
+
+``model.task=auto`` (``leantrain.modeling.load.resolve_task``): the model's config decides when its model type
+belongs to exactly one task's model mapping (a ViT is an image classifier, a wav2vec2 an audio classifier);
+otherwise ``data.image_column`` / ``data.audio_column`` hint at images or audio; otherwise the text task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from leantrain.config.tasks import AUDIO, IMAGE, TEXT, TEXT_REGRESSION, TaskSpec, register_spec, task_spec  # noqa: F401
+
+
+@dataclass(frozen=True)
+class CardText:
+    """What the model card says of a model of this task: the title's words, the pipeline example's input."""
+
+    title: str  # "text classification": "# <model>, fine-tuned for <title>"
+    noun: str  # "text classifier": "A text classifier fine-tuned from ..."
+    example: str  # the argument of the pipeline call in the usage section
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task. Subclasses implement the loss, evaluation and predictions; the fields say the rest."""
+
+    spec: TaskSpec
+    auto_model: str  # the transformers Auto class, e.g. "AutoModelForSequenceClassification"
+    model_mapping: str | None  # the modeling_auto mapping of model types this class takes (auto-detection), or None
+    processor: str  # "tokenizer", "image_processor" or "feature_extractor"
+    card: CardText
+    unit: str = "examples"  # what loss_sum sums over and count counts: examples, labels, tokens
+    default_for: tuple[str, ...] = field(default=())  # modalities whose data picks this task under model.task=auto
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def modality(self) -> str:
+        return self.spec.modality
+
+    # -- model
+    def model_class(self):
+        import transformers  # lazy: heavy
+
+        return getattr(transformers, self.auto_model)
+
+    def model_fields(self, label_names: list[str]) -> dict:
+        """The model config fields this task sets for the data's labels (num_labels, label maps, problem_type)."""
+        return dict(num_labels=len(label_names), id2label={i: n for i, n in enumerate(label_names)},
+                    label2id={n: i for i, n in enumerate(label_names)})
+
+    # -- data
+    def data_side(self, side):
+        """The data side (``leantrain.data.modalities.Modality``) this task reads with, built from its modality's:
+        as is, or with its own label reading, processing or collator (``dataclasses.replace``)."""
+        return side
+
+    # -- training
+    def loss_sum(self, outputs, batch: dict):
+        """The sum of the per-unit losses of ``batch`` (a device tensor, fp32; padding units weigh 0)."""
+        raise NotImplementedError
+
+    def count(self, dataset, indices) -> int:
+        """How many units the examples ``indices`` of the processed training ``dataset`` hold (on the host)."""
+        return len(indices)
+
+    # -- evaluation and prediction
+    def eval_batch(self, logits, labels) -> dict:
+        """Per-unit values of one gathered eval batch (tensors), concatenated over the eval set for ``metrics``."""
+        raise NotImplementedError
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        """The eval metrics (the names of ``spec.metrics``) and ``samples`` from the concatenated ``eval_batch``."""
+        raise NotImplementedError
+
+    def predictions(self, logits, label_names: list[str]) -> list[dict]:
+        """One record per row (``leantrain predict``): e.g. {"label": ..., "score": ...}."""
+        raise NotImplementedError
+
+    def headline(self, ev: dict) -> str:
+        """The eval result in one line, as ``leantrain train`` prints it at the end."""
+        return "eval " + "  ".join(f"{k}: {ev[k]:.4f}" for k in self.spec.metrics if k in ev)
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register(task: Task) -> Task:
+    """Add (or replace) a task: ``model.task=<task.name>`` then selects it, and the config knows its metrics."""
+    register_spec(task.spec)
+    TASKS[task.name] = task
+    return task
+
+
+def get_task(name: str) -> Task:
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; registered: {', '.join(TASKS)}") from None
+
+
+def auto_model_class(task: str):
+    return get_task(task).model_class()
+
+
+def modality_of(task: str) -> str:
+    """The data modality of a task: which loader, processor and collator its data goes through."""
+    return get_task(task).modality
+
+
+def default_task(modality: str) -> str:
+    """The task ``model.task=auto`` picks for data of this modality when the model does not decide."""
+    found = [t.name for t in TASKS.values() if modality in t.default_for]
+    if not found:
+        raise ValueError(f"no task for {modality!r} data")
+    return found[0]
+
+
+def task_for_labels(task: str, kind: str) -> str:
+    """``task``, or the task of the same modality whose labels are of ``kind`` (``model.task=auto``: float labels
+    make a text task a regression)."""
+    here = get_task(task)
+    if here.spec.labels == kind:
+        return task
+    found = [t.name for t in TASKS.values() if t.modality == here.modality and t.spec.labels == kind]
+    return found[0] if found else task
+
+
+def task_of_config(config) -> str | None:
+    """The one task whose model mapping holds the config's model type, else None (unknown or ambiguous). Several
+    tasks share a mapping (text classification and regression): the config's problem_type decides, else the
+    modality's default."""
+    from transformers.models.auto import modeling_auto  # lazy: heavy
+
+    kind = getattr(config, "model_type", None)
+    found = [t for t in TASKS.values() if t.model_mapping and kind in getattr(modeling_auto, t.model_mapping, {})]
+    if len(found) > 1:
+        found = ([t for t in found if t.spec.problem_type == getattr(config, "problem_type", None)]
+                 or [t for t in found if t.default_for])
+    return found[0].name if len(found) == 1 else None
