@@ -97,8 +97,8 @@ def test_other_names_go_to_load_dataset_for_real(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     with pytest.raises(DataError) as e:
         prepare(train="owner/sentiment", eval="./local/dev.csv")
-    assert problems_of(e)[0].startswith("data.train: 'owner/sentiment' is not a local file or folder, and "
-                                        "datasets.load_dataset could not load it")
+    assert problems_of(e)[0].startswith("data.train: 'owner/sentiment' is not a local file or folder, and it is "
+                                        "not in the datasets cache")
     assert problems_of(e)[1].startswith("data.eval: file not found: ")  # a path, never a Hub name
 
 

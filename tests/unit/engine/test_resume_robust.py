@@ -18,7 +18,7 @@ from leantrain.cli import main
 def _args(tiny_bert, data: Path, out: Path, *extra: str) -> list[str]:
     return ["train", f"model.name={tiny_bert}", f"data.train={data / 'train.csv'}", "train.batch_size=8",
             "train.max_steps=6", "train.log_every_steps=1", "checkpoint.every_steps=2", "checkpoint.keep=2",
-            "report.plots=false", "report.progress=none", f"output_dir={out}", *extra]
+            "checkpoint.keep_final=2", "report.plots=false", "report.progress=none", f"output_dir={out}", *extra]
 
 
 @pytest.fixture(scope="module")

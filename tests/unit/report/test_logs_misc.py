@@ -52,11 +52,11 @@ def test_short_model_name(name, short):
 
 
 def test_auto_micro_batch_prints_one_batch_line_and_the_plot_title_is_short(tmp_path, tiny_bert, capsys, monkeypatch):
-    import leantrain.report.plots as plots
+    import leantrain.engine.artifacts as artifacts  # where the run's outputs call it
 
     titles = []
-    real = plots.plot_loss_curve
-    monkeypatch.setattr(plots, "plot_loss_curve", lambda records, path, title="": titles.append(title) or
+    real = artifacts.plot_loss_curve
+    monkeypatch.setattr(artifacts, "plot_loss_curve", lambda records, path, title="": titles.append(title) or
                         real(records, path, title))
     rows = [{"text": ("good fine " if i % 2 else "bad poor ") * (1 + i % 3), "label": i % 2} for i in range(40)]
     data = write_rows(tmp_path / "train.csv", rows)
