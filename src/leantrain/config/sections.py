@@ -177,6 +177,22 @@ class TrainConfig(Section):
         "abort", description="on a NaN/Inf loss or grad norm: abort (stop with a diagnostic; checked on logging "
         "steps and before each checkpoint) or skip_step (skip that update; one host sync per step)"
     )
+    class_weights: Literal["balanced"] | list[float] | None = Field(
+        None, description="single-label classification: per-class loss weights; unset = none; balanced = n_samples "
+        "/ (n_classes x count of the class) over the training data (sklearn's); or [w0, w1, ...], one positive weight "
+        "per class in label-id order. The loss is divided by the sum of the weights of the global batch's examples"
+    )
+
+    @field_validator("class_weights")
+    @classmethod
+    def _class_weights(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("expected 'balanced' or one weight per class, e.g. [1.0, 3.0]")
+            bad = [w for w in v if not (math.isfinite(w) and 0 < w <= MAX_MAGNITUDE)]
+            if bad:
+                raise ValueError(f"each weight must be a positive finite number (got {bad[0]!r})")
+        return v
 
 
     @field_validator("stop_when")

@@ -18,6 +18,7 @@ from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.distributed import full_state_dict
 from leantrain.engine.training_data import TrainingData
 from leantrain.modeling.names import display_name
+from leantrain.modeling.tasks.class_weights import class_weights_record
 from leantrain.perf.memory import device_memory, peak_rss_bytes
 from leantrain.perf.meter import Throughput
 from leantrain.report.card import write_model_card
@@ -92,6 +93,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             **result.speed,
             "resumed_from_step": result.resumed_from_step,
             "skipped_steps": result.skipped_steps,
+            "class_weights": class_weights_record(data.class_weights, data.label_names),  # None: unweighted
         },
         "efficiency": result.efficiency,
         "model": {"name": data.model_name, "class": type(accelerator.unwrap_model(model)).__name__,

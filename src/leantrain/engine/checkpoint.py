@@ -184,7 +184,7 @@ class Checkpointer:
         return self.every > 0 and step % self.every == 0 and step < self.layout.total_steps
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, *,
-             epoch: int, running: torch.Tensor, running_count: int,
+             epoch: int, running: torch.Tensor, running_count: float,
              extra: dict) -> Path:
         """A collective: every rank calls it at the same step."""
         acc = self.accelerator

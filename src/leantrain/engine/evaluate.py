@@ -28,11 +28,12 @@ def predict_logits(model: nn.Module, loader: DataLoader, accelerator: Accelerato
         model.train(was_training)
 
 
-def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, num_labels: int, task: Task) -> dict:
+def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, num_labels: int, task: Task,
+             label_names: list[str] | None = None) -> dict:
     values: dict[str, list[torch.Tensor]] = {}
     for logits, y in predict_logits(model, loader, accelerator):
         for key, value in task.eval_batch(logits, y).items():
             values.setdefault(key, []).append(value.cpu())
     if not values:
         return {}
-    return task.metrics({k: torch.cat(v).numpy() for k, v in values.items()}, num_labels)
+    return task.metrics({k: torch.cat(v).numpy() for k, v in values.items()}, num_labels, label_names)

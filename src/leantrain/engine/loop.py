@@ -268,7 +268,7 @@ def _eval_due(every: int, step: int, layout: BatchLayout) -> bool:
 
 def _log_step(accelerator, model, running, count, grad_norm, lr, meter, step, epoch) -> dict:
     """The one place the step's device values reach the host (a logging step)."""
-    loss = accelerator.reduce(running.clone(), reduction="sum").item() / max(count, 1)
+    loss = accelerator.reduce(running.clone(), reduction="sum").item() / (count if count > 0 else 1)  # a float
     rec = {"type": "train", "step": step, "epoch": round(epoch, 4), "loss": loss,
            "lr": float(lr),
            "samples_per_second": meter.samples_per_second, "tokens_per_second": meter.tokens_per_second}
@@ -291,10 +291,11 @@ def _target_met(stop_when: str | None, metrics: dict) -> bool:
 
 def _evaluate(model: nn.Module, eval_dl: DataLoader, accelerator: Accelerator, data: TrainingData, step: int,
               metrics_log: MetricsLog, progress: Progress | None, meter: Throughput) -> dict:
-    metrics = evaluate(model, eval_dl, accelerator, len(data.label_names), data.task_object)
+    metrics = evaluate(model, eval_dl, accelerator, len(data.label_names), data.task_object, data.label_names)
     record = {"type": "eval", "step": step, "loop_seconds": meter.all_time, **{f"eval.{k}": v for k, v in metrics.items()}}
     metrics_log.write(record)
-    text = "eval @ step %d: %s" % (step, " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "samples"))
+    text = "eval @ step %d: %s" % (step, " ".join(f"{k}={v:.4f}" for k, v in metrics.items()
+                                         if k != "samples" and isinstance(v, float)))
     if progress is not None:
         progress.write(text)
     else:

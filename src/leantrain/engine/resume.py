@@ -60,7 +60,7 @@ class LoopState:
     epoch: int = 0
     start_step: int = 0  # global batches of ``epoch`` already done
     running: torch.Tensor | None = None
-    running_count: int = 0
+    running_count: float = 0  # the loss units since the last log (a float with class weights)
     rng: dict | None = None
     best: dict | None = None
     eval_step: int = -1  # the step of the last evaluation, and its metrics
@@ -215,7 +215,7 @@ def restore(decision: Decision, cfg: Config, accelerator: Accelerator, layout: B
     running = rank.get("running_loss", torch.zeros(())).to(accelerator.device)
     log.info("resuming from %s (step %d of %d)", path, step, layout.total_steps)
     return LoopState(step=step, epoch=step // layout.steps_per_epoch, start_step=step % layout.steps_per_epoch,
-                     running=running, running_count=int(rank.get("running_count", 0)), rng=rank.get("rng"),
+                     running=running, running_count=rank.get("running_count", 0), rng=rank.get("rng"),
                      best=trainer.get("best"), eval_step=int(trainer.get("eval_step", -1)),
                      last_eval=trainer.get("last_eval") or {}, resumed_from=path)
 

@@ -35,7 +35,7 @@ def train_step(
     model: nn.Module,
     micro_batches: Iterable[dict[str, torch.Tensor]],
     *,
-    global_count: int,
+    global_count: float,
     task: Task | None = None,
     accelerator: Accelerator,
     optimizer: torch.optim.Optimizer,

@@ -17,6 +17,7 @@ from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
 from leantrain.modeling import load_processor, model_name, resolve_task
 from leantrain.modeling.tasks import Task, get_task, task_for_labels
+from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task
 
 log = logging.getLogger("leantrain")
 
@@ -37,11 +38,17 @@ class TrainingData:
     task: str = "text-classification"
     eval_collator: object | None = None  # unset: the training collator
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
+    class_weights: list[float] | None = None  # train.class_weights resolved: one per label id; None = unweighted
+    _weighted: Task | None = field(default=None, repr=False)
 
     @property
     def task_object(self) -> Task:
-        """The registered task (loss, units, metrics) of ``task``."""
-        return get_task(self.task)
+        """The registered task (loss, units, metrics) of ``task``; with class weights, its weighted form."""
+        if self.class_weights is None:
+            return get_task(self.task)
+        if self._weighted is None:
+            self._weighted = weighted_task(get_task(self.task), self.class_weights, self.train["labels"])
+        return self._weighted
 
     def units_in(self, indices) -> int:
         """The task's loss units (examples, labels, tokens) in these training examples: the loss's denominator."""
@@ -72,10 +79,14 @@ def run_task(cfg: Config) -> str:
 
 
 def validate_data(cfg: Config):
-    """Load and check the data (no model, no processor): raises DataError listing every problem."""
+    """Load and check the data (no model, no processor): raises DataError listing every problem; also checks
+    ``train.class_weights`` against the labels."""
     with using_cache_dir(cfg.data.cache_dir):
-        return data_side(run_task(cfg)).load_and_validate(cfg.data, seed=cfg.train.seed,
-                                                          batch_size=cfg.train.batch_size)
+        task = run_task(cfg)
+        data = data_side(task).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+    if cfg.train.class_weights is not None:
+        resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
+    return data
 
 
 def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData:
@@ -102,5 +113,10 @@ def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData
     collator = modality.collator(processor, cfg.data, train=True, seed=cfg.train.seed, device_type=device)
     eval_collator = modality.collator(processor, cfg.data, train=False, seed=cfg.train.seed, device_type=device)
     tokens = np.asarray(train["length"]) if modality.counts_tokens else None
+    weights = resolve_class_weights(cfg.train.class_weights, data.label_names,
+                                    train["labels"] if cfg.train.class_weights == "balanced" else None, task)
+    if weights is not None:
+        log.info("class weights: %s", ", ".join(f"{n}={w:.4g}" for n, w in zip(data.label_names, weights)))
     return TrainingData(train, evals, data.label_names, processor, collator, name, data.columns, cfg.train.eval_batch_size,
-                  cfg.data.num_workers, task=task, eval_collator=eval_collator, token_lengths=tokens)
+                  cfg.data.num_workers, task=task, eval_collator=eval_collator, token_lengths=tokens,
+                  class_weights=weights)

@@ -33,6 +33,15 @@ def classification_metrics(preds: np.ndarray, labels: np.ndarray, losses: np.nda
     return out
 
 
+def recall_per_class(preds: np.ndarray, labels: np.ndarray, label_names: list[str]) -> dict[str, float | None]:
+    """{label name: recall} (the share of the class's examples predicted as it); None for a class with no example."""
+    out = {}
+    for i, name in enumerate(label_names):
+        mine = labels == i
+        out[name] = float((preds[mine] == i).mean()) if mine.any() else None
+    return out
+
+
 class Classification(Task):
     """One class per example."""
 
@@ -42,8 +51,11 @@ class Classification(Task):
     def eval_batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
         return {"preds": logits.argmax(-1), "labels": labels, "losses": per_example_loss(logits, labels)}
 
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
-        return classification_metrics(values["preds"], values["labels"], values.get("losses"), num_labels)
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int, label_names: list[str] | None = None) -> dict:
+        out = classification_metrics(values["preds"], values["labels"], values.get("losses"), num_labels)
+        out["recall_per_class"] = recall_per_class(values["preds"], values["labels"],
+                                                   label_names or [str(i) for i in range(num_labels)])
+        return out
 
     def predictions(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
         score, pred = torch.softmax(logits.float(), dim=-1).max(dim=-1)

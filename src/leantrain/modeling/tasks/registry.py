@@ -83,8 +83,9 @@ class Task:
         """Per-unit values of one gathered eval batch (tensors), concatenated over the eval set for ``metrics``."""
         raise NotImplementedError
 
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
-        """The eval metrics (the names of ``spec.metrics``) and ``samples`` from the concatenated ``eval_batch``."""
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int, label_names: list[str] | None = None) -> dict:
+        """The eval metrics (the names of ``spec.metrics``) and ``samples`` from the concatenated ``eval_batch``;
+        a task may add per-label values (classification: ``recall_per_class``, keyed by ``label_names``)."""
         raise NotImplementedError
 
     def predictions(self, logits, label_names: list[str]) -> list[dict]:
