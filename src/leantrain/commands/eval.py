@@ -36,7 +36,7 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size)
     y = np.asarray(rows["label"])
     values = {k: v.numpy() for k, v in task.eval_batch(logits, torch.as_tensor(y)).items()}
-    metrics = task.metrics(values, len(labels), labels)
+    metrics = task.all_metrics(values, labels)
     classes = task.spec.labels == "classes"  # per class and a confusion matrix: for class labels
     preds = values["preds"]
     if classes:

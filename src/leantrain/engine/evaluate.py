@@ -36,4 +36,5 @@ def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, num
             values.setdefault(key, []).append(value.cpu())
     if not values:
         return {}
-    return task.metrics({k: torch.cat(v).numpy() for k, v in values.items()}, num_labels, label_names)
+    values = {k: torch.cat(v).numpy() for k, v in values.items()}
+    return task.metrics(values, num_labels) if label_names is None else task.all_metrics(values, label_names)

@@ -48,8 +48,9 @@ def test_balanced_weights_are_sklearns():
 def test_recall_per_class_by_label_name():
     task = get_task(TEXT)
     values = {"preds": np.array([0, 0, 1, 1, 2]), "labels": np.array([0, 1, 1, 1, 0]), "losses": np.ones(5)}
-    out = task.metrics(values, 3, ["neg", "pos", "meh"])
+    out = task.all_metrics(values, ["neg", "pos", "meh"])
     assert out["recall_per_class"] == {"neg": 0.5, "pos": pytest.approx(2 / 3), "meh": None}
+    assert out["accuracy"] == pytest.approx(0.6) and out["samples"] == 5
 
 
 def _rows(n_pos: int, n_neg: int) -> list[dict]:

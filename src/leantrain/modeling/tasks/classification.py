@@ -51,11 +51,11 @@ class Classification(Task):
     def eval_batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
         return {"preds": logits.argmax(-1), "labels": labels, "losses": per_example_loss(logits, labels)}
 
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int, label_names: list[str] | None = None) -> dict:
-        out = classification_metrics(values["preds"], values["labels"], values.get("losses"), num_labels)
-        out["recall_per_class"] = recall_per_class(values["preds"], values["labels"],
-                                                   label_names or [str(i) for i in range(num_labels)])
-        return out
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        return classification_metrics(values["preds"], values["labels"], values.get("losses"), num_labels)
+
+    def label_metrics(self, values: dict[str, np.ndarray], label_names: list[str]) -> dict:
+        return {"recall_per_class": recall_per_class(values["preds"], values["labels"], label_names)}
 
     def predictions(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
         score, pred = torch.softmax(logits.float(), dim=-1).max(dim=-1)

@@ -83,10 +83,18 @@ class Task:
         """Per-unit values of one gathered eval batch (tensors), concatenated over the eval set for ``metrics``."""
         raise NotImplementedError
 
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int, label_names: list[str] | None = None) -> dict:
-        """The eval metrics (the names of ``spec.metrics``) and ``samples`` from the concatenated ``eval_batch``;
-        a task may add per-label values (classification: ``recall_per_class``, keyed by ``label_names``)."""
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        """The eval metrics (the names of ``spec.metrics``) and ``samples`` from the concatenated ``eval_batch``."""
         raise NotImplementedError
+
+    def label_metrics(self, values: dict[str, np.ndarray], label_names: list[str]) -> dict:
+        """Per-label values added to the eval metrics, keyed by label name (classification: ``recall_per_class``);
+        none by default."""
+        return {}
+
+    def all_metrics(self, values: dict[str, np.ndarray], label_names: list[str]) -> dict:
+        """``metrics`` and ``label_metrics``: what an evaluation reports."""
+        return {**self.metrics(values, len(label_names)), **self.label_metrics(values, label_names)}
 
     def predictions(self, logits, label_names: list[str]) -> list[dict]:
         """One record per row (``leantrain predict``): e.g. {"label": ..., "score": ...}."""

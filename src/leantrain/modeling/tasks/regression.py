@@ -49,7 +49,7 @@ class Regression(Task):
     def eval_batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
         return {"preds": logits.float().squeeze(-1), "labels": labels.float()}
 
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int, label_names: list[str] | None = None) -> dict:
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
         return regression_metrics(values["preds"].astype(np.float64), values["labels"].astype(np.float64))
 
     def predictions(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
