@@ -72,3 +72,27 @@ def test_balanced_two_processes_accumulation_two_equals_one_process(tmp_path, ti
     ev = [rec for rec in read_metrics(b / "metrics.jsonl") if rec["type"] == "eval"][-1]
     assert set(ev["eval.recall_per_class"]) == {"neg", "pos"}
     assert ev["eval.recall_per_class"] == pytest.approx(sa["eval"]["recall_per_class"], abs=1e-6)
+
+
+def test_balanced_kill_and_resume_is_bitwise(tmp_path):
+    """The float count of the loss since the last log (the sum of the weights) is saved and restored as is: logging
+    every 3 steps, killed after step 3, resumed from the checkpoint of step 2."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.helpers import make_tiny_bert, resume_data, run_train_process, trajectory
+
+    make_tiny_bert(tmp_path / "bert", dropout=0.1, layers=1, hidden=16)
+    ref, got = resume_data(tmp_path, "ref"), resume_data(tmp_path, "got")
+    keys = ("train.class_weights=balanced", "train.log_every_steps=3")
+    with ThreadPoolExecutor(2) as pool:
+        r = pool.submit(run_train_process, ref, *keys)
+        killed = run_train_process(got, *keys, env={"LEANTRAIN_TEST_KILL_AT_STEP": "3"})
+        assert r.result().returncode == 0, r.result().stderr[-3000:]
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    final = run_train_process(got, *keys)
+    assert final.returncode == 0 and "step-0000002" in final.stderr, final.stderr[-3000:]
+    weights = json.loads((ref / "run" / "summary.json").read_text())["train"]["class_weights"]
+    assert all(w["weight"] != 1.0 for w in weights)  # the 32 rows are not exactly balanced: the count is fractional
+    assert trajectory(got / "run") == trajectory(ref / "run")
+    pa, pb = model_params(ref / "run"), model_params(got / "run")
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
