@@ -146,8 +146,7 @@ def test_comma_joined_labels_warn_and_point_to_multilabel(tmp_path):
     f = write_rows(tmp_path / "train.csv", _joined_rows(200))
     data = load_and_validate(DataConfig(train=str(f)), seed=0, batch_size=8)
     warning = " ".join(data.warnings)
-    assert "look like sets" in warning and "multi-label" in warning and "issue 14" in warning
-    assert "model.task=multi-label" not in warning  # the key does not exist yet
+    assert "look like sets" in warning and "model.task=multi-label data.label_separator=," in warning
 
 
 def test_plain_labels_with_a_comma_do_not_warn(tmp_path):

@@ -101,6 +101,10 @@ class DataConfig(Section):
         "sorted", description="how string labels map to ids"
     )
     label_names: list[str] | None = Field(None, description="names for integer labels 0..K-1 (id order)")
+    label_separator: str | None = Field(
+        None, description="multi-label: labels given as one string per row, split at this separator (e.g. ','); "
+        "unset = labels are lists (JSON/JSONL)"
+    )
     max_length: int = Field(128, gt=0, description="tokens per example; longer inputs are truncated")
     image_column: str | None = Field(
         None, description="images: column of image file paths (relative to the data file); auto: image, path, file, ..."

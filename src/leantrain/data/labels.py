@@ -172,9 +172,8 @@ def set_like(names: list[str]) -> str | None:
             distinct = set(parts) | singles
             return (f"{len(joined)} of the {len(names)} labels hold {sep!r} and look like sets of "
                     f"{len(distinct)} labels ({capped([repr(n) for n in joined], 3)}): each combination becomes a "
-                    "class of its own. If a row can have several labels, that is multi-label classification, which "
-                    "is planned (issue 14) but not available yet; until then, check that one class per combination "
-                    "is what you want")
+                    "class of its own. If a row can have several labels, that is multi-label classification: set "
+                    f"model.task=multi-label data.label_separator={sep}")
     return None
 
 

@@ -66,7 +66,8 @@ class TextCollator:
                 t[i, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
             out[key] = t
         if "labels" in rows[0]:
-            ys = [r["labels"] for r in rows]  # class ids, or scores (regression)
-            out["labels"] = torch.tensor(ys, dtype=torch.float32 if isinstance(ys[0], float) else torch.long)
+            ys = [r["labels"] for r in rows]  # class ids, scores (regression) or multi-hot lists (multi-label)
+            floats = isinstance(ys[0], (float, list))
+            out["labels"] = torch.tensor(ys, dtype=torch.float32 if floats else torch.long)
         out["loss_weight"] = torch.tensor([r.get("loss_weight", 1.0) for r in rows], dtype=torch.float32)
         return out

@@ -17,6 +17,7 @@ from leantrain.data import columns as cols_
 from leantrain.data.demo import demo_files
 from leantrain.data.labels import LabelMap, from_data, from_known, missing, nonzero, scan
 from leantrain.data.caches import using_cache_dir
+from leantrain.data.label_sets import label_set_labels, looks_like_label_sets
 from leantrain.data.scores import looks_like_scores, score_labels
 from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
 from leantrain.errors import DataError
@@ -246,15 +247,18 @@ def label_map_of(cfg: DataConfig, col: str | None, parts: list[Part], known: lis
     return (None if problems or more else label_map), notes, warnings, problems + more
 
 
-LABEL_READERS = {"classes": label_map_of, "scores": score_labels}
+LABEL_READERS = {"classes": label_map_of, "scores": score_labels, "label_sets": label_set_labels}
 
 
 def label_kind(cfg: DataConfig) -> str:
-    """``scores`` when the training labels are numbers that are not all whole (regression), else ``classes``:
+    """``label_sets`` when the training labels are lists (or data.label_separator is set: multi-label), ``scores``
+    when they are numbers that are not all whole (regression), else ``classes``:
     what ``model.task=auto`` reads from the data."""
     train_spec = cfg.train if cfg.train is not None else str(demo_files()[0])
     train_part, _ = open_parts(cfg, train_spec, None, [])
     chosen, _, _ = cols_.detect(cfg, train_part, need_label=True)
+    if looks_like_label_sets(train_part, chosen["label"], cfg.label_separator):
+        return "label_sets"
     return "scores" if looks_like_scores(train_part, chosen["label"]) else "classes"
 
 

@@ -152,6 +152,7 @@ def set_rng_state(state: dict) -> None:
 
 def data_fingerprint(dataset) -> str:
     """sha256 over the processed training set's token ids, lengths and labels (cheap: Arrow buffers, no Python rows)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     h = hashlib.sha256()
@@ -161,8 +162,8 @@ def data_fingerprint(dataset) -> str:
         if col not in table.column_names:
             continue
         arr = table.column(col)
-        if col == "input_ids":
-            arr = pc.list_flatten(arr)
+        if col == "input_ids" or pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+            arr = pc.list_flatten(arr)  # token ids; multi-hot labels (multi-label)
         h.update(col.encode())
         h.update(np.ascontiguousarray(arr.to_numpy(zero_copy_only=False).astype(np.int64)).tobytes())
     return h.hexdigest()

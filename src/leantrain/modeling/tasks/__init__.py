@@ -5,7 +5,7 @@ built-in tasks."""
 from leantrain.modeling.tasks.registry import (AUDIO, IMAGE, TASKS, TEXT, CardText, Task, auto_model_class,
                                                default_task, get_task, modality_of, register, task_for_labels,
                                                task_of_config)
-from leantrain.modeling.tasks import classification, regression  # noqa: F401  (register the built-in tasks)
+from leantrain.modeling.tasks import classification, multilabel, regression  # noqa: F401  (register the built-in tasks)
 
 __all__ = ["AUDIO", "IMAGE", "TASKS", "TEXT", "CardText", "Task", "auto_model_class", "default_task", "get_task",
            "modality_of", "register", "task_for_labels", "task_of_config"]

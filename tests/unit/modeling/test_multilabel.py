@@ -1,0 +1,140 @@
+"""model.task=multi-label: list labels (JSONL) auto-detected, delimited strings with data.label_separator, BCE
+summed over labels / (examples x labels), micro / macro F1 and subset accuracy, predict and pipeline(top_k=None)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from leantrain.cli import main
+from leantrain.config import resolve
+from tests.helpers import write_rows
+
+EMOTIONS = ["anger", "joy", "love", "sadness"]
+
+
+def set_rows(n: int, seed: int = 0) -> list[dict]:
+    """Texts made of the words of their labels (0 to 3 labels; some rows have none)."""
+    r = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        labels = sorted(r.sample(EMOTIONS, r.randint(0, 3)))
+        words = [w for w in labels for _ in range(r.randint(1, 3))] or ["plain"]
+        r.shuffle(words)
+        rows.append({"text": " ".join(words), "labels": labels})
+    return rows
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ml")
+    return write_jsonl(tmp / "train.jsonl", set_rows(48, 0)), write_jsonl(tmp / "dev.jsonl", set_rows(12, 1))
+
+
+def args(tiny_bert, data, out, *extra) -> list[str]:
+    train_f, dev_f = data
+    return [f"model.name={tiny_bert}", f"data.train={train_f}", f"data.eval={dev_f}",
+            "train.batch_size=8", "train.micro_batch_size=4", "train.lr=3e-3", "train.epochs=2", "report.plots=false",
+            "report.progress=none", "efficiency.precision=fp32", f"output_dir={out}", *extra]
+
+
+def test_loss_is_bce_summed_over_examples_x_labels():
+    from leantrain.modeling.tasks import get_task
+
+    task = get_task("multi-label")
+    logits, targets = torch.randn(5, 4), (torch.rand(5, 4) > 0.5).float()
+    out = type("Out", (), {"logits": logits})()
+    total = task.loss_sum(out, {"labels": targets, "loss_weight": torch.ones(5)})
+    n_l = task.count(_Rows(5, 4), range(5))
+    assert n_l == 20
+    ref = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / 20
+    assert torch.allclose(total / n_l, ref)
+    weight = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0])  # a padding example counts nothing
+    assert torch.allclose(task.loss_sum(out, {"labels": targets, "loss_weight": weight}),
+                          torch.nn.functional.binary_cross_entropy_with_logits(logits[:4], targets[:4],
+                                                                               reduction="sum"))
+    assert task.count(_Rows(5, 4), [0, 1, -3]) == 8
+
+
+class _Rows:
+    """A processed dataset's row access: row i has a multi-hot ``labels`` of ``width``."""
+
+    def __init__(self, n, width):
+        self.n, self.width = n, width
+
+    def __getitem__(self, i):
+        return {"labels": [0.0] * self.width}
+
+
+def test_metrics_match_sklearn():
+    from sklearn.metrics import accuracy_score, f1_score
+
+    from leantrain.config.metric_names import metric_names
+    from leantrain.modeling.tasks.multilabel import multilabel_metrics
+
+    rng = np.random.default_rng(0)
+    probs, labels = rng.random((30, 4)), (rng.random((30, 4)) > 0.6).astype(np.float32)
+    losses = rng.random((30, 4))
+    m = multilabel_metrics(probs, labels, losses)
+    preds = (probs > 0.5).astype(int)
+    assert m["f1_micro"] == pytest.approx(f1_score(labels, preds, average="micro"))
+    assert m["f1_macro"] == pytest.approx(f1_score(labels, preds, average="macro", zero_division=0))
+    assert m["subset_accuracy"] == pytest.approx(accuracy_score(labels, preds))
+    assert m["loss"] == pytest.approx(losses.mean()) and m["samples"] == 30
+    assert [k for k in m if k != "samples"] == list(metric_names(None, "multi-label"))
+
+
+def test_list_labels_choose_multilabel_train_predict_pipeline(tmp_path, tiny_bert, data, capsys):
+    from transformers import pipeline
+
+    from leantrain import train
+    from leantrain.engine.training_data import run_task
+
+    assert run_task(resolve(None, args(tiny_bert, data, tmp_path / "x"))) == "multi-label"
+    out = tmp_path / "run"
+    summary = train(None, args(tiny_bert, data, out, "checkpoint.best_metric=eval.f1_micro"))
+    ev = summary["eval"]
+    assert {"f1_micro", "f1_macro", "subset_accuracy", "loss", "samples"} <= set(ev) and ev["samples"] == 12
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["problem_type"] == "multi_label_classification"
+    assert config["id2label"] == {str(i): n for i, n in enumerate(EMOTIONS)}
+    preds = tmp_path / "p.jsonl"
+    assert main(["predict", str(out / "model"), "--input", str(data[1]), "--output", str(preds)]) == 0
+    rows = [json.loads(line) for line in preds.read_text().splitlines()]
+    assert len(rows) == 12 and set(rows[0]["scores"]) == set(EMOTIONS)
+    assert rows[0]["labels"] == [n for n in EMOTIONS if rows[0]["scores"][n] > 0.5]
+    pipe = pipeline("text-classification", model=str(out / "model"), top_k=None)
+    got = {d["label"]: d["score"] for d in pipe([rows[0]["text"]])[0]}
+    assert set(got) == set(EMOTIONS)
+    for name in EMOTIONS:  # sigmoid scores (they need not sum to 1)
+        assert got[name] == pytest.approx(rows[0]["scores"][name], abs=1e-4)
+
+
+def test_separator_strings(tmp_path, tiny_bert):
+    from leantrain.config import DataConfig
+    from leantrain.data.text_loader import load_and_validate
+    from leantrain.engine.training_data import run_task
+
+    rows = [{"text": r["text"], "label": ",".join(r["labels"])} for r in set_rows(40, 2)]
+    f = write_rows(tmp_path / "train.csv", rows)
+    data = load_and_validate(DataConfig(train=str(f), label_separator=","), seed=0, batch_size=8,
+                             labels="label_sets")
+    assert data.label_names == EMOTIONS
+    first = data.train[0]
+    assert first["label"] == [float(n in rows_of(data, rows, first)) for n in EMOTIONS]
+    assert run_task(resolve(None, [f"model.name={tiny_bert}", f"data.train={f}", "data.label_separator=,"])
+                    ) == "multi-label"
+
+
+def rows_of(data, rows, first):
+    """The label names of the source row whose text is ``first``'s."""
+    return next(r["label"].split(",") for r in rows if r["text"] == first["text"])
