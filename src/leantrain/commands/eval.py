@@ -38,7 +38,7 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     values = {k: v.numpy() for k, v in task.eval_batch(logits, torch.as_tensor(y)).items()}
     metrics = task.all_metrics(values, labels)
     classes = task.spec.labels == "classes"  # per class and a confusion matrix: for class labels
-    preds = values["preds"]
+    preds = values.get("preds")  # multi-label has probabilities instead
     if classes:
         metrics["per_class"] = per_class(preds, y, labels)
     result = {"model": model_dir, "data": cfg.data.eval, "eval": metrics}

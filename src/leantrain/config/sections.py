@@ -367,6 +367,15 @@ class DistributedConfig(Section):
     timeout_seconds: int = Field(300, gt=0, description="process-group timeout: a hung collective fails after this")
 
 
+class EvalConfig(Section):
+    """How evaluation and predictions read the model's outputs (the metrics themselves are ``eval.<metric>``)."""
+
+    threshold: float = Field(
+        0.5, gt=0, lt=1, description="multi-label: a label is predicted when its sigmoid score is above this "
+        "(eval.f1_micro, eval.f1_macro, eval.subset_accuracy and the labels leantrain predict writes)"
+    )
+
+
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -376,6 +385,7 @@ class Config(Section):
     efficiency: EfficiencyConfig = Field(default_factory=EfficiencyConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     output_dir: str | None = Field(None, description="run folder; unset = runs/<date-time>")
 
     @field_validator("output_dir")

@@ -39,15 +39,18 @@ class TrainingData:
     eval_collator: object | None = None  # unset: the training collator
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
     class_weights: list[float] | None = None  # train.class_weights resolved: one per label id; None = unweighted
+    config: object | None = None  # the run's Config: Task.configured reads its settings (eval.threshold)
     _weighted: Task | None = field(default=None, repr=False)
 
     @property
     def task_object(self) -> Task:
         """The registered task (loss, units, metrics) of ``task``; with class weights, its weighted form."""
+        task = get_task(self.task)
+        task = task.configured(self.config) if self.config is not None else task
         if self.class_weights is None:
-            return get_task(self.task)
+            return task
         if self._weighted is None:
-            self._weighted = weighted_task(get_task(self.task), self.class_weights, self.train["labels"])
+            self._weighted = weighted_task(task, self.class_weights, self.train["labels"])
         return self._weighted
 
     def units_in(self, indices) -> int:
@@ -119,4 +122,4 @@ def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData
         log.info("class weights: %s", ", ".join(f"{n}={w:.4g}" for n, w in zip(data.label_names, weights)))
     return TrainingData(train, evals, data.label_names, processor, collator, name, data.columns, cfg.train.eval_batch_size,
                   cfg.data.num_workers, task=task, eval_collator=eval_collator, token_lengths=tokens,
-                  class_weights=weights)
+                  class_weights=weights, config=cfg)

@@ -91,6 +91,11 @@ def test_metrics_match_sklearn():
     assert m["subset_accuracy"] == pytest.approx(accuracy_score(labels, preds))
     assert m["loss"] == pytest.approx(losses.mean()) and m["samples"] == 30
     assert [k for k in m if k != "samples"] == list(metric_names(None, "multi-label"))
+    from leantrain.modeling.tasks import get_task  # eval.threshold reaches the task's metrics
+
+    task = get_task("multi-label").configured(resolve(None, ["eval.threshold=0.3"]))
+    low = task.metrics({"probs": probs, "labels": labels, "losses": losses}, 4)
+    assert low["f1_micro"] == pytest.approx(f1_score(labels, (probs > 0.3).astype(int), average="micro"))
 
 
 def test_list_labels_choose_multilabel_train_predict_pipeline(tmp_path, tiny_bert, data, capsys):
@@ -112,6 +117,16 @@ def test_list_labels_choose_multilabel_train_predict_pipeline(tmp_path, tiny_ber
     rows = [json.loads(line) for line in preds.read_text().splitlines()]
     assert len(rows) == 12 and set(rows[0]["scores"]) == set(EMOTIONS)
     assert rows[0]["labels"] == [n for n in EMOTIONS if rows[0]["scores"][n] > 0.5]
+    low = tmp_path / "low.jsonl"  # eval.threshold decides which labels predict writes
+    assert main(["predict", str(out / "model"), "--input", str(data[1]), "--output", str(low),
+                 "eval.threshold=0.01"]) == 0
+    first = json.loads(low.read_text().splitlines()[0])
+    assert first["labels"] == [n for n in EMOTIONS if first["scores"][n] > 0.01]
+    capsys.readouterr()
+    assert main(["eval", str(out / "model"), f"data.eval={data[1]}"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["f1_micro"] == pytest.approx(ev["f1_micro"], abs=1e-6)
+    assert shown["loss"] == pytest.approx(ev["loss"], rel=1e-4)
     pipe = pipeline("text-classification", model=str(out / "model"), top_k=None)
     got = {d["label"]: d["score"] for d in pipe([rows[0]["text"]])[0]}
     assert set(got) == set(EMOTIONS)

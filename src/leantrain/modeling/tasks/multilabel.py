@@ -1,8 +1,8 @@
 """Multi-label classification of texts (``model.task=multi-label``): any number of the label names per example
 (``leantrain.data.label_sets``: lists, or strings split at ``data.label_separator``), read as a float multi-hot
 vector. Binary cross-entropy with logits per label, in fp32, summed over labels and real examples; the engine
-divides by examples x labels of the global batch. Micro / macro F1 and subset accuracy at ``THRESHOLD`` on the
-sigmoid. The saved model has ``problem_type="multi_label_classification"``, so
+divides by examples x labels of the global batch. Micro / macro F1 and subset accuracy at ``eval.threshold`` (0.5)
+on the sigmoid. The saved model has ``problem_type="multi_label_classification"``, so
 ``pipeline("text-classification", top_k=None)`` returns a sigmoid score per label name; ``leantrain predict``
 writes {"labels": [names above the threshold], "scores": {name: sigmoid}}."""
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from leantrain.config.tasks import MULTI_LABEL, task_spec
 from leantrain.modeling.tasks.registry import CardText, Task, register
 
-THRESHOLD = 0.5  # a label is predicted when its sigmoid is above this
+THRESHOLD = 0.5  # eval.threshold's default: a label is predicted when its sigmoid is above it
 
 
 def bce_per_label(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -42,8 +42,14 @@ def multilabel_metrics(probs: np.ndarray, labels: np.ndarray, losses: np.ndarray
     return out
 
 
+@dataclasses.dataclass(frozen=True)
 class MultiLabel(Task):
-    """A set of labels per example: one sigmoid output per label name."""
+    """A set of labels per example: one sigmoid output per label name, predicted above ``threshold``."""
+
+    threshold: float = THRESHOLD
+
+    def configured(self, cfg) -> "MultiLabel":
+        return dataclasses.replace(self, threshold=cfg.eval.threshold)
 
     def model_fields(self, label_names: list[str]) -> dict:
         return {**super().model_fields(label_names), "problem_type": self.spec.problem_type}
@@ -67,11 +73,11 @@ class MultiLabel(Task):
                 "losses": bce_per_label(logits, labels)}
 
     def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
-        return multilabel_metrics(values["probs"], values["labels"], values.get("losses"))
+        return multilabel_metrics(values["probs"], values["labels"], values.get("losses"), self.threshold)
 
     def predictions(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
         probs = torch.sigmoid(logits.float()).tolist()
-        return [{"labels": [n for n, p in zip(label_names, row) if p > THRESHOLD],
+        return [{"labels": [n for n, p in zip(label_names, row) if p > self.threshold],
                  "scores": {n: round(p, 6) for n, p in zip(label_names, row)}} for row in probs]
 
     def headline(self, ev: dict) -> str:

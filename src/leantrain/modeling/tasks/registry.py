@@ -52,6 +52,10 @@ class Task:
     def modality(self) -> str:
         return self.spec.modality
 
+    def configured(self, cfg) -> "Task":
+        """This task with the run's settings (``Config``; multi-label: ``eval.threshold``); itself by default."""
+        return self
+
     # -- model
     def model_class(self):
         import transformers  # lazy: heavy
