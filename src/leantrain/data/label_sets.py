@@ -83,9 +83,13 @@ def label_set_labels(cfg: DataConfig, col: str | None, parts: list[Part], known:
     if problems:
         return None, [], [], problems
     names = list(known) if known is not None else sorted(seen[0])
-    unknown = sorted(set().union(*seen) - set(names))
-    if unknown:
-        return None, [], [], [f"{col!r}: label names not in the training labels: {', '.join(map(repr, unknown[:10]))}"]
+    for part, got in zip(present, seen):
+        if unknown := sorted(got - set(names)):
+            problems.append(f"{part.where}: label names in column {col!r} that the "
+                            f"{'trained model' if known is not None else 'training data'} lacks: "
+                            f"{', '.join(map(repr, unknown[:10]))}")
+    if problems:
+        return None, [], [], problems
     if not names:
         return None, [], [], [f"{parts[0].where}: no label names in column {col!r}; multi-label needs at least one"]
     notes = [f"labels: label sets (multi-label) in column {col!r}, {len(names)} names: {', '.join(names[:20])}"]

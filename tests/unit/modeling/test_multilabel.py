@@ -153,3 +153,14 @@ def test_separator_strings(tmp_path, tiny_bert):
 def rows_of(data, rows, first):
     """The label names of the source row whose text is ``first``'s."""
     return next(r["label"].split(",") for r in rows if r["text"] == first["text"])
+
+
+def test_eval_names_the_training_data_lacks_are_refused_with_the_file(tmp_path):
+    from leantrain.config import DataConfig
+    from leantrain.data.text_loader import load_and_validate
+    from leantrain.errors import DataError
+
+    train_f = write_jsonl(tmp_path / "train.jsonl", set_rows(20, 0))
+    dev_f = write_jsonl(tmp_path / "dev.jsonl", [{"text": "x", "labels": ["joy", "surprise"]}])
+    with pytest.raises(DataError, match=r"dev.jsonl.*'surprise'"):
+        load_and_validate(DataConfig(train=str(train_f), eval=str(dev_f)), seed=0, batch_size=8, labels="label_sets")
