@@ -164,3 +164,12 @@ def test_eval_names_the_training_data_lacks_are_refused_with_the_file(tmp_path):
     dev_f = write_jsonl(tmp_path / "dev.jsonl", [{"text": "x", "labels": ["joy", "surprise"]}])
     with pytest.raises(DataError, match=r"dev.jsonl.*'surprise'"):
         load_and_validate(DataConfig(train=str(train_f), eval=str(dev_f)), seed=0, batch_size=8, labels="label_sets")
+
+
+def test_stop_when_on_a_multilabel_metric(tiny_bert, data):
+    from leantrain.engine.preflight import check_stop_when
+    from leantrain.errors import ConfigError
+
+    check_stop_when(resolve(None, args(tiny_bert, data, "unused", "train.stop_when=eval.subset_accuracy>=0.9")), 4)
+    with pytest.raises(ConfigError, match="eval.f1_micro"):
+        check_stop_when(resolve(None, args(tiny_bert, data, "unused", "train.stop_when=eval.accuracy>=0.9")), 4)
