@@ -20,6 +20,4 @@ def check_problem_type(task: str, overrides: dict) -> None:
         raise ConfigError(
             f"model.config_overrides.problem_type={given!r} contradicts the task ({task}): the task decides "
             f"problem_type ({' or '.join(sorted(allowed))}); remove the override"
-            + (f" and set model.task={owner[0]}" if owner else
-               "" if given != "multi_label_classification" else
-               f" ({given.replace('_', '-')} training is planned, not available yet)"))
+            + (f" and set model.task={owner[0]}" if owner else ""))

@@ -173,3 +173,10 @@ def test_stop_when_on_a_multilabel_metric(tiny_bert, data):
     check_stop_when(resolve(None, args(tiny_bert, data, "unused", "train.stop_when=eval.subset_accuracy>=0.9")), 4)
     with pytest.raises(ConfigError, match="eval.f1_micro"):
         check_stop_when(resolve(None, args(tiny_bert, data, "unused", "train.stop_when=eval.accuracy>=0.9")), 4)
+
+
+def test_problem_type_override_points_to_the_task(capsys):
+    assert main(["train", "--print-config", "model.config_overrides.problem_type=multi_label_classification"]) == 2
+    assert "model.task=multi-label" in capsys.readouterr().err
+    assert main(["train", "--print-config", "model.task=multi-label",
+                 "model.config_overrides.problem_type=multi_label_classification"]) == 0
