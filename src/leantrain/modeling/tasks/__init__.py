@@ -1,5 +1,5 @@
 """Tasks: the task registry (``registry``: the ``Task`` base, ``register``, ``get_task``, auto-detection) and one
-module per task (``classification``: text, image and audio classification; ``regression``: text regression). Importing this package registers the
+module per task (``classification``: text, image and audio classification; ``regression``: text regression; ``multilabel``: multi-label text classification). Importing this package registers the
 built-in tasks."""
 
 from leantrain.modeling.tasks.registry import (AUDIO, IMAGE, TASKS, TEXT, CardText, Task, auto_model_class,
