@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -94,28 +94,22 @@ def test_second_signal_aborts_at_once():
         os.kill(os.getpid(), signal.SIGINT)
         assert pre.agreed(1) == signal.SIGINT  # the first only sets the flag
         with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0)  # let the handler run
+            os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler as soon as the call returns
     finally:
         pre.uninstall()
     assert signal.getsignal(signal.SIGINT) == before
 
 
-def _poll(cond, deadline: float, what: str):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _train_records(run: Path) -> int:
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        return 0
-    return sum(1 for line in path.read_text().splitlines() if '"type": "train"' in line)
+def _wait_for_lines(stream, pattern: str, n: int, what: str) -> None:
+    """Read ``stream`` until ``n`` lines match ``pattern``; each read blocks until the process writes (no sleep).
+    A process that ends first fails the test with the end of its output."""
+    seen, tail = 0, []
+    for line in stream:
+        tail = (tail + [line])[-40:]
+        seen += bool(re.search(pattern, line))
+        if seen >= n:
+            return
+    raise AssertionError(f"the run ended before {what}:\n{''.join(tail)}")
 
 
 @pytest.mark.distributed
@@ -127,11 +121,11 @@ def test_stopping_the_launcher_leaves_no_worker(bert, sig):
     run = folder / "run"
     env = {**os.environ, **GLOO, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "leantrain", "train", *resume_args(folder, *TWO, "train.max_steps=100000",
-                                                              "train.epochs=1")]
+                                                              "train.epochs=1", "report.progress=plain")]
     launcher = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     procs = []
     try:
-        _poll(lambda: _train_records(run) >= 2 or launcher.poll() is not None, 240, "two logged steps")
+        _wait_for_lines(launcher.stderr, r"step \d+/\d+", 2, "two logged steps")
         assert launcher.poll() is None, launcher.stderr.read()[-3000:]
         procs = psutil.Process(launcher.pid).children(recursive=True)  # torchrun's agent and both workers
         assert len(procs) >= 3, procs
