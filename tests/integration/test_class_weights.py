@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from tests.helpers import model_params, word_rows, write_rows
-from tests.integration.test_distributed import BIN, run
+from tests.integration.test_distributed import one_and_two_processes
 from leantrain import train
 from leantrain.report.logs import read_metrics
 
@@ -54,17 +54,7 @@ def test_weights_of_one_leave_the_run_unchanged(tmp_path, tiny_bert):
 @pytest.mark.distributed
 def test_balanced_two_processes_accumulation_two_equals_one_process(tmp_path, tiny_bert):
     # 42 rows (about 10 pos), batch 8: the last batch of 2 leaves micro-batches of padding; 13 eval rows
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(_config(tmp_path, tiny_bert, class_weights="balanced")))
-    single = train(path, [f"output_dir={tmp_path / 'single'}"])
-    assert single["train"]["accumulation_steps"] == 4 and single["train"]["steps"] == 6
-    r = run([str(BIN / "leantrain"), "train", str(path), "--nproc", "2", f"output_dir={tmp_path / 'p2'}"])
-    assert r.returncode == 0, r.stderr[-4000:]
-    a, b = tmp_path / "single", tmp_path / "p2"
-    pa, pb = model_params(a), model_params(b)
-    for k in pa:
-        torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=2e-5, msg=k)
-    assert _losses(a) == pytest.approx(_losses(b), rel=1e-5)
+    a, b = one_and_two_processes(tmp_path, _config(tmp_path, tiny_bert, class_weights="balanced"))
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
     weights = {w["label"]: w["weight"] for w in sa["train"]["class_weights"]}
     assert weights["pos"] > 1.0 > weights["neg"] and sa["train"]["class_weights"] == sb["train"]["class_weights"]

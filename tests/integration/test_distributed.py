@@ -73,12 +73,32 @@ def _losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["type"] == "train"]
 
 
-def assert_same_run(a: Path, b: Path, atol: float = 2e-5) -> None:
+def assert_same_training(a: Path, b: Path, atol: float = 2e-5) -> None:
+    """The two run folders end with the same parameters and logged the same per-step losses."""
     pa, pb = model_params(a), model_params(b)
     assert pa.keys() == pb.keys()
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=atol, msg=k)
     assert _losses(a) == pytest.approx(_losses(b), rel=1e-5)
+
+
+def one_and_two_processes(tmp_path: Path, cfg: dict) -> tuple[Path, Path]:
+    """``cfg`` (batch 8, micro-batch 2, 6 steps) trained in this process (1 x accumulation 4) and through the
+    launcher as 2 processes (2 x accumulation 2); both run folders, their training already checked equal."""
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    single = train(path, [f"output_dir={tmp_path / 'single'}"])
+    assert single["train"]["accumulation_steps"] == 4 and single["train"]["steps"] == 6
+    r = run([str(BIN / "leantrain"), "train", str(path), "--nproc", "2", f"output_dir={tmp_path / 'p2'}"])
+    assert r.returncode == 0, r.stderr[-4000:]
+    a, b = tmp_path / "single", tmp_path / "p2"
+    assert_same_training(a, b)
+    assert json.loads((b / "summary.json").read_text())["train"]["accumulation_steps"] == 2
+    return a, b
+
+
+def assert_same_run(a: Path, b: Path, atol: float = 2e-5) -> None:
+    assert_same_training(a, b, atol)
     ea, eb = (json.loads((d / "summary.json").read_text())["eval"] for d in (a, b))
     assert ea["samples"] == eb["samples"] == 13  # no duplicates from padding the uneven shards
     assert ea["accuracy"] == eb["accuracy"] and ea["loss"] == pytest.approx(eb["loss"], rel=1e-5)
