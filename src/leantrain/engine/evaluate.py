@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from leantrain.engine.step import model_inputs
+from leantrain.modeling.chunked_loss import labels_for_loss
 from leantrain.modeling.tasks import Task
 
 
@@ -21,8 +22,9 @@ def predict_logits(model: nn.Module, loader: DataLoader, accelerator: Accelerato
     model.eval()
     try:
         for batch in loader:
-            logits = model(**model_inputs(batch)).logits.float()
             labels = batch.get("labels")
+            with labels_for_loss(model, labels):  # chunked loss (causal LMs): per-token losses, not [B, T, V] logits
+                logits = model(**model_inputs(batch)).logits.float()
             yield accelerator.gather_for_metrics((logits, labels) if labels is not None else (logits,))
     finally:
         model.train(was_training)
