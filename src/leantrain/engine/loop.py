@@ -44,7 +44,7 @@ from leantrain.modeling import build_model, parameter_counts
 from leantrain.optim import build_optimizer, build_scheduler, state_report
 from leantrain.optim.state import describe as describe_optim_state
 from leantrain.perf.auto_micro_batch import auto_micro_batch
-from leantrain.perf.flops import MfuMeter
+from leantrain.perf.flops import MfuMeter, matmul_parameters
 from leantrain.perf.meter import PhaseClock, Throughput
 from leantrain.perf.profile import StepProfiler
 from leantrain.report.logs import MetricsLog, write_json
@@ -187,7 +187,8 @@ def build_run(start: RunStart) -> Run:
                              prior=prior_records(out, state) if accelerator.is_main_process else None)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
     mean_tokens = float(np.mean(data.token_lengths)) if data.token_lengths is not None else 0.0
-    flops = MfuMeter(accelerator.unwrap_model(model).config, counts["non_embedding"], mean_tokens,
+    unwrapped = accelerator.unwrap_model(model)
+    flops = MfuMeter(unwrapped.config, matmul_parameters(unwrapped, counts["non_embedding"]), mean_tokens,
                      accelerator.device, start.precision, accelerator.num_processes)  # MFU is for token models only
     parts = LoopParts(cfg, accelerator, model, optimizer, scheduler, eval_dl, data, layout, metrics_log, meter, ckpt,
                       state, flops, faults)
