@@ -250,9 +250,12 @@ def _builds_causal_lm(config) -> bool:
 
 
 def plain_text_data(cfg: Config) -> bool:
-    """The training data is plain text (.txt files) and no label column is named: language-model data."""
+    """The training data is plain text (.txt files, a glob of them) or a folder of token shards from ``leantrain
+    prepare`` (its manifest.json), and no label column is named: language-model data."""
     train = cfg.data.train
-    return bool(train) and not cfg.data.label_column and str(train).lower().endswith(".txt")
+    if not train or cfg.data.label_column:
+        return False
+    return str(train).lower().endswith(".txt") or (Path(train) / "manifest.json").is_file()
 
 
 def resolve_task_reason(cfg: Config) -> tuple[str, str]:
