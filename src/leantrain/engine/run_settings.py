@@ -13,6 +13,7 @@ from pathlib import Path
 from leantrain.config import Config
 from leantrain.data.text_loader import open_rows
 from leantrain.errors import UserError
+from leantrain.modeling.tasks import get_task
 
 log = logging.getLogger("leantrain")
 
@@ -24,6 +25,8 @@ def run_settings(cfg: Config, task: str, columns: dict) -> dict:
     """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}}."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
+    if get_task(task).modality == "tokens":  # a language model's eval cuts the text into the run's blocks
+        data["block_size"] = cfg.data.block_size
     return {"task": task, "data": data}
 
 
@@ -53,7 +56,7 @@ def with_run_settings(model_dir: str | Path, cfg: Config, input_path: str | None
     available = _columns_of(input_path, cfg)
     taken = {}
     for key, value in (stored.get("data") or {}).items():
-        if key in given or value is None or key not in COLUMN_KEYS + ("max_length",):
+        if key in given or value is None or key not in COLUMN_KEYS + ("max_length", "block_size"):
             continue
         if key in COLUMN_KEYS and (available is None or value not in available):
             continue
