@@ -22,10 +22,24 @@ def predict_logits(model: nn.Module, loader: DataLoader, accelerator: Accelerato
     model.eval()
     try:
         for batch in loader:
+            logits = model(**model_inputs(batch)).logits.float()
             labels = batch.get("labels")
-            with labels_for_loss(model, labels):  # chunked loss (causal LMs): per-token losses, not [B, T, V] logits
-                logits = model(**model_inputs(batch)).logits.float()
             yield accelerator.gather_for_metrics((logits, labels) if labels is not None else (logits,))
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def eval_outputs(model: nn.Module, loader: DataLoader, accelerator: Accelerator, task: Task):
+    """Yield what the task gathers of each eval batch (``Task.eval_outputs``: logits and labels by default), from
+    every process's shard, duplicates dropped."""
+    was_training = model.training
+    model.eval()
+    try:
+        for batch in loader:
+            with labels_for_loss(model, batch.get("labels")):  # chunked loss (causal LMs): per-token losses, no logits
+                outputs = model(**model_inputs(batch))
+            yield accelerator.gather_for_metrics(task.eval_outputs(outputs, batch))
     finally:
         model.train(was_training)
 
@@ -33,8 +47,8 @@ def predict_logits(model: nn.Module, loader: DataLoader, accelerator: Accelerato
 def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, num_labels: int, task: Task,
              label_names: list[str] | None = None) -> dict:
     values: dict[str, list[torch.Tensor]] = {}
-    for logits, y in predict_logits(model, loader, accelerator):
-        for key, value in task.eval_batch(logits, y).items():
+    for gathered in eval_outputs(model, loader, accelerator, task):
+        for key, value in task.eval_batch(*gathered).items():
             values.setdefault(key, []).append(value.cpu())
     if not values:
         return {}

@@ -2,9 +2,8 @@
 
     flops_per_token = 6 * N + 12 * L * h * s
 
-N: non-embedding parameters (each weight does a multiply-add forward, 2 FLOPs, and twice that backward: 6),
-including a causal LM's output layer (``matmul_parameters``: its logits are a matmul per token even when its weight is
-tied to the input embeddings);
+N: non-embedding parameters, plus a language model's output layer when it is tied to the input embedding
+(``leantrain.modeling.flop_parameters``; each weight does a multiply-add forward, 2 FLOPs, and twice that backward: 6);
 L * h * s: the attention scores and the weighted sum (QK^T and AV: 2 matmuls of h x s per token and layer, 2 FLOPs
 each, x3 for forward + backward = 12), s the mean non-padding sequence length of the training data (a causal LM's
 block length; as in PaLM and nanoGPT the causal mask's skipped half is not subtracted). This is the
@@ -12,6 +11,10 @@ block length; as in PaLM and nanoGPT the causal mask's skipped half is not subtr
 are not counted, so both show as a lower MFU, as they should.
 
     MFU = flops_per_token * tokens/s (non-padding, all processes) / (peak FLOP/s per device * processes)
+
+For a causal LM (``model.task=causal-lm``) tokens/s counts target tokens, s is the block length, and the attention
+term is nanoGPT's ``estimate_mfu`` (12 * n_layer * n_head * head_dim * T); a block of T tokens has T-1 targets, so
+MFU is under by a factor (T-1)/T (0.2% at T=512).
 
 Peak FLOP/s: a table of dense (no sparsity) tensor-core figures for known GPUs by precision; on CPU a short matmul
 probe in the precision in use, cached per CPU model, thread count, dtype and torch version under
@@ -46,22 +49,6 @@ GPU_PEAK_FLOPS: dict[str, dict[str, float]] = {
 }
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def matmul_parameters(model, non_embedding_params: int) -> int:
-    """N of ``6 N``: the non-embedding parameters, plus an output layer tied to the input embeddings. A causal LM's
-    (or masked LM's) output layer is a matmul per token (its logits, ``2 V h`` FLOPs forward), but when it shares
-    its weight with the input embeddings (a lookup, no FLOPs) the parameter counts list it among the embeddings;
-    an untied output layer is a Linear, already among the non-embedding parameters. Models without an output
-    layer (classifiers) count the non-embedding parameters alone."""
-    get_out, get_in = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)
-    out = get_out() if callable(get_out) else None
-    weight = getattr(out, "weight", None)
-    if weight is None or not callable(get_in):
-        return non_embedding_params
-    emb = get_in()
-    tied = emb is not None and getattr(emb, "weight", None) is weight
-    return non_embedding_params + (weight.numel() if tied else 0)
 
 
 def flops_per_token(model_config, non_embedding_params: int, seq_len: float) -> float:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from leantrain.modeling.load import parameter_counts
-from leantrain.perf.flops import flops_per_token, matmul_parameters
+from leantrain.modeling.load import flop_parameters, parameter_counts
+from leantrain.perf.flops import flops_per_token
 
 
 def llama(tied: bool):
@@ -21,7 +21,7 @@ def test_causal_lm_flops_per_token_by_hand(tied):
     v, h, i, layers, head_dim, kv = 500, 64, 96, 3, 16, 2
     per_layer = h * h + 2 * h * (kv * head_dim) + h * h + 3 * h * i + 2 * h  # q, k+v, o, gate/up/down, 2 norms
     by_hand = layers * per_layer + h + v * h  # + final norm + the output layer (a matmul per token, tied or not)
-    n = matmul_parameters(model, parameter_counts(model)["non_embedding"])
+    n = flop_parameters(model, parameter_counts(model))
     assert n == by_hand
     assert flops_per_token(model.config, n, 256) == 6 * by_hand + 12 * layers * h * 256
 
@@ -32,4 +32,5 @@ def test_a_classifier_counts_its_non_embedding_parameters(tmp_path):
     from tests.helpers import make_tiny_bert
 
     bert = AutoModelForSequenceClassification.from_pretrained(make_tiny_bert(tmp_path / "bert"))
-    assert matmul_parameters(bert, 1234) == 1234
+    counts = parameter_counts(bert)
+    assert flop_parameters(bert, counts) == counts["non_embedding"]
