@@ -154,6 +154,7 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
     if len(others) > 1:
         raise SourceError(f"{key}: several tabular sources ({', '.join(others[:3])}); give one (or .txt files)")
     if texts:
+        separator = unescape_separator(separator)
         if separator == "":
             raise SourceError("data.document_separator: an empty separator; unset it for one document per file")
         stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in texts]
@@ -174,6 +175,13 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
         content = [others[0], getattr(ds, "_fingerprint", None)]
     fp = _sha({"kind": "table", "source": content, "split": part.split, "column": column})
     return TokenSource(key, specs, "table", dataset=ds, text_column=column, fingerprint=fp)
+
+
+def unescape_separator(separator: str | None) -> str | None:
+    """``\\n``, ``\\t``, ``\\r`` written on a command line (data.document_separator='\\n\\n') mean the characters."""
+    if separator is None or "\\" not in separator:
+        return separator
+    return separator.replace("\\n", "\n").replace("\\t", "\t").replace("\\r", "\r")
 
 
 def _text_column(ds, wanted: str | None, where: str) -> str:  # noqa: ANN001
