@@ -111,6 +111,46 @@ def make_tiny_bert(folder: Path, *, dropout: float = 0.0, layers: int = 2, hidde
     return folder
 
 
+TINY_LM_WORDS = ("the a one two three red blue green cat dog bird fish tree house river king queen man woman child "
+                 "runs sees eats likes finds makes walks sings and or but not with on in to of is was "
+                 "hello world once upon time there lived who what where when why how yes no good bad big small "
+                 "user assistant system").split()
+
+
+def make_tiny_lm_tokenizer(folder: Path) -> Path:
+    """A word-level tokenizer (~90 tokens: the words above, punctuation, [UNK], <|endoftext|> as BOS/EOS, no pad
+    token, like GPT-2's) saved as a PreTrainedTokenizerFast folder; no chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[UNK]", "<|endoftext|>"]
+    vocab = {w: i for i, w in enumerate(specials + list(TINY_LM_WORDS) + list(".,!?:;'\"<>|/-"))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>")
+    fast.save_pretrained(folder)
+    return folder
+
+
+def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32) -> Path:
+    """A 2-layer, hidden-32 Llama for causal LM with random weights (seed 0) and the tokenizer of
+    ``tokenizer_folder`` (e.g. make_tiny_lm_tokenizer), saved together as a pretrained folder."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_folder)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         tie_word_embeddings=True)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
 # Tiny image / audio models built from a config (no download): key=value overrides for `leantrain train`.
 TINY_VIT = ["model.config_type=vit", "model.config_overrides.image_size=32", "model.config_overrides.patch_size=8",
             "model.config_overrides.hidden_size=16", "model.config_overrides.num_hidden_layers=1",
