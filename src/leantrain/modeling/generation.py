@@ -100,7 +100,7 @@ def continuations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: i
             for start in range(0, len(texts), batch_size):
                 # a template writes its own special tokens (BOS); plain prompts get the tokenizer's
                 enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
-                                add_special_tokens=not templated).to(device)
+                                add_special_tokens=not templated, return_token_type_ids=False).to(device)
                 ids = model.generate(**enc, generation_config=config)
                 out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         return out
