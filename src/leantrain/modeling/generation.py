@@ -81,6 +81,9 @@ def continuations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: i
     """The new text the model writes after each prompt (see the module docstring), in the prompts' order."""
     _check(max_new_tokens, temperature, top_p)
     texts, templated = prompt_texts(tokenizer, prompts, chat)
+    if tokenizer.pad_token is None and tokenizer.eos_token is None and len(texts) > 1:
+        raise UserError("the tokenizer has neither a pad token nor an EOS token, so several prompts cannot be "
+                        "padded into one batch; give one prompt at a time")
     model = getattr(model, "module", model)  # DDP: generate on the wrapped model (the same weights)
     device = next(model.parameters()).device
     config = _generation_config(model, tokenizer, max_new_tokens, temperature, top_p)
