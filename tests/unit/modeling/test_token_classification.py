@@ -256,3 +256,14 @@ def test_jsonl_tokens_auto_detected_train_predict_eval_pipeline(tmp_path, tiny_b
     pipe = pipeline("token-classification", model=str(out / "model"), aggregation_strategy="simple")
     got = pipe("Anna Smith went to Paris")
     assert all(g["entity_group"] in ("PER", "LOC") for g in got)
+
+
+def test_plan_calibrates_a_token_classifier(tiny_bert):
+    """``leantrain plan``'s calibration passes take per-token logits (batch, length, labels)."""
+    from transformers import AutoModelForTokenClassification
+
+    from leantrain.perf import memory_model
+
+    model = AutoModelForTokenClassification.from_pretrained(tiny_bert, num_labels=5)
+    cal = memory_model.calibrate(model, 8, "fp32", False, 1, timing=False)
+    assert cal is not None
