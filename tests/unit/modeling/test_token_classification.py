@@ -233,7 +233,7 @@ def test_jsonl_tokens_auto_detected_train_predict_eval_pipeline(tmp_path, tiny_b
     summary = train(None, args(tiny_bert, data, out, "checkpoint.best_metric=eval.entity_f1"))
     ev = summary["eval"]
     assert {"entity_f1", "entity_precision", "entity_recall", "token_accuracy", "loss"} <= set(ev)
-    assert ev["samples"] == 12
+    assert ev["samples"] == 12 and set(ev["f1_per_entity"]) <= {"PER", "LOC"}
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["id2label"] == {str(i): n for i, n in enumerate(["O", "B-LOC", "B-PER", "I-LOC", "I-PER"])}
     assert config["architectures"] == ["BertForTokenClassification"]
