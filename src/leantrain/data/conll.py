@@ -32,6 +32,20 @@ def is_conll_path(spec: str | None) -> bool:
     return path.is_file() and path.suffix.lower() not in FORMATS
 
 
+def looks_like_conll(spec: str | None) -> bool:
+    """``is_conll_path`` and its first lines are CoNLL columns (UTF-8 text, two or more fields): what
+    ``model.task=auto`` takes for token classification (anything else keeps the usual unsupported-type message)."""
+    if not is_conll_path(spec):
+        return False
+    try:
+        with open(Path(spec).expanduser(), encoding="utf-8-sig") as f:
+            lines = [ln.split() for _, ln in zip(range(50), f)]
+    except (UnicodeDecodeError, OSError):
+        return False
+    fields = [ln for ln in lines if ln and ln[0] != "-DOCSTART-"]
+    return bool(fields) and all(len(ln) >= 2 for ln in fields)
+
+
 def read_conll(path: Path, key: str | None) -> Source:
     """The sentences of a CoNLL column file as a Source (rows: tokens, ner_tags; lines: each sentence's first)."""
     where = f"{key}: {path.name}" if key else path.name
@@ -53,8 +67,9 @@ def read_conll(path: Path, key: str | None) -> Source:
                     words, current = [], []
                     continue
                 if len(fields) < 2:
-                    raise SourceError(f"{where} line {n}: one column ({line.strip()!r}); a CoNLL line holds the word "
-                                      "first and its tag last, separated by whitespace")
+                    raise SourceError(f"{where} line {n}: one column ({line.strip()!r}); read as a CoNLL file (its "
+                                      "extension is not .csv .tsv .json .jsonl .parquet), whose lines hold the "
+                                      "word first and its tag last, separated by whitespace")
                 if not words:
                     start = n
                 words.append(fields[0])

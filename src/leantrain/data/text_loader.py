@@ -17,7 +17,7 @@ from leantrain.data import columns as cols_
 from leantrain.data.demo import demo_files
 from leantrain.data.labels import LabelMap, from_data, from_known, missing, nonzero, scan
 from leantrain.data.caches import using_cache_dir
-from leantrain.data.conll import is_conll_path, looks_like_tags
+from leantrain.data.conll import looks_like_conll, looks_like_tags
 from leantrain.data.label_sets import label_set_labels, looks_like_label_sets
 from leantrain.data.scores import looks_like_scores, score_labels
 from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
@@ -257,7 +257,7 @@ def label_kind(cfg: DataConfig) -> str:
     when they are numbers that are not all whole (regression), else ``classes``:
     what ``model.task=auto`` reads from the data."""
     train_spec = cfg.train if cfg.train is not None else str(demo_files()[0])
-    if is_conll_path(train_spec):
+    if looks_like_conll(train_spec):
         return "tags"
     train_part, _ = open_parts(cfg, train_spec, None, [])
     if looks_like_tags(train_part.ds, cfg.tokens_column, cfg.label_column):

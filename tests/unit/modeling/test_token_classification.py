@@ -179,6 +179,10 @@ def test_conll_file_read_with_lines_and_auto_detected(tmp_path, tiny_bert):
     assert data.train["tokens"] == [["EU", "rejects", "German"], ["Peter", "Blackburn"]]
     assert data.train["label"] == [[2, 0, 1], [3, 4]]
     assert run_task(resolve(None, [f"model.name={tiny_bert}", f"data.train={f}"])) == "token-classification"
+    notes = tmp_path / "notes.txt"  # not CoNLL columns: auto leaves it to the text loader's message
+    notes.write_text("hello\n")
+    with pytest.raises(DataError, match="unsupported file type"):
+        run_task(resolve(None, [f"model.name={tiny_bert}", f"data.train={notes}"]))
     bad = tmp_path / "bad.conll"
     bad.write_text(CONLL + "\nParis NNP B-NP B-LOC\n")  # a tag the training data lacks, on line 10
     with pytest.raises(DataError) as e:
