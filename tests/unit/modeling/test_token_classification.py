@@ -271,3 +271,20 @@ def test_plan_calibrates_a_token_classifier(tiny_bert):
     model = AutoModelForTokenClassification.from_pretrained(tiny_bert, num_labels=5)
     cal = memory_model.calibrate(model, 8, "fp32", False, 1, timing=False)
     assert cal is not None
+
+
+def test_classlabel_tag_ids_bring_their_names(tmp_path):
+    """A datasets folder whose tags are a sequence of ClassLabel ids (like the Hub's conll2003) needs no
+    data.label_names."""
+    import datasets
+
+    from leantrain.data.token_loader import load_and_validate
+
+    names = ["O", "B-PER", "I-PER"]
+    features = datasets.Features({"tokens": datasets.List(datasets.Value("string")),
+                                  "ner_tags": datasets.List(datasets.ClassLabel(names=names))})
+    ds = datasets.Dataset.from_dict({"tokens": [["Anna", "Smith", "ran"]] * 4, "ner_tags": [[1, 2, 0]] * 4},
+                                    features=features)
+    ds.save_to_disk(str(tmp_path / "ds"))
+    data = load_and_validate(DataConfig(train=str(tmp_path / "ds")), seed=0, batch_size=2)
+    assert data.label_names == names and data.train["label"][0] == [1, 2, 0]
