@@ -70,5 +70,5 @@ register_spec(TaskSpec(TEXT_REGRESSION, "text", "regression", REGRESSION_METRICS
                        lower_is_better=("mse", "mae", "loss"), pipeline="text-classification", labels="scores"))
 register_spec(TaskSpec(MULTI_LABEL, "text", "multi_label_classification", MULTI_LABEL_METRICS,
                        pipeline="text-classification", labels="label_sets"))
-register_spec(TaskSpec(TOKEN_CLASSIFICATION, "tokens", "token_classification", TOKEN_CLASSIFICATION_METRICS,
+register_spec(TaskSpec(TOKEN_CLASSIFICATION, "tagged", "token_classification", TOKEN_CLASSIFICATION_METRICS,
                        pipeline="token-classification", labels="tags"))

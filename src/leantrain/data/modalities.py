@@ -1,4 +1,4 @@
-"""One data side per modality (text, image, audio; tokens: words with a tag each, token classification): load +
+"""One data side per modality (text, image, audio; tagged: words with a tag each, token classification): load +
 validate, process with the model's processor, collate.
 The engine picks one through the task's modality (``leantrain.modeling.tasks``: ``Task.modality``, and
 ``Task.data_side`` may adapt it) and stays free of task and modality branches."""
@@ -39,7 +39,7 @@ MODALITIES = {
                      text_loader.label_kind),
     **{m.KIND.role: Modality(m.KIND.role, m.load_and_validate, m.load_rows, m.process, m.collator, False)
        for m in (image, audio)},
-    "tokens": Modality("tokens", token_loader.load_and_validate, token_loader.load_rows, token_loader.process,
+    "tagged": Modality("tagged", token_loader.load_and_validate, token_loader.load_rows, token_loader.process,
                        token_loader.collator, True, lambda cfg: "tags"),
 }
 
