@@ -105,6 +105,14 @@ class DataConfig(Section):
         None, description="multi-label: labels given as one string per row, split at this separator (e.g. ','); "
         "unset = labels are lists (JSON/JSONL)"
     )
+    tokens_column: str | None = Field(
+        None, description="token classification: the column of word lists; auto: tokens, words (the tags: "
+        "data.label_column, auto: ner_tags, tags, labels)"
+    )
+    label_all_tokens: bool = Field(
+        False, description="token classification: every sub-token of a word carries the word's tag in the loss; "
+        "false = the first sub-token only (the rest are ignored)"
+    )
     max_length: int = Field(128, gt=0, description="tokens per example; longer inputs are truncated")
     standardize_targets: bool = Field(
         False, description="regression: train on (score - mean) / std, mean and std of the training split; stored "
@@ -387,6 +395,10 @@ class EvalConfig(Section):
     threshold: float = Field(
         0.5, gt=0, lt=1, description="multi-label: a label is predicted when its sigmoid score is above this "
         "(eval.f1_micro, eval.f1_macro, eval.subset_accuracy and the labels leantrain predict writes)"
+    )
+    tag_scheme: Literal["auto", "IOB1", "IOB2", "IOE1", "IOE2", "IOBES", "BILOU"] = Field(
+        "auto", description="token classification: the tagging scheme of the entity metrics (strict span "
+        "matching); auto: BILOU or IOBES from the tag names, IOB1 when a gold entity starts with I-, else IOB2"
     )
 
 

@@ -84,7 +84,8 @@ def load_processor(cfg: ModelConfig, task: str):
         raise _load_error(name, e) from None
 
 
-_CLASSIFIERS = ("ForSequenceClassification", "ForImageClassification", "ForAudioClassification")
+_CLASSIFIERS = ("ForSequenceClassification", "ForImageClassification", "ForAudioClassification",
+                "ForTokenClassification")
 _DEFAULT_LABEL = re.compile(r"^LABEL_\d+$")
 
 

@@ -125,7 +125,9 @@ def _pass(model, m: int, seq_len: int, autocast, memory_too: bool = True) -> tup
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         with hooks, autocast():
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").backward()
+        flat = logits.float().reshape(-1, logits.shape[-1])  # per-token logits (m, seq_len, labels): one row each
+        labels = labels if flat.shape[0] == m else torch.zeros(flat.shape[0], dtype=torch.long, device=device)
+        torch.nn.functional.cross_entropy(flat, labels, reduction="sum").backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0

@@ -123,6 +123,18 @@ class Task:
         """One record per row (``leantrain predict``): e.g. {"label": ..., "score": ...}."""
         raise NotImplementedError
 
+    def row_predictions(self, logits, label_names: list[str], rows, processed) -> list[dict]:
+        """``predictions`` for the canonical ``rows`` and their ``processed`` form, in row order (what a task
+        that predicts per word needs: token classification); ``predictions(logits)`` by default."""
+        return self.predictions(logits, label_names)
+
+    def row_labels(self, rows, processed):
+        """The labels of labelled ``rows`` (``leantrain eval``), as ``eval_batch`` takes them with the logits of
+        the ``processed`` rows; the canonical ``label`` column by default."""
+        import torch  # lazy: heavy
+
+        return torch.as_tensor(np.asarray(rows["label"]))
+
     def headline(self, ev: dict) -> str:
         """The eval result in one line, as ``leantrain train`` prints it at the end."""
         return "eval " + "  ".join(f"{k}: {ev[k]:.4f}" for k in self.spec.metrics if k in ev)
@@ -169,7 +181,8 @@ def task_for_labels(task: str, kind: str) -> str:
     if here.spec.labels == kind:
         return task
     found = [t.name for t in TASKS.values() if t.modality == here.modality and t.spec.labels == kind]
-    return found[0] if found else task
+    found = found or [t.name for t in TASKS.values() if t.processor == here.processor and t.spec.labels == kind]
+    return found[0] if found else task  # words with tags (a data side of their own) make a text task NER
 
 
 def task_of_config(config) -> str | None:
@@ -180,6 +193,9 @@ def task_of_config(config) -> str | None:
 
     kind = getattr(config, "model_type", None)
     found = [t for t in TASKS.values() if t.model_mapping and kind in getattr(modeling_auto, t.model_mapping, {})]
+    archs = getattr(config, "architectures", None) or []
+    saved_as = [t for t in found if any(a.endswith(t.auto_model.removeprefix("AutoModel")) for a in archs)]
+    found = saved_as or found  # a saved BertForTokenClassification is a token classifier, not a text one
     if len(found) > 1:
         found = ([t for t in found if t.spec.problem_type == getattr(config, "problem_type", None)]
                  or [t for t in found if t.default_for])
