@@ -327,6 +327,11 @@ class EfficiencyConfig(Section):
         "auto", description="fast: nn.Dropout masks drawn 4 elements per random word, p rounded to 1/65536 "
         "(about half the cost of torch's on CPU); auto: fast on CPU, torch on GPUs"
     )
+    chunked_loss: Literal["auto"] | bool = Field(
+        "auto", description="causal LMs: the loss computed against the output layer a chunk of tokens at a time, so "
+        "the fp32 tokens x vocab logits never exist (same loss and gradients, one more output-layer matmul); auto: "
+        "on for a vocabulary of 8192 or more; true on a model that post-processes its logits fails (exit 2)"
+    )
     cpu_allocator: Literal["auto", "reuse", "system"] = Field(
         "auto", description="reuse: freed host memory stays in the process for the next step instead of being "
         "unmapped and page-faulted in again (glibc), and the previous settings are restored at the end; system: "

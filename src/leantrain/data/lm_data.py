@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from leantrain.config import DataConfig
 from leantrain.data.blocks import Blocks
+from leantrain.data.caches import using_cache_dir
 from leantrain.data.lm_collate import LMCollator, pad_id_of
 from leantrain.data.sources import SourceError
 from leantrain.data.text_loader import PreparedData, data_error
@@ -81,7 +82,8 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = False, known
 def process(split: LMSplit, tokenizer, cfg: DataConfig, desc: str = "Tokenizing") -> Blocks:  # noqa: ANN001
     """Token shards of the split's source (prepared, or reused from the cache), cut into blocks."""
     try:
-        shards = prepared_shards(split.source, tokenizer, num_proc=cfg.num_proc, desc=desc)
+        with using_cache_dir(cfg.cache_dir):
+            shards = prepared_shards(split.source, tokenizer, num_proc=cfg.num_proc, desc=desc)
     except SourceError as e:
         raise data_error([str(e)]) from None
     blocks = Blocks(shards, cfg.block_size, document_mask=cfg.document_mask)

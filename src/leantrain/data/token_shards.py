@@ -154,6 +154,7 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
     if len(others) > 1:
         raise SourceError(f"{key}: several tabular sources ({', '.join(others[:3])}); give one (or .txt files)")
     if texts:
+        separator = unescape_separator(separator)
         if separator == "":
             raise SourceError("data.document_separator: an empty separator; unset it for one document per file")
         stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in texts]
@@ -174,6 +175,13 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
         content = [others[0], getattr(ds, "_fingerprint", None)]
     fp = _sha({"kind": "table", "source": content, "split": part.split, "column": column})
     return TokenSource(key, specs, "table", dataset=ds, text_column=column, fingerprint=fp)
+
+
+def unescape_separator(separator: str | None) -> str | None:
+    """``\\n``, ``\\t``, ``\\r`` written on a command line (data.document_separator='\\n\\n') mean the characters."""
+    if separator is None or "\\" not in separator:
+        return separator
+    return separator.replace("\\n", "\n").replace("\\t", "\t").replace("\\r", "\r")
 
 
 def _text_column(ds, wanted: str | None, where: str) -> str:  # noqa: ANN001
@@ -231,15 +239,28 @@ def token_dtype(vocab_size: int) -> np.dtype:
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer) -> None:  # noqa: ANN001
+def _init_worker(tokenizer, framing: dict, dtype: str) -> None:  # noqa: ANN001
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _WORKER["tokenizer"] = tokenizer
+    _WORKER.update(tokenizer=tokenizer, framing=framing, dtype=dtype)
 
 
-def _encode(texts: list[str], tokenizer=None) -> list[np.ndarray]:  # noqa: ANN001
-    tok = tokenizer if tokenizer is not None else _WORKER["tokenizer"]
-    ids = tok(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-    return [np.asarray(x, dtype=np.int64) for x in ids]
+def encode_documents(texts: list[str], tokenizer, framing: dict, dtype) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    """A batch of documents -> (their tokens back to back, each framed by [BOS] ... EOS, as ``dtype``; the length
+    of each). One flat array per batch: little to pass between processes and nothing per document to collect."""
+    ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    lead = [] if framing["bos"] is None else [framing["bos"]]
+    end = [framing["eos"]]
+    lengths = np.fromiter((len(x) + len(lead) + 1 for x in ids), dtype=np.int64, count=len(ids))
+    flat: list[int] = []
+    for x in ids:
+        flat += lead
+        flat += x
+        flat += end
+    return np.array(flat, dtype=dtype), lengths
+
+
+def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    return encode_documents(texts, _WORKER["tokenizer"], _WORKER["framing"], _WORKER["dtype"])
 
 
 def _batches(docs: Iterable[str], skipped: list[int]) -> Iterator[list[str]]:
@@ -258,18 +279,19 @@ def _batches(docs: Iterable[str], skipped: list[int]) -> Iterator[list[str]]:
         yield batch
 
 
-def _encoded(batches: Iterator[list[str]], tokenizer, num_proc: int) -> Iterator[list[np.ndarray]]:  # noqa: ANN001
+def _encoded(batches: Iterator[list[str]], tokenizer, framing: dict, dtype: str,  # noqa: ANN001
+             num_proc: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Encoded batches in input order; with num_proc > 1 a process pool with at most 2 x num_proc batches in flight
     (bounded memory: the input is read no faster than it is tokenised)."""
     if num_proc <= 1:
         for batch in batches:
-            yield _encode(batch, tokenizer)
+            yield encode_documents(batch, tokenizer, framing, dtype)
         return
     with ProcessPoolExecutor(num_proc, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(tokenizer,)) as pool:
+                             initargs=(tokenizer, framing, dtype)) as pool:
         window: deque = deque()
         for batch in batches:
-            window.append(pool.submit(_encode, batch))
+            window.append(pool.submit(_encode_in_worker, batch))
             if len(window) >= 2 * num_proc:
                 yield window.popleft().result()
         while window:
@@ -309,13 +331,13 @@ class _Writer:
         self._index.write(data)
         self._index_hash.update(data)
 
-    def add(self, docs: list[np.ndarray]) -> None:
-        if not docs:
+    def add(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Documents given back to back (``flat``, already this writer's dtype) with their ``lengths``."""
+        if not len(lengths):
             return
-        lengths = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
         self._write_index(self.tokens + np.concatenate([[0], np.cumsum(lengths)[:-1]]))
         self.lengths.add(lengths)
-        flat = np.concatenate(docs).astype(self.dtype.newbyteorder("<"), copy=False)
+        flat = np.asarray(flat, dtype=self.dtype.newbyteorder("<"))
         while len(flat):
             if self._file is None or self._in_shard >= self.shard_tokens:
                 self._close_shard()
@@ -327,7 +349,7 @@ class _Writer:
             self._in_shard += len(take)
             flat = flat[len(take):]
         self.tokens += int(lengths.sum())
-        self.documents += len(docs)
+        self.documents += len(lengths)
 
     def close(self) -> dict:
         self._close_shard()
@@ -475,13 +497,11 @@ def write_shards(source: TokenSource, tokenizer, folder: Path, *, num_proc: int 
     writer = _Writer(folder, dtype, shard_tokens)
     skipped = [0]
     start = time.perf_counter()
-    head = np.array([framing["bos"]], dtype=np.int64) if framing["bos"] is not None else np.zeros(0, np.int64)
-    tail = np.array([framing["eos"]], dtype=np.int64)
     bar = _progress(desc, source)
     try:
-        for encoded in _encoded(_batches(source.documents(), skipped), tokenizer, procs):
-            writer.add([np.concatenate([head, ids, tail]) for ids in encoded])
-            bar.update(sum(len(ids) for ids in encoded) + len(encoded) * (1 + len(head)))
+        for flat, lengths in _encoded(_batches(source.documents(), skipped), tokenizer, framing, dtype.str, procs):
+            writer.add(flat, lengths)
+            bar.update(len(flat))
     finally:
         bar.close()
     files = writer.close()
