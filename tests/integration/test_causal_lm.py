@@ -175,3 +175,18 @@ def test_tiny_shakespeare_perplexity_far_below_uniform(tmp_path):
     ppl = summary["eval"]["perplexity"]
     assert ppl < vocab / 4, ppl
     assert summary["model"]["class"] == "LlamaForCausalLM"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp_two_processes_with_sample_prompts(lm):
+    """Under FSDP every rank joins the generation (each forward gathers the sharded weights), and training goes on
+    after it (no inference tensors left in FSDP's gathered parameters); rank 0 writes each samples record once."""
+    root, path, _ = lm
+    out = root / "fsdp"
+    r = run([str(BIN / "leantrain"), "train", str(path), "--nproc", "2", "distributed.strategy=fsdp",
+             "train.max_steps=2", "train.eval_every_steps=1", f"output_dir={out}"], timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    samples = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "samples"]
+    assert samples == [0, 1, 2]
+    assert json.loads((out / "summary.json").read_text())["distributed"]["strategy"] == "fsdp"
