@@ -166,3 +166,31 @@ def test_parallel_preparation_writes_the_same_shards(tmp_path, tok):
     assert len(two["shards"]) > 1
     assert stream(TokenShards.open(tmp_path / "one")) == stream(TokenShards.open(tmp_path / "two"))
     assert one["index"]["sha256"] == two["index"]["sha256"] and one["tokens"] == two["tokens"]
+
+
+def test_lm_data_side_checks_before_the_model_and_names_the_file(tmp_path, tok):
+    from leantrain.config import resolve
+    from leantrain.data import lm_data
+    from leantrain.errors import DataError
+
+    csv = write_rows(tmp_path / "d.csv", [{"title": "a", "body": "ba be"}, {"title": "b", "body": "bi bo"}])
+    cfg = resolve(None, [f"data.train={csv}", f"data.eval={tmp_path / 'missing.txt'}"])
+    with pytest.raises(DataError) as e:
+        lm_data.load_and_validate(cfg.data, seed=0, batch_size=2)
+    assert "data.train" in str(e.value.problems) and "data.text_column" in str(e.value.problems)
+    assert "data.eval: file not found" in str(e.value.problems)  # every problem at once
+    with pytest.raises(DataError, match="needs training text"):
+        lm_data.load_and_validate(resolve(None, []).data, seed=0, batch_size=2)
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("ba be\n".encode() * 10 + "caf\xe9".encode("latin-1"))
+    cfg = resolve(None, [f"data.train={bad}", f"data.cache_dir={tmp_path / 'cache'}", "data.block_size=4"])
+    split = lm_data.load_and_validate(cfg.data, seed=0, batch_size=2).train
+    with pytest.raises(DataError) as e:
+        lm_data.process(split, tok, cfg.data)
+    assert "latin1.txt: not UTF-8" in str(e.value.problems)
+    assert not list((tmp_path / "cache").rglob("manifest.json"))  # nothing half-prepared is left as ready
+    short = tmp_path / "short.txt"
+    short.write_text("ba be bi")
+    cfg = resolve(None, [f"data.train={short}", f"data.cache_dir={tmp_path / 'cache'}", "data.block_size=8"])
+    with pytest.raises(DataError, match="4 tokens make 0 block"):
+        lm_data.process(lm_data.load_and_validate(cfg.data, seed=0, batch_size=2).train, tok, cfg.data)
