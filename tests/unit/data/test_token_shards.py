@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -194,3 +195,78 @@ def test_lm_data_side_checks_before_the_model_and_names_the_file(tmp_path, tok):
     cfg = resolve(None, [f"data.train={short}", f"data.cache_dir={tmp_path / 'cache'}", "data.block_size=8"])
     with pytest.raises(DataError, match="4 tokens make 0 block"):
         lm_data.process(lm_data.load_and_validate(cfg.data, seed=0, batch_size=2).train, tok, cfg.data)
+
+
+def _prepare_in_child(corpus: str, tok_folder: str, cache: str, queue) -> None:  # noqa: ANN001
+    from leantrain.data.caches import using_cache_dir as using
+
+    tokenizer = AutoTokenizer.from_pretrained(tok_folder)
+    with using(cache):
+        shards = prepared_shards(open_token_source(corpus, "data.train", separator="\n"), tokenizer)
+        queue.put((str(shards.folder), shards.read(0, shards.n_tokens).tolist()))
+
+
+def test_two_processes_preparing_at_once_end_with_one_folder(tmp_path, tok):
+    """Without main_process_first (two runs started together): each prepares into its own temporary folder and
+    renames it into place; the loser keeps the winner's folder. Both read the same shards; nothing is left over."""
+    import multiprocessing as mp
+
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(400)))
+    ctx = mp.get_context("fork")  # fast to start; each child loads its own tokenizer
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_prepare_in_child, args=(str(path), tok.name_or_path, str(tmp_path / "cache"), queue))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert results[0] == results[1]
+    assert [p.name for p in (tmp_path / "cache" / "leantrain-token-shards").iterdir()] == [Path(results[0][0]).name]
+
+
+def _slow_prepare(corpus: str, tok_folder: str, cache: str) -> None:
+    import time
+
+    import leantrain.data.token_shards as ts
+    from leantrain.data.caches import using_cache_dir as using
+
+    encode = ts.encode_documents
+    ts.BATCH_DOCS = 5
+
+    def slow(*args, **kwargs):  # noqa: ANN002, ANN003
+        time.sleep(0.05)
+        return encode(*args, **kwargs)
+
+    ts.encode_documents = slow
+    with using(cache):
+        ts.prepared_shards(open_token_source(corpus, "data.train", separator="\n"),
+                           AutoTokenizer.from_pretrained(tok_folder))
+
+
+def test_a_killed_preparation_is_never_used(tmp_path, tok):
+    """SIGKILL a preparation half-way: its temporary folder is not the cache entry; the next run prepares again
+    (and removes the dead process's folder)."""
+    import multiprocessing as mp
+    import signal
+    import time
+
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(2000)))
+    root = tmp_path / "cache" / "leantrain-token-shards"
+    child = mp.get_context("fork").Process(target=_slow_prepare, args=(str(path), tok.name_or_path, str(tmp_path / "cache")))
+    child.start()
+    deadline = time.monotonic() + 120
+    while not any(p.stat().st_size > 0 for p in root.glob("*.tmp-*/tokens-*.bin")):  # half-way: tokens written
+        assert time.monotonic() < deadline and child.is_alive(), "the preparation did not start writing"
+        time.sleep(0.02)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    tmp = next(root.glob("*.tmp-*"))
+    assert not (tmp / MANIFEST).exists() and [p for p in root.iterdir() if ".tmp-" not in p.name] == []
+    with using_cache_dir(tmp_path / "cache"):
+        shards = prepared_shards(open_token_source(str(path), "data.train", separator="\n"), tok)
+    assert shards.n_documents == 2000 and tok.decode(stream(shards)).count("<eos>") == 2000
+    assert sorted(p.name for p in root.iterdir()) == [shards.folder.name]  # the dead one's folder is gone
