@@ -487,6 +487,13 @@ def _sha(obj) -> str:  # noqa: ANN001
 # ----------------------------------------------------------------------------------------------- preparing
 
 
+def auto_num_proc(corpus_bytes: int) -> int:
+    """data.num_proc unset: one worker per CPU but one (the main process reads, writes and hashes), at most 8, for
+    corpora over 16 MB; else 1 (no pool: in-process, where a fast tokenizer still spreads a batch over threads)."""
+    workers = min(8, (os.cpu_count() or 1) - 1)
+    return workers if corpus_bytes > AUTO_PARALLEL_BYTES and workers >= 2 else 1
+
+
 def write_shards(source: TokenSource, tokenizer, folder: Path, *, num_proc: int | None = None,  # noqa: ANN001
                  desc: str = "Tokenizing", shard_tokens: int = SHARD_TOKENS) -> dict:
     """Tokenise ``source`` into ``folder`` (created; old shard files and manifest there are replaced), writing the
@@ -500,7 +507,7 @@ def write_shards(source: TokenSource, tokenizer, folder: Path, *, num_proc: int 
     (folder / MANIFEST).unlink(missing_ok=True)  # not ready from here on, until the new manifest lands
     for old in folder.glob("tokens-*.bin"):
         old.unlink()
-    procs = num_proc or (min(8, os.cpu_count() or 1) if source.size_bytes() > AUTO_PARALLEL_BYTES else 1)
+    procs = num_proc or auto_num_proc(source.size_bytes())
     dtype = token_dtype(len(tokenizer))
     writer = _Writer(folder, dtype, shard_tokens)
     skipped = [0]
