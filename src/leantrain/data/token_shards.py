@@ -114,8 +114,8 @@ def _file_documents(path: Path, separator: str | None, key: str = "data.train") 
                 yield from parts
             yield rest
     except UnicodeDecodeError as e:
-        raise SourceError(f"{key}: {path}: not UTF-8 text ({e.reason} at byte {e.start} of a {READ_CHARS:,}-character "
-                          "piece); convert it to UTF-8") from None
+        raise SourceError(f"{key}: {path}: not UTF-8 text ({e.reason}: byte {e.object[e.start:e.start + 1]!r}); "
+                          "convert it to UTF-8") from None
 
 
 def _is_glob(spec: str) -> bool:
