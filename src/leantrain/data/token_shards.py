@@ -417,6 +417,9 @@ class TokenShards:
         self._ends = np.cumsum([s["tokens"] for s in manifest["shards"]], dtype=np.int64)
         self.doc_starts = np.memmap(self.folder / manifest["index"]["file"], dtype="<i8", mode="r")
 
+    def __reduce__(self):  # DataLoader workers started by spawn: reopen the files there, never copy the tokens
+        return (type(self), (self.folder, self.manifest))
+
     @classmethod
     def open(cls, folder: str | os.PathLike, *, where: str | None = None) -> "TokenShards":
         """A ready prepared folder (its manifest present and consistent with the files); raises SourceError."""

@@ -97,6 +97,17 @@ def test_hold_out_select_and_fingerprint(corpus):
     assert view.column_names == ["input_ids", "length"] and set(view[[0]]) == {"input_ids", "length"}
 
 
+def test_blocks_travel_to_spawned_workers_without_their_tokens(corpus):
+    import pickle
+
+    _, shards = corpus
+    blocks = Blocks(shards, 16, document_mask=True).select([3, 1])
+    data = pickle.dumps(blocks)
+    assert shards.read(0, 32).astype("<u2").tobytes() not in data  # the memory maps are reopened, not copied
+    again = pickle.loads(data)
+    assert again[[0, 1]] == blocks[[0, 1]] and again.data_fingerprint() == blocks.data_fingerprint()
+
+
 def test_collator_pads_and_masks():
     collate = LMCollator(7)
     rows = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3], "loss_weight": 1.0},
