@@ -8,6 +8,7 @@ its tokenising workers (num_proc > 1). Variants are interleaved over rounds; the
 the ratio to the x1 / num_proc=1 baseline measured in the same run.
 
     PYTHONPATH=src python benchmarks/prepare_memory.py [--rounds 3] [--copies 20] [--workdir /tmp/prep-bench]
+        [--corpus ../shared/data/tinyshakespeare/input.txt]
 """
 
 from __future__ import annotations
@@ -78,11 +79,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--copies", type=int, default=20)
     ap.add_argument("--workdir", default="/tmp/prep-bench")
+    ap.add_argument("--corpus", default=str(SHARED), help="the text to copy (default: ../shared tiny-shakespeare)")
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     tok = gpt2_folder(work / "gpt2")
-    text = SHARED.read_text()
+    corpus_path = Path(args.corpus)
+    text = corpus_path.read_text()
     small, big = work / "x1.txt", work / f"x{args.copies}.txt"
     small.write_text(text)
     big.write_text("\n\n".join([text] * args.copies))
@@ -98,7 +101,7 @@ def main() -> None:
     base_growth = statistics.median([(x["peak_kb"] - x["base_kb"]) / 1024 for x in base])
     base_tps = statistics.median([x["tokens"] / x["seconds"] for x in base])
     print(f"\nmachine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, python "
-          f"{platform.python_version()}; corpus {SHARED.name} ({len(text):,} chars), rounds {args.rounds}\n")
+          f"{platform.python_version()}; corpus {corpus_path.name} ({len(text):,} chars), rounds {args.rounds}\n")
     base_cpu = statistics.median([x["tokens"] / x["cpu_seconds"] for x in base])
     print("| corpus, processes | tokens | documents | peak RSS before, MB | peak RSS after, MB | growth, MB "
           "| worker peak RSS, MB | tokens/s (wall) | tokens per CPU-second |")
