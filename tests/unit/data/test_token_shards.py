@@ -270,3 +270,18 @@ def test_a_killed_preparation_is_never_used(tmp_path, tok):
         shards = prepared_shards(open_token_source(str(path), "data.train", separator="\n"), tok)
     assert shards.n_documents == 2000 and tok.decode(stream(shards)).count("<eos>") == 2000
     assert sorted(p.name for p in root.iterdir()) == [shards.folder.name]  # the dead one's folder is gone
+
+
+def test_splits_of_a_dataset_folder(tmp_path):
+    import datasets
+
+    docs = lm_documents(6)
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs[:4], "n": list(range(4))}),
+                          "validation": datasets.Dataset.from_dict({"text": docs[4:], "n": [4, 5]})}
+                         ).save_to_disk(tmp_path / "ds")
+    spec = str(tmp_path / "ds")
+    assert list(open_token_source(spec, "data.train").documents()) == docs[:4]
+    assert list(open_token_source(spec, "data.eval", split=None, eval_split=True).documents()) == docs[4:]
+    assert list(open_token_source(spec, "data.eval", split="train", eval_split=True).documents()) == docs[:4]
+    with pytest.raises(SourceError, match="data.eval_split"):
+        open_token_source(spec, "data.eval", split="test", eval_split=True)
