@@ -154,8 +154,8 @@ class DataConfig(Section):
         "cross documents; a document's first token gets no target from the previous one"
     )
     num_proc: int | None = Field(
-        None, gt=0, description="causal LM: processes that tokenise the corpus into token shards; unset = up to 8 "
-        "(one per CPU) for corpora over 16 MB, else 1"
+        None, gt=0, description="causal LM: processes that tokenise the corpus into token shards; unset = one per "
+        "CPU but one, at most 8, for corpora over 16 MB, else 1 (in-process)"
     )
 
 

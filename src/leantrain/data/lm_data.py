@@ -48,7 +48,8 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
             continue
         try:
             sources[key] = open_token_source(spec, key, text_column=cfg.text_column, separator=cfg.document_separator,
-                                             split=cfg.train_split, quoting=cfg.quoting, eval_split=key == "data.eval")
+                                             split=cfg.eval_split if key == "data.eval" else cfg.train_split,
+                                             quoting=cfg.quoting, eval_split=key == "data.eval")
         except SourceError as e:
             problems.append(str(e))
     if problems:
@@ -73,7 +74,7 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = False, known
     """One source for ``leantrain eval``: all its blocks."""
     try:
         source = open_token_source(path, "data.eval", text_column=cfg.text_column, separator=cfg.document_separator,
-                                   quoting=cfg.quoting, eval_split=True)
+                                   split=cfg.eval_split, quoting=cfg.quoting, eval_split=True)
     except SourceError as e:
         raise data_error([str(e)]) from None
     return LMSplit(source, first=cfg.max_eval_samples, first_key="data.max_eval_samples"), []
