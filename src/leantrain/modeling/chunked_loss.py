@@ -39,7 +39,9 @@ from torch import nn
 from leantrain.errors import ConfigError
 
 IGNORE = -100
-CHUNK_ELEMENTS = 2**24  # one chunk's logits: about this many fp32 values (64 MiB), whatever the vocabulary
+# one chunk's logits: about this many fp32 values, whatever the vocabulary: 64 MiB on CPU; 256 MiB on GPUs, where
+# smaller chunks leave the matmuls too small to keep the GPU busy (measured on an H200: RESULTS.md)
+CHUNK_ELEMENTS = {"cpu": 2**24, "cuda": 2**26}
 AUTO_MIN_VOCAB = 8192  # efficiency.chunked_loss=auto: on from this vocabulary size (below it the logits are small)
 # Config fields that post-process the output layer's logits (a value other than these "off" values refuses).
 POSTPROCESSING = {"final_logit_softcapping": (None, 0, 0.0), "logit_scale": (None, 1, 1.0),
@@ -87,9 +89,10 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             keep = t != IGNORE
             g = torch.where(keep, grad_losses[s:s + chunk], 0.0)
             # d loss_i / d logits_i = softmax_i - onehot(t_i), times the incoming gradient of loss_i
-            dlogits = torch.exp(F.linear(h, w, b).float() - lse[s:s + chunk, None])
+            dlogits = F.linear(h, w, b).float()  # in place from here: one chunk-sized buffer
+            dlogits.sub_(lse[s:s + chunk, None]).exp_()
             dlogits[torch.arange(t.shape[0], device=t.device), t.clamp(min=0)] -= 1.0
-            dlogits *= g[:, None]
+            dlogits.mul_(g[:, None])
             if need_h:
                 grad_h[s:s + chunk] = (dlogits.to(dtype) @ w).to(hidden.dtype)
             if need_w:
@@ -200,22 +203,25 @@ def _probe(model: nn.Module, layer: nn.Module) -> str | None:
     return None
 
 
-def default_chunk_tokens(vocab: int) -> int:
-    """Tokens per chunk: a power of two near ``CHUNK_ELEMENTS / vocab`` (256 for GPT-2's 50k words, 2048 at 8k),
-    between 64 and 4096: one chunk's fp32 logits stay about 64 MiB."""
-    n = max(1, CHUNK_ELEMENTS // max(1, vocab))
+def default_chunk_tokens(vocab: int, device_type: str = "cpu") -> int:
+    """Tokens per chunk on a device: a power of two near ``CHUNK_ELEMENTS[device] / vocab``, between 64 and 4096
+    (GPT-2's 50k words: 256 on CPU, 1024 on a GPU; 8k words: 2048 and 4096)."""
+    n = max(1, CHUNK_ELEMENTS.get(device_type, CHUNK_ELEMENTS["cuda"]) // max(1, vocab))
     return int(min(4096, max(64, 2 ** (n.bit_length() - 1))))
+
+
+def chunk_tokens_of(layer: nn.Module, device_type: str) -> int:
+    """The chunk size of an installed layer on ``device_type`` (its own, or the device's default)."""
+    return getattr(layer, MARK) or default_chunk_tokens(layer.weight.shape[0], device_type)
 
 
 def install_chunked_loss(model: nn.Module, chunk_tokens: int | None = None) -> bool:
     """Patch the output layer's ``forward`` on the instance (see the module doc). False (and nothing changed) when
     the model cannot have it (:func:`why_not_chunked` says why); True when installed (or already installed).
-    ``chunk_tokens`` None: :func:`default_chunk_tokens` of the vocabulary."""
+    ``chunk_tokens`` None: :func:`default_chunk_tokens` of the vocabulary on the device the forward runs on."""
     layer = output_layer(model)
-    if layer is not None and chunk_tokens is None:
-        chunk_tokens = default_chunk_tokens(layer.weight.shape[0])
-    if layer is not None and getattr(layer, MARK, None):
-        setattr(layer, MARK, int(chunk_tokens))
+    if layer is not None and hasattr(layer, MARK):
+        setattr(layer, MARK, int(chunk_tokens or 0))
         return True
     if why_not_chunked(model) is not None:
         return False
@@ -225,10 +231,10 @@ def install_chunked_loss(model: nn.Module, chunk_tokens: int | None = None) -> b
         labels = getattr(self, "leantrain_loss_labels", None)
         if labels is None or hidden_states.dim() != 3 or hidden_states.shape[:2] != labels.shape:
             return plain(hidden_states, *args, **kwargs)
-        return chunked_token_losses(hidden_states, self, labels, getattr(self, MARK))
+        return chunked_token_losses(hidden_states, self, labels, chunk_tokens_of(self, hidden_states.device.type))
 
     layer.forward = types.MethodType(forward, layer)
-    setattr(layer, MARK, int(chunk_tokens))
+    setattr(layer, MARK, int(chunk_tokens or 0))  # 0: the device's default
     layer.leantrain_loss_labels = None
     return True
 
@@ -247,7 +253,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def chunked_layer(model: nn.Module) -> nn.Module | None:
     """The output layer with the chunked loss installed, or None (also through DDP/FSDP/compile wrappers)."""
     layer = output_layer(_unwrap(model))
-    return layer if layer is not None and getattr(layer, MARK, None) else None
+    return layer if layer is not None and hasattr(layer, MARK) else None
 
 
 def is_installed(model: nn.Module) -> bool:
@@ -304,7 +310,7 @@ def apply_chunked_loss(model: nn.Module, setting: bool | str) -> str | None:
             return f"chunked loss: off (auto: {why})"
         raise ConfigError(f"efficiency.chunked_loss=true: {why}; set efficiency.chunked_loss=false (or auto)")
     install_chunked_loss(model)
-    layer = chunked_layer(model)
-    return (f"chunked loss: on ({'auto' if setting == 'auto' else 'as configured'}: vocabulary "
-            f"{layer.weight.shape[0]}, {getattr(layer, MARK)} tokens per chunk; the fp32 tokens x vocab logits "
-            "never exist in training)")
+    vocab = chunked_layer(model).weight.shape[0]
+    return (f"chunked loss: on ({'auto' if setting == 'auto' else 'as configured'}: vocabulary {vocab}, chunks of "
+            f"{default_chunk_tokens(vocab, 'cpu')} tokens on CPU, {default_chunk_tokens(vocab, 'cuda')} on GPUs; the "
+            "fp32 tokens x vocab logits never exist in training)")

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from leantrain.modeling.chunked_loss import (MARK, chunked_layer, is_causal_lm, labels_for_loss, output_layer,
-                                             per_token_losses)
+from leantrain.modeling.chunked_loss import (chunk_tokens_of, chunked_layer, is_causal_lm, labels_for_loss,
+                                             output_layer, per_token_losses)
 from leantrain.modeling.switches import is_checkpointing, repeated_blocks, set_checkpointing
 from leantrain.optim import build_optimizer
 from leantrain.optim.state import state_tensors
@@ -305,8 +305,9 @@ def logit_facts(model) -> dict[str, int]:
     if not is_causal_lm(model) or output_layer(model) is None:
         return {}
     layer = chunked_layer(model)
+    device = output_layer(model).weight.device.type
     return {"vocab": int(output_layer(model).weight.shape[0]),
-            "chunk_tokens": int(getattr(layer, MARK)) if layer is not None else 0}
+            "chunk_tokens": chunk_tokens_of(layer, device) if layer is not None else 0}
 
 
 def logits_bytes(facts: ModelFacts, precision: str, tokens: int) -> int:

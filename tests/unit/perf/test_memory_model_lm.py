@@ -40,3 +40,19 @@ def test_logits_bytes_plain_and_chunked():
     facts.chunk_tokens = 256
     assert memory_model.logits_bytes(facts, "bf16", 4096) == 2 * 256 * 50257 * 4 + 8 * 4096
     assert memory_model.logits_bytes(memory_model.ModelFacts(0, 0, 0, 0, 0, 0), "fp32", 4096) == 0
+
+
+@pytest.mark.parametrize("chunked", ["false", "true"])
+def test_plan_of_a_causal_lm_shows_its_logits(tmp_path, chunked, capsys):
+    from leantrain.commands.plan import run_plan
+    from tests.helpers import TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer
+
+    tok = make_tiny_lm_tokenizer(tmp_path / "tok")
+    (tmp_path / "train.txt").write_text("\n\n".join(lm_documents(40, 0)))
+    plan = run_plan(None, [*TINY_LLAMA, "model.task=causal-lm", f"model.tokenizer={tok}",
+                           f"data.train={tmp_path / 'train.txt'}", "data.block_size=32", "train.batch_size=4",
+                           "efficiency.precision=fp32", f"efficiency.chunked_loss={chunked}",
+                           f"output_dir={tmp_path / 'out'}"], as_json=True, recommend=False)
+    lines = plan["lines"]
+    assert plan["seq_len"] == 32 and lines["logits"] > 0
+    assert lines["total"] == sum(v for k, v in lines.items() if k != "total")
