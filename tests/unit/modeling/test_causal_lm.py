@@ -180,3 +180,14 @@ def test_model_from_config_takes_the_tokenizers_vocabulary(tiny):
     smaller = resolve(None, [*TINY_LLAMA, f"model.tokenizer={tok}", "model.config_overrides.vocab_size=8"])
     with pytest.raises(ConfigError, match="smaller than the tokenizer's vocabulary"):
         build_model(smaller.model, [], "causal-lm")
+
+
+def test_block_size_within_the_models_position_limit(tiny):
+    from leantrain.engine.preflight import check_max_length
+
+    tok = tiny[0]
+    base = [*TINY_LLAMA, f"model.tokenizer={tok}", "model.task=causal-lm"]  # max_position_embeddings=256
+    with pytest.raises(ConfigError, match="data.block_size=300 is more than the model takes.*at most 256"):
+        check_max_length(resolve(None, [*base, "data.block_size=300"]))
+    assert check_max_length(resolve(None, base)).data.block_size == 256  # the default 512, lowered
+    assert check_max_length(resolve(None, [*base, "data.block_size=64"])).data.block_size == 64
