@@ -191,3 +191,15 @@ def test_block_size_within_the_models_position_limit(tiny):
         check_max_length(resolve(None, [*base, "data.block_size=300"]))
     assert check_max_length(resolve(None, base)).data.block_size == 256  # the default 512, lowered
     assert check_max_length(resolve(None, [*base, "data.block_size=64"])).data.block_size == 64
+
+
+def test_sample_prompts_are_for_language_models():
+    from leantrain.engine.samples import check_sample_prompts
+
+    cfg = resolve(None, ['report.sample_prompts=["Once upon a time"]'])
+    check_sample_prompts(cfg, "causal-lm")
+    with pytest.raises(ConfigError, match="report.sample_prompts is for language models") as e:
+        check_sample_prompts(cfg, "text-classification")
+    assert e.value.exit_code == 2
+    with pytest.raises(ConfigError, match=r"report.sample_prompts\[1\] is empty"):
+        check_sample_prompts(resolve(None, ['report.sample_prompts=["a", " "]']), "causal-lm")
