@@ -14,6 +14,9 @@ from leantrain.errors import DataError
 from tests.helpers import lm_documents, make_tiny_lm_tokenizer
 
 
+pytestmark = pytest.mark.usefixtures("own_datasets_cache")
+
+
 @pytest.fixture(scope="module")
 def tok_folder(tmp_path_factory):
     return make_tiny_lm_tokenizer(tmp_path_factory.mktemp("tok"))
