@@ -92,7 +92,7 @@ def process(split: LMSplit, tokenizer, cfg: DataConfig, desc: str = "Tokenizing"
     need = 2 if split.part != "all" else 1
     if len(blocks) < need:
         raise data_error([f"{where}: {shards.n_tokens:,} tokens make {len(blocks)} block(s) of data.block_size="
-                          f"{cfg.block_size}; {'a hold-out needs 2' if need == 2 else 'training needs 1'} (lower "
+                          f"{cfg.block_size}; {'a hold-out needs 2' if need == 2 else 'at least 1 is needed'} (lower "
                           "data.block_size or give more text)"])
     if split.part != "eval":
         log.info("%s: %s tokens in %s documents -> %s blocks of %d tokens%s", where, f"{shards.n_tokens:,}",

@@ -146,6 +146,9 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
                 raise SourceError(f"{key}: {spec} is a prepared folder; give it alone")
             shards = TokenShards.open(path, where=f"{key}: {spec}")
             return TokenSource(key, specs, "prepared", folder=path, fingerprint=shards.manifest["source"]["fingerprint"])
+        elif path.is_dir() and ((path / INDEX).exists() or any(path.glob("tokens-*.bin"))):
+            raise SourceError(f"{key}: {spec} holds token shards but no {MANIFEST}: a preparation that did not "
+                              "finish (killed?); run leantrain prepare again")
         elif path.is_dir() and sorted(path.glob("*.txt")):
             texts += sorted(path.glob("*.txt"))
         elif path.suffix.lower() in TEXT_SUFFIXES:

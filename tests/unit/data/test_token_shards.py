@@ -18,6 +18,15 @@ from leantrain.data.token_shards import (MANIFEST, TokenShards, cache_root, open
 from tests.helpers import lm_documents, make_tiny_lm_tokenizer, write_rows
 
 
+pytestmark = pytest.mark.usefixtures("own_datasets_cache")
+
+
+@pytest.fixture(autouse=True)
+def own_leantrain_cache(tmp_path, monkeypatch):
+    """The record of cache folders (leantrain cache --list) goes to a folder of this test's, not ~/.cache."""
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path / "leantrain-cache"))
+
+
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
     return AutoTokenizer.from_pretrained(make_tiny_lm_tokenizer(tmp_path_factory.mktemp("tok")))
