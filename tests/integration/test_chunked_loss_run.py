@@ -63,6 +63,23 @@ def test_chunked_run_equals_the_plain_run(job):
     assert "chunked loss: off (efficiency.chunked_loss=false)" in log_text(root / "plain")
 
 
+
+def test_leantrain_eval_of_a_causal_lm_with_the_chunked_loss(job):
+    from leantrain.commands.eval_lm import evaluate_language_model
+    from leantrain.config import resolve
+
+    root, _, plain, _ = job
+    cfg = resolve(None, [f"data.eval={root / 'valid.txt'}", "data.max_eval_samples=13", "efficiency.chunked_loss=true"])
+    seen = Lines()
+    logging.getLogger("leantrain").addHandler(seen)
+    try:
+        result = evaluate_language_model(str(root / "plain" / "model"), "causal-lm", cfg, None, batch_size=4)
+    finally:
+        logging.getLogger("leantrain").removeHandler(seen)
+    assert any(line.startswith("chunked loss: on") for line in seen.lines)
+    assert result["eval"]["loss"] == pytest.approx(plain["eval"]["loss"], rel=1e-5)
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

@@ -14,6 +14,7 @@ from leantrain.engine.preflight import check_weights
 from leantrain.engine.run_settings import with_run_settings
 from leantrain.engine.training_data import data_side
 from leantrain.modeling import load_processor
+from leantrain.modeling.chunked_loss import apply_chunked_loss
 from leantrain.modeling.tasks import auto_model_class, get_task
 from leantrain.report.logs import write_json
 
@@ -35,6 +36,9 @@ def evaluate_language_model(model_dir: str, task: str, cfg: Config, output_path:
     model = auto_model_class(task).from_pretrained(
         model_dir, use_safetensors=None if mcfg.allow_pickle else True,
         revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)
+    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # per-token losses, no [B, T, V] logits
+    if chunked:
+        log.info(chunked)
     tokenizer = load_processor(mcfg, task)
     side = data_side(task)
     split, notes = side.load_rows(cfg.data.eval, cfg.data, require_labels=False, known_labels=None)
