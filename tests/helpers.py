@@ -124,44 +124,61 @@ def make_tiny_bert(folder: Path, *, dropout: float = 0.0, layers: int = 2, hidde
     return folder
 
 
+LM_WORDS = [a + b for a in ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z")
+            for b in ("a", "e", "i", "o", "u", "ai", "ea", "ou", "oo", "ie")]  # 150 words
+
+
+# English words and punctuation for prompts in generation tests (the gen branch's tiny tokenizer had these).
 TINY_LM_WORDS = ("the a one two three red blue green cat dog bird fish tree house river king queen man woman child "
                  "runs sees eats likes finds makes walks sings and or but not with on in to of is was "
                  "hello world once upon time there lived who what where when why how yes no good bad big small "
-                 "user assistant system").split()
+                 "user assistant system").split() + list(".,!?:;'\"<>|/-")
 
 
-def make_tiny_lm_tokenizer(folder: Path) -> Path:
-    """A word-level tokenizer (~90 tokens: the words above, punctuation, [UNK], <|endoftext|> as BOS/EOS, no pad
-    token, like GPT-2's) saved as a PreTrainedTokenizerFast folder; no chat template."""
+def make_tiny_lm_tokenizer(folder: Path, *, words: list[str] | None = None) -> Path:
+    """A word-level tokenizer (whitespace and punctuation split; ids: <unk> 0, <eos> 1, then the words: by default
+    LM_WORDS then TINY_LM_WORDS, ~240 tokens) saved as a PreTrainedTokenizerFast folder: a small vocabulary for CPU
+    tests of causal LMs; no pad token (like GPT-2's), no chat template. decode() joins words by spaces."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["[UNK]", "<|endoftext|>"]
-    vocab = {w: i for i, w in enumerate(specials + list(TINY_LM_WORDS) + list(".,!?:;'\"<>|/-"))}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<|endoftext|>",
-                                   eos_token="<|endoftext|>")
-    fast.save_pretrained(folder)
-    return folder
+    vocab = {"<unk>": 0, "<eos>": 1}
+    for w in words if words is not None else LM_WORDS + TINY_LM_WORDS:
+        vocab.setdefault(w, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    tok.save_pretrained(folder)
+    return Path(folder)
+
+
+def lm_documents(n: int, seed: int = 0, *, min_words: int = 3, max_words: int = 40) -> list[str]:
+    """n seeded documents of LM_WORDS (uneven lengths), single spaces between words."""
+    r = random.Random(seed)
+    return [" ".join(r.choice(LM_WORDS) for _ in range(r.randint(min_words, max_words))) for _ in range(n)]
 
 
 def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32) -> Path:
-    """A 2-layer, hidden-32 Llama for causal LM with random weights (seed 0) and the tokenizer of
-    ``tokenizer_folder`` (e.g. make_tiny_lm_tokenizer), saved together as a pretrained folder."""
+    """A 2-layer, hidden-32 Llama with random weights (fp32, seed 0) and the tokenizer of ``tokenizer_folder``."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_folder)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=256, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         tie_word_embeddings=True)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
     torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
-    return folder
+    return Path(folder)
+
+
+# Tiny llama from a config: key=value overrides for `leantrain train` (with model.tokenizer=<make_tiny_lm_tokenizer>).
+TINY_LLAMA = ["model.config_type=llama", "model.config_overrides.hidden_size=32",
+              "model.config_overrides.intermediate_size=64", "model.config_overrides.num_hidden_layers=2",
+              "model.config_overrides.num_attention_heads=2", "model.config_overrides.num_key_value_heads=2",
+              "model.config_overrides.max_position_embeddings=256"]
 
 
 # Tiny image / audio models built from a config (no download): key=value overrides for `leantrain train`.

@@ -14,6 +14,7 @@ TEXT, IMAGE, AUDIO = "text-classification", "image-classification", "audio-class
 TEXT_REGRESSION = "text-regression"
 MULTI_LABEL = "multi-label"
 TOKEN_CLASSIFICATION = "token-classification"
+CAUSAL_LM = "causal-lm"
 
 CLASSIFICATION_METRICS = ("accuracy", "f1_macro", "mcc", "loss")  # mcc: two classes only
 REGRESSION_METRICS = ("pearson", "spearman", "mse", "mae", "loss")
@@ -72,3 +73,5 @@ register_spec(TaskSpec(MULTI_LABEL, "text", "multi_label_classification", MULTI_
                        pipeline="text-classification", labels="label_sets"))
 register_spec(TaskSpec(TOKEN_CLASSIFICATION, "tagged", "token_classification", TOKEN_CLASSIFICATION_METRICS,
                        pipeline="token-classification", labels="tags"))
+register_spec(TaskSpec(CAUSAL_LM, "tokens", "", ("loss", "perplexity"), lower_is_better=("loss", "perplexity"),
+                       pipeline="text-generation", labels="none"))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from leantrain.config import DataConfig
-from leantrain.data import audio, image, text_loader, token_loader
+from leantrain.data import audio, image, lm_data, text_loader, token_loader
 from leantrain.data.loaders import make_collator
 from leantrain.data.text import tokenize
 
@@ -41,11 +41,13 @@ MODALITIES = {
        for m in (image, audio)},
     "tagged": Modality("tagged", token_loader.load_and_validate, token_loader.load_rows, token_loader.process,
                        token_loader.collator, True, lambda cfg: "tags"),
+    "tokens": Modality("tokens", lm_data.load_and_validate, lm_data.load_rows, lm_data.process, lm_data.collator, True,
+                       lm_data.label_kind),
 }
 
 
 def for_modality(name: str) -> Modality:
-    """The data side of a modality: ``text``, ``image`` or ``audio``."""
+    """The data side of a modality: ``text``, ``image``, ``audio`` or ``tokens`` (causal LMs)."""
     try:
         return MODALITIES[name]
     except KeyError:

@@ -97,7 +97,7 @@ def continuations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: i
         model.eval()
         out: list[str] = []
         with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"), \
-                torch.inference_mode():
+                torch.no_grad():  # not inference_mode: FSDP2 would keep inference tensors as its gathered weights
             if seed is not None:
                 torch.manual_seed(seed)
             for start in range(0, len(texts), batch_size):
