@@ -272,8 +272,9 @@ class SftData:
     notes: list[str] = field(default_factory=list)
 
 
-def check_rows(ds: datasets.Dataset, fmt: str, where: str, limit: int = 5) -> list[str]:
-    """Problems of the rows of a detected format, with row numbers (1-based), at most ``limit`` listed."""
+def check_rows(ds: datasets.Dataset, fmt: str, where: str, limit: int = 5, name_row=None) -> list[str]:  # noqa: ANN001
+    """Problems of the rows of a detected format, at most ``limit`` listed; ``name_row(i)`` names row i (a file line:
+    ``Part.rows([i])``), else ``row i+1``."""
     problems, bad = [], 0
     for i, row in enumerate(ds):
         try:
@@ -281,7 +282,7 @@ def check_rows(ds: datasets.Dataset, fmt: str, where: str, limit: int = 5) -> li
         except ValueError as e:
             bad += 1
             if len(problems) < limit:
-                problems.append(f"{where}: row {i + 1}: {e}")
+                problems.append(f"{where}: {name_row(i) if name_row else f'row {i + 1}'}: {e}")
     if bad > limit:
         problems.append(f"{where}: {bad - limit} more rows with problems")
     return problems
