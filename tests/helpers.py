@@ -111,6 +111,57 @@ def make_tiny_bert(folder: Path, *, dropout: float = 0.0, layers: int = 2, hidde
     return folder
 
 
+LM_WORDS = ("the cat dog bird fish sat ran flew swam on in under over a mat log tree pond and then slept ate "
+            "quickly slowly big small red blue green one two three day night").split()
+
+
+def lm_text(n_docs: int, seed: int = 0, *, min_words: int = 3, max_words: int = 40) -> list[str]:
+    """n seeded documents of 3-40 words drawn from LM_WORDS (uneven lengths, a small vocabulary)."""
+    r = random.Random(seed)
+    return [" ".join(r.choice(LM_WORDS) for _ in range(r.randint(min_words, max_words))) for _ in range(n_docs)]
+
+
+def make_tiny_lm_tokenizer(folder: Path, texts: list[str] | None = None, vocab_size: int = 300) -> Path:
+    """A word-level tokenizer (whitespace split; ``<unk>``, ``<eos>``; no pad token, like GPT-2's and Llama's),
+    trained on ``texts`` (default: LM_WORDS), saved as a PreTrainedTokenizerFast folder. Small vocabulary: cheap
+    output layers in CPU tests."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<eos>"])
+    tok.train_from_iterator(texts or [" ".join(LM_WORDS)], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+    fast.save_pretrained(folder)
+    return Path(folder)
+
+
+def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32, seed: int = 0) -> Path:
+    """A 2-layer, hidden-32 Llama with random weights over the tokenizer's vocabulary, saved with the tokenizer as a
+    pretrained LlamaForCausalLM folder."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_folder)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=256, eos_token_id=tok.eos_token_id, bos_token_id=None,
+                         pad_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    return Path(folder)
+
+
+# Tiny llama from a config: key=value overrides for `leantrain train` (with model.tokenizer=<make_tiny_lm_tokenizer>).
+TINY_LLAMA = ["model.config_type=llama", "model.config_overrides.hidden_size=32",
+              "model.config_overrides.intermediate_size=64", "model.config_overrides.num_hidden_layers=2",
+              "model.config_overrides.num_attention_heads=2", "model.config_overrides.num_key_value_heads=2",
+              "model.config_overrides.max_position_embeddings=256"]
+
+
 # Tiny image / audio models built from a config (no download): key=value overrides for `leantrain train`.
 TINY_VIT = ["model.config_type=vit", "model.config_overrides.image_size=32", "model.config_overrides.patch_size=8",
             "model.config_overrides.hidden_size=16", "model.config_overrides.num_hidden_layers=1",

@@ -63,6 +63,7 @@ class ModelConfig(Section):
         None, description="train from scratch from a model type's default config (e.g. vit, convnext, resnet, "
         "wav2vec2, audio-spectrogram-transformer) plus model.config_overrides"
     )
+    tokenizer: str | None = Field(None, description="causal LM: the tokenizer (a local folder or Hub id); required with model.config / model.config_type")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) to pin")
     trust_remote_code: bool = Field(False, description="run code from the model repo (pin a revision when on)")
     allow_pickle: bool = Field(False, description="allow pickle-based weight files (*.bin); default safetensors only")
@@ -347,6 +348,11 @@ class ReportConfig(Section):
         "auto", description="auto: a bar on a terminal, plain log lines otherwise"
     )
     plots: bool = Field(True, description="write output_dir/loss_curve.png at the end")
+    sample_prompts: list[str] = Field(
+        default_factory=list, description="causal LM: prompts whose greedy continuations are written to metrics.jsonl "
+        "and the log before training and at each evaluation, e.g. [\"Once upon a time\"]"
+    )
+    sample_max_new_tokens: int = Field(40, gt=0, le=4096, description="tokens generated per sample prompt")
 
     @field_validator("trackers")
     @classmethod

@@ -15,7 +15,8 @@ from leantrain.data.caches import using_cache_dir
 from leantrain.config import Config
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
-from leantrain.modeling import load_processor, model_name, resolve_task
+from leantrain.modeling import load_processor, model_name, resolve_task_reason
+from leantrain.modeling.load import check_tokenizer_key
 from leantrain.modeling.tasks import Task, get_task, task_for_labels
 from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task
 
@@ -75,10 +76,16 @@ def data_side(task: str) -> Modality:
 def run_task(cfg: Config) -> str:
     """``model.task``, or what ``auto`` decides from the model (``resolve_task``) and then from the training labels
     (numbers that are not all whole: the modality's score task, e.g. text-regression)."""
-    task = resolve_task(cfg)
-    if cfg.model.task != "auto":
-        return task
-    return task_for_labels(task, for_modality(get_task(task).modality).label_kind(cfg.data))
+    return run_task_reason(cfg)[0]
+
+
+def run_task_reason(cfg: Config) -> tuple[str, str]:
+    """``run_task`` and why ``model.task=auto`` chose it ("" when set)."""
+    task, why = resolve_task_reason(cfg)
+    if cfg.model.task != "auto" or get_task(task).spec.labels == "none":
+        return task, why
+    labelled = task_for_labels(task, for_modality(get_task(task).modality).label_kind(cfg.data))
+    return labelled, why if labelled == task else f"{why}, and the labels"
 
 
 def validate_data(cfg: Config):
@@ -86,6 +93,7 @@ def validate_data(cfg: Config):
     ``train.class_weights`` against the labels."""
     with using_cache_dir(cfg.data.cache_dir):
         task = run_task(cfg)
+        check_tokenizer_key(cfg.model, task)  # exit 2 naming model.tokenizer, before any worker starts
         data = data_side(task).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
     if cfg.train.class_weights is not None:
         resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
@@ -95,11 +103,11 @@ def validate_data(cfg: Config):
 def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData:
     """Validate (main process first), load the processor, process and cache the data, build the collators."""
     with accelerator.main_process_first(), using_cache_dir(cfg.data.cache_dir):
-        task = run_task(cfg)
+        task, why = run_task_reason(cfg)
+        check_tokenizer_key(cfg.model, task)
         modality = data_side(task)
         data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
-    log.info("task: %s%s", task,
-             " (model.task=auto: from the model and the labels)" if cfg.model.task == "auto" else "")
+    log.info("task: %s%s", task, f" (model.task=auto: {why})" if why else "")
     for note in data.notes:
         log.info(note)
     for warning in data.warnings:

@@ -2,7 +2,8 @@
 
 from leantrain.modeling.load import (PACKAGED_MODEL, build_model, inspect_model, load_config, load_processor,
                                      load_tokenizer, model_name, packaged_model_path, parameter_counts, resolve_task,
-                                     trained_label_names)
+                                     resolve_task_reason, trained_label_names)
 
 __all__ = ["PACKAGED_MODEL", "build_model", "inspect_model", "load_config", "load_processor", "load_tokenizer",
-           "model_name", "packaged_model_path", "parameter_counts", "resolve_task", "trained_label_names"]
+           "model_name", "packaged_model_path", "parameter_counts", "resolve_task",
+           "resolve_task_reason", "trained_label_names"]

@@ -67,6 +67,13 @@ class Task:
         return dict(num_labels=len(label_names), id2label={i: n for i, n in enumerate(label_names)},
                     label2id={n: i for i, n in enumerate(label_names)})
 
+    scratch_needs_tokenizer = False  # a model from a config needs model.tokenizer (causal LM), not model.name's
+
+    def scratch_fields(self, processor) -> dict:
+        """Config fields of a model built from a config (``model.config`` / ``model.config_type``) that follow its
+        processor (causal LM: the tokenizer's vocabulary size and special tokens); none by default."""
+        return {}
+
     # -- data
     def data_side(self, side):
         """The data side (``leantrain.data.modalities.Modality``) this task reads with, built from its modality's:
@@ -83,6 +90,12 @@ class Task:
         return len(indices)
 
     # -- evaluation and prediction
+    def eval_outputs(self, outputs, batch: dict) -> tuple:
+        """What one eval batch gathers over the processes (``gather_for_metrics``), then handed to ``eval_batch``:
+        the fp32 logits and the labels by default; a task may gather less (causal LM: per-row loss sums and
+        counts)."""
+        return outputs.logits.float(), batch["labels"]
+
     def eval_batch(self, logits, labels) -> dict:
         """Per-unit values of one gathered eval batch (tensors), concatenated over the eval set for ``metrics``."""
         raise NotImplementedError
@@ -103,6 +116,11 @@ class Task:
     def predictions(self, logits, label_names: list[str]) -> list[dict]:
         """One record per row (``leantrain predict``): e.g. {"label": ..., "score": ...}."""
         raise NotImplementedError
+
+    def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
+        """(name, value) rows the model card adds under "Training data" (causal LM: corpus, tokens seen, block size,
+        perplexity); none by default."""
+        return []
 
     def headline(self, ev: dict) -> str:
         """The eval result in one line, as ``leantrain train`` prints it at the end."""
