@@ -222,9 +222,9 @@ def run_train_process(folder: Path, *extra: str, env: dict | None = None) -> sub
                           capture_output=True, text=True, timeout=300)
 
 
-# ------------------------------------------------------------------------------------------------ causal LMs
+# ------------------------------------------------------------------------------------------------ chat data
 
-TINY_LM_CORPUS = ("Once upon a time there was a small model. It learned to answer questions about the weather, "
+CHAT_CORPUS = ("Once upon a time there was a small model. It learned to answer questions about the weather, "
                   "numbers, colours and animals. ### Instruction: ### Input: ### Response: Give three tips for staying "
                   "healthy. Eat well, sleep, and move every day! What is 2 + 2? The answer is 4. Hello world.\n\n")
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
@@ -235,7 +235,7 @@ CHATML_GENERATION = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{{
                      "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
-def make_tiny_lm_tokenizer(folder: Path, *, vocab_size: int = 320, chat_template: str | None = None) -> Path:
+def make_tiny_chat_tokenizer(folder: Path, *, vocab_size: int = 320, chat_template: str | None = None) -> Path:
     """A byte-level BPE tokenizer (every text round-trips) with a small vocabulary, trained on a fixed corpus and
     saved as a PreTrainedTokenizerFast folder; EOS ``<|endoftext|>``, ChatML markers, optional chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -247,25 +247,10 @@ def make_tiny_lm_tokenizer(folder: Path, *, vocab_size: int = 320, chat_template
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([TINY_LM_CORPUS] * 4, trainer=trainer)
+    tok.train_from_iterator([CHAT_CORPUS] * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
                                    additional_special_tokens=specials[1:])
     if chat_template is not None:
         fast.chat_template = chat_template
     fast.save_pretrained(folder)
-    return folder
-
-
-def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32) -> Path:
-    """A tiny random Llama (fp32) over the tokenizer in tokenizer_folder, saved with it in folder."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_folder)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
-    tok.save_pretrained(folder)
     return folder

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from leantrain.data import instructions as ins
 from leantrain.errors import DataError
-from tests.helpers import CHATML, CHATML_GENERATION, make_tiny_lm_tokenizer
+from tests.helpers import CHATML, CHATML_GENERATION, make_tiny_chat_tokenizer
 
 ROWS = {
     "messages": {"messages": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "What is 2 + 2?"},
@@ -27,7 +27,7 @@ MULTI = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "c
 @pytest.fixture(scope="module")
 def toks(tmp_path_factory):
     root = tmp_path_factory.mktemp("toks")
-    return {name: AutoTokenizer.from_pretrained(make_tiny_lm_tokenizer(root / name, chat_template=tpl))
+    return {name: AutoTokenizer.from_pretrained(make_tiny_chat_tokenizer(root / name, chat_template=tpl))
             for name, tpl in (("plain", None), ("chat", CHATML), ("generation", CHATML_GENERATION))}
 
 

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from leantrain.data import instructions as ins
-from tests.helpers import CHATML, make_tiny_llama, make_tiny_lm_tokenizer
+from tests.helpers import CHATML, make_tiny_llama, make_tiny_chat_tokenizer
 
 QA = [("What is 2 + 2?", "The answer is 4."), ("Hello", "Hello world."), ("Give three tips for staying healthy.",
       "Eat well, sleep, and move every day!"), ("Once upon a time", "there was a small model."), ("What?", "Numbers.")]
@@ -18,7 +18,7 @@ QA = [("What is 2 + 2?", "The answer is 4."), ("Hello", "Hello world."), ("Give 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("sft-pack")
-    tok_dir = make_tiny_lm_tokenizer(root / "tok", chat_template=CHATML)
+    tok_dir = make_tiny_chat_tokenizer(root / "tok", chat_template=CHATML)
     model = AutoModelForCausalLM.from_pretrained(make_tiny_llama(root / "model", tok_dir), dtype=torch.float32)
     return AutoTokenizer.from_pretrained(tok_dir), model.eval()
 
