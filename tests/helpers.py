@@ -111,45 +111,43 @@ def make_tiny_bert(folder: Path, *, dropout: float = 0.0, layers: int = 2, hidde
     return folder
 
 
-LM_WORDS = ("the cat dog bird fish sat ran flew swam on in under over a mat log tree pond and then slept ate "
-            "quickly slowly big small red blue green one two three day night").split()
+LM_WORDS = [a + b for a in ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z")
+            for b in ("a", "e", "i", "o", "u", "ai", "ea", "ou", "oo", "ie")]  # 150 words
 
 
-def lm_text(n_docs: int, seed: int = 0, *, min_words: int = 3, max_words: int = 40) -> list[str]:
-    """n seeded documents of 3-40 words drawn from LM_WORDS (uneven lengths, a small vocabulary)."""
-    r = random.Random(seed)
-    return [" ".join(r.choice(LM_WORDS) for _ in range(r.randint(min_words, max_words))) for _ in range(n_docs)]
-
-
-def make_tiny_lm_tokenizer(folder: Path, texts: list[str] | None = None, vocab_size: int = 300) -> Path:
-    """A word-level tokenizer (whitespace split; ``<unk>``, ``<eos>``; no pad token, like GPT-2's and Llama's),
-    trained on ``texts`` (default: LM_WORDS), saved as a PreTrainedTokenizerFast folder. Small vocabulary: cheap
-    output layers in CPU tests."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def make_tiny_lm_tokenizer(folder: Path, *, words: list[str] | None = None) -> Path:
+    """A word-level tokenizer (whitespace split; ids: <unk> 0, <eos> 1, then the words) saved as a
+    PreTrainedTokenizerFast folder: a small vocabulary for CPU tests of causal LMs. decode() joins words by spaces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<eos>"])
-    tok.train_from_iterator(texts or [" ".join(LM_WORDS)], trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
-    fast.save_pretrained(folder)
+    vocab = {"<unk>": 0, "<eos>": 1}
+    for w in words if words is not None else LM_WORDS:
+        vocab.setdefault(w, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    tok.save_pretrained(folder)
     return Path(folder)
 
 
-def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32, seed: int = 0) -> Path:
-    """A 2-layer, hidden-32 Llama with random weights over the tokenizer's vocabulary, saved with the tokenizer as a
-    pretrained LlamaForCausalLM folder."""
+def lm_documents(n: int, seed: int = 0, *, min_words: int = 3, max_words: int = 40) -> list[str]:
+    """n seeded documents of LM_WORDS (uneven lengths), single spaces between words."""
+    r = random.Random(seed)
+    return [" ".join(r.choice(LM_WORDS) for _ in range(r.randint(min_words, max_words))) for _ in range(n)]
+
+
+def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32) -> Path:
+    """A 2-layer, hidden-32 Llama with random weights (fp32, seed 0) and the tokenizer of ``tokenizer_folder``."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_folder)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=256, eos_token_id=tok.eos_token_id, bos_token_id=None,
-                         pad_token_id=tok.eos_token_id, tie_word_embeddings=True)
-    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
     return Path(folder)

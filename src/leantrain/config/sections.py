@@ -149,6 +149,22 @@ class DataConfig(Section):
         None, description="where datasets keeps its Arrow copies of the data files and the processed (tokenised) "
         "caches; unset = $HF_DATASETS_CACHE, else ~/.cache/huggingface/datasets (see docs/caches.md)"
     )
+    block_size: int = Field(
+        512, gt=1, description="causal LM: tokens per training block, cut from the token stream of all documents "
+        "(packed across documents; the short tail is dropped)"
+    )
+    document_separator: str | None = Field(
+        None, description="causal LM, .txt sources: split each file into documents at this string (e.g. '\\n\\n' "
+        "for blank lines); unset = one document per file"
+    )
+    document_mask: bool = Field(
+        False, description="causal LM: positions restart at each document inside a block and attention does not "
+        "cross documents; a document's first token gets no target from the previous one"
+    )
+    num_proc: int | None = Field(
+        None, gt=0, description="causal LM: processes that tokenise the corpus into token shards; unset = up to 8 "
+        "(one per CPU) for corpora over 16 MB, else 1"
+    )
 
 
 class TrainConfig(Section):

@@ -139,6 +139,7 @@ def check_train(cfg, data=None, world_size: int = 1):  # noqa: ANN001 - Config, 
     cfg = check_max_length(cfg)
     if data is not None:
         check_stop_when(cfg, len(data.label_names))
-        if world_size > 1:  # batch arithmetic over the processes, before they start
+        if world_size > 1 and hasattr(data.train, "__len__"):  # batch arithmetic over the processes (rows known:
+            # not for token blocks, cut after tokenising)
             batch_layout(cfg, len(data.train), world_size)
     return cfg

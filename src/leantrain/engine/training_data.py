@@ -15,6 +15,7 @@ from leantrain.data.caches import using_cache_dir
 from leantrain.config import Config
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
+from leantrain.engine.samples import check_sample_prompts
 from leantrain.modeling import load_processor, model_name, resolve_task_reason
 from leantrain.modeling.load import check_tokenizer_key
 from leantrain.modeling.tasks import Task, get_task, task_for_labels
@@ -59,7 +60,11 @@ class TrainingData:
         return self.task_object.count(self.train, indices)
 
     def tokens_in(self, indices) -> int | None:
-        """Non-padding tokens in these training examples; None when the inputs are not tokens."""
+        """Tokens of these training examples that tokens/s counts: the task's (causal LM: its target tokens), else
+        the non-padding input tokens; None when the inputs are not tokens."""
+        counted = self.task_object.throughput_tokens(self.train, indices)
+        if counted is not None:
+            return counted
         return int(self.token_lengths[indices].sum()) if self.token_lengths is not None else None
 
     def eval_loader(self, micro_batch_size: int):
@@ -95,6 +100,7 @@ def validate_data(cfg: Config):
         task = run_task(cfg)
         check_tokenizer_key(cfg.model, task)  # exit 2 naming model.tokenizer, before any worker starts
         data = data_side(task).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+    check_sample_prompts(cfg, task)
     if cfg.train.class_weights is not None:
         resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
     return data

@@ -188,6 +188,20 @@ def parameter_counts(model) -> dict[str, int]:
     return {"total": total, "trainable": trainable, "embeddings": embeddings, "non_embedding": total - embeddings}
 
 
+def flop_parameters(model, counts: dict[str, int]) -> int:
+    """The parameters that do a multiply-add per token (MFU's N): the non-embedding ones, plus an output layer that
+    shares the input embedding's weight (a tied LM head multiplies every token by the vocabulary matrix; nanoGPT's
+    estimate counts it); an untied output layer is no Embedding and is counted already."""
+    n = counts["non_embedding"]
+    get_out, get_in = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)
+    out = get_out() if callable(get_out) else None
+    inp = get_in() if callable(get_in) else None
+    weight = getattr(out, "weight", None)
+    if weight is not None and inp is not None and weight is getattr(inp, "weight", None):
+        n += weight.numel()
+    return n
+
+
 def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
     """Config and parameter counts of a model, as ``leantrain inspect`` prints them.
 
@@ -236,9 +250,12 @@ def _builds_causal_lm(config) -> bool:
 
 
 def plain_text_data(cfg: Config) -> bool:
-    """The training data is plain text (.txt files) and no label column is named: language-model data."""
+    """The training data is plain text (.txt files, a glob of them) or a folder of token shards from ``leantrain
+    prepare`` (its manifest.json), and no label column is named: language-model data."""
     train = cfg.data.train
-    return bool(train) and not cfg.data.label_column and str(train).lower().endswith(".txt")
+    if not train or cfg.data.label_column:
+        return False
+    return str(train).lower().endswith(".txt") or (Path(train) / "manifest.json").is_file()
 
 
 def resolve_task_reason(cfg: Config) -> tuple[str, str]:

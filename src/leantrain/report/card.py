@@ -112,9 +112,12 @@ def write_model_card(
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", ""]
     noun = entry.card.noun
     lines += [f"# {short}, fine-tuned for {entry.card.title}", ""]
-    lines += [f"A{'n' if noun[0] in 'aeiou' else ''} {noun} fine-tuned from {base_text} with leantrain "
-              f"on {len(label_names)} labels.", ""]
-    lines += ["## Labels", "", *_table(("id", "label"), list(enumerate(label_names))), ""]
+    on_labels = f" on {len(label_names)} labels" if label_names else ""
+    lines += [f"A{'n' if noun[0] in 'aeiou' else ''} {noun} fine-tuned from {base_text} with leantrain{on_labels}.", ""]
+    if label_names:
+        lines += ["## Labels", "", *_table(("id", "label"), list(enumerate(label_names))), ""]
+    if data_rows := entry.card_rows(summary, config):  # the task's (causal LM: corpus, tokens, block size, perplexity)
+        lines += ["## Training data", "", *_table(("", "value"), data_rows), ""]
     if ev:
         n = ev.get("samples", ev.get("eval.samples"))
         lines += ["## Evaluation", "", f"On {n:,} held-out examples:" if isinstance(n, int) else "On the eval set:", ""]
@@ -125,10 +128,11 @@ def write_model_card(
         lines += ["## Throughput and memory", "", *_table(("measure", "value"), cost), ""]
     if versions := summary.get("versions"):
         lines += ["## Framework versions", "", *(f"- {k} {v}" for k, v in versions.items()), ""]
+    var = "generator" if entry.spec.pipeline_task == "text-generation" else "classifier"
     lines += [
         "## Usage", "", "```python", "from transformers import pipeline", "",
-        f'classifier = pipeline("{entry.spec.pipeline_task}", model="{model_dir.as_posix()}")  # or its Hub id once pushed',
-        f"print(classifier({entry.card.example}))", "```", "",
+        f'{var} = pipeline("{entry.spec.pipeline_task}", model="{model_dir.as_posix()}")  # or its Hub id once pushed',
+        f"print({var}({entry.card.example}))", "```", "",
     ]
     model_dir.mkdir(parents=True, exist_ok=True)
     path = model_dir / "README.md"

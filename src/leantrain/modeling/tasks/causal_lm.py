@@ -75,6 +75,10 @@ class CausalLM(Task):
         indices = np.asarray(indices, dtype=np.int64)
         return int(targets[indices[indices >= 0]].sum())
 
+    def throughput_tokens(self, dataset, indices) -> int:
+        """tokens/s counts target tokens (the tokens the model learns from)."""
+        return self.count(dataset, indices)
+
     # -- evaluation
     def eval_outputs(self, outputs, batch: dict) -> tuple:
         """Per row: (summed loss of its targets, its target count), fp64: two numbers gathered instead of logits."""

@@ -89,6 +89,11 @@ class Task:
         """How many units the examples ``indices`` of the processed training ``dataset`` hold (on the host)."""
         return len(indices)
 
+    def throughput_tokens(self, dataset, indices) -> int | None:
+        """The tokens tokens/s counts in these training examples, or None: the data side's non-padding input
+        tokens (causal LM: its target tokens)."""
+        return None
+
     # -- evaluation and prediction
     def eval_outputs(self, outputs, batch: dict) -> tuple:
         """What one eval batch gathers over the processes (``gather_for_metrics``), then handed to ``eval_batch``:
