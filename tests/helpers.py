@@ -223,8 +223,8 @@ def run_train_process(folder: Path, *extra: str, env: dict | None = None) -> sub
 # ------------------------------------------------------------------------------------------------ chat data
 
 CHAT_CORPUS = ("Once upon a time there was a small model. It learned to answer questions about the weather, "
-                  "numbers, colours and animals. ### Instruction: ### Input: ### Response: Give three tips for staying "
-                  "healthy. Eat well, sleep, and move every day! What is 2 + 2? The answer is 4. Hello world.\n\n")
+               "numbers, colours and animals. ### Instruction: ### Input: ### Response: Give three tips for staying "
+               "healthy. Eat well, sleep, and move every day! What is 2 + 2? The answer is 4. Hello world.\n\n")
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 CHATML_GENERATION = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"

@@ -9,6 +9,7 @@ from typing import Callable
 
 from leantrain.config import DataConfig
 from leantrain.data import audio, image, lm_data, text_loader
+from leantrain.data.sft import with_instructions
 from leantrain.data.loaders import make_collator
 from leantrain.data.text import tokenize
 
@@ -38,8 +39,9 @@ MODALITIES = {
                      text_loader.label_kind),
     **{m.KIND.role: Modality(m.KIND.role, m.load_and_validate, m.load_rows, m.process, m.collator, False)
        for m in (image, audio)},
-    "tokens": Modality("tokens", lm_data.load_and_validate, lm_data.load_rows, lm_data.process, lm_data.collator, True,
-                       lm_data.label_kind),
+    "tokens": with_instructions(  # instruction/chat data (data/sft.py) or plain text (data/lm_data.py), by its columns
+        Modality("tokens", lm_data.load_and_validate, lm_data.load_rows, lm_data.process, lm_data.collator, True,
+                 lm_data.label_kind)),
 }
 
 

@@ -21,11 +21,6 @@ from leantrain.data.text_loader import PreparedData, data_error, open_parts, ope
 from leantrain.errors import DataError
 
 log = logging.getLogger("leantrain")
-DEFAULT_BLOCK_SIZE = 512
-
-
-def block_size(cfg: DataConfig) -> int:
-    return int(getattr(cfg, "block_size", DEFAULT_BLOCK_SIZE))  # data.block_size belongs to the token-shards side
 
 
 def is_instruction_data(cfg: DataConfig) -> bool:
@@ -123,7 +118,7 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
     """Instruction/chat rows -> rows of input_ids, labels (-100 outside the responses unless data.train_on_prompt),
     length, targets, and position_ids when packed. Logs the format, one rendered example with the trained spans in
     [[...]], truncation and packing."""
-    size = block_size(cfg)
+    size = cfg.block_size
     where = {"Processing train": "data.train", "Processing eval": "data.eval"}.get(desc, "data")
     data = ins.process(dataset, tokenizer, block_size=size, template=cfg.template,
                        train_on_prompt=cfg.train_on_prompt, where=where, desc=desc)
@@ -170,7 +165,7 @@ def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modaliti
         return side.load_rows(path, cfg, **kw)
 
     def process_(dataset, processor, cfg: DataConfig, desc: str = "Processing"):  # noqa: ANN001
-        if ins.looks_like_instructions(dataset.column_names):
+        if isinstance(dataset, datasets.Dataset) and ins.looks_like_instructions(dataset.column_names):
             return process(dataset, processor, cfg, desc)
         return side.process(dataset, processor, cfg, desc)
 
