@@ -154,6 +154,13 @@ def check_template(template: str) -> None:
                         "{response} (optionally {system}), or is one of auto, chat, plain")
 
 
+def plain_prompt(prompt: str, template: str) -> str:
+    """The text the plain template puts before a response to ``prompt`` (one turn, no system text): what a model
+    trained on it is prompted with."""
+    head, _ = template.split("{response}")
+    return head.replace("{system}", "").replace("{prompt}", prompt)
+
+
 def render(messages: list[dict[str, str]], tokenizer, rendering: Rendering) -> tuple[list[int], list[bool]]:
     """(token ids, is-response mask) of one conversation; every assistant turn (and the end-of-turn / EOS after it)
     is marked."""

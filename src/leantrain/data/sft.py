@@ -12,7 +12,6 @@ import logging
 import datasets
 
 from leantrain.config import DataConfig
-from leantrain.data import columns as cols_
 from leantrain.data import instructions as ins
 from leantrain.data.caches import using_cache_dir
 from leantrain.data.demo import demo_files
@@ -35,16 +34,12 @@ def is_instruction_data(cfg: DataConfig) -> bool:
     return ins.looks_like_instructions(train.ds.column_names)
 
 
-def check_shape(part: Part, cfg: DataConfig) -> None:
-    """Data with neither a text column nor an instruction/chat format: exit 2 naming the file, its columns and both."""
-    columns = part.ds.column_names
-    if ins.looks_like_instructions(columns):
-        return
-    chosen, _, problems = cols_.detect(cfg, part, need_label=False)
-    if chosen.get("text") is None and not problems:
-        raise DataError(f"{part.where}: neither a text column (data.text_column; auto: {', '.join(cols_.TEXTS)}) nor "
-                        f"instruction/chat data; columns found: {', '.join(columns) or 'none'}; instruction/chat "
-                        "formats accepted:", [d for *_, d in ins.FORMATS.values()])
+def with_formats(err: DataError) -> DataError:
+    """A data error of the text side about the text column, with the instruction/chat formats it could also be."""
+    if not any("data.text_column" in p for p in [str(err.args[0]), *err.problems]):
+        return err
+    formats = "; ".join(d for *_, d in ins.FORMATS.values())
+    return DataError(str(err.args[0]), [*err.problems, f"or instruction/chat data, in one of these formats: {formats}"])
 
 
 def _keep(part: Part, fmt: str) -> datasets.Dataset:
@@ -139,6 +134,19 @@ def chat_rendering(tokenizer, cfg: DataConfig, columns) -> bool:  # noqa: ANN001
     return fmt is not None and ins.choose_rendering(tokenizer, cfg.template, fmt).chat
 
 
+def sample_inputs(prompts: list[str], tokenizer, cfg: DataConfig, columns: dict | None) -> tuple[list[str], bool]:  # noqa: ANN001
+    """``report.sample_prompts`` as the model was trained to see them: (texts, chat). Instruction data rendered with
+    the chat template: the prompts and chat=True (each one a user turn with the generation prompt); with the plain
+    template: each prompt wrapped in it; prompt/completion rows and plain text: the prompts as they are."""
+    fmt = (columns or {}).get("format")
+    if fmt not in ins.FORMATS:
+        return list(prompts), False
+    rendering = ins.choose_rendering(tokenizer, cfg.template, fmt)
+    if rendering.mode == "plain":
+        return [ins.plain_prompt(p, rendering.template or ins.PLAIN_TEMPLATE) for p in prompts], False
+    return list(prompts), rendering.chat
+
+
 def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modalities.Modality
     """``side`` (the causal-LM ``tokens`` data side), with instruction/chat data handled here."""
 
@@ -146,14 +154,10 @@ def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modaliti
         if is_instruction_data(cfg):
             with using_cache_dir(cfg.cache_dir):
                 return load_and_validate(cfg, **kw)
-        if cfg.train is not None:
-            try:
-                train, _ = open_parts(cfg, cfg.train, None, [])
-            except DataError:
-                train = None
-            if train is not None:
-                check_shape(train, cfg)
-        return side.load_and_validate(cfg, **kw)
+        try:
+            return side.load_and_validate(cfg, **kw)
+        except DataError as e:
+            raise with_formats(e) from None
 
     def load_rows_(path: str, cfg: DataConfig, **kw):
         try:

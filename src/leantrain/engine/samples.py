@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
+from leantrain.data.sft import sample_inputs
 from leantrain.errors import ConfigError
+from leantrain.modeling.generation import continuations
 from leantrain.modeling.tasks import get_task
 
 log = logging.getLogger("leantrain")
@@ -38,19 +38,6 @@ def check_sample_prompts(cfg, task: str) -> None:  # noqa: ANN001 - leantrain Co
         raise ConfigError(f"report.sample_prompts[{empty[0]}] is empty: give each prompt some text")
 
 
-@torch.no_grad()
-def continuations(model, tokenizer, prompts: list[str], *, max_new_tokens: int) -> list[str]:
-    """The greedy continuation of each prompt (text after the prompt, special tokens dropped), one at a time."""
-    device = next(model.parameters()).device
-    out = []
-    for prompt in prompts:
-        enc = tokenizer(prompt, return_tensors="pt").to(device)
-        ids = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id)
-        out.append(tokenizer.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
-    return out
-
-
 def write_samples(model, accelerator, data, step: int, metrics_log, progress=None) -> list[dict] | None:  # noqa: ANN001
     """Generate the run's sample continuations (every rank: see the module docstring); rank 0 writes them to
     metrics.jsonl and the log. None when the run has no sample prompts."""
@@ -62,7 +49,8 @@ def write_samples(model, accelerator, data, step: int, metrics_log, progress=Non
     was_training = inner.training
     inner.eval()
     try:
-        texts = continuations(inner, data.processor, prompts, max_new_tokens=cfg.report.sample_max_new_tokens)
+        inputs, chat = sample_inputs(prompts, data.processor, cfg.data, data.columns)  # as trained: chat template...
+        texts = continuations(inner, data.processor, inputs, max_new_tokens=cfg.report.sample_max_new_tokens, chat=chat)
     finally:
         inner.train(was_training)
     samples = [{"prompt": p, "continuation": t} for p, t in zip(prompts, texts)]

@@ -91,3 +91,23 @@ def test_per_example_losses_in_a_packed_block_equal_the_examples_alone(tiny, tra
             seen += 1
         assert losses[starts[-1] - 1 :].sum() == 0  # padding and the boundary carry no loss
     assert seen == len(rows)
+
+
+def test_the_step_keeps_packed_examples_apart(tiny):
+    """Through the engine's forward (model_inputs) and the causal-LM loss, with the model's own config (use_cache on,
+    as loaded): the loss of a batch of packed blocks is the sum of the examples' losses run alone."""
+    from leantrain.data.lm_collate import LMCollator
+    from leantrain.engine.step import weighted_loss_sum
+    from leantrain.modeling.tasks import get_task
+
+    tok, model = tiny
+    assert model.config.use_cache
+    rows = processed(tok)
+    packed = ins.pack(rows, 64).dataset
+    batch = LMCollator(tok.eos_token_id)([dict(r) for r in packed])
+    assert "attention_mask" not in batch
+    with torch.no_grad():
+        got = weighted_loss_sum(model, batch, get_task("causal-lm"))
+        alone = sum(per_token_losses(model(input_ids=torch.tensor([r["input_ids"]])).logits[0],
+                                     torch.tensor(r["labels"])).sum() for r in rows)
+    torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
