@@ -119,7 +119,7 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
                        train_on_prompt=cfg.train_on_prompt, where=where, desc=desc)
     for note in data.notes:
         log.info(note)
-    if len(data.dataset):
+    if len(data.dataset) and where != "data.eval":
         log.info("rendered example (trained spans in [[...]]):\n%s", ins.show_example(data.dataset[0], tokenizer))
     if not packing_on(cfg):
         return data.dataset
