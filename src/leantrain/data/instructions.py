@@ -354,15 +354,17 @@ class Packed:
     dataset: datasets.Dataset
     examples: int
     blocks: int
-    padding_before: int  # pad tokens if each example were padded to block_size... see saved()
-    padding_after: int
+    padding_before: int  # pad tokens when every example is a row padded to block_size
+    padding_after: int  # pad tokens when every block is padded to block_size
 
     def note(self, block_size: int) -> str:
         saved = self.padding_before - self.padding_after
+        tokens = self.blocks * block_size - self.padding_after
+        fill = tokens / max(self.blocks * block_size, 1)
         return (f"data.packing: {self.examples} examples packed into {self.blocks} blocks of <= {block_size} tokens "
-                f"(positions restart per example, no attention across examples); padding saved: {saved} tokens "
-                f"({saved / max(self.padding_before, 1):.0%} of {self.padding_before} when each example is a row padded "
-                f"to the block)")
+                f"({self.examples / max(self.blocks, 1):.1f} per block, {fill:.0%} full; positions restart per example, "
+                f"no attention across examples); padding saved: {saved:,} tokens against every example padded to "
+                f"data.block_size (length-grouped batches of single examples pad less than that)")
 
 
 def pack_order(lengths: Sequence[int], block_size: int) -> list[list[int]]:
