@@ -207,7 +207,7 @@ def _chat_spans(messages, tokenizer) -> tuple[str, list[tuple[int, int]]]:
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = tokenizer.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True) if k else ""
+        before = _generation_prompt(tokenizer, messages[:k], m)
         through = tokenizer.apply_chat_template(messages[: k + 1], tokenize=False)
         if not (through.startswith(before) and full.startswith(through)):
             raise DataError("the tokenizer's chat template does not render a conversation as the extension of its "
@@ -215,6 +215,21 @@ def _chat_spans(messages, tokenizer) -> tuple[str, list[tuple[int, int]]]:
                             "data.template=plain or use a template with {% generation %} marks")
         spans.append((len(before), len(through)))
     return full, spans
+
+
+def _generation_prompt(tokenizer, messages, first_turn: str) -> str:  # noqa: ANN001
+    """The conversation so far with the assistant's turn opened. For an assistant turn first (no conversation to
+    render before it), what the template writes before the turn's text: whatever precedes its content (a default
+    system prompt, the turn's header)."""
+    if messages:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    content = first_turn["content"]
+    through = tokenizer.apply_chat_template([first_turn], tokenize=False)
+    at = through.rfind(content) if content else -1
+    if at < 0:
+        raise DataError("a conversation opens with an empty assistant turn, which the chat template's text cannot "
+                        "locate; drop that turn or set data.template=plain")
+    return through[:at]
 
 
 def _tokens(text: str, spans: list[tuple[int, int]], tokenizer, special: bool) -> tuple[list[int], list[bool]]:

@@ -148,3 +148,11 @@ def test_show_example_marks_the_trained_spans(toks):
     row = one([ROWS["alpaca"]], toks["plain"]).dataset[0]
     shown = ins.show_example(row, toks["plain"])
     assert shown.endswith("### Response:\n[[The answer is 4.<|endoftext|>]]")
+
+
+def test_a_default_system_prompt_is_not_learnt_when_the_assistant_speaks_first(toks, tmp_path):
+    tok = AutoTokenizer.from_pretrained(make_tiny_chat_tokenizer(
+        tmp_path / "t", chat_template="{{ '<|im_start|>system\nBe kind.<|im_end|>\n' }}" + CHATML))
+    row = one([{"messages": [{"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Hi"},
+                             {"role": "assistant", "content": "Hello world."}]}], tok).dataset[0]
+    assert trained_text(row, tok) == ["Hello<|im_end|>\n", "Hello world.<|im_end|>\n"]
