@@ -117,7 +117,7 @@ def write_model_card(
     if label_names:
         lines += ["## Labels", "", *_table(("id", "label"), list(enumerate(label_names))), ""]
     if data_rows := entry.card_rows(summary, config):  # the task's (causal LM: corpus, tokens, block size, perplexity)
-        lines += ["## Training data", "", *_table(("", "value"), data_rows), ""]
+        lines += ["## Training data", "", *_table(("item", "value"), data_rows), ""]
     if ev:
         n = ev.get("samples", ev.get("eval.samples"))
         lines += ["## Evaluation", "", f"On {n:,} held-out examples:" if isinstance(n, int) else "On the eval set:", ""]

@@ -33,7 +33,7 @@ def model(tiny):
     return AutoModelForCausalLM.from_pretrained(tiny[1]).eval()
 
 
-def rows(n: int, seed: int, vocab: int = 36, max_len: int = 12) -> list[dict]:
+def rows(n: int, seed: int, vocab: int = 150, max_len: int = 12) -> list[dict]:
     """Rows as the tokens data side gives them: input_ids, unshifted labels with some -100, targets."""
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -175,8 +175,8 @@ def test_model_from_config_takes_the_tokenizers_vocabulary(tiny):
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.config.vocab_size == n and model.get_input_embeddings().num_embeddings == n
     assert model.config.eos_token_id == 1 and model.config.pad_token_id == 1  # pad = EOS (the tokenizer has none)
-    bigger = resolve(None, [*TINY_LLAMA, f"model.tokenizer={tok}", "model.config_overrides.vocab_size=64"])
-    assert build_model(bigger.model, [], "causal-lm").config.vocab_size == 64  # padded up: kept
+    bigger = resolve(None, [*TINY_LLAMA, f"model.tokenizer={tok}", "model.config_overrides.vocab_size=192"])
+    assert build_model(bigger.model, [], "causal-lm").config.vocab_size == 192  # padded up: kept
     smaller = resolve(None, [*TINY_LLAMA, f"model.tokenizer={tok}", "model.config_overrides.vocab_size=8"])
     with pytest.raises(ConfigError, match="smaller than the tokenizer's vocabulary"):
         build_model(smaller.model, [], "causal-lm")
