@@ -63,6 +63,19 @@ def word_rows(n: int, seed: int = 0, *, max_words: int = 30, words: dict[str, li
     return out
 
 
+GOOD, BAD = ["good", "fine", "great"], ["bad", "poor", "awful"]
+
+
+def score_rows(n: int, seed: int = 0) -> list[dict]:
+    """Texts of good and bad words, scored 0-5 by their share of good words (not all whole numbers): regression."""
+    r = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words = [r.choice(GOOD + BAD) for _ in range(r.randint(2, 12))]
+        rows.append({"text": " ".join(words), "score": round(5 * sum(w in GOOD for w in words) / len(words), 3)})
+    return rows
+
+
 def alternating_rows(n: int, max_repeat: int = 5) -> list[dict]:
     """n rows alternating "bad poor ..." (label 0) and "good fine ..." (label 1), 1 to max_repeat repetitions."""
     return [{"text": ("good fine " if i % 2 else "bad poor ") * (1 + i % max_repeat), "label": i % 2}

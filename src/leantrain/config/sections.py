@@ -107,6 +107,11 @@ class DataConfig(Section):
         "unset = labels are lists (JSON/JSONL)"
     )
     max_length: int = Field(128, gt=0, description="tokens per example; longer inputs are truncated")
+    standardize_targets: bool = Field(
+        False, description="regression: train on (score - mean) / std, mean and std of the training split; stored "
+        "in the model's config.json (target_standardization) so that predict and eval give the data's scale "
+        "(pipeline() gives the standardised score)"
+    )
     image_column: str | None = Field(
         None, description="images: column of image file paths (relative to the data file); auto: image, path, file, ..."
     )
@@ -215,6 +220,15 @@ class TrainConfig(Section):
         None, description="single-label classification: per-class loss weights; unset = none; balanced = n_samples "
         "/ (n_classes x count of the class) over the training data (sklearn's); or [w0, w1, ...], one positive weight "
         "per class in label-id order. The loss is divided by the sum of the weights of the global batch's examples"
+    )
+
+    loss: Literal["mse", "huber"] = Field(
+        "mse", description="regression: mse (squared error) or huber (squared within train.huber_delta, linear "
+        "beyond; less pulled by outliers); summed over the examples / the global batch's example count"
+    )
+    huber_delta: float = Field(
+        1.0, gt=0, description="train.loss=huber: where the loss turns from squared to linear, in the units the model "
+        "predicts (the standardised scale under data.standardize_targets)"
     )
 
     @field_validator("class_weights")

@@ -167,6 +167,7 @@ def build_run(start: RunStart) -> Run:
 
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
     model = build_model(cfg.model, data.label_names, data.task)
+    model.config.update(data.task_object.model_config_fields())  # e.g. the target standardisation, saved with it
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)

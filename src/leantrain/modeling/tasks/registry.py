@@ -56,7 +56,26 @@ class Task:
         """This task with the run's settings (``Config``; multi-label: ``eval.threshold``); itself by default."""
         return self
 
+    def fitted(self, train) -> "Task":
+        """This task with what it learns from the processed training data (regression under
+        ``data.standardize_targets``: the scores' mean and std); itself by default."""
+        return self
+
+    def from_model_config(self, config) -> "Task":
+        """This task as a saved model's config describes it (``model_config_fields``; predict / eval of a saved
+        model); itself by default."""
+        return self
+
     # -- model
+    def model_config_fields(self) -> dict:
+        """What this task, configured and fitted, writes into the model's config.json beyond ``model_fields``
+        (regression: ``target_standardization``); nothing by default."""
+        return {}
+
+    def card_notes(self, model_config: dict) -> list[str]:
+        """Markdown lines the model card adds for a saved model of this task (its config.json as a dict)."""
+        return []
+
     def model_class(self):
         import transformers  # lazy: heavy
 
