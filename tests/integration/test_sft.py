@@ -62,3 +62,21 @@ def test_neither_text_nor_instructions_exits_2_before_the_model(tmp_path, model)
              f"output_dir={tmp_path / 'out'}"])
     assert r.returncode == 2, r.stderr[-3000:]
     assert "qa.jsonl" in r.stderr and "question, answer" in r.stderr and "instruction / input / output" in r.stderr
+
+
+def test_eval_of_the_saved_model_matches_training(tmp_path, model):
+    """`leantrain eval` on the saved folder: the run's block size, template and train_on_prompt come from
+    model/leantrain.json, so eval.loss (mean over the same target tokens) is training's."""
+    from leantrain import train
+    from leantrain.cli import main
+
+    held = jsonl(tmp_path / "held.jsonl", rows(5, 2))
+    summary = train(None, [f"model.name={model}", f"data.train={jsonl(tmp_path / 'train.jsonl', rows(16, 3))}",
+                           f"data.eval={held}", "data.block_size=48", "data.train_on_prompt=true",
+                           "train.max_steps=2", "train.batch_size=8", "efficiency.precision=fp32",
+                           "report.plots=false", f"output_dir={tmp_path / 'run'}"])
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(tmp_path / "run" / "model"), f"data.eval={held}", "--output", str(out)]) == 0
+    got = json.loads(out.read_text())["eval"]
+    assert got["tokens"] == summary["eval"]["tokens"]
+    assert got["loss"] == pytest.approx(summary["eval"]["loss"], rel=1e-5)
