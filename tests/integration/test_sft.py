@@ -41,8 +41,8 @@ def model(tmp_path_factory):
 def test_sft_two_processes_accumulation_two_equals_one_process(tmp_path, model, packing):
     cfg = {
         "model": {"name": str(model)},
-        "data": {"train": jsonl(tmp_path / "train.jsonl", rows(40, 0)), "eval": jsonl(tmp_path / "eval.jsonl", rows(7, 1)),
-                 "block_size": 64, "packing": packing},
+        "data": {"train": jsonl(tmp_path / "train.jsonl", rows(40, 0)),
+                 "eval": jsonl(tmp_path / "eval.jsonl", rows(7, 1)), "block_size": 64, "packing": packing},
         "train": {"batch_size": 8, "micro_batch_size": 2, "max_steps": 6, "lr": 1e-3, "log_every_steps": 1, "seed": 7},
         "report": {"plots": False, "progress": "plain", "sample_prompts": ["what is two and two"],
                    "sample_max_new_tokens": 4},

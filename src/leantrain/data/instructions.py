@@ -77,7 +77,8 @@ def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, str]]:
             raise ValueError(f"{extra!r} is {type(more).__name__}, not text")
         if more and more.strip():
             prompt = f"{prompt}\n\n{more}"
-        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": _text(row.get(answer), answer, blank_ok=True)}]
+        return [{"role": "user", "content": prompt},
+                {"role": "assistant", "content": _text(row.get(answer), answer, blank_ok=True)}]
     if fmt == "prompt_completion":
         return [{"role": "user", "content": _text(row.get("prompt"), "prompt")},
                 {"role": "assistant", "content": _text(row.get("completion"), "completion", blank_ok=True)}]
@@ -135,7 +136,8 @@ def choose_rendering(tokenizer, template: str, fmt: str) -> Rendering:
     has_chat = bool(getattr(tokenizer, "chat_template", None))
     if template == "chat" or (template == "auto" and has_chat and fmt != "prompt_completion"):
         if not has_chat:
-            raise DataError("data.template=chat, but the tokenizer has no chat template; use data.template=auto or plain")
+            raise DataError("data.template=chat, but the tokenizer has no chat template; use data.template=auto or "
+                            "plain")
         chat_template = tokenizer.chat_template
         tagged = isinstance(chat_template, str) and bool(_GENERATION_TAG.search(chat_template))
         return Rendering("generation" if tagged else "chat")
@@ -165,7 +167,8 @@ def render(messages: list[dict[str, str]], tokenizer, rendering: Rendering) -> t
     """(token ids, is-response mask) of one conversation; every assistant turn (and the end-of-turn / EOS after it)
     is marked."""
     if rendering.mode == "generation":
-        enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
         ids = list(enc["input_ids"])
         return ids, [bool(m) for m in enc["assistant_masks"]]
     text, spans, special = _text_spans(messages, tokenizer, rendering)
@@ -334,8 +337,9 @@ def process(ds: datasets.Dataset, tokenizer, *, block_size: int, template: str =
     data.notes.append(f"{where}: instruction data, format {FORMATS[fmt][2]}; rendered with "
                       f"{_rendering_name(rendering)}; loss on {'every token' if train_on_prompt else 'responses only'}")
     if truncated:
+        gone = f"; {dropped} left with no response token were dropped" if dropped else ""
         data.notes.append(f"{where}: {truncated} of {len(ds)} examples longer than data.block_size={block_size} "
-                          f"tokens, cut from the end{f'; {dropped} left with no response token were dropped' if dropped else ''}")
+                          f"tokens, cut from the end{gone}")
     return data
 
 
@@ -377,9 +381,9 @@ class Packed:
         tokens = self.blocks * block_size - self.padding_after
         fill = tokens / max(self.blocks * block_size, 1)
         return (f"data.packing: {self.examples} examples packed into {self.blocks} blocks of <= {block_size} tokens "
-                f"({self.examples / max(self.blocks, 1):.1f} per block, {fill:.0%} full; positions restart per example, "
-                f"no attention across examples); padding saved: {saved:,} tokens against every example padded to "
-                f"data.block_size (length-grouped batches of single examples pad less than that)")
+                f"({self.examples / max(self.blocks, 1):.1f} per block, {fill:.0%} full; positions restart per "
+                f"example, no attention across examples); padding saved: {saved:,} tokens against every example "
+                f"padded to data.block_size (length-grouped batches of single examples pad less than that)")
 
 
 def pack_order(lengths: Sequence[int], block_size: int) -> list[list[int]]:

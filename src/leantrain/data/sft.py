@@ -49,7 +49,8 @@ def _keep(part: Part, fmt: str) -> datasets.Dataset:
         return part.ds.select_columns(keep)
 
 
-def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labels=None) -> PreparedData:  # noqa: ANN001
+def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
+                      known_labels=None) -> PreparedData:  # noqa: ANN001
     """Instruction/chat training (and eval) rows, checked: one DataError naming file, line and problem."""
     notes: list[str] = []
     train_spec = cfg.train if cfg.train is not None else str(demo_files()[0])
@@ -60,12 +61,14 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     for part in parts:
         fmt = ins.detect_format(part.ds.column_names)
         if fmt is None:
-            problems.append(f"{part.where}: not instruction/chat data; columns found: {', '.join(part.ds.column_names)}")
+            found = ", ".join(part.ds.column_names)
+            problems.append(f"{part.where}: not instruction/chat data; columns found: {found}")
             continue
         fmts[id(part)] = fmt
         problems += ins.check_rows(part.ds, fmt, part.where, name_row=lambda i, p=part: p.rows([i]))
     if problems:
-        raise data_error(problems + [f"instruction/chat formats accepted: {'; '.join(d for *_, d in ins.FORMATS.values())}"])
+        accepted = "; ".join(d for *_, d in ins.FORMATS.values())
+        raise data_error(problems + [f"instruction/chat formats accepted: {accepted}"])
     if cfg.template not in ("auto", "chat", "plain"):
         ins.check_template(cfg.template)
     fmt = fmts[id(train)]
@@ -134,7 +137,8 @@ def chat_rendering(tokenizer, cfg: DataConfig, columns) -> bool:  # noqa: ANN001
     return fmt is not None and ins.choose_rendering(tokenizer, cfg.template, fmt).chat
 
 
-def sample_inputs(prompts: list[str], tokenizer, cfg: DataConfig, columns: dict | None) -> tuple[list[str], bool]:  # noqa: ANN001
+def sample_inputs(prompts: list[str], tokenizer, cfg: DataConfig,  # noqa: ANN001
+                  columns: dict | None) -> tuple[list[str], bool]:
     """``report.sample_prompts`` as the model was trained to see them: (texts, chat). Instruction data rendered with
     the chat template: the prompts and chat=True (each one a user turn with the generation prompt); with the plain
     template: each prompt wrapped in it; prompt/completion rows and plain text: the prompts as they are."""

@@ -14,7 +14,8 @@ from tests.helpers import CHATML, CHATML_GENERATION, make_tiny_chat_tokenizer
 ROWS = {
     "messages": {"messages": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "What is 2 + 2?"},
                               {"role": "assistant", "content": "The answer is 4."}]},
-    "sharegpt": {"conversations": [{"from": "system", "value": "Be kind."}, {"from": "human", "value": "What is 2 + 2?"},
+    "sharegpt": {"conversations": [{"from": "system", "value": "Be kind."},
+                                   {"from": "human", "value": "What is 2 + 2?"},
                                    {"from": "gpt", "value": "The answer is 4."}]},
     "alpaca": {"instruction": "What is 2 + 2?", "input": "", "output": "The answer is 4."},
     "dolly": {"instruction": "What is 2 + 2?", "context": "numbers", "response": "The answer is 4.", "category": "qa"},
