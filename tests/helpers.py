@@ -128,17 +128,25 @@ LM_WORDS = [a + b for a in ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s
             for b in ("a", "e", "i", "o", "u", "ai", "ea", "ou", "oo", "ie")]  # 150 words
 
 
+# English words and punctuation for prompts in generation tests (the gen branch's tiny tokenizer had these).
+TINY_LM_WORDS = ("the a one two three red blue green cat dog bird fish tree house river king queen man woman child "
+                 "runs sees eats likes finds makes walks sings and or but not with on in to of is was "
+                 "hello world once upon time there lived who what where when why how yes no good bad big small "
+                 "user assistant system").split() + list(".,!?:;'\"<>|/-")
+
+
 def make_tiny_lm_tokenizer(folder: Path, *, words: list[str] | None = None) -> Path:
-    """A word-level tokenizer (whitespace split; ids: <unk> 0, <eos> 1, then the words) saved as a
-    PreTrainedTokenizerFast folder: a small vocabulary for CPU tests of causal LMs. decode() joins words by spaces."""
+    """A word-level tokenizer (whitespace and punctuation split; ids: <unk> 0, <eos> 1, then the words: by default
+    LM_WORDS then TINY_LM_WORDS, ~240 tokens) saved as a PreTrainedTokenizerFast folder: a small vocabulary for CPU
+    tests of causal LMs; no pad token (like GPT-2's), no chat template. decode() joins words by spaces."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<eos>": 1}
-    for w in words if words is not None else LM_WORDS:
+    for w in words if words is not None else LM_WORDS + TINY_LM_WORDS:
         vocab.setdefault(w, len(vocab))
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
     tok.save_pretrained(folder)

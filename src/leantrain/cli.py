@@ -20,6 +20,7 @@ examples:
   leantrain train --print-config train.batch_size=64
   leantrain train model.name=<image model> data.train=photos/train data.eval=photos/test   # a folder per class
   leantrain train model.config_type=wav2vec2 data.train=clips.csv data.audio_column=file  # from scratch
+  leantrain prepare corpus/*.txt model.tokenizer=<folder or hub id> output_dir=shards/   # causal LM text -> token shards
   leantrain inspect path/or/hub-id                 # no argument: the default model (also: minilm)
   leantrain predict runs/x/model --input new.csv --output preds.jsonl
   leantrain eval runs/x/model data.eval=dev.csv
@@ -144,12 +145,34 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     pl.add_argument("--nproc", type=int, default=1, help="processes sharing the global batch (DDP/FSDP per device)")
     pl.add_argument("--json", action="store_true", help="print JSON on stdout (total under peak_bytes)")
     pl.add_argument("--breakdown-only", action="store_true", help="only this config's lines (no search; faster)")
+    pp = sub.add_parser(
+        "prepare", help="tokenise a causal LM's text into token shards ahead of time (train takes the folder as "
+        "data.train)", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Tokenises the text once into flat token shards (uint16/uint32 files, each document followed by "
+        "EOS, a document index, and a manifest.json written last), in data.num_proc processes, streaming (memory "
+        "does not grow with the corpus). Prints tokens, documents, tokens per document (min/median/p90/max), the "
+        "blocks data.block_size cuts from them, and the folder. Without output_dir the shards go to the datasets "
+        "cache (data.cache_dir), where train finds them again for the same text and tokenizer.",
+        epilog="""sources:
+  corpus.txt                 one document per file, or split at data.document_separator (e.g. '\\n\\n': blank lines)
+  'corpus/*.txt' or corpus/  a glob or a folder of .txt files, in sorted order
+  rows.jsonl data.text_column=body   a CSV/TSV/JSON/JSONL/Parquet file (or dataset folder / Hub name), one document
+                                     per row
+  (none)                     data.train
+examples:
+  leantrain prepare corpus/*.txt model.tokenizer=gpt2-folder output_dir=shards/
+  leantrain prepare books.txt data.document_separator='\\n\\n' model.tokenizer=HuggingFaceTB/SmolLM2-135M
+  leantrain prepare rows.jsonl data.text_column=body model.name=<causal LM folder> data.num_proc=8
+  leantrain train model.task=causal-lm model.config=llama.json model.tokenizer=gpt2-folder data.train=shards/
+""")
+    pp.add_argument("args", nargs="*", metavar="SOURCE ... [CONFIG.yaml] [key=value ...]")
+    pp.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     c = sub.add_parser("cache", help="list or clear the caches leantrain made outside run folders (docs/caches.md)")
     c_what = c.add_mutually_exclusive_group()
     c_what.add_argument("--list", action="store_true", help="show each cache folder and its size (the default)")
     c_what.add_argument("--clear", action="store_true", help="remove them (asks nothing; prints what it removed)")
     return p, {"train": t, "inspect": i, "predict": pr, "eval": e, "generate": g, "bench": b, "plan": pl,
-               "cache": c}
+               "cache": c, "prepare": pp}
 
 
 def _cmd_train(ns) -> int:
@@ -203,6 +226,17 @@ def _cmd_plan(ns) -> int:
     return 0
 
 
+def _cmd_prepare(ns) -> int:
+    from leantrain.commands.prepare import prepare_command  # lazy: transformers loads for the command only
+
+    positional = [v for v in ns.args if "=" not in v]
+    configs = [v for v in positional if v.endswith((".yaml", ".yml"))]
+    if len(configs) > 1:
+        raise UserError(f"expected at most one config file, got {configs}")
+    sources = [v for v in positional if v not in configs]
+    return prepare_command(sources, configs[0] if configs else None, [v for v in ns.args if "=" in v], as_json=ns.json)
+
+
 def _cmd_cache(ns) -> int:
     from leantrain.commands.cache import cache_command  # lazy: keeps the other commands' start-up light
 
@@ -231,7 +265,8 @@ def _main(argv: list[str] | None = None) -> int:
     ns = subs[argv[0]].parse_intermixed_args(argv[1:])
     try:
         return {"train": _cmd_train, "inspect": _cmd_inspect, "predict": _cmd_predict, "eval": _cmd_eval,
-                "generate": _cmd_generate, "bench": _cmd_bench, "plan": _cmd_plan, "cache": _cmd_cache}[argv[0]](ns)
+                "generate": _cmd_generate, "bench": _cmd_bench, "plan": _cmd_plan, "cache": _cmd_cache,
+                "prepare": _cmd_prepare}[argv[0]](ns)
     except UserError as e:
         print(f"leantrain: error: {e}", file=sys.stderr)
         return e.exit_code

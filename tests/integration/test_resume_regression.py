@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import torch
 
 from leantrain.report.logs import read_metrics
 from tests.helpers import make_tiny_bert, model_params, run_train_process, score_rows, write_rows
 
 REGRESSION = ("train.loss=huber", "train.huber_delta=0.5", "data.standardize_targets=true")
+pytestmark = pytest.mark.slow  # two training processes and a resumed one: ~2 min on a shared 2-core CPU
+
 KEEP = ("type", "step", "loss", "lr", "grad_norm", "eval.loss", "eval.mse", "eval.mae", "eval.pearson")
 
 

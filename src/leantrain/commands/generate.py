@@ -41,8 +41,17 @@ def load_causal_lm(name: str, *, revision: str | None = None, trust_remote_code:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers import AutoConfig
+
     check_weights(name, allow_pickle)
     kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
+    try:
+        archs = getattr(AutoConfig.from_pretrained(name, **kwargs), "architectures", None) or []
+    except (OSError, ValueError) as e:
+        raise UserError(f"could not read the config of {name!r}: {str(e).splitlines()[0] if str(e) else e}") from None
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in archs):
+        raise UserError(f"{name} is a {', '.join(archs)}, not a causal language model; leantrain generate needs one "
+                        "(e.g. a run of model.task=causal-lm, or smollm2-135m)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(name, use_safetensors=None if allow_pickle else True, **kwargs)

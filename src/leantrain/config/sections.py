@@ -167,8 +167,8 @@ class DataConfig(Section):
         "cross documents; a document's first token gets no target from the previous one"
     )
     num_proc: int | None = Field(
-        None, gt=0, description="causal LM: processes that tokenise the corpus into token shards; unset = up to 8 "
-        "(one per CPU) for corpora over 16 MB, else 1"
+        None, gt=0, description="causal LM: processes that tokenise the corpus into token shards; unset = one per "
+        "CPU but one, at most 8, for corpora over 16 MB, else 1 (in-process)"
     )
 
 
@@ -353,6 +353,11 @@ class EfficiencyConfig(Section):
     dropout: Literal["auto", "fast", "torch"] = Field(
         "auto", description="fast: nn.Dropout masks drawn 4 elements per random word, p rounded to 1/65536 "
         "(about half the cost of torch's on CPU); auto: fast on CPU, torch on GPUs"
+    )
+    chunked_loss: Literal["auto"] | bool = Field(
+        "auto", description="causal LMs: the loss computed against the output layer a chunk of tokens at a time, so "
+        "the fp32 tokens x vocab logits never exist (same loss and gradients, one more output-layer matmul); auto: "
+        "on for a vocabulary of 8192 or more; true on a model that post-processes its logits fails (exit 2)"
     )
     cpu_allocator: Literal["auto", "reuse", "system"] = Field(
         "auto", description="reuse: freed host memory stays in the process for the next step instead of being "

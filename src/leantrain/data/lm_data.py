@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from leantrain.config import DataConfig
 from leantrain.data.blocks import Blocks
+from leantrain.data.caches import using_cache_dir
 from leantrain.data.lm_collate import LMCollator, pad_id_of
 from leantrain.data.sources import SourceError
 from leantrain.data.text_loader import PreparedData, data_error
@@ -47,7 +48,8 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
             continue
         try:
             sources[key] = open_token_source(spec, key, text_column=cfg.text_column, separator=cfg.document_separator,
-                                             split=cfg.train_split, quoting=cfg.quoting, eval_split=key == "data.eval")
+                                             split=cfg.eval_split if key == "data.eval" else cfg.train_split,
+                                             quoting=cfg.quoting, eval_split=key == "data.eval")
         except SourceError as e:
             problems.append(str(e))
     if problems:
@@ -72,7 +74,7 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = False, known
     """One source for ``leantrain eval``: all its blocks."""
     try:
         source = open_token_source(path, "data.eval", text_column=cfg.text_column, separator=cfg.document_separator,
-                                   quoting=cfg.quoting, eval_split=True)
+                                   split=cfg.eval_split, quoting=cfg.quoting, eval_split=True)
     except SourceError as e:
         raise data_error([str(e)]) from None
     return LMSplit(source, first=cfg.max_eval_samples, first_key="data.max_eval_samples"), []
@@ -81,7 +83,8 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = False, known
 def process(split: LMSplit, tokenizer, cfg: DataConfig, desc: str = "Tokenizing") -> Blocks:  # noqa: ANN001
     """Token shards of the split's source (prepared, or reused from the cache), cut into blocks."""
     try:
-        shards = prepared_shards(split.source, tokenizer, num_proc=cfg.num_proc, desc=desc)
+        with using_cache_dir(cfg.cache_dir):
+            shards = prepared_shards(split.source, tokenizer, num_proc=cfg.num_proc, desc=desc)
     except SourceError as e:
         raise data_error([str(e)]) from None
     blocks = Blocks(shards, cfg.block_size, document_mask=cfg.document_mask)

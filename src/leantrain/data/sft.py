@@ -138,13 +138,15 @@ def chat_rendering(tokenizer, cfg: DataConfig, columns) -> bool:  # noqa: ANN001
 
 
 def sample_inputs(prompts: list[str], tokenizer, cfg: DataConfig,  # noqa: ANN001
-                  columns: dict | None) -> tuple[list[str], bool]:
-    """``report.sample_prompts`` as the model was trained to see them: (texts, chat). Instruction data rendered with
-    the chat template: the prompts and chat=True (each one a user turn with the generation prompt); with the plain
-    template: each prompt wrapped in it; prompt/completion rows and plain text: the prompts as they are."""
+                  columns: dict | None) -> tuple[list[str], bool | None]:
+    """``report.sample_prompts`` as the model was trained to see them: (texts, chat) for
+    ``generation.continuations``. Instruction data rendered with the chat template: the prompts and chat=True (each
+    one a user turn with the generation prompt); with the plain template: each prompt wrapped in it, chat=False;
+    prompt/completion rows: the prompts as they are, chat=False. Plain text (no instruction format): the prompts and
+    chat=None (the generation default: the chat template where the tokenizer has one)."""
     fmt = (columns or {}).get("format")
     if fmt not in ins.FORMATS:
-        return list(prompts), False
+        return list(prompts), None
     rendering = ins.choose_rendering(tokenizer, cfg.template, fmt)
     if rendering.mode == "plain":
         return [ins.plain_prompt(p, rendering.template or ins.PLAIN_TEMPLATE) for p in prompts], False

@@ -82,7 +82,7 @@ class TokenSource:
         """Every document's text in order (blank ones included; the writer skips them)."""
         if self.kind == "txt":
             for path in self.files:
-                yield from _file_documents(path, self.separator)
+                yield from _file_documents(path, self.separator, self.key)
         elif self.kind == "table":
             ds = self.dataset.select_columns([self.text_column])
             for batch in ds.iter(batch_size=BATCH_DOCS):
@@ -98,20 +98,24 @@ class TokenSource:
         return 0
 
 
-def _file_documents(path: Path, separator: str | None) -> Iterator[str]:
-    with open(path, encoding="utf-8", errors="strict", newline="") as f:
-        if separator is None:
-            yield f.read()
-            return
-        rest = ""
-        while True:
-            piece = f.read(READ_CHARS)
-            if not piece:
-                break
-            parts = (rest + piece).split(separator)
-            rest = parts.pop()
-            yield from parts
-        yield rest
+def _file_documents(path: Path, separator: str | None, key: str = "data.train") -> Iterator[str]:
+    try:
+        with open(path, encoding="utf-8", errors="strict", newline="") as f:
+            if separator is None:
+                yield f.read()
+                return
+            rest = ""
+            while True:
+                piece = f.read(READ_CHARS)
+                if not piece:
+                    break
+                parts = (rest + piece).split(separator)
+                rest = parts.pop()
+                yield from parts
+            yield rest
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{key}: {path}: not UTF-8 text ({e.reason}: byte {e.object[e.start:e.start + 1]!r}); "
+                          "convert it to UTF-8") from None
 
 
 def _is_glob(spec: str) -> bool:
@@ -119,10 +123,11 @@ def _is_glob(spec: str) -> bool:
 
 
 def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str | None = None,
-                      separator: str | None = None, split: str = "train", quoting: str = "auto",
+                      separator: str | None = None, split: str | None = "train", quoting: str = "auto",
                       eval_split: bool = False) -> TokenSource:
     """Resolve the sources of one split (``data.train`` or ``data.eval``; ``leantrain prepare``'s arguments).
-    Raises SourceError naming the key and file."""
+    A multi-split tabular source gives ``split`` (eval: ``split``, else validation, else test). Raises SourceError
+    naming the key and file."""
     specs = [specs] if isinstance(specs, str) else list(specs)
     if not specs:
         raise SourceError(f"{key}: no source given")
@@ -154,14 +159,18 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
     if len(others) > 1:
         raise SourceError(f"{key}: several tabular sources ({', '.join(others[:3])}); give one (or .txt files)")
     if texts:
+        separator = unescape_separator(separator)
         if separator == "":
             raise SourceError("data.document_separator: an empty separator; unset it for one document per file")
         stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in texts]
         fp = _sha({"kind": "txt", "files": stats, "separator": separator})
         return TokenSource(key, specs, "txt", files=texts, separator=separator, fingerprint=fp)
     source = open_source(others[0], key, quoting=quoting)
-    wanted = ["validation", "test"] if eval_split else [split]
-    part = pick_split(source, wanted, setting=None if eval_split else "data.train_split", single_ok=eval_split)
+    if eval_split:
+        wanted, setting = ([split], "data.eval_split") if split else (["validation", "test"], None)
+    else:
+        wanted, setting = [split], "data.train_split"
+    part = pick_split(source, wanted, setting=setting, single_ok=eval_split)
     if part is None:
         raise SourceError(f"{key}: {others[0]} has several splits ({', '.join(source.data)}) and none is named "
                           "validation or test; set data.eval_split")
@@ -174,6 +183,13 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
         content = [others[0], getattr(ds, "_fingerprint", None)]
     fp = _sha({"kind": "table", "source": content, "split": part.split, "column": column})
     return TokenSource(key, specs, "table", dataset=ds, text_column=column, fingerprint=fp)
+
+
+def unescape_separator(separator: str | None) -> str | None:
+    """``\\n``, ``\\t``, ``\\r`` written on a command line (data.document_separator='\\n\\n') mean the characters."""
+    if separator is None or "\\" not in separator:
+        return separator
+    return separator.replace("\\n", "\n").replace("\\t", "\t").replace("\\r", "\r")
 
 
 def _text_column(ds, wanted: str | None, where: str) -> str:  # noqa: ANN001
@@ -231,15 +247,28 @@ def token_dtype(vocab_size: int) -> np.dtype:
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer) -> None:  # noqa: ANN001
+def _init_worker(tokenizer, framing: dict, dtype: str) -> None:  # noqa: ANN001
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _WORKER["tokenizer"] = tokenizer
+    _WORKER.update(tokenizer=tokenizer, framing=framing, dtype=dtype)
 
 
-def _encode(texts: list[str], tokenizer=None) -> list[np.ndarray]:  # noqa: ANN001
-    tok = tokenizer if tokenizer is not None else _WORKER["tokenizer"]
-    ids = tok(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-    return [np.asarray(x, dtype=np.int64) for x in ids]
+def encode_documents(texts: list[str], tokenizer, framing: dict, dtype) -> tuple[np.ndarray, np.ndarray]:  # noqa: ANN001
+    """A batch of documents -> (their tokens back to back, each framed by [BOS] ... EOS, as ``dtype``; the length
+    of each). One flat array per batch: little to pass between processes and nothing per document to collect."""
+    ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    lead = [] if framing["bos"] is None else [framing["bos"]]
+    end = [framing["eos"]]
+    lengths = np.fromiter((len(x) + len(lead) + 1 for x in ids), dtype=np.int64, count=len(ids))
+    flat: list[int] = []
+    for x in ids:
+        flat += lead
+        flat += x
+        flat += end
+    return np.array(flat, dtype=dtype), lengths
+
+
+def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    return encode_documents(texts, _WORKER["tokenizer"], _WORKER["framing"], _WORKER["dtype"])
 
 
 def _batches(docs: Iterable[str], skipped: list[int]) -> Iterator[list[str]]:
@@ -258,18 +287,19 @@ def _batches(docs: Iterable[str], skipped: list[int]) -> Iterator[list[str]]:
         yield batch
 
 
-def _encoded(batches: Iterator[list[str]], tokenizer, num_proc: int) -> Iterator[list[np.ndarray]]:  # noqa: ANN001
+def _encoded(batches: Iterator[list[str]], tokenizer, framing: dict, dtype: str,  # noqa: ANN001
+             num_proc: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Encoded batches in input order; with num_proc > 1 a process pool with at most 2 x num_proc batches in flight
     (bounded memory: the input is read no faster than it is tokenised)."""
     if num_proc <= 1:
         for batch in batches:
-            yield _encode(batch, tokenizer)
+            yield encode_documents(batch, tokenizer, framing, dtype)
         return
     with ProcessPoolExecutor(num_proc, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(tokenizer,)) as pool:
+                             initargs=(tokenizer, framing, dtype)) as pool:
         window: deque = deque()
         for batch in batches:
-            window.append(pool.submit(_encode, batch))
+            window.append(pool.submit(_encode_in_worker, batch))
             if len(window) >= 2 * num_proc:
                 yield window.popleft().result()
         while window:
@@ -309,13 +339,13 @@ class _Writer:
         self._index.write(data)
         self._index_hash.update(data)
 
-    def add(self, docs: list[np.ndarray]) -> None:
-        if not docs:
+    def add(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Documents given back to back (``flat``, already this writer's dtype) with their ``lengths``."""
+        if not len(lengths):
             return
-        lengths = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
         self._write_index(self.tokens + np.concatenate([[0], np.cumsum(lengths)[:-1]]))
         self.lengths.add(lengths)
-        flat = np.concatenate(docs).astype(self.dtype.newbyteorder("<"), copy=False)
+        flat = np.asarray(flat, dtype=self.dtype.newbyteorder("<"))
         while len(flat):
             if self._file is None or self._in_shard >= self.shard_tokens:
                 self._close_shard()
@@ -327,7 +357,7 @@ class _Writer:
             self._in_shard += len(take)
             flat = flat[len(take):]
         self.tokens += int(lengths.sum())
-        self.documents += len(docs)
+        self.documents += len(lengths)
 
     def close(self) -> dict:
         self._close_shard()
@@ -386,6 +416,9 @@ class TokenShards:
                       np.zeros(0, self.dtype) for s in manifest["shards"]]
         self._ends = np.cumsum([s["tokens"] for s in manifest["shards"]], dtype=np.int64)
         self.doc_starts = np.memmap(self.folder / manifest["index"]["file"], dtype="<i8", mode="r")
+
+    def __reduce__(self):  # DataLoader workers started by spawn: reopen the files there, never copy the tokens
+        return (type(self), (self.folder, self.manifest))
 
     @classmethod
     def open(cls, folder: str | os.PathLike, *, where: str | None = None) -> "TokenShards":
@@ -457,6 +490,13 @@ def _sha(obj) -> str:  # noqa: ANN001
 # ----------------------------------------------------------------------------------------------- preparing
 
 
+def auto_num_proc(corpus_bytes: int) -> int:
+    """data.num_proc unset: one worker per CPU but one (the main process reads, writes and hashes), at most 8, for
+    corpora over 16 MB; else 1 (no pool: in-process, where a fast tokenizer still spreads a batch over threads)."""
+    workers = min(8, (os.cpu_count() or 1) - 1)
+    return workers if corpus_bytes > AUTO_PARALLEL_BYTES and workers >= 2 else 1
+
+
 def write_shards(source: TokenSource, tokenizer, folder: Path, *, num_proc: int | None = None,  # noqa: ANN001
                  desc: str = "Tokenizing", shard_tokens: int = SHARD_TOKENS) -> dict:
     """Tokenise ``source`` into ``folder`` (created; old shard files and manifest there are replaced), writing the
@@ -470,18 +510,16 @@ def write_shards(source: TokenSource, tokenizer, folder: Path, *, num_proc: int 
     (folder / MANIFEST).unlink(missing_ok=True)  # not ready from here on, until the new manifest lands
     for old in folder.glob("tokens-*.bin"):
         old.unlink()
-    procs = num_proc or (min(8, os.cpu_count() or 1) if source.size_bytes() > AUTO_PARALLEL_BYTES else 1)
+    procs = num_proc or auto_num_proc(source.size_bytes())
     dtype = token_dtype(len(tokenizer))
     writer = _Writer(folder, dtype, shard_tokens)
     skipped = [0]
     start = time.perf_counter()
-    head = np.array([framing["bos"]], dtype=np.int64) if framing["bos"] is not None else np.zeros(0, np.int64)
-    tail = np.array([framing["eos"]], dtype=np.int64)
     bar = _progress(desc, source)
     try:
-        for encoded in _encoded(_batches(source.documents(), skipped), tokenizer, procs):
-            writer.add([np.concatenate([head, ids, tail]) for ids in encoded])
-            bar.update(sum(len(ids) for ids in encoded) + len(encoded) * (1 + len(head)))
+        for flat, lengths in _encoded(_batches(source.documents(), skipped), tokenizer, framing, dtype.str, procs):
+            writer.add(flat, lengths)
+            bar.update(len(flat))
     finally:
         bar.close()
     files = writer.close()
@@ -561,7 +599,7 @@ def prepared_shards(source: TokenSource, tokenizer, *, num_proc: int | None = No
     tmp = root / f"{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     try:
         write_shards(source, tokenizer, tmp, num_proc=num_proc, desc=desc)
-        if final.exists():  # a half-written folder (no manifest) or one that failed its check: replace it
+        if final.exists() and read_manifest(final) is None:  # half-written (killed) or failed its check: replace
             shutil.rmtree(final, ignore_errors=True)
         try:
             os.replace(tmp, final)

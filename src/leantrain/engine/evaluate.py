@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from leantrain.engine.step import model_inputs
+from leantrain.modeling.chunked_loss import labels_for_loss
 from leantrain.modeling.tasks import Task
 
 
@@ -36,7 +37,9 @@ def eval_outputs(model: nn.Module, loader: DataLoader, accelerator: Accelerator,
     model.eval()
     try:
         for batch in loader:
-            yield accelerator.gather_for_metrics(task.eval_outputs(model(**model_inputs(batch)), batch))
+            with labels_for_loss(model, batch.get("labels")):  # chunked loss (causal LMs): per-token losses, no logits
+                outputs = model(**model_inputs(batch))
+            yield accelerator.gather_for_metrics(task.eval_outputs(outputs, batch))
     finally:
         model.train(was_training)
 

@@ -1,5 +1,6 @@
 """Sample continuations during training (``report.sample_prompts``, causal LMs): before the first step and at each
-evaluation, the greedy continuation (``report.sample_max_new_tokens`` tokens) of each prompt, written to
+evaluation, the greedy continuation (``report.sample_max_new_tokens`` tokens; ``leantrain.modeling.generation``:
+the tokenizer's chat template wraps the prompt where it has one) of each prompt, written to
 metrics.jsonl as ``{"type": "samples", "step": n, "samples": [{"prompt", "continuation"}]}`` and shown in the log.
 
 Every process generates (the same prompts, greedy, so the same number of forward calls on every rank): under FSDP
@@ -45,14 +46,9 @@ def write_samples(model, accelerator, data, step: int, metrics_log, progress=Non
     prompts = list(cfg.report.sample_prompts) if cfg is not None else []
     if not prompts:
         return None
-    inner = accelerator.unwrap_model(model)
-    was_training = inner.training
-    inner.eval()
-    try:
-        inputs, chat = sample_inputs(prompts, data.processor, cfg.data, data.columns)  # as trained: chat template...
-        texts = continuations(inner, data.processor, inputs, max_new_tokens=cfg.report.sample_max_new_tokens, chat=chat)
-    finally:
-        inner.train(was_training)
+    inner = accelerator.unwrap_model(model)  # eval mode for the call, back to training after (continuations)
+    inputs, chat = sample_inputs(prompts, data.processor, cfg.data, data.columns)  # instruction data: as trained
+    texts = continuations(inner, data.processor, inputs, max_new_tokens=cfg.report.sample_max_new_tokens, chat=chat)
     samples = [{"prompt": p, "continuation": t} for p, t in zip(prompts, texts)]
     metrics_log.write({"type": "samples", "step": step, "samples": samples})  # a file on rank 0 only
     if accelerator.is_main_process:

@@ -81,6 +81,9 @@ def continuations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: i
     """The new text the model writes after each prompt (see the module docstring), in the prompts' order."""
     _check(max_new_tokens, temperature, top_p)
     texts, templated = prompt_texts(tokenizer, prompts, chat)
+    if tokenizer.pad_token is None and tokenizer.eos_token is None and len(texts) > 1:
+        raise UserError("the tokenizer has neither a pad token nor an EOS token, so several prompts cannot be "
+                        "padded into one batch; give one prompt at a time")
     model = getattr(model, "module", model)  # DDP: generate on the wrapped model (the same weights)
     device = next(model.parameters()).device
     config = _generation_config(model, tokenizer, max_new_tokens, temperature, top_p)
@@ -94,13 +97,13 @@ def continuations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: i
         model.eval()
         out: list[str] = []
         with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"), \
-                torch.inference_mode():
+                torch.no_grad():  # not inference_mode: FSDP2 would keep inference tensors as its gathered weights
             if seed is not None:
                 torch.manual_seed(seed)
             for start in range(0, len(texts), batch_size):
                 # a template writes its own special tokens (BOS); plain prompts get the tokenizer's
                 enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
-                                add_special_tokens=not templated).to(device)
+                                add_special_tokens=not templated, return_token_type_ids=False).to(device)
                 ids = model.generate(**enc, generation_config=config)
                 out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         return out

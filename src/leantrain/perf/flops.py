@@ -5,7 +5,8 @@
 N: non-embedding parameters, plus a language model's output layer when it is tied to the input embedding
 (``leantrain.modeling.flop_parameters``; each weight does a multiply-add forward, 2 FLOPs, and twice that backward: 6);
 L * h * s: the attention scores and the weighted sum (QK^T and AV: 2 matmuls of h x s per token and layer, 2 FLOPs
-each, x3 for forward + backward = 12), s the mean non-padding sequence length of the training data. This is the
+each, x3 for forward + backward = 12), s the mean non-padding sequence length of the training data (a causal LM's
+block length; as in PaLM and nanoGPT the causal mask's skipped half is not subtracted). This is the
 *model* FLOPs count (PaLM appendix B, nanoGPT): recomputation by gradient checkpointing and work on padding tokens
 are not counted, so both show as a lower MFU, as they should.
 

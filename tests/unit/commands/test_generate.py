@@ -127,7 +127,9 @@ def test_generate_command_json_and_run_folder(tiny_lm, tmp_path, capsys, loaded)
     assert json.loads(capsys.readouterr().out)["continuations"] == first
 
 
-def test_generate_command_errors(tmp_path, capsys):
+def test_generate_command_errors(tmp_path, capsys, tiny_bert):
     assert main(["generate", str(tmp_path / "nope") + "/", "--prompt", "x"]) == 2
     assert "no such folder" in capsys.readouterr().err
+    assert main(["generate", str(tiny_bert), "--prompt", "x"]) == 2  # a BertModel: no language-model head
+    assert "not a causal language model" in capsys.readouterr().err
     assert main(["generate", str(tmp_path), "--prompt", "x", "--max-new-tokens", "0"]) == 2

@@ -97,6 +97,17 @@ def test_hold_out_select_and_fingerprint(corpus):
     assert view.column_names == ["input_ids", "length"] and set(view[[0]]) == {"input_ids", "length"}
 
 
+def test_blocks_travel_to_spawned_workers_without_their_tokens(corpus):
+    import pickle
+
+    _, shards = corpus
+    blocks = Blocks(shards, 16, document_mask=True).select([3, 1])
+    data = pickle.dumps(blocks)
+    assert shards.read(0, 32).astype("<u2").tobytes() not in data  # the memory maps are reopened, not copied
+    again = pickle.loads(data)
+    assert again[[0, 1]] == blocks[[0, 1]] and again.data_fingerprint() == blocks.data_fingerprint()
+
+
 def test_collator_pads_and_masks():
     collate = LMCollator(7)
     rows = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3], "loss_weight": 1.0},
@@ -127,3 +138,44 @@ def test_collated_blocks_reach_the_micro_batches(corpus):
     batch = LMCollator(1)(WeightedView(blocks, blocks.column_names).__getitems__(ids))
     assert batch["input_ids"].shape == (4, 16) and "attention_mask" not in batch
     assert int((batch["labels"][:, 1:] != -100).sum()) == int(blocks["targets"][ids].sum())
+
+
+def test_document_mask_losses_equal_documents_alone(tmp_path, tok, corpus):
+    """A packed block under data.document_mask: each document's per-token losses equal those of the document run
+    alone (tiny Llama, fp32). transformers builds the block-diagonal mask from the restarting position_ids when
+    attention_mask is None and no KV cache is made (use_cache=False)."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers import make_tiny_llama
+
+    _, shards = corpus
+    model = AutoModelForCausalLM.from_pretrained(make_tiny_llama(tmp_path / "llama", tok.name_or_path),
+                                                 dtype=torch.float32).eval()
+    blocks = Blocks(shards, 64, document_mask=True)
+    rows = [blocks[b] for b in range(3)]
+    batch = LMCollator(tok.eos_token_id)(rows)
+    assert "attention_mask" not in batch
+
+    def token_losses(ids, positions=None, use_cache=False):
+        with torch.no_grad():
+            logits = model(input_ids=ids, position_ids=positions, use_cache=use_cache).logits
+        return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+
+    packed = token_losses(batch["input_ids"], batch["position_ids"])
+    unmasked = token_losses(batch["input_ids"])
+    # transformers 5.24: a forward pass that makes a KV cache (use_cache=True, the config's default) skips the packed
+    # mask: positions restart but attention crosses documents. Training and evaluation must run with use_cache=False.
+    cached = token_losses(batch["input_ids"], batch["position_ids"], use_cache=True)
+    assert not torch.allclose(cached, packed, atol=1e-3)
+    checked = 0
+    for r, row in enumerate(rows):
+        cuts = [i for i, p in enumerate(row["position_ids"]) if p == 0] + [64]
+        for a, b in zip(cuts, cuts[1:]):  # one document (or the part of one inside the block)
+            alone = token_losses(batch["input_ids"][r: r + 1, a:b])[0]
+            targets = [i for i in range(a + 1, b) if row["labels"][i] != -100]
+            assert targets == list(range(a + 1, b))
+            torch.testing.assert_close(packed[r, a: b - 1], alone, rtol=1e-5, atol=1e-5)
+            if a > 0:
+                assert not torch.allclose(unmasked[r, a: b - 1], alone, atol=1e-3)  # attention crossed documents
+            checked += 1
+    assert checked >= 6

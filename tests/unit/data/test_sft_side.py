@@ -87,4 +87,4 @@ def test_sample_prompts_are_wrapped_as_trained(tok, tmp_path):
     assert sft.sample_inputs(["Hi"], tok, cfg(template="plain"), columns) == (
         ["### Instruction:\nHi\n\n### Response:\n"], False)
     assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "prompt_completion"}) == (["Hi"], False)
-    assert sft.sample_inputs(["Hi"], tok, cfg(), {"text": "text"}) == (["Hi"], False)  # plain text LM: as it is
+    assert sft.sample_inputs(["Hi"], tok, cfg(), {"text": "text"}) == (["Hi"], None)  # plain text: generation's default
