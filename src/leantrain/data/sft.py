@@ -25,7 +25,7 @@ log = logging.getLogger("leantrain")
 def is_instruction_data(cfg: DataConfig) -> bool:
     """Whether data.train holds instruction/chat rows (read from its columns; a missing file is the other side's to
     report)."""
-    if cfg.train is None:
+    if cfg.train is None or cfg.text_column is not None:  # data.text_column set: language modelling of that column
         return False
     try:
         train, _ = open_parts(cfg, cfg.train, None, [])
@@ -170,12 +170,13 @@ def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modaliti
             part = open_rows(path, cfg)
         except (DataError, SourceError):
             part = None
-        if part is not None and ins.looks_like_instructions(part.ds.column_names):
+        if part is not None and cfg.text_column is None and ins.looks_like_instructions(part.ds.column_names):
             return load_rows(path, cfg, **kw)
         return side.load_rows(path, cfg, **kw)
 
     def process_(dataset, processor, cfg: DataConfig, desc: str = "Processing"):  # noqa: ANN001
-        if isinstance(dataset, datasets.Dataset) and ins.looks_like_instructions(dataset.column_names):
+        if (isinstance(dataset, datasets.Dataset) and cfg.text_column is None
+                and ins.looks_like_instructions(dataset.column_names)):
             return process(dataset, processor, cfg, desc)
         return side.process(dataset, processor, cfg, desc)
 

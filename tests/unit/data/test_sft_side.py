@@ -59,6 +59,12 @@ def test_plain_text_still_goes_to_the_token_blocks(tmp_path):
     assert "format" not in prepared.columns
 
 
+def test_a_text_column_set_means_language_modelling_of_it(tmp_path):
+    path = jsonl(tmp_path / "train.jsonl", alpaca(30))
+    prepared = for_modality("tokens").load_and_validate(cfg(train=path, text_column="output"), seed=0, batch_size=4)
+    assert prepared.columns == {"text": "output"}
+
+
 def test_neither_text_nor_instructions_names_file_columns_and_formats(tmp_path):
     path = jsonl(tmp_path / "qa.jsonl", [{"question": "a", "answer": "b"}])
     with pytest.raises(DataError) as e:
