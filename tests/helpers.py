@@ -239,3 +239,37 @@ def run_train_process(folder: Path, *extra: str, env: dict | None = None) -> sub
     full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     return subprocess.run([sys.executable, "-m", "leantrain", "train", *resume_args(folder, *extra)], env=full,
                           capture_output=True, text=True, timeout=300)
+
+
+# ------------------------------------------------------------------------------------------------ chat data
+
+CHAT_CORPUS = ("Once upon a time there was a small model. It learned to answer questions about the weather, "
+               "numbers, colours and animals. ### Instruction: ### Input: ### Response: Give three tips for staying "
+               "healthy. Eat well, sleep, and move every day! What is 2 + 2? The answer is 4. Hello world.\n\n")
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML_GENERATION = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"
+                     "{% generation %}{{ m['content'] + '<|im_end|>' + '\n' }}{% endgeneration %}{% else %}"
+                     "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}{% endif %}"
+                     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def make_tiny_chat_tokenizer(folder: Path, *, vocab_size: int = 320, chat_template: str | None = None) -> Path:
+    """A byte-level BPE tokenizer (every text round-trips) with a small vocabulary, trained on a fixed corpus and
+    saved as a PreTrainedTokenizerFast folder; EOS ``<|endoftext|>``, ChatML markers, optional chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([CHAT_CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                   additional_special_tokens=specials[1:])
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    fast.save_pretrained(folder)
+    return folder

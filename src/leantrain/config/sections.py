@@ -145,6 +145,19 @@ class DataConfig(Section):
         "lines; none: quote characters are plain text (e.g. a TSV with stray quotes); standard: quoting as in auto, "
         "and such fields are accepted"
     )
+    template: str = Field(
+        "auto", description="instruction/chat data: auto (the tokenizer's chat template when it has one, else the plain "
+        "template; prompt/completion rows joined as they are), chat, plain, or a template string with {prompt} and "
+        "ending in {response} ({system} optional); see docs/instruction-tuning.md"
+    )
+    train_on_prompt: bool = Field(
+        False, description="instruction/chat data: false = loss on the assistant/response tokens only; true = every token"
+    )
+    packing: bool | Literal["auto"] = Field(
+        "auto", description="instruction/chat data: several examples per data.block_size block, positions restarting "
+        "per example (no attention across examples); auto = on (per-example losses are unchanged, see "
+        "docs/instruction-tuning.md)"
+    )
     cache_dir: str | None = Field(
         None, description="where datasets keeps its Arrow copies of the data files and the processed (tokenised) "
         "caches; unset = $HF_DATASETS_CACHE, else ~/.cache/huggingface/datasets (see docs/caches.md)"

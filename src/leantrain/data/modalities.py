@@ -10,6 +10,7 @@ from typing import Callable
 
 from leantrain.config import DataConfig
 from leantrain.data import audio, image, lm_data, text_loader, token_loader
+from leantrain.data.sft import with_instructions
 from leantrain.data.loaders import make_collator
 from leantrain.data.text import tokenize
 
@@ -41,8 +42,9 @@ MODALITIES = {
        for m in (image, audio)},
     "tagged": Modality("tagged", token_loader.load_and_validate, token_loader.load_rows, token_loader.process,
                        token_loader.collator, True, lambda cfg: "tags"),
-    "tokens": Modality("tokens", lm_data.load_and_validate, lm_data.load_rows, lm_data.process, lm_data.collator, True,
-                       lm_data.label_kind),
+    "tokens": with_instructions(  # instruction/chat data (data/sft.py) or plain text (data/lm_data.py), by its columns
+        Modality("tokens", lm_data.load_and_validate, lm_data.load_rows, lm_data.process, lm_data.collator, True,
+                 lm_data.label_kind)),
 }
 
 

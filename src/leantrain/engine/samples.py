@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from leantrain.data.sft import sample_inputs
 from leantrain.errors import ConfigError
 from leantrain.modeling.generation import continuations
 from leantrain.modeling.tasks import get_task
@@ -46,7 +47,8 @@ def write_samples(model, accelerator, data, step: int, metrics_log, progress=Non
     if not prompts:
         return None
     inner = accelerator.unwrap_model(model)  # eval mode for the call, back to training after (continuations)
-    texts = continuations(inner, data.processor, prompts, max_new_tokens=cfg.report.sample_max_new_tokens)
+    inputs, chat = sample_inputs(prompts, data.processor, cfg.data, data.columns)  # instruction data: as trained
+    texts = continuations(inner, data.processor, inputs, max_new_tokens=cfg.report.sample_max_new_tokens, chat=chat)
     samples = [{"prompt": p, "continuation": t} for p, t in zip(prompts, texts)]
     metrics_log.write({"type": "samples", "step": step, "samples": samples})  # a file on rank 0 only
     if accelerator.is_main_process:
