@@ -17,7 +17,7 @@ from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.distributed import full_state_dict
 from leantrain.engine.training_data import TrainingData
-from leantrain.modeling.lora import is_peft_model, load_hint, merged_for_saving, save_adapter
+from leantrain.modeling.lora import is_peft_model, merged_for_saving, save_adapter, save_adapter_only
 from leantrain.modeling.names import display_name
 from leantrain.modeling.tasks.class_weights import class_weights_record
 from leantrain.perf.memory import device_memory, peak_rss_bytes
@@ -143,11 +143,11 @@ def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | Non
     if not is_peft_model(model):
         model.save_pretrained(out / "model", state_dict=state_dict, safe_serialization=True)
         return out / "model"
-    save_adapter(model, out / "adapter")
     if not cfg.peft.merge:
+        log.info(save_adapter_only(model, out / "adapter"))
         processor.save_pretrained(out / "adapter")
-        log.info(load_hint(out / "adapter"))
         return out / "adapter"
+    save_adapter(model, out / "adapter")
     merged_for_saving(model).save_pretrained(out / "model", safe_serialization=True)
     log.info("LoRA: adapter in %s, merged model in %s (loads without peft)", out / "adapter", out / "model")
     return out / "model"

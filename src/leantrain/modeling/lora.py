@@ -262,8 +262,15 @@ def load_adapter_state(model: nn.Module, folder: Path) -> None:
     import_peft().set_peft_model_state_dict(model, load_file(str(Path(folder) / "adapter_model.safetensors")))
 
 
-def load_hint(adapter_dir: Path) -> str:
-    """How to load an adapter-only run (peft.merge=false)."""
-    return (f"adapter only (peft.merge=false): load it with peft, e.g. "
-            f"peft.AutoPeftModel.from_pretrained('{adapter_dir}') (its base model is named in adapter_config.json), "
-            "or AutoModelFor<task>.from_pretrained(base).load_adapter(...)")
+def save_adapter_only(model: nn.Module, folder: Path) -> str:
+    """peft.merge=false: the adapter plus the task model's config.json (label maps, problem type) in ``folder``;
+    returns how to load it, for the log."""
+    base = model.get_base_model()
+    arch = type(base).__name__
+    base.config.architectures = [arch]  # as save_pretrained of the model would record it
+    source = model.peft_config[model.active_adapter].base_model_name_or_path or "<base model>"
+    save_adapter(model, folder)
+    base.config.save_pretrained(folder)
+    return (f"adapter only (peft.merge=false): load it with peft: peft.PeftModel.from_pretrained(transformers.{arch}"
+            f".from_pretrained('{source}', config=transformers.AutoConfig.from_pretrained('{folder}')), '{folder}'); "
+            "model.merge_and_unload() gives a plain transformers model")
