@@ -2,7 +2,9 @@
 run (each in its own fresh process) over a sampled grid of model x micro-batch x length x checkpointing x optimizer x
 precision, on real SST-2 rows padded to data.max_length.
 
-    PYTHONPATH=src python benchmarks/plan_accuracy.py [--quick] [--out /tmp/plan-accuracy]
+    PYTHONPATH=src python benchmarks/plan_accuracy.py [--quick | --trainable] [--out /tmp/plan-accuracy]
+
+``--trainable``: only the LoRA (peft.method=lora) and freezing (model.freeze) points.
 
 Prints a markdown table and the worst relative error (target: within 10%).
 """
@@ -31,11 +33,20 @@ GRID = [
     ("minilm", 64, 64, True, "sgd", "bf16"),
     ("minilm", 8, 256, True, "adafactor", "bf16"),
 ]
+# LoRA and freezing: (model, micro-batch, length, checkpointing, optimizer, precision, extra overrides)
+TRAINABLE = [
+    ("minilm", 16, 128, False, "adamw", "fp32", ("peft.method=lora",)),
+    ("minilm", 32, 128, True, "adamw", "bf16", ("peft.method=lora", "peft.r=8")),
+    ("minilm", 16, 256, False, "sgd", "bf16", ("peft.method=lora",)),
+    ("minilm", 16, 128, False, "adamw", "fp32", ("model.freeze=[embeddings,encoder.layer.0-2]",)),
+    ("minilm", 32, 128, False, "adafactor", "bf16", ("model.freeze=[embeddings]",)),
+]
+GRID += TRAINABLE
 
 
 def overrides(point, tiny: Path, out: Path) -> list[str]:
-    model, micro, length, ckpt, optim, precision = point
-    return [f"data.train={SST2}", f"data.max_train_samples={micro * 2}", "data.max_eval_samples=16",
+    model, micro, length, ckpt, optim, precision, *extra = point
+    return [*(extra[0] if extra else ()), f"data.train={SST2}", f"data.max_train_samples={micro * 2}", "data.max_eval_samples=16",
             "data.batching=padded", f"data.max_length={length}", f"train.batch_size={micro}", "train.max_steps=2",
             f"efficiency.gradient_checkpointing={str(ckpt).lower()}", f"optim.name={optim}",
             f"efficiency.precision={precision}", "checkpoint.every_steps=0", f"output_dir={out}",
@@ -49,6 +60,7 @@ def leantrain(*args: str) -> subprocess.CompletedProcess:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="first 3 points only")
+    ap.add_argument("--trainable", action="store_true", help="the LoRA and freezing points only")
     ap.add_argument("--out", default=None)
     ns = ap.parse_args()
     root = Path(ns.out or tempfile.mkdtemp(prefix="plan-accuracy-"))
@@ -59,9 +71,9 @@ def main() -> None:
     if not tiny.exists():
         make_tiny_bert(tiny, layers=2, hidden=32)
     rows = []
-    print("| model | micro | tokens | ckpt | optimizer | precision | predicted MiB | measured MiB | error |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for i, point in enumerate(GRID[:3] if ns.quick else GRID):
+    print("| model | micro | tokens | ckpt | optimizer | precision | trains | predicted MiB | measured MiB | error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for i, point in enumerate(GRID[:3] if ns.quick else TRAINABLE if ns.trainable else GRID):
         run = root / f"run{i}"
         t0 = time.perf_counter()
         plan = json.loads(leantrain("plan", "--json", "--breakdown-only", *overrides(point, tiny, run)).stdout)
@@ -70,8 +82,9 @@ def main() -> None:
         err = plan["peak_bytes"] / measured - 1
         rows.append({"point": point, "predicted": plan["peak_bytes"], "measured": measured, "error": err,
                      "lines": plan["lines"], "seconds": time.perf_counter() - t0})
-        m, micro, length, ckpt, optim, precision = point
-        print(f"| {m} | {micro} | {length} | {'on' if ckpt else 'off'} | {optim} | {precision} | "
+        m, micro, length, ckpt, optim, precision, *extra = point
+        trains = " ".join(extra[0]) if extra else "all"
+        print(f"| {m} | {micro} | {length} | {'on' if ckpt else 'off'} | {optim} | {precision} | {trains} | "
               f"{plan['peak_bytes'] / 2**20:.0f} | {measured / 2**20:.0f} | {err:+.1%} |", flush=True)
     worst = max(rows, key=lambda r: abs(r["error"]))
     print(f"\nworst error: {worst['error']:+.1%} at {worst['point']}; "

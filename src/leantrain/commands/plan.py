@@ -25,6 +25,7 @@ from leantrain.engine.preflight import check_max_length
 from leantrain.engine.training_data import prepare_training_data
 from leantrain.errors import UserError
 from leantrain.modeling import build_model
+from leantrain.modeling.lora import apply_trainable
 from leantrain.perf import memory_model
 from leantrain.units import format_bytes
 from leantrain.perf.auto_micro_batch import (MARGIN, RUN_ALLOWANCE, default_budget, divisors_desc, framework_bytes,
@@ -125,7 +126,8 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     micro = cfg.train.micro_batch_size if isinstance(cfg.train.micro_batch_size, int) else per_process
     if per_process % micro:
         micro = max(d for d in divisors_desc(per_process) if d <= micro)
-    model = build_model(cfg.model, data.label_names, data.task).to(device)
+    model, trainable = apply_trainable(build_model(cfg.model, data.label_names, data.task), cfg.model, cfg.peft)
+    model = model.to(device)  # LoRA (peft.*) and model.freeze as the run applies them
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     budget, budget_source = ((parse_bytes(memory), "--memory") if memory is not None else
                              default_budget(device, local=nproc) if device.type == "cpu" else default_budget(device))
@@ -143,6 +145,9 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
         result.update(_recommendations([search.option(*setting) for setting in settings], current))
     result["calibration"] = [c.__dict__ for c in search.calibrations.values()]
     result["parameters"] = sum(p.numel() for p in model.parameters())
+    result["trainable_parameters"] = trainable.trainable or result["parameters"]
+    if trainable.method != "none" or trainable.frozen:
+        result["peft"] = trainable.record(cfg.peft)
     if as_json:
         print(json.dumps(result, indent=2, default=str))
     else:
@@ -190,7 +195,9 @@ def overrides_for(row: dict) -> list[str]:
 
 def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
     w = out.write
-    w(f"plan for {r['parameters'] / 1e6:.1f}M parameters on {r['device']} ({r['nproc']} process(es), strategy "
+    trained = "" if r["trainable_parameters"] == r["parameters"] else \
+        f" ({r['trainable_parameters'] / 1e6:.2f}M trainable)"
+    w(f"plan for {r['parameters'] / 1e6:.1f}M parameters{trained} on {r['device']} ({r['nproc']} process(es), strategy "
       f"{r['strategy']}): micro-batch {r['micro_batch_size']} x {r['accumulation_steps']} accumulation, "
       f"{r['seq_len']} tokens, {r['precision']}, gradient checkpointing {'on' if r['gradient_checkpointing'] else 'off'}"
       f", optimizer {r['optimizer']}\n")
