@@ -154,3 +154,18 @@ def test_qlora_and_fsdp_are_refused_before_any_model_with_the_reason():
         resolve(None, ["peft.method=qlora"])
     with pytest.raises(ConfigError, match="distributed.strategy=fsdp is not supported"):
         resolve(None, ["peft.method=lora", "distributed.strategy=fsdp"])
+
+
+@pytest.mark.parametrize("name", ["adamw", "adafactor", "sgd", "muon"])
+def test_planned_optimizer_state_of_a_lora_model_is_the_real_optimizers(name):
+    from leantrain.optim.state import state_bytes
+    from leantrain.perf.memory_model import meta_state_bytes
+
+    model, _ = lora(tiny_llama())
+    cfg = resolve(None, [f"optim.name={name}"]).optim
+    opt = build_optimizer(model, cfg, 1e-3)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.randn_like(p)
+    opt.step()
+    assert meta_state_bytes(model, cfg) == state_bytes(opt) > 0
