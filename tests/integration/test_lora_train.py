@@ -124,3 +124,22 @@ def test_lora_two_processes_equal_one(tmp_path, tiny_bert):
     for run in (a, b):
         assert (run / "adapter" / "adapter_model.safetensors").is_file()
         assert _summary(run)["model"]["peft"]["method"] == "lora"
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_freezing_under_fsdp_on_two_processes_leaves_the_frozen_weights_untouched(root):
+    """FSDP2 (fully_shard) shards frozen and trainable parameters alike: the frozen ones must come out unchanged."""
+    from safetensors.torch import load_file
+
+    folder = resume_data(root, "fsdp")
+    r = run_train_process(folder, "model.freeze=[embeddings,encoder.layer.0]", "distributed.strategy=fsdp",
+                          "checkpoint.every_steps=0", "--nproc", "2", env={"GLOO_SOCKET_IFNAME": "lo"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "frozen: embeddings" in r.stderr
+    base, tuned = load_file(str(root / "bert" / "model.safetensors")), model_params(folder / "run")
+    for name, value in base.items():
+        key = name if name in tuned else f"bert.{name}"
+        same = torch.equal(value, tuned[key])
+        assert same == (name.startswith(("embeddings.", "encoder.layer.0."))), name
+    assert _summary(folder / "run")["model"]["peft"]["frozen"]["embeddings"] > 0
