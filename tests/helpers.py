@@ -63,6 +63,19 @@ def word_rows(n: int, seed: int = 0, *, max_words: int = 30, words: dict[str, li
     return out
 
 
+GOOD, BAD = ["good", "fine", "great"], ["bad", "poor", "awful"]
+
+
+def score_rows(n: int, seed: int = 0) -> list[dict]:
+    """Texts of good and bad words, scored 0-5 by their share of good words (not all whole numbers): regression."""
+    r = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words = [r.choice(GOOD + BAD) for _ in range(r.randint(2, 12))]
+        rows.append({"text": " ".join(words), "score": round(5 * sum(w in GOOD for w in words) / len(words), 3)})
+    return rows
+
+
 def alternating_rows(n: int, max_repeat: int = 5) -> list[dict]:
     """n rows alternating "bad poor ..." (label 0) and "good fine ..." (label 1), 1 to max_repeat repetitions."""
     return [{"text": ("good fine " if i % 2 else "bad poor ") * (1 + i % max_repeat), "label": i % 2}
@@ -109,6 +122,63 @@ def make_tiny_bert(folder: Path, *, dropout: float = 0.0, layers: int = 2, hidde
     BertModel(config).save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
     return folder
+
+
+LM_WORDS = [a + b for a in ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z")
+            for b in ("a", "e", "i", "o", "u", "ai", "ea", "ou", "oo", "ie")]  # 150 words
+
+
+# English words and punctuation for prompts in generation tests (the gen branch's tiny tokenizer had these).
+TINY_LM_WORDS = ("the a one two three red blue green cat dog bird fish tree house river king queen man woman child "
+                 "runs sees eats likes finds makes walks sings and or but not with on in to of is was "
+                 "hello world once upon time there lived who what where when why how yes no good bad big small "
+                 "user assistant system").split() + list(".,!?:;'\"<>|/-")
+
+
+def make_tiny_lm_tokenizer(folder: Path, *, words: list[str] | None = None) -> Path:
+    """A word-level tokenizer (whitespace and punctuation split; ids: <unk> 0, <eos> 1, then the words: by default
+    LM_WORDS then TINY_LM_WORDS, ~240 tokens) saved as a PreTrainedTokenizerFast folder: a small vocabulary for CPU
+    tests of causal LMs; no pad token (like GPT-2's), no chat template. decode() joins words by spaces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<eos>": 1}
+    for w in words if words is not None else LM_WORDS + TINY_LM_WORDS:
+        vocab.setdefault(w, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    tok.save_pretrained(folder)
+    return Path(folder)
+
+
+def lm_documents(n: int, seed: int = 0, *, min_words: int = 3, max_words: int = 40) -> list[str]:
+    """n seeded documents of LM_WORDS (uneven lengths), single spaces between words."""
+    r = random.Random(seed)
+    return [" ".join(r.choice(LM_WORDS) for _ in range(r.randint(min_words, max_words))) for _ in range(n)]
+
+
+def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32) -> Path:
+    """A 2-layer, hidden-32 Llama with random weights (fp32, seed 0) and the tokenizer of ``tokenizer_folder``."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_folder)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    return Path(folder)
+
+
+# Tiny llama from a config: key=value overrides for `leantrain train` (with model.tokenizer=<make_tiny_lm_tokenizer>).
+TINY_LLAMA = ["model.config_type=llama", "model.config_overrides.hidden_size=32",
+              "model.config_overrides.intermediate_size=64", "model.config_overrides.num_hidden_layers=2",
+              "model.config_overrides.num_attention_heads=2", "model.config_overrides.num_key_value_heads=2",
+              "model.config_overrides.max_position_embeddings=256"]
 
 
 # Tiny image / audio models built from a config (no download): key=value overrides for `leantrain train`.

@@ -143,3 +143,37 @@ def test_freezing_under_fsdp_on_two_processes_leaves_the_frozen_weights_untouche
         same = torch.equal(value, tuned[key])
         assert same == (name.startswith(("embeddings.", "encoder.layer.0."))), name
     assert _summary(folder / "run")["model"]["peft"]["frozen"]["embeddings"] > 0
+
+
+def test_causal_lm_lora_through_train_merges_into_a_plain_llama(tmp_path):
+    """A tiny Llama (from a config, 2 layers) with LoRA on q..down_proj and the chunked loss on: only the adapters
+    train, the tied output layer stays frozen, sample continuations come from the adapted model, and model/ is a
+    plain LlamaForCausalLM that pipeline("text-generation") loads without peft."""
+    from tests.helpers import TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer
+
+    from leantrain import train
+
+    tok = make_tiny_lm_tokenizer(tmp_path / "tok")
+    (tmp_path / "train.txt").write_text("\n\n".join(lm_documents(24, 0)))
+    (tmp_path / "valid.txt").write_text("\n\n".join(lm_documents(8, 1)))
+    summary = train(None, [*TINY_LLAMA, f"model.tokenizer={tok}", "model.task=causal-lm",
+                           f"data.train={tmp_path / 'train.txt'}", f"data.eval={tmp_path / 'valid.txt'}",
+                           "data.block_size=16", "train.batch_size=4", "train.max_steps=3", "train.lr=1e-2",
+                           "efficiency.chunked_loss=true", "report.sample_prompts=[ba be]",
+                           "report.sample_max_new_tokens=2", "report.plots=false", "report.progress=none",
+                           *LORA, f"output_dir={tmp_path / 'run'}"])
+    peft_record = summary["model"]["peft"]
+    assert peft_record["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                             "down_proj"]
+    assert peft_record["modules_to_save"] == [] and summary["eval"]["loss"] > 0
+    assert summary["optim"]["parameters"] == summary["model"]["trainable_parameters"] < \
+        summary["model"]["total_parameters"] / 2
+    run_dir = tmp_path / "run"
+    assert json.loads((run_dir / "model" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    code = NO_PEFT.replace('"text-classification"', '"text-generation"').replace(
+        '("good fine great")', '("ba be", max_new_tokens=2)').replace('out[0]["label"]', '"ok"')
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-c", code, str(run_dir / "model")], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip() == "no peft ok"

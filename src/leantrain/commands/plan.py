@@ -25,6 +25,7 @@ from leantrain.engine.preflight import check_max_length
 from leantrain.engine.training_data import prepare_training_data
 from leantrain.errors import UserError
 from leantrain.modeling import build_model
+from leantrain.modeling.chunked_loss import apply_chunked_loss
 from leantrain.modeling.lora import apply_trainable
 from leantrain.perf import memory_model
 from leantrain.units import format_bytes
@@ -128,6 +129,9 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
         micro = max(d for d in divisors_desc(per_process) if d <= micro)
     model, trainable = apply_trainable(build_model(cfg.model, data.label_names, data.task), cfg.model, cfg.peft)
     model = model.to(device)  # LoRA (peft.*) and model.freeze as the run applies them
+    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # as train does; causal LMs only
+    if chunked:
+        log.info(chunked)
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     budget, budget_source = ((parse_bytes(memory), "--memory") if memory is not None else
                              default_budget(device, local=nproc) if device.type == "cpu" else default_budget(device))

@@ -63,6 +63,7 @@ class ModelConfig(Section):
         None, description="train from scratch from a model type's default config (e.g. vit, convnext, resnet, "
         "wav2vec2, audio-spectrogram-transformer) plus model.config_overrides"
     )
+    tokenizer: str | None = Field(None, description="causal LM: the tokenizer (a local folder or Hub id); required with model.config / model.config_type")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) to pin")
     trust_remote_code: bool = Field(False, description="run code from the model repo (pin a revision when on)")
     allow_pickle: bool = Field(False, description="allow pickle-based weight files (*.bin); default safetensors only")
@@ -111,6 +112,11 @@ class DataConfig(Section):
         "unset = labels are lists (JSON/JSONL)"
     )
     max_length: int = Field(128, gt=0, description="tokens per example; longer inputs are truncated")
+    standardize_targets: bool = Field(
+        False, description="regression: train on (score - mean) / std, mean and std of the training split; stored "
+        "in the model's config.json (target_standardization) so that predict and eval give the data's scale "
+        "(pipeline() gives the standardised score)"
+    )
     image_column: str | None = Field(
         None, description="images: column of image file paths (relative to the data file); auto: image, path, file, ..."
     )
@@ -139,6 +145,22 @@ class DataConfig(Section):
     cache_dir: str | None = Field(
         None, description="where datasets keeps its Arrow copies of the data files and the processed (tokenised) "
         "caches; unset = $HF_DATASETS_CACHE, else ~/.cache/huggingface/datasets (see docs/caches.md)"
+    )
+    block_size: int = Field(
+        512, gt=1, description="causal LM: tokens per training block, cut from the token stream of all documents "
+        "(packed across documents; the short tail is dropped)"
+    )
+    document_separator: str | None = Field(
+        None, description="causal LM, .txt sources: split each file into documents at this string (e.g. '\\n\\n' "
+        "for blank lines); unset = one document per file"
+    )
+    document_mask: bool = Field(
+        False, description="causal LM: positions restart at each document inside a block and attention does not "
+        "cross documents; a document's first token gets no target from the previous one"
+    )
+    num_proc: int | None = Field(
+        None, gt=0, description="causal LM: processes that tokenise the corpus into token shards; unset = one per "
+        "CPU but one, at most 8, for corpora over 16 MB, else 1 (in-process)"
     )
 
 
@@ -190,6 +212,15 @@ class TrainConfig(Section):
         None, description="single-label classification: per-class loss weights; unset = none; balanced = n_samples "
         "/ (n_classes x count of the class) over the training data (sklearn's); or [w0, w1, ...], one positive weight "
         "per class in label-id order. The loss is divided by the sum of the weights of the global batch's examples"
+    )
+
+    loss: Literal["mse", "huber"] = Field(
+        "mse", description="regression: mse (squared error) or huber (squared within train.huber_delta, linear "
+        "beyond; less pulled by outliers); summed over the examples / the global batch's example count"
+    )
+    huber_delta: float = Field(
+        1.0, gt=0, description="train.loss=huber: where the loss turns from squared to linear, in the units the model "
+        "predicts (the standardised scale under data.standardize_targets)"
     )
 
     @field_validator("class_weights")
@@ -315,6 +346,11 @@ class EfficiencyConfig(Section):
         "auto", description="fast: nn.Dropout masks drawn 4 elements per random word, p rounded to 1/65536 "
         "(about half the cost of torch's on CPU); auto: fast on CPU, torch on GPUs"
     )
+    chunked_loss: Literal["auto"] | bool = Field(
+        "auto", description="causal LMs: the loss computed against the output layer a chunk of tokens at a time, so "
+        "the fp32 tokens x vocab logits never exist (same loss and gradients, one more output-layer matmul); auto: "
+        "on for a vocabulary of 8192 or more; true on a model that post-processes its logits fails (exit 2)"
+    )
     cpu_allocator: Literal["auto", "reuse", "system"] = Field(
         "auto", description="reuse: freed host memory stays in the process for the next step instead of being "
         "unmapped and page-faulted in again (glibc), and the previous settings are restored at the end; system: "
@@ -339,6 +375,11 @@ class ReportConfig(Section):
         "auto", description="auto: a bar on a terminal, plain log lines otherwise"
     )
     plots: bool = Field(True, description="write output_dir/loss_curve.png at the end")
+    sample_prompts: list[str] = Field(
+        default_factory=list, description="causal LM: prompts whose greedy continuations are written to metrics.jsonl "
+        "and the log before training and at each evaluation, e.g. [\"Once upon a time\"]"
+    )
+    sample_max_new_tokens: int = Field(40, gt=0, le=4096, description="tokens generated per sample prompt")
 
     @field_validator("trackers")
     @classmethod

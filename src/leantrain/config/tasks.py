@@ -13,6 +13,7 @@ from dataclasses import dataclass
 TEXT, IMAGE, AUDIO = "text-classification", "image-classification", "audio-classification"
 TEXT_REGRESSION = "text-regression"
 MULTI_LABEL = "multi-label"
+CAUSAL_LM = "causal-lm"
 
 CLASSIFICATION_METRICS = ("accuracy", "f1_macro", "mcc", "loss")  # mcc: two classes only
 REGRESSION_METRICS = ("pearson", "spearman", "mse", "mae", "loss")
@@ -67,3 +68,5 @@ register_spec(TaskSpec(TEXT_REGRESSION, "text", "regression", REGRESSION_METRICS
                        lower_is_better=("mse", "mae", "loss"), pipeline="text-classification", labels="scores"))
 register_spec(TaskSpec(MULTI_LABEL, "text", "multi_label_classification", MULTI_LABEL_METRICS,
                        pipeline="text-classification", labels="label_sets"))
+register_spec(TaskSpec(CAUSAL_LM, "tokens", "", ("loss", "perplexity"), lower_is_better=("loss", "perplexity"),
+                       pipeline="text-generation", labels="none"))

@@ -62,6 +62,16 @@ def record_dataset_cache(dataset, spec: str) -> None:
         if isinstance(files, dict):  # a DatasetDict: per split
             files = [f for split in files.values() for f in split]
         folders = sorted({str(Path(f["filename"]).parent) for f in files})
+        record_cache_folder(folders, spec)
+    except Exception:  # noqa: BLE001 - bookkeeping only
+        pass
+
+
+def record_cache_folder(folders: str | os.PathLike | list, spec: str) -> None:
+    """Remember cache folder(s) leantrain wrote or loaded into (``--list`` / ``--clear`` touch only those); one
+    JSON line each, appended (several processes may write). Never fails the run."""
+    try:
+        folders = [str(f) for f in folders] if isinstance(folders, list) else [str(folders)]
         if not folders:
             return
         base = leantrain_cache_dir()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from leantrain.config import DataConfig
-from leantrain.data import audio, image, text_loader
+from leantrain.data import audio, image, lm_data, text_loader
 from leantrain.data.loaders import make_collator
 from leantrain.data.text import tokenize
 
@@ -38,11 +38,13 @@ MODALITIES = {
                      text_loader.label_kind),
     **{m.KIND.role: Modality(m.KIND.role, m.load_and_validate, m.load_rows, m.process, m.collator, False)
        for m in (image, audio)},
+    "tokens": Modality("tokens", lm_data.load_and_validate, lm_data.load_rows, lm_data.process, lm_data.collator, True,
+                       lm_data.label_kind),
 }
 
 
 def for_modality(name: str) -> Modality:
-    """The data side of a modality: ``text``, ``image`` or ``audio``."""
+    """The data side of a modality: ``text``, ``image``, ``audio`` or ``tokens`` (causal LMs)."""
     try:
         return MODALITIES[name]
     except KeyError:

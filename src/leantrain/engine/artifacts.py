@@ -83,6 +83,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             "samples": meter.all_samples,
             "samples_per_second": meter.samples_per_second,
             "tokens_per_second": meter.tokens_per_second,
+            "tokens_seen": meter.all_tokens if meter.counts_tokens else None,  # what tokens/s counts, this run's
             "measured_steps": meter.measured_steps,
             "warmup_steps_excluded": min(meter.skip, meter.steps) if meter.steps > meter.skip else 0,
             "loop_seconds": meter.all_time,

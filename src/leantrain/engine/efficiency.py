@@ -14,6 +14,7 @@ from torch import nn
 from leantrain.config import EfficiencyConfig
 from leantrain.engine.dropout import resolve_dropout, use_fast_dropout
 from leantrain.errors import ConfigError
+from leantrain.modeling.chunked_loss import apply_chunked_loss
 from leantrain.modeling.switches import enable_checkpointing
 
 log = logging.getLogger("leantrain")
@@ -79,7 +80,7 @@ def resolve_precision(requested: str, device_type: str) -> tuple[str, str]:
 
 
 def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: str) -> list[str]:
-    """Dropout and gradient checkpointing on the (unwrapped) model, before the memory model measures it. Returns notes for
+    """Dropout, the chunked loss (causal LMs) and gradient checkpointing on the (unwrapped) model, before the memory model measures it. Returns notes for
     the log.
 
     Attention: transformers 5 picks PyTorch SDPA by default where the model supports it (BERT, MiniLM, ...);
@@ -90,6 +91,9 @@ def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: s
         swapped = use_fast_dropout(model)
         if swapped:
             notes.append(f"dropout: fast ({swapped} nn.Dropout modules; masks 4 elements per random draw)")
+    chunked = apply_chunked_loss(model, eff.chunked_loss)  # causal LMs only: None for other models
+    if chunked:
+        notes.append(chunked)
     if eff.gradient_checkpointing:
         enable_checkpointing(model)
         notes.append("gradient checkpointing: on (non-reentrant; activations recomputed in backward)")

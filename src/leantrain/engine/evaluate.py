@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from leantrain.engine.step import model_inputs
+from leantrain.modeling.chunked_loss import labels_for_loss
 from leantrain.modeling.tasks import Task
 
 
@@ -28,11 +29,26 @@ def predict_logits(model: nn.Module, loader: DataLoader, accelerator: Accelerato
         model.train(was_training)
 
 
+@torch.no_grad()
+def eval_outputs(model: nn.Module, loader: DataLoader, accelerator: Accelerator, task: Task):
+    """Yield what the task gathers of each eval batch (``Task.eval_outputs``: logits and labels by default), from
+    every process's shard, duplicates dropped."""
+    was_training = model.training
+    model.eval()
+    try:
+        for batch in loader:
+            with labels_for_loss(model, batch.get("labels")):  # chunked loss (causal LMs): per-token losses, no logits
+                outputs = model(**model_inputs(batch))
+            yield accelerator.gather_for_metrics(task.eval_outputs(outputs, batch))
+    finally:
+        model.train(was_training)
+
+
 def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, num_labels: int, task: Task,
              label_names: list[str] | None = None) -> dict:
     values: dict[str, list[torch.Tensor]] = {}
-    for logits, y in predict_logits(model, loader, accelerator):
-        for key, value in task.eval_batch(logits, y).items():
+    for gathered in eval_outputs(model, loader, accelerator, task):
+        for key, value in task.eval_batch(*gathered).items():
             values.setdefault(key, []).append(value.cpu())
     if not values:
         return {}

@@ -37,10 +37,11 @@ from leantrain.engine.nonfinite import NonFiniteGuard
 from leantrain.engine.preempt import Preemption, stop_if_signalled
 from leantrain.engine.preflight import check_stop_when, check_train
 from leantrain.engine.resume import Decision, LoopState, apply_rng, decide, prior_records, restore
+from leantrain.engine.samples import check_sample_prompts, write_samples
 from leantrain.engine.step import train_step
 from leantrain.engine.training_data import TrainingData, prepare_training_data
 from leantrain.errors import ConfigError
-from leantrain.modeling import build_model, parameter_counts
+from leantrain.modeling import build_model, flop_parameters, parameter_counts
 from leantrain.modeling.lora import Trainable, apply_trainable
 from leantrain.optim import build_optimizer, build_scheduler, state_report
 from leantrain.optim.state import describe as describe_optim_state
@@ -160,6 +161,7 @@ def build_run(start: RunStart) -> Run:
     set_seed(cfg.train.seed)
     data = prepare_training_data(cfg, accelerator)
     check_stop_when(cfg, len(data.label_names), data.task)  # the task's metrics; eval.mcc is for 2 classes
+    check_sample_prompts(cfg, data.task)
     layout = batch_layout(cfg, len(data.train), accelerator.num_processes)
     if cfg.train.micro_batch_size != "auto":  # with auto, the batch line comes once the micro-batch is chosen
         for note in layout.notes:
@@ -167,6 +169,7 @@ def build_run(start: RunStart) -> Run:
 
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
     model = build_model(cfg.model, data.label_names, data.task)
+    model.config.update(data.task_object.model_config_fields())  # e.g. the target standardisation, saved with it
     model, trainable = apply_trainable(model, cfg.model, cfg.peft)  # LoRA (peft.*) and model.freeze
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
@@ -190,7 +193,8 @@ def build_run(start: RunStart) -> Run:
                              prior=prior_records(out, state) if accelerator.is_main_process else None)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
     mean_tokens = float(np.mean(data.token_lengths)) if data.token_lengths is not None else 0.0
-    flops = MfuMeter(accelerator.unwrap_model(model).config, counts["non_embedding"], mean_tokens,
+    inner = accelerator.unwrap_model(model)
+    flops = MfuMeter(inner.config, flop_parameters(inner, counts), mean_tokens,
                      accelerator.device, start.precision, accelerator.num_processes)  # MFU is for token models only
     parts = LoopParts(cfg, accelerator, model, optimizer, scheduler, eval_dl, data, layout, metrics_log, meter, ckpt,
                       state, flops, faults)
@@ -200,6 +204,8 @@ def build_run(start: RunStart) -> Run:
 def run_loop(loop: Loop, run: Run) -> None:
     """The optimizer steps, with the restored RNG, the profiler and local SGD around them."""
     p = run.parts
+    if p.state.step == 0:  # report.sample_prompts: the continuations before training, to compare with
+        write_samples(p.model, p.accelerator, p.data, 0, p.metrics_log)
     apply_rng(p.state, p.cfg, p.accelerator)
     profiler = StepProfiler(p.cfg.efficiency.profile, run.start.out / "profile", active=p.cfg.efficiency.profile_steps,
                             is_main=p.accelerator.is_main_process)
@@ -297,6 +303,7 @@ def _evaluate(model: nn.Module, eval_dl: DataLoader, accelerator: Accelerator, d
     metrics = evaluate(model, eval_dl, accelerator, len(data.label_names), data.task_object, data.label_names)
     record = {"type": "eval", "step": step, "loop_seconds": meter.all_time, **{f"eval.{k}": v for k, v in metrics.items()}}
     metrics_log.write(record)
+    write_samples(model, accelerator, data, step, metrics_log, progress)  # report.sample_prompts (causal LM)
     text = "eval @ step %d: %s" % (step, " ".join(f"{k}={v:.4f}" for k, v in metrics.items()
                                          if k != "samples" and isinstance(v, float)))
     if progress is not None:

@@ -1,5 +1,6 @@
 """What the run knew, kept with the model: ``model/leantrain.json`` holds the task and the data settings the model
-was trained with (its columns and ``max_length``), so that ``leantrain predict`` / ``eval`` on the folder use them
+was trained with (its columns and ``max_length``; a language model's ``block_size``, ``document_separator`` and
+``document_mask``), so that ``leantrain predict`` / ``eval`` on the folder use them
 by default. A key the user sets (``data.text_column=...``) wins; a stored column that the input file lacks is not
 used (the usual auto-detection applies), so a file with other column names still works.
 """
@@ -13,17 +14,21 @@ from pathlib import Path
 from leantrain.config import Config
 from leantrain.data.text_loader import open_rows
 from leantrain.errors import UserError
+from leantrain.modeling.tasks import get_task
 
 log = logging.getLogger("leantrain")
 
 FILE = "leantrain.json"
 COLUMN_KEYS = ("text_column", "text_pair_column", "label_column", "image_column", "audio_column")
+TOKEN_KEYS = ("block_size", "document_separator", "document_mask")  # language models: how text becomes blocks
 
 
 def run_settings(cfg: Config, task: str, columns: dict) -> dict:
     """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}}."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
+    if get_task(task).modality == "tokens":  # a language model's eval cuts the text as the run did
+        data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
     return {"task": task, "data": data}
 
 
@@ -53,7 +58,7 @@ def with_run_settings(model_dir: str | Path, cfg: Config, input_path: str | None
     available = _columns_of(input_path, cfg)
     taken = {}
     for key, value in (stored.get("data") or {}).items():
-        if key in given or value is None or key not in COLUMN_KEYS + ("max_length",):
+        if key in given or value is None or key not in COLUMN_KEYS + ("max_length", *TOKEN_KEYS):
             continue
         if key in COLUMN_KEYS and (available is None or value not in available):
             continue

@@ -19,6 +19,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from leantrain.engine.distributed import clip_gradients, grad_sync
+from leantrain.modeling.chunked_loss import labels_for_loss
 from leantrain.modeling.tasks import TEXT, Task, get_task
 
 
@@ -27,8 +28,12 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def weighted_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], task: Task | None = None) -> torch.Tensor:
-    """The task's sum of per-unit losses of the batch (padding weighs 0); ``task`` unset: text classification."""
-    return (task or get_task(TEXT)).loss_sum(model(**model_inputs(batch)), batch)
+    """The task's sum of per-unit losses of the batch (padding weighs 0); ``task`` unset: text classification.
+    With the chunked loss installed (``efficiency.chunked_loss``), the labels are set on the output layer for the
+    forward, whose ``logits`` are then the per-token losses (``chunked_loss.per_token_losses`` reads both)."""
+    with labels_for_loss(model, batch.get("labels")):  # a no-op unless the chunked loss is installed (causal LMs)
+        outputs = model(**model_inputs(batch))
+    return (task or get_task(TEXT)).loss_sum(outputs, batch)
 
 
 def train_step(

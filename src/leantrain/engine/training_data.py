@@ -13,9 +13,12 @@ from accelerate import Accelerator
 
 from leantrain.data.caches import using_cache_dir
 from leantrain.config import Config
+from leantrain.errors import ConfigError
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
-from leantrain.modeling import load_processor, model_name, resolve_task
+from leantrain.engine.samples import check_sample_prompts
+from leantrain.modeling import load_processor, model_name, resolve_task_reason
+from leantrain.modeling.load import check_tokenizer_key
 from leantrain.modeling.tasks import Task, get_task, task_for_labels
 from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task
 
@@ -40,25 +43,31 @@ class TrainingData:
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
     class_weights: list[float] | None = None  # train.class_weights resolved: one per label id; None = unweighted
     config: object | None = None  # the run's Config: Task.configured reads its settings (eval.threshold)
-    _weighted: Task | None = field(default=None, repr=False)
+    _task: Task | None = field(default=None, repr=False)
 
     @property
     def task_object(self) -> Task:
-        """The registered task (loss, units, metrics) of ``task``; with class weights, its weighted form."""
-        task = get_task(self.task)
-        task = task.configured(self.config) if self.config is not None else task
-        if self.class_weights is None:
-            return task
-        if self._weighted is None:
-            self._weighted = weighted_task(task, self.class_weights, self.train["labels"])
-        return self._weighted
+        """The registered task (loss, units, metrics) of ``task``, configured by the run's settings and fitted to
+        the training data (regression: target standardisation); with class weights, its weighted form. Made once."""
+        if self._task is None:
+            task = get_task(self.task)
+            task = task.configured(self.config) if self.config is not None else task
+            task = task.fitted(self.train)
+            if self.class_weights is not None:
+                task = weighted_task(task, self.class_weights, self.train["labels"])
+            self._task = task
+        return self._task
 
     def units_in(self, indices) -> int:
         """The task's loss units (examples, labels, tokens) in these training examples: the loss's denominator."""
         return self.task_object.count(self.train, indices)
 
     def tokens_in(self, indices) -> int | None:
-        """Non-padding tokens in these training examples; None when the inputs are not tokens."""
+        """Tokens of these training examples that tokens/s counts: the task's (causal LM: its target tokens), else
+        the non-padding input tokens; None when the inputs are not tokens."""
+        counted = self.task_object.throughput_tokens(self.train, indices)
+        if counted is not None:
+            return counted
         return int(self.token_lengths[indices].sum()) if self.token_lengths is not None else None
 
     def eval_loader(self, micro_batch_size: int):
@@ -75,10 +84,16 @@ def data_side(task: str) -> Modality:
 def run_task(cfg: Config) -> str:
     """``model.task``, or what ``auto`` decides from the model (``resolve_task``) and then from the training labels
     (numbers that are not all whole: the modality's score task, e.g. text-regression)."""
-    task = resolve_task(cfg)
-    if cfg.model.task != "auto":
-        return task
-    return task_for_labels(task, for_modality(get_task(task).modality).label_kind(cfg.data))
+    return run_task_reason(cfg)[0]
+
+
+def run_task_reason(cfg: Config) -> tuple[str, str]:
+    """``run_task`` and why ``model.task=auto`` chose it ("" when set)."""
+    task, why = resolve_task_reason(cfg)
+    if cfg.model.task != "auto" or get_task(task).spec.labels == "none":
+        return task, why
+    labelled = task_for_labels(task, for_modality(get_task(task).modality).label_kind(cfg.data))
+    return labelled, why if labelled == task else f"{why}, and the labels"
 
 
 def validate_data(cfg: Config):
@@ -86,20 +101,35 @@ def validate_data(cfg: Config):
     ``train.class_weights`` against the labels."""
     with using_cache_dir(cfg.data.cache_dir):
         task = run_task(cfg)
+        check_tokenizer_key(cfg.model, task)  # exit 2 naming model.tokenizer, before any worker starts
         data = data_side(task).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+    check_sample_prompts(cfg, task)
     if cfg.train.class_weights is not None:
         resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
+    check_regression_keys(cfg, task)
     return data
+
+
+def check_regression_keys(cfg: Config, task: str) -> None:
+    """train.loss=huber and data.standardize_targets are for a task with score labels (regression) only."""
+    if get_task(task).spec.labels == "scores":
+        return
+    for key, value, default in (("train.loss", cfg.train.loss, "mse"),
+                                ("data.standardize_targets", cfg.data.standardize_targets, False)):
+        if value != default:
+            raise ConfigError(f"{key}={str(value).lower()}: for regression (scores) only; this run's task is {task} "
+                              "(model.task=text-regression, or a label column of numbers that are not all whole)")
 
 
 def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData:
     """Validate (main process first), load the processor, process and cache the data, build the collators."""
     with accelerator.main_process_first(), using_cache_dir(cfg.data.cache_dir):
-        task = run_task(cfg)
+        task, why = run_task_reason(cfg)
+        check_tokenizer_key(cfg.model, task)
+        check_regression_keys(cfg, task)
         modality = data_side(task)
         data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
-    log.info("task: %s%s", task,
-             " (model.task=auto: from the model and the labels)" if cfg.model.task == "auto" else "")
+    log.info("task: %s%s", task, f" (model.task=auto: {why})" if why else "")
     for note in data.notes:
         log.info(note)
     for warning in data.warnings:

@@ -56,7 +56,7 @@ def load_config(cfg: ModelConfig):
 def load_tokenizer(cfg: ModelConfig):
     from transformers import AutoTokenizer
 
-    name = model_name(cfg)
+    name = cfg.tokenizer or model_name(cfg)  # model.tokenizer (causal LM) wins over the model's own
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **_hub_kwargs(cfg))
     except (OSError, ValueError) as e:
@@ -108,6 +108,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
     labels = get_task(task).model_fields(label_names)  # num_labels, label maps, problem_type: the task's
     if from_scratch(cfg):
         config.update(labels)
+        config.update(_scratch_fields(cfg, task, config))
         try:
             model = auto.from_config(config)
         except ValueError as e:
@@ -141,6 +142,33 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
     return _with_pad_token(model, cfg, task)
 
 
+def check_tokenizer_key(cfg: ModelConfig, task: str) -> None:
+    """A causal LM built from a config needs ``model.tokenizer`` (the vocabulary it is trained on): exit 2 naming it."""
+    if from_scratch(cfg) and get_task(task).scratch_needs_tokenizer and not cfg.tokenizer:
+        key = "model.config" if cfg.config else "model.config_type"
+        raise ConfigError(f"model.tokenizer is required with {key} for model.task={task}: set model.tokenizer=<a "
+                          "tokenizer folder or Hub id> (the vocabulary the new model is trained on)")
+
+
+def _scratch_fields(cfg: ModelConfig, task: str, config) -> dict:
+    """The task's processor-dependent fields of a model from a config (causal LM: vocab_size = len(tokenizer),
+    special token ids). A vocab_size the user set larger than the tokenizer's is kept (e.g. padded to a multiple of
+    64); a smaller one cannot hold the token ids: exit 2."""
+    if get_task(task).processor != "tokenizer":
+        return {}
+    check_tokenizer_key(cfg, task)
+    fields = get_task(task).scratch_fields(load_tokenizer(cfg))
+    given = cfg.config_overrides.get("vocab_size")
+    if given is not None and "vocab_size" in fields:
+        if given < fields["vocab_size"]:
+            raise ConfigError(f"model.config_overrides.vocab_size={given} is smaller than the tokenizer's vocabulary "
+                              f"({fields['vocab_size']} tokens, model.tokenizer={cfg.tokenizer}); leave it unset")
+        fields["vocab_size"] = given
+    if "vocab_size" in fields and fields["vocab_size"] != getattr(config, "vocab_size", None):
+        log.info("new model: vocab_size %d (the tokenizer's)", fields["vocab_size"])
+    return fields
+
+
 def _with_pad_token(model, cfg: ModelConfig, task: str):
     """A text model whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...)."""
     if get_task(task).processor == "tokenizer" and getattr(model.config, "pad_token_id", None) is None:
@@ -158,6 +186,20 @@ def parameter_counts(model) -> dict[str, int]:
             emb_ids.update(id(p) for p in mod.parameters())
     embeddings = sum(p.numel() for p in model.parameters() if id(p) in emb_ids)
     return {"total": total, "trainable": trainable, "embeddings": embeddings, "non_embedding": total - embeddings}
+
+
+def flop_parameters(model, counts: dict[str, int]) -> int:
+    """The parameters that do a multiply-add per token (MFU's N): the non-embedding ones, plus an output layer that
+    shares the input embedding's weight (a tied LM head multiplies every token by the vocabulary matrix; nanoGPT's
+    estimate counts it); an untied output layer is no Embedding and is counted already."""
+    n = counts["non_embedding"]
+    get_out, get_in = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)
+    out = get_out() if callable(get_out) else None
+    inp = get_in() if callable(get_in) else None
+    weight = getattr(out, "weight", None)
+    if weight is not None and inp is not None and weight is getattr(inp, "weight", None):
+        n += weight.numel()
+    return n
 
 
 def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
@@ -183,20 +225,67 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
 
 def resolve_task(cfg: Config) -> str:
     """``model.task``, or what ``auto`` decides (see the module docstring). Reads config.json at most."""
+    return resolve_task_reason(cfg)[0]
+
+
+_CAUSAL_LM = "causal-lm"
+
+
+def _causal_lm_architecture(config) -> str | None:
+    """The config's causal-LM architecture (``LlamaForCausalLM``, ``GPT2LMHeadModel``), unless it also names a
+    classifier; None otherwise."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # lazy: heavy
+
+    archs = getattr(config, "architectures", None) or []
+    if any(c in a for a in archs for c in _CLASSIFIERS):
+        return None
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    return next((a for a in archs if a in causal or a.endswith("ForCausalLM")), None)
+
+
+def _builds_causal_lm(config) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # lazy: heavy
+
+    return getattr(config, "model_type", None) in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def plain_text_data(cfg: Config) -> bool:
+    """The training data is plain text (.txt files, a glob of them) or a folder of token shards from ``leantrain
+    prepare`` (its manifest.json), and no label column is named: language-model data."""
+    train = cfg.data.train
+    if not train or cfg.data.label_column:
+        return False
+    return str(train).lower().endswith(".txt") or (Path(train) / "manifest.json").is_file()
+
+
+def resolve_task_reason(cfg: Config) -> tuple[str, str]:
+    """(the task, why: what ``model.task=auto`` decided it from; "" when model.task is set)."""
     m = cfg.model
     if m.task != "auto":
-        return m.task
+        return m.task, ""
+    config = None
     if m.name or m.config or m.config_type:
         try:
-            task = task_of_config(load_config(m))
+            config = load_config(m)
         except ConfigError:
             raise
         except UserError:  # an unreachable Hub id: building the model reports it
-            task = None
+            config = None
+    if config is not None:
+        arch = _causal_lm_architecture(config)
+        if arch is not None and not cfg.data.label_column:  # a label column: a classifier made from a base LM
+            return _CAUSAL_LM, f"the model is a {arch}"
+        if from_scratch(m) and _builds_causal_lm(config) and (m.tokenizer or plain_text_data(cfg)):
+            key = "model.config" if m.config else "model.config_type"
+            why = "model.tokenizer is set" if m.tokenizer else "the training data is plain text"
+            return _CAUSAL_LM, f"{key} builds a {config.model_type} causal LM and {why}"
+        task = task_of_config(config)
         if task is not None:
-            return task
+            return task, f"the model's config ({config.model_type})"
+    if plain_text_data(cfg):
+        return _CAUSAL_LM, "the training data is plain text with no label column"
     if cfg.data.image_column:
-        return default_task("image")
+        return default_task("image"), "data.image_column"
     if cfg.data.audio_column:
-        return default_task("audio")
-    return default_task("text")
+        return default_task("audio"), "data.audio_column"
+    return default_task("text"), "text data"

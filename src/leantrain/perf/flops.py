@@ -2,13 +2,19 @@
 
     flops_per_token = 6 * N + 12 * L * h * s
 
-N: non-embedding parameters (each weight does a multiply-add forward, 2 FLOPs, and twice that backward: 6);
+N: non-embedding parameters, plus a language model's output layer when it is tied to the input embedding
+(``leantrain.modeling.flop_parameters``; each weight does a multiply-add forward, 2 FLOPs, and twice that backward: 6);
 L * h * s: the attention scores and the weighted sum (QK^T and AV: 2 matmuls of h x s per token and layer, 2 FLOPs
-each, x3 for forward + backward = 12), s the mean non-padding sequence length of the training data. This is the
+each, x3 for forward + backward = 12), s the mean non-padding sequence length of the training data (a causal LM's
+block length; as in PaLM and nanoGPT the causal mask's skipped half is not subtracted). This is the
 *model* FLOPs count (PaLM appendix B, nanoGPT): recomputation by gradient checkpointing and work on padding tokens
 are not counted, so both show as a lower MFU, as they should.
 
     MFU = flops_per_token * tokens/s (non-padding, all processes) / (peak FLOP/s per device * processes)
+
+For a causal LM (``model.task=causal-lm``) tokens/s counts target tokens, s is the block length, and the attention
+term is nanoGPT's ``estimate_mfu`` (12 * n_layer * n_head * head_dim * T); a block of T tokens has T-1 targets, so
+MFU is under by a factor (T-1)/T (0.2% at T=512).
 
 Peak FLOP/s: a table of dense (no sparsity) tensor-core figures for known GPUs by precision; on CPU a short matmul
 probe in the precision in use, cached per CPU model, thread count, dtype and torch version under

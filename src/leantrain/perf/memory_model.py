@@ -11,6 +11,8 @@ RSS on CPU; on CUDA the allocator's peak) is predicted line by line:
                          bytes for every registered optimizer (AdamW 8 B/param, Adafactor factored, 8-bit, ...)
     casts                bf16 copies of the matmul weights autocast keeps for backward
     activations          bytes autograd saves in the forward pass, counted at two small micro-batches, linear
+    logits               causal LMs: the tokens x vocab logits (plain: in the matmul dtype + their fp32 log-softmax
+                         + its gradient; chunked loss: one chunk's), shown apart from the two lines around it
     temporary_buffers    the rest of the measured forward/backward peak (backward transients, allocator slack)
 
 Activations and temporaries are calibrated by short forward/backward passes of the actual model on this device
@@ -31,6 +33,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from leantrain.modeling.chunked_loss import (chunk_tokens_of, chunked_layer, is_causal_lm, labels_for_loss,
+                                             output_layer, per_token_losses)
 from leantrain.modeling.switches import is_checkpointing, repeated_blocks, set_checkpointing
 from leantrain.optim import build_optimizer
 from leantrain.optim.state import state_tensors
@@ -94,6 +98,8 @@ class ModelFacts:
     state_bytes: dict[str, int] = field(default_factory=dict)
     step_seconds: dict[str, float] = field(default_factory=dict)
     step_range: dict[str, tuple[float, float]] = field(default_factory=dict)  # (min, max) of the timed steps
+    vocab: int = 0  # a causal LM's output layer size (0: not a causal LM: no logits line)
+    chunk_tokens: int = 0  # tokens per chunk of the chunked loss (0: plain logits)
 
 
 def autocast_for(precision: str, device: torch.device):
@@ -115,7 +121,8 @@ def _pass(model, m: int, seq_len: int, autocast, memory_too: bool = True) -> tup
 
     vocab = getattr(model.config, "vocab_size", 1000) or 1000
     ids = torch.randint(min(1000, vocab - 1), vocab, (m, seq_len), device=device)
-    labels = torch.zeros(m, dtype=torch.long, device=device)
+    causal = is_causal_lm(model)  # the loss over every token (chunked where installed), else one label per row
+    labels = ids if causal else torch.zeros(m, dtype=torch.long, device=device)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     start = _memory_start(device) if memory_too else 0
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if memory_too else nullcontext()
@@ -123,9 +130,11 @@ def _pass(model, m: int, seq_len: int, autocast, memory_too: bool = True) -> tup
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        with hooks, autocast():
+        with hooks, autocast(), labels_for_loss(model, labels if causal else None):
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").backward()
+        loss = per_token_losses(logits, labels).sum() if causal else \
+            torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
@@ -134,7 +143,7 @@ def _pass(model, m: int, seq_len: int, autocast, memory_too: bool = True) -> tup
         return 0, 0, seconds
     peak = _memory_peak(device) - start
     model.zero_grad(set_to_none=True)
-    del logits
+    del logits, loss
     return sum(n for p, n in storages.items() if p not in params), peak, seconds
 
 
@@ -313,7 +322,29 @@ def model_facts(model, framework_bytes: int) -> ModelFacts:
         gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
         trainable=sum(p.numel() for p in trainable),
         cast_bytes=sum(w.numel() * 2 for w in linear),
-        largest_block_bytes=largest, framework_bytes=framework_bytes)
+        largest_block_bytes=largest, framework_bytes=framework_bytes, **logit_facts(model))
+
+
+def logit_facts(model) -> dict[str, int]:
+    """A causal LM's vocabulary and chunk size (the chunked loss's, 0 when plain); nothing for other models."""
+    if not is_causal_lm(model) or output_layer(model) is None:
+        return {}
+    layer = chunked_layer(model)
+    device = output_layer(model).weight.device.type
+    return {"vocab": int(output_layer(model).weight.shape[0]),
+            "chunk_tokens": chunk_tokens_of(layer, device) if layer is not None else 0}
+
+
+def logits_bytes(facts: ModelFacts, precision: str, tokens: int) -> int:
+    """Bytes a causal LM's logits take at their peak for ``tokens`` tokens per micro-batch. Plain: the
+    ``tokens x vocab`` logits in the matmul dtype, their fp32 log-softmax kept for backward and its fp32 gradient;
+    chunked: one chunk's fp32 logits and their gradient, plus two fp32 values per token (log-sum-exp, loss)."""
+    if not facts.vocab:
+        return 0
+    if facts.chunk_tokens:
+        return 2 * min(tokens, facts.chunk_tokens) * facts.vocab * 4 + 8 * tokens
+    width = 2 if precision in ("bf16", "fp16") else 4
+    return tokens * facts.vocab * (width + 4 + 4)
 
 
 def lines(facts: ModelFacts, cal: Calibration, micro: int, state_bytes: int, *, strategy: str = "none",
@@ -324,14 +355,20 @@ def lines(facts: ModelFacts, cal: Calibration, micro: int, state_bytes: int, *, 
     grads = facts.gradient_bytes // shard + (facts.gradient_bytes if strategy == "ddp" and nproc > 1 else 0)
     saved = cal.saved_at(micro)
     casts = min(facts.cast_bytes, saved) if cal.precision in ("bf16", "fp16") else 0
+    activations, temporary = saved - casts, max(0, cal.peak_at(micro) - facts.gradient_bytes - saved)
+    # a causal LM's logits, shown on their own line: taken out of the measured temporaries, then activations (the
+    # total stays the calibrated one)
+    logits = min(logits_bytes(facts, cal.precision, micro * cal.seq_len), activations + temporary)
+    from_temporary = min(logits, temporary)
     out = {
         "framework_overhead": facts.framework_bytes + max(facts.warmup_bytes, cal.warmup_bytes),
         "parameters": params,
         "gradients": grads,
         "optimizer_state": state_bytes // shard,
         "casts": casts,
-        "activations": saved - casts,
-        "temporary_buffers": max(0, cal.peak_at(micro) - facts.gradient_bytes - saved),
+        "activations": activations - (logits - from_temporary),
+        **({"logits": logits} if facts.vocab else {}),
+        "temporary_buffers": temporary - from_temporary,
     }
     out["total"] = sum(out.values())
     return out

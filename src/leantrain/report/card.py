@@ -5,6 +5,7 @@ Everything comes from the run's summary and resolved config; a missing key leave
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -112,23 +113,29 @@ def write_model_card(
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", ""]
     noun = entry.card.noun
     lines += [f"# {short}, fine-tuned for {entry.card.title}", ""]
-    lines += [f"A{'n' if noun[0] in 'aeiou' else ''} {noun} fine-tuned from {base_text} with leantrain "
-              f"on {len(label_names)} labels.", ""]
-    lines += ["## Labels", "", *_table(("id", "label"), list(enumerate(label_names))), ""]
+    on_labels = f" on {len(label_names)} labels" if label_names else ""
+    lines += [f"A{'n' if noun[0] in 'aeiou' else ''} {noun} fine-tuned from {base_text} with leantrain{on_labels}.", ""]
+    if label_names:
+        lines += ["## Labels", "", *_table(("id", "label"), list(enumerate(label_names))), ""]
+    if data_rows := entry.card_rows(summary, config):  # the task's (causal LM: corpus, tokens, block size, perplexity)
+        lines += ["## Training data", "", *_table(("item", "value"), data_rows), ""]
     if ev:
         n = ev.get("samples", ev.get("eval.samples"))
         lines += ["## Evaluation", "", f"On {n:,} held-out examples:" if isinstance(n, int) else "On the eval set:", ""]
         lines += [*_table(("metric", "value"), _eval_rows(ev, entry.spec.metrics)), ""]
+    saved = model_dir / "config.json"
+    lines += entry.card_notes(json.loads(saved.read_text()) if saved.is_file() else {})  # e.g. standardised scores
     if hparams := _hparam_rows(config):
         lines += ["## Training hyperparameters", "", *_table(("setting", "value"), hparams), ""]
     if cost := _train_rows(tr, summary):
         lines += ["## Throughput and memory", "", *_table(("measure", "value"), cost), ""]
     if versions := summary.get("versions"):
         lines += ["## Framework versions", "", *(f"- {k} {v}" for k, v in versions.items()), ""]
+    var = "generator" if entry.spec.pipeline_task == "text-generation" else "classifier"
     lines += [
         "## Usage", "", "```python", "from transformers import pipeline", "",
-        f'classifier = pipeline("{entry.spec.pipeline_task}", model="{model_dir.as_posix()}")  # or its Hub id once pushed',
-        f"print(classifier({entry.card.example}))", "```", "",
+        f'{var} = pipeline("{entry.spec.pipeline_task}", model="{model_dir.as_posix()}")  # or its Hub id once pushed',
+        f"print({var}({entry.card.example}))", "```", "",
     ]
     model_dir.mkdir(parents=True, exist_ok=True)
     path = model_dir / "README.md"

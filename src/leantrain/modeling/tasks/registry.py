@@ -56,7 +56,26 @@ class Task:
         """This task with the run's settings (``Config``; multi-label: ``eval.threshold``); itself by default."""
         return self
 
+    def fitted(self, train) -> "Task":
+        """This task with what it learns from the processed training data (regression under
+        ``data.standardize_targets``: the scores' mean and std); itself by default."""
+        return self
+
+    def from_model_config(self, config) -> "Task":
+        """This task as a saved model's config describes it (``model_config_fields``; predict / eval of a saved
+        model); itself by default."""
+        return self
+
     # -- model
+    def model_config_fields(self) -> dict:
+        """What this task, configured and fitted, writes into the model's config.json beyond ``model_fields``
+        (regression: ``target_standardization``); nothing by default."""
+        return {}
+
+    def card_notes(self, model_config: dict) -> list[str]:
+        """Markdown lines the model card adds for a saved model of this task (its config.json as a dict)."""
+        return []
+
     def model_class(self):
         import transformers  # lazy: heavy
 
@@ -66,6 +85,13 @@ class Task:
         """The model config fields this task sets for the data's labels (num_labels, label maps, problem_type)."""
         return dict(num_labels=len(label_names), id2label={i: n for i, n in enumerate(label_names)},
                     label2id={n: i for i, n in enumerate(label_names)})
+
+    scratch_needs_tokenizer = False  # a model from a config needs model.tokenizer (causal LM), not model.name's
+
+    def scratch_fields(self, processor) -> dict:
+        """Config fields of a model built from a config (``model.config`` / ``model.config_type``) that follow its
+        processor (causal LM: the tokenizer's vocabulary size and special tokens); none by default."""
+        return {}
 
     # -- data
     def data_side(self, side):
@@ -82,7 +108,18 @@ class Task:
         """How many units the examples ``indices`` of the processed training ``dataset`` hold (on the host)."""
         return len(indices)
 
+    def throughput_tokens(self, dataset, indices) -> int | None:
+        """The tokens tokens/s counts in these training examples, or None: the data side's non-padding input
+        tokens (causal LM: its target tokens)."""
+        return None
+
     # -- evaluation and prediction
+    def eval_outputs(self, outputs, batch: dict) -> tuple:
+        """What one eval batch gathers over the processes (``gather_for_metrics``), then handed to ``eval_batch``:
+        the fp32 logits and the labels by default; a task may gather less (causal LM: per-row loss sums and
+        counts)."""
+        return outputs.logits.float(), batch["labels"]
+
     def eval_batch(self, logits, labels) -> dict:
         """Per-unit values of one gathered eval batch (tensors), concatenated over the eval set for ``metrics``."""
         raise NotImplementedError
@@ -103,6 +140,11 @@ class Task:
     def predictions(self, logits, label_names: list[str]) -> list[dict]:
         """One record per row (``leantrain predict``): e.g. {"label": ..., "score": ...}."""
         raise NotImplementedError
+
+    def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
+        """(name, value) rows the model card adds under "Training data" (causal LM: corpus, tokens seen, block size,
+        perplexity); none by default."""
+        return []
 
     def headline(self, ev: dict) -> str:
         """The eval result in one line, as ``leantrain train`` prints it at the end."""

