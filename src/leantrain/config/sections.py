@@ -75,6 +75,11 @@ class ModelConfig(Section):
         "by label name (new labels get fresh rows; no common name = a fresh head); always = rows by position; "
         "never = a fresh head"
     )
+    freeze: list[str] = Field(
+        default_factory=list, description="parameters to freeze (no gradient, no optimizer state): patterns over "
+        "parameter names, e.g. [embeddings, encoder.layer.0-3, model.layers.0-5]; a range a.b.0-3 expands to layers "
+        "0..3, * matches within one name part, embeddings = the input embeddings; see docs/lora-and-freezing.md"
+    )
 
     @field_validator("task")
     @classmethod
@@ -442,6 +447,34 @@ class EvalConfig(Section):
     )
 
 
+QLORA_REFUSAL = (
+    "peft.method=qlora (LoRA over 4-bit base weights) is not supported: on CPU, bitsandbytes 0.50's CPU backend runs a "
+    "lone 4-bit Linear, but a model loaded 4-bit through transformers (BitsAndBytesConfig) is left with an "
+    "uninitialised quantisation state and its first forward fails inside bitsandbytes, and layers narrower than the "
+    "64-value quantisation block fail to pack; the CUDA path (4-bit load + prepare_model_for_kbit_training) is not "
+    "wired into leantrain yet. Use peft.method=lora (efficiency.precision=bf16 for a smaller footprint)")
+
+
+class PeftConfig(Section):
+    """Parameter-efficient fine-tuning through the peft library (pip install 'leantrain[peft]')."""
+
+    method: Literal["none", "lora", "qlora"] = Field(
+        "none", description="lora: low-rank adapters on the target modules, the base frozen (the task's head stays "
+        "trainable); qlora: LoRA over 4-bit base weights (bitsandbytes, CUDA)"
+    )
+    r: int = Field(16, gt=0, description="LoRA rank")
+    alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (the update is scaled by alpha / r)")
+    dropout: float = Field(0.05, ge=0, lt=1, description="dropout on the LoRA branch's input")
+    target_modules: Literal["auto"] | list[str] = Field(
+        "auto", description="auto: the attention and MLP projections of the architecture's repeated blocks (their "
+        "Linear modules, e.g. q_proj..down_proj for Llama, c_attn/c_proj/c_fc for GPT-2, query/key/value/dense for "
+        "BERT; printed at the start); or a list of module names (peft's suffix match)"
+    )
+    merge: bool = Field(
+        True, description="model/ holds the merged model (loads without peft); false = only output_dir/adapter/"
+    )
+
+
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -452,6 +485,7 @@ class Config(Section):
     report: ReportConfig = Field(default_factory=ReportConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    peft: PeftConfig = Field(default_factory=PeftConfig)
     output_dir: str | None = Field(None, description="run folder; unset = runs/<date-time>")
 
     @field_validator("output_dir")
@@ -472,6 +506,12 @@ class Config(Section):
         d = self.distributed
         if d.strategy == "deepspeed" and not d.deepspeed_config:
             raise ValueError("distributed.strategy=deepspeed needs distributed.deepspeed_config=path/to/zero.json")
+        if self.peft.method != "none" and d.strategy in ("fsdp", "deepspeed"):
+            raise ValueError(f"peft.method={self.peft.method} with distributed.strategy={d.strategy} is not supported: "
+                             "the adapters are a small share of the parameters, so sharding buys little, and merging "
+                             "them into sharded weights at save time is not implemented; use DDP (the default)")
+        if self.peft.method == "qlora":
+            raise ValueError(QLORA_REFUSAL)
         if d.local_sgd_steps > 1 and d.strategy in ("fsdp", "deepspeed"):
             raise ValueError(f"distributed.local_sgd_steps works with DDP only, not distributed.strategy={d.strategy}")
         return self
