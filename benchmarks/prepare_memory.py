@@ -8,6 +8,7 @@ its tokenising workers (num_proc > 1). Variants are interleaved over rounds; the
 the ratio to the x1 / num_proc=1 baseline measured in the same run.
 
     PYTHONPATH=src python benchmarks/prepare_memory.py [--rounds 3] [--copies 20] [--workdir /tmp/prep-bench]
+        [--corpus ../shared/data/tinyshakespeare/input.txt]
 """
 
 from __future__ import annotations
@@ -32,12 +33,16 @@ tokenizer = AutoTokenizer.from_pretrained(tok)
 tokenizer("warm up")
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 source = open_token_source(corpus, "bench", separator="\n\n")
-t0 = time.perf_counter()
+def cpu():
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+c0, t0 = cpu(), time.perf_counter()
 m = write_shards(source, tokenizer, out, num_proc=num_proc)
-seconds = time.perf_counter() - t0
+seconds, cpu_seconds = time.perf_counter() - t0, cpu() - c0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 print("RESULT" + json.dumps({"tokens": m["tokens"], "documents": m["documents"], "seconds": seconds,
+                             "cpu_seconds": cpu_seconds,
                              "base_kb": base, "peak_kb": peak, "worker_peak_kb": workers}))
 """
 
@@ -74,11 +79,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--copies", type=int, default=20)
     ap.add_argument("--workdir", default="/tmp/prep-bench")
+    ap.add_argument("--corpus", default=str(SHARED), help="the text to copy (default: ../shared tiny-shakespeare)")
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     tok = gpt2_folder(work / "gpt2")
-    text = SHARED.read_text()
+    corpus_path = Path(args.corpus)
+    text = corpus_path.read_text()
     small, big = work / "x1.txt", work / f"x{args.copies}.txt"
     small.write_text(text)
     big.write_text("\n\n".join([text] * args.copies))
@@ -94,10 +101,11 @@ def main() -> None:
     base_growth = statistics.median([(x["peak_kb"] - x["base_kb"]) / 1024 for x in base])
     base_tps = statistics.median([x["tokens"] / x["seconds"] for x in base])
     print(f"\nmachine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, python "
-          f"{platform.python_version()}; corpus {SHARED.name} ({len(text):,} chars), rounds {args.rounds}\n")
+          f"{platform.python_version()}; corpus {corpus_path.name} ({len(text):,} chars), rounds {args.rounds}\n")
+    base_cpu = statistics.median([x["tokens"] / x["cpu_seconds"] for x in base])
     print("| corpus, processes | tokens | documents | peak RSS before, MB | peak RSS after, MB | growth, MB "
-          "| worker peak RSS, MB | tokens/s |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| worker peak RSS, MB | tokens/s (wall) | tokens per CPU-second |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, rows in results.items():
         growth = [(x["peak_kb"] - x["base_kb"]) / 1024 for x in rows]
         tps = [x["tokens"] / x["seconds"] for x in rows]
@@ -106,7 +114,10 @@ def main() -> None:
               f"{med([x['base_kb'] / 1024 for x in rows], '{:.0f}')} | {med([x['peak_kb'] / 1024 for x in rows], '{:.0f}')} | "
               f"{med(growth)} ({statistics.median(growth) - base_growth:+.1f} vs x1) | "
               f"{med(workers, '{:.0f}') if statistics.median(workers) else '-'} | "
-              f"{med(tps, '{:,.0f}')} ({statistics.median(tps) / base_tps:.2f}x) |")
+              f"{med(tps, '{:,.0f}')} ({statistics.median(tps) / base_tps:.2f}x) | "
+              f"{med([x['tokens'] / x['cpu_seconds'] for x in rows], '{:,.0f}')} "
+              f"({statistics.median([x['tokens'] / x['cpu_seconds'] for x in rows]) / base_cpu:.2f}x) |")
+    print(f"\nload average at the end: {', '.join(f'{v:.1f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,19 @@ def word_rows(n: int, seed: int = 0, *, max_words: int = 30, words: dict[str, li
     return out
 
 
+GOOD, BAD = ["good", "fine", "great"], ["bad", "poor", "awful"]
+
+
+def score_rows(n: int, seed: int = 0) -> list[dict]:
+    """Texts of good and bad words, scored 0-5 by their share of good words (not all whole numbers): regression."""
+    r = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words = [r.choice(GOOD + BAD) for _ in range(r.randint(2, 12))]
+        rows.append({"text": " ".join(words), "score": round(5 * sum(w in GOOD for w in words) / len(words), 3)})
+    return rows
+
+
 def alternating_rows(n: int, max_repeat: int = 5) -> list[dict]:
     """n rows alternating "bad poor ..." (label 0) and "good fine ..." (label 1), 1 to max_repeat repetitions."""
     return [{"text": ("good fine " if i % 2 else "bad poor ") * (1 + i % max_repeat), "label": i % 2}
@@ -115,17 +128,25 @@ LM_WORDS = [a + b for a in ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s
             for b in ("a", "e", "i", "o", "u", "ai", "ea", "ou", "oo", "ie")]  # 150 words
 
 
+# English words and punctuation for prompts in generation tests (the gen branch's tiny tokenizer had these).
+TINY_LM_WORDS = ("the a one two three red blue green cat dog bird fish tree house river king queen man woman child "
+                 "runs sees eats likes finds makes walks sings and or but not with on in to of is was "
+                 "hello world once upon time there lived who what where when why how yes no good bad big small "
+                 "user assistant system").split() + list(".,!?:;'\"<>|/-")
+
+
 def make_tiny_lm_tokenizer(folder: Path, *, words: list[str] | None = None) -> Path:
-    """A word-level tokenizer (whitespace split; ids: <unk> 0, <eos> 1, then the words) saved as a
-    PreTrainedTokenizerFast folder: a small vocabulary for CPU tests of causal LMs. decode() joins words by spaces."""
+    """A word-level tokenizer (whitespace and punctuation split; ids: <unk> 0, <eos> 1, then the words: by default
+    LM_WORDS then TINY_LM_WORDS, ~240 tokens) saved as a PreTrainedTokenizerFast folder: a small vocabulary for CPU
+    tests of causal LMs; no pad token (like GPT-2's), no chat template. decode() joins words by spaces."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<eos>": 1}
-    for w in words if words is not None else LM_WORDS:
+    for w in words if words is not None else LM_WORDS + TINY_LM_WORDS:
         vocab.setdefault(w, len(vocab))
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
     tok.save_pretrained(folder)
@@ -218,3 +239,37 @@ def run_train_process(folder: Path, *extra: str, env: dict | None = None) -> sub
     full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     return subprocess.run([sys.executable, "-m", "leantrain", "train", *resume_args(folder, *extra)], env=full,
                           capture_output=True, text=True, timeout=300)
+
+
+# ------------------------------------------------------------------------------------------------ chat data
+
+CHAT_CORPUS = ("Once upon a time there was a small model. It learned to answer questions about the weather, "
+               "numbers, colours and animals. ### Instruction: ### Input: ### Response: Give three tips for staying "
+               "healthy. Eat well, sleep, and move every day! What is 2 + 2? The answer is 4. Hello world.\n\n")
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML_GENERATION = ("{% for m in messages %}{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"
+                     "{% generation %}{{ m['content'] + '<|im_end|>' + '\n' }}{% endgeneration %}{% else %}"
+                     "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>' + '\n' }}{% endif %}"
+                     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def make_tiny_chat_tokenizer(folder: Path, *, vocab_size: int = 320, chat_template: str | None = None) -> Path:
+    """A byte-level BPE tokenizer (every text round-trips) with a small vocabulary, trained on a fixed corpus and
+    saved as a PreTrainedTokenizerFast folder; EOS ``<|endoftext|>``, ChatML markers, optional chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([CHAT_CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                   additional_special_tokens=specials[1:])
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    fast.save_pretrained(folder)
+    return folder

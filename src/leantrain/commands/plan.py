@@ -26,6 +26,7 @@ from leantrain.engine.training_data import prepare_training_data
 from leantrain.errors import UserError
 from leantrain.modeling import build_model
 from leantrain.modeling.chunked_loss import apply_chunked_loss
+from leantrain.modeling.lora import apply_trainable
 from leantrain.perf import memory_model
 from leantrain.units import format_bytes
 from leantrain.perf.auto_micro_batch import (MARGIN, RUN_ALLOWANCE, default_budget, divisors_desc, framework_bytes,
@@ -126,7 +127,8 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     micro = cfg.train.micro_batch_size if isinstance(cfg.train.micro_batch_size, int) else per_process
     if per_process % micro:
         micro = max(d for d in divisors_desc(per_process) if d <= micro)
-    model = build_model(cfg.model, data.label_names, data.task).to(device)
+    model, trainable = apply_trainable(build_model(cfg.model, data.label_names, data.task), cfg.model, cfg.peft)
+    model = model.to(device)  # LoRA (peft.*) and model.freeze as the run applies them
     chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # as train does; causal LMs only
     if chunked:
         log.info(chunked)
@@ -139,7 +141,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     result = {"device": str(device), "nproc": nproc, "strategy": search.strategy, "seq_len": search.seq_len,
               "global_batch": cfg.train.batch_size, "budget_bytes": budget, "budget_source": budget_source,
               "margin": MARGIN}
-    search.calibration(precision, ckpt)
+    _calibrate_at(search, precision, ckpt, micro)
     settings = _settings(search, device) if recommend else []
     result.update(search.option(precision, ckpt, cfg.optim.name, micro))
     if recommend:
@@ -147,11 +149,30 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
         result.update(_recommendations([search.option(*setting) for setting in settings], current))
     result["calibration"] = [c.__dict__ for c in search.calibrations.values()]
     result["parameters"] = sum(p.numel() for p in model.parameters())
+    result["trainable_parameters"] = trainable.trainable or result["parameters"]
+    if trainable.method != "none" or trainable.frozen:
+        result["peft"] = trainable.record(cfg.peft)
     if as_json:
         print(json.dumps(result, indent=2, default=str))
     else:
         print_plan(cfg, result)
     return result
+
+
+def _calibrate_at(search: Search, precision: str, ckpt: bool, micro: int) -> None:
+    """The config's own setting measured at its micro-batch rather than extrapolated to it, when the extrapolation
+    says it fits the budget: on a busy machine the time-sized calibration pass is small (1-2 examples), and the
+    linear extrapolation from there is what misses (benchmarks/RESULTS.md, "Memory planner"); fit_micro_batch does
+    the same for train.micro_batch_size=auto."""
+    cal = search.calibration(precision, ckpt)
+    if micro <= cal.sizes[1]:
+        return
+    lines = memory_model.lines(search.facts, cal, micro, search.state_bytes(search.cfg.optim.name),
+                               strategy=search.strategy, nproc=search.nproc)
+    if need_bytes(lines) <= search.budget:
+        search.calibrations[precision, ckpt] = memory_model.calibrate(
+            search.model, search.seq_len, precision, ckpt, search.per_process, timing=False, size=micro)
+        log.info("calibrated again at micro-batch %d (the size this config runs)", micro)
 
 
 def _settings(search: Search, device: torch.device) -> list[tuple[str, bool, str, int]]:
@@ -194,7 +215,9 @@ def overrides_for(row: dict) -> list[str]:
 
 def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
     w = out.write
-    w(f"plan for {r['parameters'] / 1e6:.1f}M parameters on {r['device']} ({r['nproc']} process(es), strategy "
+    trained = "" if r["trainable_parameters"] == r["parameters"] else \
+        f" ({r['trainable_parameters'] / 1e6:.2f}M trainable)"
+    w(f"plan for {r['parameters'] / 1e6:.1f}M parameters{trained} on {r['device']} ({r['nproc']} process(es), strategy "
       f"{r['strategy']}): micro-batch {r['micro_batch_size']} x {r['accumulation_steps']} accumulation, "
       f"{r['seq_len']} tokens, {r['precision']}, gradient checkpointing {'on' if r['gradient_checkpointing'] else 'off'}"
       f", optimizer {r['optimizer']}\n")

@@ -47,18 +47,26 @@ def load_trained(model_dir: str, cfg: Config):
         model_dir, use_safetensors=None if mcfg.allow_pickle else True,
         revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)
     processor = load_processor(mcfg, task)
-    return accelerator, accelerator.prepare(model), (data_side(task), processor), labels, get_task(task).configured(cfg)
+    entry = get_task(task).configured(cfg).from_model_config(model.config)  # e.g. the target standardisation
+    return accelerator, accelerator.prepare(model), (data_side(task), processor), labels, entry
 
 
-def logits_in_row_order(accelerator, model, side, rows, cfg: Config, batch_size: int) -> torch.Tensor:
-    """The model's logits for ``rows`` (read longest first, returned in the rows' order)."""
+def logits_in_row_order(accelerator, model, side, rows, cfg: Config, batch_size: int, processed: list | None = None
+                        ) -> torch.Tensor:
+    """The model's logits for ``rows`` (read longest first, returned in the rows' order); per-token logits are
+    padded to the longest row. ``processed``: a list that receives the processed rows."""
     modality, processor = side
     ds = modality.process(rows, processor, cfg.data, desc="Processing")
+    if processed is not None:
+        processed.append(ds)
     collator = modality.collator(processor, cfg.data, train=False, device_type=accelerator.device.type)
     order = np.argsort(-np.asarray(ds["length"]), kind="stable")
     loader = accelerator.prepare(eval_loader(ds, batch_size, collator))
-    outs = list(predict_logits(model, loader, accelerator))
-    logits = torch.cat([o[0].cpu() for o in outs])
+    outs = [o[0].cpu() for o in predict_logits(model, loader, accelerator)]
+    if outs and outs[0].dim() > 2:  # per-token logits (batch, width, labels): one width for all
+        width = max(o.shape[1] for o in outs)
+        outs = [torch.nn.functional.pad(o, (0, 0, 0, width - o.shape[1])) for o in outs]
+    logits = torch.cat(outs)
     unsorted = torch.empty_like(logits)
     unsorted[torch.as_tensor(order)] = logits  # back to the input's row order
     return unsorted
@@ -77,7 +85,9 @@ def predict(model_dir: str, input_path: str, output_path: str, cfg: Config, batc
         log.info(n)
     rows = rows.remove_columns([c for c in ("label",) if c in rows.column_names])
     shown = _shown_fields(rows, side[0].name, input_path, cfg, id_column)
-    predicted = task.predictions(logits_in_row_order(accelerator, model, side, rows, cfg, batch_size), labels)
+    processed: list = []
+    logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size, processed)
+    predicted = task.row_predictions(logits, labels, rows, processed[0])
     if accelerator.is_main_process:
         Path(output_path).parent.mkdir(parents=True, exist_ok=True)
         with open(output_path, "w") as f:
@@ -93,7 +103,7 @@ def _shown_fields(rows, modality: str, input_path: str, cfg: Config, id_column: 
     if id_column is None:
         if modality in ("image", "audio"):
             return {"path": rows[modality]}  # each prediction names its file
-        return {k: rows[k] for k in ("text", "text_pair") if k in rows.column_names}
+        return {k: rows[k] for k in ("text", "text_pair", "tokens") if k in rows.column_names}
     ds = open_rows(input_path, cfg.data).ds
     if id_column not in ds.column_names:
         raise UserError(f"--id-column {id_column!r}: {input_path} has no such column "

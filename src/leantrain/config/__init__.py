@@ -7,9 +7,9 @@ a bad value names the key and the type it expects. ``resolve()`` is the one entr
 
 from leantrain.config.load import describe_keys, known_keys, load_yaml, parse_override, resolve
 from leantrain.config.sections import (CheckpointConfig, Config, DataConfig, DistributedConfig, EfficiencyConfig,
-                                       ModelConfig, OptimConfig, ReportConfig, Section, TrainConfig, largest_divisor,
-                                       parse_stop_when)
+                                       ModelConfig, OptimConfig, PeftConfig, ReportConfig, Section, TrainConfig,
+                                       largest_divisor, parse_stop_when)
 
 __all__ = ["CheckpointConfig", "Config", "DataConfig", "DistributedConfig", "EfficiencyConfig", "ModelConfig",
-           "OptimConfig", "ReportConfig", "Section", "TrainConfig", "describe_keys", "known_keys", "largest_divisor",
-           "load_yaml", "parse_override", "parse_stop_when", "resolve"]
+           "OptimConfig", "PeftConfig", "ReportConfig", "Section", "TrainConfig", "describe_keys", "known_keys",
+           "largest_divisor", "load_yaml", "parse_override", "parse_stop_when", "resolve"]

@@ -75,6 +75,11 @@ class ModelConfig(Section):
         "by label name (new labels get fresh rows; no common name = a fresh head); always = rows by position; "
         "never = a fresh head"
     )
+    freeze: list[str] = Field(
+        default_factory=list, description="parameters to freeze (no gradient, no optimizer state): patterns over "
+        "parameter names, e.g. [embeddings, encoder.layer.0-3, model.layers.0-5]; a range a.b.0-3 expands to layers "
+        "0..3, * matches within one name part, embeddings = the input embeddings; see docs/lora-and-freezing.md"
+    )
 
     @field_validator("task")
     @classmethod
@@ -106,7 +111,20 @@ class DataConfig(Section):
         None, description="multi-label: labels given as one string per row, split at this separator (e.g. ','); "
         "unset = labels are lists (JSON/JSONL)"
     )
+    tokens_column: str | None = Field(
+        None, description="token classification: the column of word lists; auto: tokens, words (the tags: "
+        "data.label_column, auto: ner_tags, tags, labels)"
+    )
+    label_all_tokens: bool = Field(
+        False, description="token classification: every sub-token of a word carries the word's tag in the loss; "
+        "false = the first sub-token only (the rest are ignored)"
+    )
     max_length: int = Field(128, gt=0, description="tokens per example; longer inputs are truncated")
+    standardize_targets: bool = Field(
+        False, description="regression: train on (score - mean) / std, mean and std of the training split; stored "
+        "in the model's config.json (target_standardization) so that predict and eval give the data's scale "
+        "(pipeline() gives the standardised score)"
+    )
     image_column: str | None = Field(
         None, description="images: column of image file paths (relative to the data file); auto: image, path, file, ..."
     )
@@ -132,6 +150,19 @@ class DataConfig(Section):
         "lines; none: quote characters are plain text (e.g. a TSV with stray quotes); standard: quoting as in auto, "
         "and such fields are accepted"
     )
+    template: str = Field(
+        "auto", description="instruction/chat data: auto (the tokenizer's chat template when it has one, else the plain "
+        "template; prompt/completion rows joined as they are), chat, plain, or a template string with {prompt} and "
+        "ending in {response} ({system} optional); see docs/instruction-tuning.md"
+    )
+    train_on_prompt: bool = Field(
+        False, description="instruction/chat data: false = loss on the assistant/response tokens only; true = every token"
+    )
+    packing: bool | Literal["auto"] = Field(
+        "auto", description="instruction/chat data: several examples per data.block_size block, positions restarting "
+        "per example (no attention across examples); auto = on (per-example losses are unchanged, see "
+        "docs/instruction-tuning.md)"
+    )
     cache_dir: str | None = Field(
         None, description="where datasets keeps its Arrow copies of the data files and the processed (tokenised) "
         "caches; unset = $HF_DATASETS_CACHE, else ~/.cache/huggingface/datasets (see docs/caches.md)"
@@ -149,8 +180,8 @@ class DataConfig(Section):
         "cross documents; a document's first token gets no target from the previous one"
     )
     num_proc: int | None = Field(
-        None, gt=0, description="causal LM: processes that tokenise the corpus into token shards; unset = up to 8 "
-        "(one per CPU) for corpora over 16 MB, else 1"
+        None, gt=0, description="causal LM: processes that tokenise the corpus into token shards; unset = one per "
+        "CPU but one, at most 8, for corpora over 16 MB, else 1 (in-process)"
     )
 
 
@@ -202,6 +233,15 @@ class TrainConfig(Section):
         None, description="single-label classification: per-class loss weights; unset = none; balanced = n_samples "
         "/ (n_classes x count of the class) over the training data (sklearn's); or [w0, w1, ...], one positive weight "
         "per class in label-id order. The loss is divided by the sum of the weights of the global batch's examples"
+    )
+
+    loss: Literal["mse", "huber"] = Field(
+        "mse", description="regression: mse (squared error) or huber (squared within train.huber_delta, linear "
+        "beyond; less pulled by outliers); summed over the examples / the global batch's example count"
+    )
+    huber_delta: float = Field(
+        1.0, gt=0, description="train.loss=huber: where the loss turns from squared to linear, in the units the model "
+        "predicts (the standardised scale under data.standardize_targets)"
     )
 
     @field_validator("class_weights")
@@ -401,6 +441,38 @@ class EvalConfig(Section):
         0.5, gt=0, lt=1, description="multi-label: a label is predicted when its sigmoid score is above this "
         "(eval.f1_micro, eval.f1_macro, eval.subset_accuracy and the labels leantrain predict writes)"
     )
+    tag_scheme: Literal["auto", "IOB1", "IOB2", "IOE1", "IOE2", "IOBES", "BILOU"] = Field(
+        "auto", description="token classification: the tagging scheme of the entity metrics (strict span "
+        "matching); auto: BILOU or IOBES from the tag names, IOB1 when a gold entity starts with I-, else IOB2"
+    )
+
+
+QLORA_REFUSAL = (
+    "peft.method=qlora (LoRA over 4-bit base weights) is not supported: on CPU, bitsandbytes 0.50's CPU backend runs a "
+    "lone 4-bit Linear, but a model loaded 4-bit through transformers (BitsAndBytesConfig) is left with an "
+    "uninitialised quantisation state and its first forward fails inside bitsandbytes, and layers narrower than the "
+    "64-value quantisation block fail to pack; the CUDA path (4-bit load + prepare_model_for_kbit_training) is not "
+    "wired into leantrain yet. Use peft.method=lora (efficiency.precision=bf16 for a smaller footprint)")
+
+
+class PeftConfig(Section):
+    """Parameter-efficient fine-tuning through the peft library (pip install 'leantrain[peft]')."""
+
+    method: Literal["none", "lora", "qlora"] = Field(
+        "none", description="lora: low-rank adapters on the target modules, the base frozen (the task's head stays "
+        "trainable); qlora: LoRA over 4-bit base weights (bitsandbytes, CUDA)"
+    )
+    r: int = Field(16, gt=0, description="LoRA rank")
+    alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator (the update is scaled by alpha / r)")
+    dropout: float = Field(0.05, ge=0, lt=1, description="dropout on the LoRA branch's input")
+    target_modules: Literal["auto"] | list[str] = Field(
+        "auto", description="auto: the attention and MLP projections of the architecture's repeated blocks (their "
+        "Linear modules, e.g. q_proj..down_proj for Llama, c_attn/c_proj/c_fc for GPT-2, query/key/value/dense for "
+        "BERT; printed at the start); or a list of module names (peft's suffix match)"
+    )
+    merge: bool = Field(
+        True, description="model/ holds the merged model (loads without peft); false = only output_dir/adapter/"
+    )
 
 
 class Config(Section):
@@ -413,6 +485,7 @@ class Config(Section):
     report: ReportConfig = Field(default_factory=ReportConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    peft: PeftConfig = Field(default_factory=PeftConfig)
     output_dir: str | None = Field(None, description="run folder; unset = runs/<date-time>")
 
     @field_validator("output_dir")
@@ -433,6 +506,12 @@ class Config(Section):
         d = self.distributed
         if d.strategy == "deepspeed" and not d.deepspeed_config:
             raise ValueError("distributed.strategy=deepspeed needs distributed.deepspeed_config=path/to/zero.json")
+        if self.peft.method != "none" and d.strategy in ("fsdp", "deepspeed"):
+            raise ValueError(f"peft.method={self.peft.method} with distributed.strategy={d.strategy} is not supported: "
+                             "the adapters are a small share of the parameters, so sharding buys little, and merging "
+                             "them into sharded weights at save time is not implemented; use DDP (the default)")
+        if self.peft.method == "qlora":
+            raise ValueError(QLORA_REFUSAL)
         if d.local_sgd_steps > 1 and d.strategy in ("fsdp", "deepspeed"):
             raise ValueError(f"distributed.local_sgd_steps works with DDP only, not distributed.strategy={d.strategy}")
         return self

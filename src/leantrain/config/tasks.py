@@ -13,11 +13,13 @@ from dataclasses import dataclass
 TEXT, IMAGE, AUDIO = "text-classification", "image-classification", "audio-classification"
 TEXT_REGRESSION = "text-regression"
 MULTI_LABEL = "multi-label"
+TOKEN_CLASSIFICATION = "token-classification"
 CAUSAL_LM = "causal-lm"
 
 CLASSIFICATION_METRICS = ("accuracy", "f1_macro", "mcc", "loss")  # mcc: two classes only
 REGRESSION_METRICS = ("pearson", "spearman", "mse", "mae", "loss")
 MULTI_LABEL_METRICS = ("f1_micro", "f1_macro", "subset_accuracy", "loss")
+TOKEN_CLASSIFICATION_METRICS = ("entity_f1", "entity_precision", "entity_recall", "token_accuracy", "loss")
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class TaskSpec:
     (``text``, ``image``, ``audio``: ``leantrain.data.modalities``), transformers' ``problem_type``, the metrics
     evaluation reports (``eval.<name>``; ``two_class_only`` ones only for 2 labels; ``lower_is_better`` ones pick
     the best model by their minimum), the ``pipeline()`` task name of the saved model, and how its labels are read
-    (``classes``: names or ids; ``scores``: numbers; ``label_sets``: lists of names; ``model.task=auto`` picks the task whose kind the data has)."""
+    (``classes``: names or ids; ``scores``: numbers; ``label_sets``: lists of names; ``tags``: one tag per word;
+    ``model.task=auto`` picks the task whose kind the data has)."""
 
     name: str
     modality: str
@@ -68,5 +71,7 @@ register_spec(TaskSpec(TEXT_REGRESSION, "text", "regression", REGRESSION_METRICS
                        lower_is_better=("mse", "mae", "loss"), pipeline="text-classification", labels="scores"))
 register_spec(TaskSpec(MULTI_LABEL, "text", "multi_label_classification", MULTI_LABEL_METRICS,
                        pipeline="text-classification", labels="label_sets"))
+register_spec(TaskSpec(TOKEN_CLASSIFICATION, "tagged", "token_classification", TOKEN_CLASSIFICATION_METRICS,
+                       pipeline="token-classification", labels="tags"))
 register_spec(TaskSpec(CAUSAL_LM, "tokens", "", ("loss", "perplexity"), lower_is_better=("loss", "perplexity"),
                        pipeline="text-generation", labels="none"))

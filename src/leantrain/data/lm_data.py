@@ -48,7 +48,8 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
             continue
         try:
             sources[key] = open_token_source(spec, key, text_column=cfg.text_column, separator=cfg.document_separator,
-                                             split=cfg.train_split, quoting=cfg.quoting, eval_split=key == "data.eval")
+                                             split=cfg.eval_split if key == "data.eval" else cfg.train_split,
+                                             quoting=cfg.quoting, eval_split=key == "data.eval")
         except SourceError as e:
             problems.append(str(e))
     if problems:
@@ -73,7 +74,7 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = False, known
     """One source for ``leantrain eval``: all its blocks."""
     try:
         source = open_token_source(path, "data.eval", text_column=cfg.text_column, separator=cfg.document_separator,
-                                   quoting=cfg.quoting, eval_split=True)
+                                   split=cfg.eval_split, quoting=cfg.quoting, eval_split=True)
     except SourceError as e:
         raise data_error([str(e)]) from None
     return LMSplit(source, first=cfg.max_eval_samples, first_key="data.max_eval_samples"), []
@@ -91,7 +92,7 @@ def process(split: LMSplit, tokenizer, cfg: DataConfig, desc: str = "Tokenizing"
     need = 2 if split.part != "all" else 1
     if len(blocks) < need:
         raise data_error([f"{where}: {shards.n_tokens:,} tokens make {len(blocks)} block(s) of data.block_size="
-                          f"{cfg.block_size}; {'a hold-out needs 2' if need == 2 else 'training needs 1'} (lower "
+                          f"{cfg.block_size}; {'a hold-out needs 2' if need == 2 else 'at least 1 is needed'} (lower "
                           "data.block_size or give more text)"])
     if split.part != "eval":
         log.info("%s: %s tokens in %s documents -> %s blocks of %d tokens%s", where, f"{shards.n_tokens:,}",

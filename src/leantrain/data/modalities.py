@@ -1,4 +1,5 @@
-"""One data side per modality (text, image, audio): load + validate, process with the model's processor, collate.
+"""One data side per modality (text, image, audio; tagged: words with a tag each, token classification): load +
+validate, process with the model's processor, collate.
 The engine picks one through the task's modality (``leantrain.modeling.tasks``: ``Task.modality``, and
 ``Task.data_side`` may adapt it) and stays free of task and modality branches."""
 
@@ -8,7 +9,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from leantrain.config import DataConfig
-from leantrain.data import audio, image, lm_data, text_loader
+from leantrain.data import audio, image, lm_data, text_loader, token_loader
+from leantrain.data.sft import with_instructions
 from leantrain.data.loaders import make_collator
 from leantrain.data.text import tokenize
 
@@ -38,8 +40,11 @@ MODALITIES = {
                      text_loader.label_kind),
     **{m.KIND.role: Modality(m.KIND.role, m.load_and_validate, m.load_rows, m.process, m.collator, False)
        for m in (image, audio)},
-    "tokens": Modality("tokens", lm_data.load_and_validate, lm_data.load_rows, lm_data.process, lm_data.collator, True,
-                       lm_data.label_kind),
+    "tagged": Modality("tagged", token_loader.load_and_validate, token_loader.load_rows, token_loader.process,
+                       token_loader.collator, True, lambda cfg: "tags"),
+    "tokens": with_instructions(  # instruction/chat data (data/sft.py) or plain text (data/lm_data.py), by its columns
+        Modality("tokens", lm_data.load_and_validate, lm_data.load_rows, lm_data.process, lm_data.collator, True,
+                 lm_data.label_kind)),
 }
 
 

@@ -17,6 +17,7 @@ from leantrain.data import columns as cols_
 from leantrain.data.demo import demo_files
 from leantrain.data.labels import LabelMap, from_data, from_known, missing, nonzero, scan
 from leantrain.data.caches import using_cache_dir
+from leantrain.data.conll import looks_like_conll, looks_like_tags
 from leantrain.data.label_sets import label_set_labels, looks_like_label_sets
 from leantrain.data.scores import looks_like_scores, score_labels
 from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
@@ -251,11 +252,16 @@ LABEL_READERS = {"classes": label_map_of, "scores": score_labels, "label_sets": 
 
 
 def label_kind(cfg: DataConfig) -> str:
-    """``label_sets`` when the training labels are lists (or data.label_separator is set: multi-label), ``scores``
+    """``tags`` for a CoNLL file or rows with a list of words and a list of tags (token classification),
+    ``label_sets`` when the training labels are lists (or data.label_separator is set: multi-label), ``scores``
     when they are numbers that are not all whole (regression), else ``classes``:
     what ``model.task=auto`` reads from the data."""
     train_spec = cfg.train if cfg.train is not None else str(demo_files()[0])
+    if looks_like_conll(train_spec):
+        return "tags"
     train_part, _ = open_parts(cfg, train_spec, None, [])
+    if looks_like_tags(train_part.ds, cfg.tokens_column, cfg.label_column):
+        return "tags"
     chosen, _, _ = cols_.detect(cfg, train_part, need_label=True)
     if looks_like_label_sets(train_part, chosen["label"], cfg.label_separator):
         return "label_sets"

@@ -82,7 +82,7 @@ class TokenSource:
         """Every document's text in order (blank ones included; the writer skips them)."""
         if self.kind == "txt":
             for path in self.files:
-                yield from _file_documents(path, self.separator)
+                yield from _file_documents(path, self.separator, self.key)
         elif self.kind == "table":
             ds = self.dataset.select_columns([self.text_column])
             for batch in ds.iter(batch_size=BATCH_DOCS):
@@ -98,20 +98,24 @@ class TokenSource:
         return 0
 
 
-def _file_documents(path: Path, separator: str | None) -> Iterator[str]:
-    with open(path, encoding="utf-8", errors="strict", newline="") as f:
-        if separator is None:
-            yield f.read()
-            return
-        rest = ""
-        while True:
-            piece = f.read(READ_CHARS)
-            if not piece:
-                break
-            parts = (rest + piece).split(separator)
-            rest = parts.pop()
-            yield from parts
-        yield rest
+def _file_documents(path: Path, separator: str | None, key: str = "data.train") -> Iterator[str]:
+    try:
+        with open(path, encoding="utf-8", errors="strict", newline="") as f:
+            if separator is None:
+                yield f.read()
+                return
+            rest = ""
+            while True:
+                piece = f.read(READ_CHARS)
+                if not piece:
+                    break
+                parts = (rest + piece).split(separator)
+                rest = parts.pop()
+                yield from parts
+            yield rest
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{key}: {path}: not UTF-8 text ({e.reason}: byte {e.object[e.start:e.start + 1]!r}); "
+                          "convert it to UTF-8") from None
 
 
 def _is_glob(spec: str) -> bool:
@@ -119,10 +123,11 @@ def _is_glob(spec: str) -> bool:
 
 
 def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str | None = None,
-                      separator: str | None = None, split: str = "train", quoting: str = "auto",
+                      separator: str | None = None, split: str | None = "train", quoting: str = "auto",
                       eval_split: bool = False) -> TokenSource:
     """Resolve the sources of one split (``data.train`` or ``data.eval``; ``leantrain prepare``'s arguments).
-    Raises SourceError naming the key and file."""
+    A multi-split tabular source gives ``split`` (eval: ``split``, else validation, else test). Raises SourceError
+    naming the key and file."""
     specs = [specs] if isinstance(specs, str) else list(specs)
     if not specs:
         raise SourceError(f"{key}: no source given")
@@ -141,6 +146,9 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
                 raise SourceError(f"{key}: {spec} is a prepared folder; give it alone")
             shards = TokenShards.open(path, where=f"{key}: {spec}")
             return TokenSource(key, specs, "prepared", folder=path, fingerprint=shards.manifest["source"]["fingerprint"])
+        elif path.is_dir() and ((path / INDEX).exists() or any(path.glob("tokens-*.bin"))):
+            raise SourceError(f"{key}: {spec} holds token shards but no {MANIFEST}: a preparation that did not "
+                              "finish (killed?); run leantrain prepare again")
         elif path.is_dir() and sorted(path.glob("*.txt")):
             texts += sorted(path.glob("*.txt"))
         elif path.suffix.lower() in TEXT_SUFFIXES:
@@ -161,8 +169,11 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
         fp = _sha({"kind": "txt", "files": stats, "separator": separator})
         return TokenSource(key, specs, "txt", files=texts, separator=separator, fingerprint=fp)
     source = open_source(others[0], key, quoting=quoting)
-    wanted = ["validation", "test"] if eval_split else [split]
-    part = pick_split(source, wanted, setting=None if eval_split else "data.train_split", single_ok=eval_split)
+    if eval_split:
+        wanted, setting = ([split], "data.eval_split") if split else (["validation", "test"], None)
+    else:
+        wanted, setting = [split], "data.train_split"
+    part = pick_split(source, wanted, setting=setting, single_ok=eval_split)
     if part is None:
         raise SourceError(f"{key}: {others[0]} has several splits ({', '.join(source.data)}) and none is named "
                           "validation or test; set data.eval_split")
@@ -409,6 +420,9 @@ class TokenShards:
         self._ends = np.cumsum([s["tokens"] for s in manifest["shards"]], dtype=np.int64)
         self.doc_starts = np.memmap(self.folder / manifest["index"]["file"], dtype="<i8", mode="r")
 
+    def __reduce__(self):  # DataLoader workers started by spawn: reopen the files there, never copy the tokens
+        return (type(self), (self.folder, self.manifest))
+
     @classmethod
     def open(cls, folder: str | os.PathLike, *, where: str | None = None) -> "TokenShards":
         """A ready prepared folder (its manifest present and consistent with the files); raises SourceError."""
@@ -479,6 +493,13 @@ def _sha(obj) -> str:  # noqa: ANN001
 # ----------------------------------------------------------------------------------------------- preparing
 
 
+def auto_num_proc(corpus_bytes: int) -> int:
+    """data.num_proc unset: one worker per CPU but one (the main process reads, writes and hashes), at most 8, for
+    corpora over 16 MB; else 1 (no pool: in-process, where a fast tokenizer still spreads a batch over threads)."""
+    workers = min(8, (os.cpu_count() or 1) - 1)
+    return workers if corpus_bytes > AUTO_PARALLEL_BYTES and workers >= 2 else 1
+
+
 def write_shards(source: TokenSource, tokenizer, folder: Path, *, num_proc: int | None = None,  # noqa: ANN001
                  desc: str = "Tokenizing", shard_tokens: int = SHARD_TOKENS) -> dict:
     """Tokenise ``source`` into ``folder`` (created; old shard files and manifest there are replaced), writing the
@@ -492,7 +513,7 @@ def write_shards(source: TokenSource, tokenizer, folder: Path, *, num_proc: int 
     (folder / MANIFEST).unlink(missing_ok=True)  # not ready from here on, until the new manifest lands
     for old in folder.glob("tokens-*.bin"):
         old.unlink()
-    procs = num_proc or (min(8, os.cpu_count() or 1) if source.size_bytes() > AUTO_PARALLEL_BYTES else 1)
+    procs = num_proc or auto_num_proc(source.size_bytes())
     dtype = token_dtype(len(tokenizer))
     writer = _Writer(folder, dtype, shard_tokens)
     skipped = [0]
@@ -581,7 +602,7 @@ def prepared_shards(source: TokenSource, tokenizer, *, num_proc: int | None = No
     tmp = root / f"{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     try:
         write_shards(source, tokenizer, tmp, num_proc=num_proc, desc=desc)
-        if final.exists():  # a half-written folder (no manifest) or one that failed its check: replace it
+        if final.exists() and read_manifest(final) is None:  # half-written (killed) or failed its check: replace
             shutil.rmtree(final, ignore_errors=True)
         try:
             os.replace(tmp, final)

@@ -17,6 +17,7 @@ from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.distributed import full_state_dict
 from leantrain.engine.training_data import TrainingData
+from leantrain.modeling.lora import is_peft_model, merged_for_saving, save_adapter, save_adapter_only
 from leantrain.modeling.names import display_name
 from leantrain.modeling.tasks.class_weights import class_weights_record
 from leantrain.perf.memory import device_memory, peak_rss_bytes
@@ -66,6 +67,7 @@ class RunResult:
     resumed_from_step: int | None
     skipped_steps: list[int]
     best: dict
+    trainable: dict | None = None  # peft / freeze record (modeling.lora.Trainable.record)
 
 
 def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data: TrainingData, result: RunResult,
@@ -98,7 +100,9 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
         },
         "efficiency": result.efficiency,
         "model": {"name": data.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
-                  "parameters": result.counts, "labels": data.label_names},
+                  "parameters": result.counts, "labels": data.label_names,
+                  "trainable_parameters": result.counts["trainable"], "total_parameters": result.counts["total"],
+                  **({"peft": result.trainable} if result.trainable else {})},
         "optim": result.optim_state or {"name": cfg.optim.name},
         "data": {"train_rows": len(data.train), "eval_rows": len(data.eval), "columns": data.columns},
         "distributed": result.distributed,
@@ -120,8 +124,7 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
     summary = build_summary(cfg, accelerator, model, data, result, memory)
     if accelerator.is_main_process:
         (out / "config.yaml").write_text(cfg.to_yaml())
-        model_dir = out / "model"
-        accelerator.unwrap_model(model).save_pretrained(model_dir, state_dict=state_dict, safe_serialization=True)
+        model_dir = _save_model(cfg, accelerator.unwrap_model(model), out, state_dict, data.processor)
         data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
         write_run_settings(model_dir, cfg, data.task, data.columns)  # predict / eval default to them
         write_json(out / "summary.json", summary)
@@ -133,6 +136,22 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
                      ev["samples"])
     accelerator.wait_for_everyone()
     return summary
+
+
+def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | None, processor) -> Path:
+    """model/ (save_pretrained). A LoRA run: the adapter in adapter/ and, with peft.merge (default), the merged
+    model in model/ (loads without peft); else the adapter folder is the run's model folder. Returns that folder."""
+    if not is_peft_model(model):
+        model.save_pretrained(out / "model", state_dict=state_dict, safe_serialization=True)
+        return out / "model"
+    if not cfg.peft.merge:
+        log.info(save_adapter_only(model, out / "adapter"))
+        processor.save_pretrained(out / "adapter")
+        return out / "adapter"
+    save_adapter(model, out / "adapter")
+    merged_for_saving(model).save_pretrained(out / "model", safe_serialization=True)
+    log.info("LoRA: adapter in %s, merged model in %s (loads without peft)", out / "adapter", out / "model")
+    return out / "model"
 
 
 def _report_files(cfg: Config, out: Path, model_dir: Path, data: TrainingData, summary: dict, records: list) -> None:

@@ -20,6 +20,7 @@ from torch import nn
 from leantrain.config import Config
 from leantrain.config.metric_names import lower_is_better
 from leantrain.errors import UserError
+from leantrain.modeling.lora import is_peft_model, load_adapter_state
 from leantrain.report.logs import write_json
 
 log = logging.getLogger("leantrain")
@@ -93,7 +94,11 @@ class BestModel:
 
         if self.key is None or self.step is None:
             return None
-        load_model(self.accelerator.unwrap_model(model), str(self.out / "best" / "model.safetensors"), strict=False)
+        unwrapped = self.accelerator.unwrap_model(model)
+        if is_peft_model(unwrapped):  # best/ is an adapter folder (peft's save_pretrained)
+            load_adapter_state(unwrapped, self.out / "best")
+        else:
+            load_model(unwrapped, str(self.out / "best" / "model.safetensors"), strict=False)
         return self.metrics
 
     def summary(self) -> dict | None:

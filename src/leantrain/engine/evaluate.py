@@ -24,6 +24,9 @@ def predict_logits(model: nn.Module, loader: DataLoader, accelerator: Accelerato
         for batch in loader:
             logits = model(**model_inputs(batch)).logits.float()
             labels = batch.get("labels")
+            if logits.dim() > 2 and accelerator.num_processes > 1:  # per-token outputs: widths differ by rank
+                logits = accelerator.pad_across_processes(logits, dim=1)
+                labels = labels if labels is None else accelerator.pad_across_processes(labels, dim=1, pad_index=-100)
             yield accelerator.gather_for_metrics((logits, labels) if labels is not None else (logits,))
     finally:
         model.train(was_training)

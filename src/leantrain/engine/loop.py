@@ -42,6 +42,7 @@ from leantrain.engine.step import train_step
 from leantrain.engine.training_data import TrainingData, prepare_training_data
 from leantrain.errors import ConfigError
 from leantrain.modeling import build_model, flop_parameters, parameter_counts
+from leantrain.modeling.lora import Trainable, apply_trainable
 from leantrain.optim import build_optimizer, build_scheduler, state_report
 from leantrain.optim.state import describe as describe_optim_state
 from leantrain.perf.auto_micro_batch import auto_micro_batch
@@ -134,6 +135,7 @@ class Run:
     parts: LoopParts
     counts: dict[str, int]
     comm: CommStats
+    trainable: Trainable | None = None
 
 
 def start_run(cfg: Config, allocator: str) -> RunStart:
@@ -167,6 +169,8 @@ def build_run(start: RunStart) -> Run:
 
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
     model = build_model(cfg.model, data.label_names, data.task)
+    model.config.update(data.task_object.model_config_fields())  # e.g. the target standardisation, saved with it
+    model, trainable = apply_trainable(model, cfg.model, cfg.peft)  # LoRA (peft.*) and model.freeze
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
@@ -194,7 +198,7 @@ def build_run(start: RunStart) -> Run:
                      accelerator.device, start.precision, accelerator.num_processes)  # MFU is for token models only
     parts = LoopParts(cfg, accelerator, model, optimizer, scheduler, eval_dl, data, layout, metrics_log, meter, ckpt,
                       state, flops, faults)
-    return Run(start, parts, counts, comm)
+    return Run(start, parts, counts, comm, trainable)
 
 
 def run_loop(loop: Loop, run: Run) -> None:
@@ -232,7 +236,7 @@ def finish(loop: Loop, run: Run, *, wall_seconds: float) -> dict:
                     "compile_seconds": compile_seconds() if cfg.efficiency.compile else None},
         distributed=distributed_summary(cfg, accelerator, model, run.comm, p.meter),
         resumed_from_step=p.state.step if p.state.resumed_from else None, skipped_steps=loop.guard.skipped,
-        best=loop.best.summary(),
+        best=loop.best.summary(), trainable=run.trainable.record(cfg.peft) if run.trainable else None,
     )
     summary = save_outputs(cfg, accelerator, model, p.data, result)
     summary["checkpoints"] = p.ckpt.finish()  # only now, with model/ and summary.json written, are they spare

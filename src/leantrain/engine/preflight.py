@@ -46,7 +46,8 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
 
     Set explicitly above the limit: ConfigError naming both numbers. Left at its default (128) above a small
     model's limit: lowered to the limit, with a log note. Returns the (possibly updated) config."""
-    if get_task(resolve_task(cfg)).processor != "tokenizer":  # a position limit is in tokens
+    task = get_task(resolve_task(cfg))
+    if task.processor != "tokenizer":  # a position limit is in tokens
         return cfg
     if config is None:
         config = load_config(cfg.model)
@@ -55,6 +56,8 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
         return cfg
     limit, source = found
     limit = min(limit, cfg.model.config_overrides.get("max_position_embeddings", limit))
+    if task.modality == "tokens":  # language models: the rows are blocks of data.block_size tokens
+        return _check_block_size(cfg, limit, source)
     asked = cfg.data.max_length
     if asked <= limit:
         return cfg
@@ -66,6 +69,21 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
         print(f"leantrain: note: data.max_length: {limit} tokens per example, the model's limit ({source}); the "
               f"default {asked} is more than it takes", file=sys.stderr)
     return cfg.model_copy(update={"data": cfg.data.model_copy(update={"max_length": limit})})
+
+
+def _check_block_size(cfg, limit: int, source: str):  # noqa: ANN001, ANN202 - leantrain Config
+    """``data.block_size`` within the model's position limit: set above it, exit 2 naming both numbers; left at its
+    default (512) above a small model's limit, lowered to the limit with a note."""
+    asked = cfg.data.block_size
+    if asked <= limit:
+        return cfg
+    if "block_size" in cfg.data.model_fields_set:
+        raise ConfigError(f"data.block_size={asked} is more than the model takes: its config has {source}, so at most "
+                          f"{limit} tokens per block; set data.block_size={limit} or less")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"leantrain: note: data.block_size: {limit} tokens per block, the model's limit ({source}); the default "
+              f"{asked} is more than it takes", file=sys.stderr)
+    return cfg.model_copy(update={"data": cfg.data.model_copy(update={"block_size": limit})})
 
 
 def check_stop_when(cfg, num_labels: int, task: str | None = None) -> None:  # noqa: ANN001

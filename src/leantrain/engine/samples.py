@@ -1,5 +1,6 @@
 """Sample continuations during training (``report.sample_prompts``, causal LMs): before the first step and at each
-evaluation, the greedy continuation (``report.sample_max_new_tokens`` tokens) of each prompt, written to
+evaluation, the greedy continuation (``report.sample_max_new_tokens`` tokens; ``leantrain.modeling.generation``:
+the tokenizer's chat template wraps the prompt where it has one) of each prompt, written to
 metrics.jsonl as ``{"type": "samples", "step": n, "samples": [{"prompt", "continuation"}]}`` and shown in the log.
 
 Every process generates (the same prompts, greedy, so the same number of forward calls on every rank): under FSDP
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
+from leantrain.data.sft import sample_inputs
 from leantrain.errors import ConfigError
+from leantrain.modeling.generation import continuations
 from leantrain.modeling.tasks import get_task
 
 log = logging.getLogger("leantrain")
@@ -38,19 +39,6 @@ def check_sample_prompts(cfg, task: str) -> None:  # noqa: ANN001 - leantrain Co
         raise ConfigError(f"report.sample_prompts[{empty[0]}] is empty: give each prompt some text")
 
 
-@torch.no_grad()
-def continuations(model, tokenizer, prompts: list[str], *, max_new_tokens: int) -> list[str]:
-    """The greedy continuation of each prompt (text after the prompt, special tokens dropped), one at a time."""
-    device = next(model.parameters()).device
-    out = []
-    for prompt in prompts:
-        enc = tokenizer(prompt, return_tensors="pt").to(device)
-        ids = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id)
-        out.append(tokenizer.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
-    return out
-
-
 def write_samples(model, accelerator, data, step: int, metrics_log, progress=None) -> list[dict] | None:  # noqa: ANN001
     """Generate the run's sample continuations (every rank: see the module docstring); rank 0 writes them to
     metrics.jsonl and the log. None when the run has no sample prompts."""
@@ -58,13 +46,9 @@ def write_samples(model, accelerator, data, step: int, metrics_log, progress=Non
     prompts = list(cfg.report.sample_prompts) if cfg is not None else []
     if not prompts:
         return None
-    inner = accelerator.unwrap_model(model)
-    was_training = inner.training
-    inner.eval()
-    try:
-        texts = continuations(inner, data.processor, prompts, max_new_tokens=cfg.report.sample_max_new_tokens)
-    finally:
-        inner.train(was_training)
+    inner = accelerator.unwrap_model(model)  # eval mode for the call, back to training after (continuations)
+    inputs, chat = sample_inputs(prompts, data.processor, cfg.data, data.columns)  # instruction data: as trained
+    texts = continuations(inner, data.processor, inputs, max_new_tokens=cfg.report.sample_max_new_tokens, chat=chat)
     samples = [{"prompt": p, "continuation": t} for p, t in zip(prompts, texts)]
     metrics_log.write({"type": "samples", "step": step, "samples": samples})  # a file on rank 0 only
     if accelerator.is_main_process:

@@ -23,8 +23,14 @@ from leantrain.modeling.chunked_loss import labels_for_loss
 from leantrain.modeling.tasks import TEXT, Task, get_task
 
 
-def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in batch.items() if k not in ("labels", "loss_weight", "length")}
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict:
+    """The model's keyword arguments of a batch. With ``position_ids`` (packed rows: positions restart per document or
+    example) also ``use_cache=False``: transformers builds the block-diagonal mask from restarting positions only when
+    there is no cache, and a causal LM's forward makes one by default (config.use_cache), even in training."""
+    inputs = {k: v for k, v in batch.items() if k not in ("labels", "loss_weight", "length")}
+    if "position_ids" in inputs:
+        inputs["use_cache"] = False
+    return inputs
 
 
 def weighted_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], task: Task | None = None) -> torch.Tensor:

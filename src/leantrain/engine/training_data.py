@@ -13,6 +13,7 @@ from accelerate import Accelerator
 
 from leantrain.data.caches import using_cache_dir
 from leantrain.config import Config
+from leantrain.errors import ConfigError
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
 from leantrain.engine.samples import check_sample_prompts
@@ -42,18 +43,20 @@ class TrainingData:
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
     class_weights: list[float] | None = None  # train.class_weights resolved: one per label id; None = unweighted
     config: object | None = None  # the run's Config: Task.configured reads its settings (eval.threshold)
-    _weighted: Task | None = field(default=None, repr=False)
+    _task: Task | None = field(default=None, repr=False)
 
     @property
     def task_object(self) -> Task:
-        """The registered task (loss, units, metrics) of ``task``; with class weights, its weighted form."""
-        task = get_task(self.task)
-        task = task.configured(self.config) if self.config is not None else task
-        if self.class_weights is None:
-            return task
-        if self._weighted is None:
-            self._weighted = weighted_task(task, self.class_weights, self.train["labels"])
-        return self._weighted
+        """The registered task (loss, units, metrics) of ``task``, configured by the run's settings and fitted to
+        the training data (regression: target standardisation); with class weights, its weighted form. Made once."""
+        if self._task is None:
+            task = get_task(self.task)
+            task = task.configured(self.config) if self.config is not None else task
+            task = task.fitted(self.train)
+            if self.class_weights is not None:
+                task = weighted_task(task, self.class_weights, self.train["labels"])
+            self._task = task
+        return self._task
 
     def units_in(self, indices) -> int:
         """The task's loss units (examples, labels, tokens) in these training examples: the loss's denominator."""
@@ -103,7 +106,19 @@ def validate_data(cfg: Config):
     check_sample_prompts(cfg, task)
     if cfg.train.class_weights is not None:
         resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
+    check_regression_keys(cfg, task)
     return data
+
+
+def check_regression_keys(cfg: Config, task: str) -> None:
+    """train.loss=huber and data.standardize_targets are for a task with score labels (regression) only."""
+    if get_task(task).spec.labels == "scores":
+        return
+    for key, value, default in (("train.loss", cfg.train.loss, "mse"),
+                                ("data.standardize_targets", cfg.data.standardize_targets, False)):
+        if value != default:
+            raise ConfigError(f"{key}={str(value).lower()}: for regression (scores) only; this run's task is {task} "
+                              "(model.task=text-regression, or a label column of numbers that are not all whole)")
 
 
 def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData:
@@ -111,6 +126,7 @@ def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData
     with accelerator.main_process_first(), using_cache_dir(cfg.data.cache_dir):
         task, why = run_task_reason(cfg)
         check_tokenizer_key(cfg.model, task)
+        check_regression_keys(cfg, task)
         modality = data_side(task)
         data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
     log.info("task: %s%s", task, f" (model.task=auto: {why})" if why else "")

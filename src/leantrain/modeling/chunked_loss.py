@@ -132,8 +132,10 @@ def output_layer(model: nn.Module) -> nn.Module | None:
 
 
 def is_causal_lm(model: nn.Module) -> bool:
-    """A transformers causal LM (its class is in the causal-LM auto mapping, or named ``*ForCausalLM``)."""
-    name = type(model).__name__
+    """A transformers causal LM (its class is in the causal-LM auto mapping, or named ``*ForCausalLM``); under a
+    peft LoRA wrapper, the model it wraps."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
+    name = type(base).__name__
     if name.endswith("ForCausalLM"):
         return True
     try:

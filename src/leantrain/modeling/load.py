@@ -84,7 +84,8 @@ def load_processor(cfg: ModelConfig, task: str):
         raise _load_error(name, e) from None
 
 
-_CLASSIFIERS = ("ForSequenceClassification", "ForImageClassification", "ForAudioClassification")
+_CLASSIFIERS = ("ForSequenceClassification", "ForImageClassification", "ForAudioClassification",
+                "ForTokenClassification")
 _DEFAULT_LABEL = re.compile(r"^LABEL_\d+$")
 
 
@@ -280,7 +281,7 @@ def resolve_task_reason(cfg: Config) -> tuple[str, str]:
             why = "model.tokenizer is set" if m.tokenizer else "the training data is plain text"
             return _CAUSAL_LM, f"{key} builds a {config.model_type} causal LM and {why}"
         task = task_of_config(config)
-        if task is not None:
+        if task is not None and not (task == _CAUSAL_LM and cfg.data.label_column):  # a label column: a classifier
             return task, f"the model's config ({config.model_type})"
     if plain_text_data(cfg):
         return _CAUSAL_LM, "the training data is plain text with no label column"

@@ -18,6 +18,17 @@ def enable_checkpointing(model: nn.Module) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.config.use_cache = False
+    input_grads_for_frozen_embeddings(model)
+
+
+def input_grads_for_frozen_embeddings(model: nn.Module) -> None:
+    """With frozen input embeddings (LoRA, model.freeze=[embeddings]) the first checkpointed block's input carries no
+    grad: transformers' ``enable_input_require_grads`` marks the embedding output so the recomputed graph reaches
+    the trainable parameters (needed by reentrant checkpointing, harmless with the non-reentrant kind)."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is not None and not any(p.requires_grad for p in emb.parameters()) and \
+            hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()
 
 
 def is_checkpointing(model: nn.Module) -> bool:

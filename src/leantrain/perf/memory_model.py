@@ -132,8 +132,12 @@ def _pass(model, m: int, seq_len: int, autocast, memory_too: bool = True) -> tup
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         with hooks, autocast(), labels_for_loss(model, labels if causal else None):
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        loss = per_token_losses(logits, labels).sum() if causal else \
-            torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        if causal:
+            loss = per_token_losses(logits, labels).sum()
+        else:  # one label per row, or per token (token classification: logits (m, seq_len, labels))
+            flat = logits.float().reshape(-1, logits.shape[-1])
+            labels = labels if flat.shape[0] == m else torch.zeros(flat.shape[0], dtype=torch.long, device=device)
+            loss = torch.nn.functional.cross_entropy(flat, labels, reduction="sum")
         loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -227,13 +231,16 @@ def time_calibrations(model, cals: list[Calibration], rounds: int = TIME_REPEATS
 
 def meta_state_bytes(model, optim_cfg) -> int:
     """Bytes of optimizer state after one step, from the real optimizer on a meta-device copy of the model (no
-    memory, no compute). Falls back to bytes/parameter when the model or optimizer cannot be built on meta."""
+    memory, no compute); a model that cannot be rebuilt from its config (a peft LoRA model) is copied as its
+    trainable parameters alone, each its own (meta) Linear when 2-D. Falls back to bytes/parameter when the
+    optimizer cannot run on meta."""
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     try:
         with torch.device("meta"):
-            clone = type(model)(model.config)
+            wrapped = _is_wrapper(model)
+            clone = _Trainables(model) if wrapped else type(model)(model.config)
         for n, p in clone.named_parameters():
-            p.requires_grad_(n in trainable)
+            p.requires_grad_(wrapped or n in trainable)
             if p.requires_grad:
                 p.grad = torch.zeros_like(p)
         opt = build_optimizer(clone, optim_cfg, 1e-3)
@@ -243,6 +250,28 @@ def meta_state_bytes(model, optim_cfg) -> int:
     except Exception:  # noqa: BLE001 - any model/optimizer that meta cannot run: the documented per-parameter rate
         n = sum(p.numel() for p in model.parameters() if p.requires_grad)
         return int(n * FALLBACK_STATE_BYTES.get(optim_cfg.name, 8))
+
+
+def _is_wrapper(model) -> bool:
+    """A model whose class cannot be rebuilt from its config alone (peft's PeftModel wraps the transformers one)."""
+    return hasattr(model, "get_base_model") and hasattr(model, "peft_config")
+
+
+class _Trainables(torch.nn.Module):
+    """The trainable parameters of a model, as meta tensors with the same names' shapes: 2-D ones as Linear
+    modules (so matrix-aware optimizers such as Muon treat them as matrices), the rest as plain parameters."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.linears = torch.nn.ModuleList()
+        self.rest = torch.nn.ParameterList()
+        for _, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            if p.ndim == 2:
+                self.linears.append(torch.nn.Linear(p.shape[1], p.shape[0], bias=False, dtype=p.dtype))
+            else:
+                self.rest.append(torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype)))
 
 
 def measure_step_times(model, optim_cfg, repeats: int = TIME_REPEATS) -> list[float]:

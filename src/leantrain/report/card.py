@@ -5,6 +5,7 @@ Everything comes from the run's summary and resolved config; a missing key leave
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -122,6 +123,8 @@ def write_model_card(
         n = ev.get("samples", ev.get("eval.samples"))
         lines += ["## Evaluation", "", f"On {n:,} held-out examples:" if isinstance(n, int) else "On the eval set:", ""]
         lines += [*_table(("metric", "value"), _eval_rows(ev, entry.spec.metrics)), ""]
+    saved = model_dir / "config.json"
+    lines += entry.card_notes(json.loads(saved.read_text()) if saved.is_file() else {})  # e.g. standardised scores
     if hparams := _hparam_rows(config):
         lines += ["## Training hyperparameters", "", *_table(("setting", "value"), hparams), ""]
     if cost := _train_rows(tr, summary):

@@ -10,7 +10,11 @@ from leantrain.cli import main
 from leantrain.config import resolve
 from leantrain.data import lm_data
 from leantrain.data.token_shards import MANIFEST, TokenShards
+from leantrain.errors import DataError
 from tests.helpers import lm_documents, make_tiny_lm_tokenizer
+
+
+pytestmark = pytest.mark.usefixtures("own_datasets_cache")
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +38,10 @@ def test_prepare_prints_the_corpus_and_train_reads_the_folder(tmp_path, tok_fold
     assert f"min {lengths[0]}" in text and f"max {lengths[-1]}" in text
     assert f"blocks:     {n_tokens // 16} of data.block_size=16" in text and f"path:       {out}" in text
     assert (out / MANIFEST).is_file() and TokenShards.open(out).n_documents == 30
+    (out / MANIFEST).rename(tmp_path / "kept.json")  # as a prepare killed before it wrote the manifest leaves it
+    with pytest.raises(DataError, match="no manifest.json: a preparation that did not finish"):
+        lm_data.load_and_validate(resolve(None, [f"data.train={out}"]).data, seed=1, batch_size=4)
+    (tmp_path / "kept.json").rename(out / MANIFEST)
 
     cfg = resolve(None, [f"data.train={out}", "data.block_size=16", "data.eval_fraction=0.2"])
     prepared = lm_data.load_and_validate(cfg.data, seed=1, batch_size=4)

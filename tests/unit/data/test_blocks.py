@@ -97,6 +97,17 @@ def test_hold_out_select_and_fingerprint(corpus):
     assert view.column_names == ["input_ids", "length"] and set(view[[0]]) == {"input_ids", "length"}
 
 
+def test_blocks_travel_to_spawned_workers_without_their_tokens(corpus):
+    import pickle
+
+    _, shards = corpus
+    blocks = Blocks(shards, 16, document_mask=True).select([3, 1])
+    data = pickle.dumps(blocks)
+    assert shards.read(0, 32).astype("<u2").tobytes() not in data  # the memory maps are reopened, not copied
+    again = pickle.loads(data)
+    assert again[[0, 1]] == blocks[[0, 1]] and again.data_fingerprint() == blocks.data_fingerprint()
+
+
 def test_collator_pads_and_masks():
     collate = LMCollator(7)
     rows = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3], "loss_weight": 1.0},
@@ -145,13 +156,17 @@ def test_document_mask_losses_equal_documents_alone(tmp_path, tok, corpus):
     batch = LMCollator(tok.eos_token_id)(rows)
     assert "attention_mask" not in batch
 
-    def token_losses(ids, positions=None):
+    def token_losses(ids, positions=None, use_cache=False):
         with torch.no_grad():
-            logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+            logits = model(input_ids=ids, position_ids=positions, use_cache=use_cache).logits
         return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
 
     packed = token_losses(batch["input_ids"], batch["position_ids"])
     unmasked = token_losses(batch["input_ids"])
+    # transformers 5.24: a forward pass that makes a KV cache (use_cache=True, the config's default) skips the packed
+    # mask: positions restart but attention crosses documents. Training and evaluation must run with use_cache=False.
+    cached = token_losses(batch["input_ids"], batch["position_ids"], use_cache=True)
+    assert not torch.allclose(cached, packed, atol=1e-3)
     checked = 0
     for r, row in enumerate(rows):
         cuts = [i for i, p in enumerate(row["position_ids"]) if p == 0] + [64]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,15 @@ from leantrain.data.sources import SourceError
 from leantrain.data.token_shards import (MANIFEST, TokenShards, cache_root, open_token_source, prepared_shards,
                                          token_dtype, write_shards)
 from tests.helpers import lm_documents, make_tiny_lm_tokenizer, write_rows
+
+
+pytestmark = pytest.mark.usefixtures("own_datasets_cache")
+
+
+@pytest.fixture(autouse=True)
+def own_leantrain_cache(tmp_path, monkeypatch):
+    """The record of cache folders (leantrain cache --list) goes to a folder of this test's, not ~/.cache."""
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path / "leantrain-cache"))
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +176,121 @@ def test_parallel_preparation_writes_the_same_shards(tmp_path, tok):
     assert len(two["shards"]) > 1
     assert stream(TokenShards.open(tmp_path / "one")) == stream(TokenShards.open(tmp_path / "two"))
     assert one["index"]["sha256"] == two["index"]["sha256"] and one["tokens"] == two["tokens"]
+
+
+def test_lm_data_side_checks_before_the_model_and_names_the_file(tmp_path, tok):
+    from leantrain.config import resolve
+    from leantrain.data import lm_data
+    from leantrain.errors import DataError
+
+    csv = write_rows(tmp_path / "d.csv", [{"title": "a", "body": "ba be"}, {"title": "b", "body": "bi bo"}])
+    cfg = resolve(None, [f"data.train={csv}", f"data.eval={tmp_path / 'missing.txt'}"])
+    with pytest.raises(DataError) as e:
+        lm_data.load_and_validate(cfg.data, seed=0, batch_size=2)
+    assert "data.train" in str(e.value.problems) and "data.text_column" in str(e.value.problems)
+    assert "data.eval: file not found" in str(e.value.problems)  # every problem at once
+    with pytest.raises(DataError, match="needs training text"):
+        lm_data.load_and_validate(resolve(None, []).data, seed=0, batch_size=2)
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("ba be\n".encode() * 10 + "caf\xe9".encode("latin-1"))
+    cfg = resolve(None, [f"data.train={bad}", f"data.cache_dir={tmp_path / 'cache'}", "data.block_size=4"])
+    split = lm_data.load_and_validate(cfg.data, seed=0, batch_size=2).train
+    with pytest.raises(DataError) as e:
+        lm_data.process(split, tok, cfg.data)
+    assert "latin1.txt: not UTF-8" in str(e.value.problems)
+    assert not list((tmp_path / "cache").rglob("manifest.json"))  # nothing half-prepared is left as ready
+    short = tmp_path / "short.txt"
+    short.write_text("ba be bi")
+    cfg = resolve(None, [f"data.train={short}", f"data.cache_dir={tmp_path / 'cache'}", "data.block_size=8"])
+    with pytest.raises(DataError, match="4 tokens make 0 block"):
+        lm_data.process(lm_data.load_and_validate(cfg.data, seed=0, batch_size=2).train, tok, cfg.data)
+
+
+def _prepare_in_child(corpus: str, tok_folder: str, cache: str, queue) -> None:  # noqa: ANN001
+    from leantrain.data.caches import using_cache_dir as using
+
+    tokenizer = AutoTokenizer.from_pretrained(tok_folder)
+    with using(cache):
+        shards = prepared_shards(open_token_source(corpus, "data.train", separator="\n"), tokenizer)
+        queue.put((str(shards.folder), shards.read(0, shards.n_tokens).tolist()))
+
+
+def test_two_processes_preparing_at_once_end_with_one_folder(tmp_path, tok):
+    """Without main_process_first (two runs started together): each prepares into its own temporary folder and
+    renames it into place; the loser keeps the winner's folder. Both read the same shards; nothing is left over."""
+    import multiprocessing as mp
+
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(400)))
+    ctx = mp.get_context("fork")  # fast to start; each child loads its own tokenizer
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_prepare_in_child, args=(str(path), tok.name_or_path, str(tmp_path / "cache"), queue))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert results[0] == results[1]
+    assert [p.name for p in (tmp_path / "cache" / "leantrain-token-shards").iterdir()] == [Path(results[0][0]).name]
+
+
+def _slow_prepare(corpus: str, tok_folder: str, cache: str) -> None:
+    import time
+
+    import leantrain.data.token_shards as ts
+    from leantrain.data.caches import using_cache_dir as using
+
+    encode = ts.encode_documents
+    ts.BATCH_DOCS = 5
+
+    def slow(*args, **kwargs):  # noqa: ANN002, ANN003
+        time.sleep(0.05)
+        return encode(*args, **kwargs)
+
+    ts.encode_documents = slow
+    with using(cache):
+        ts.prepared_shards(open_token_source(corpus, "data.train", separator="\n"),
+                           AutoTokenizer.from_pretrained(tok_folder))
+
+
+def test_a_killed_preparation_is_never_used(tmp_path, tok):
+    """SIGKILL a preparation half-way: its temporary folder is not the cache entry; the next run prepares again
+    (and removes the dead process's folder)."""
+    import multiprocessing as mp
+    import signal
+    import time
+
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(2000)))
+    root = tmp_path / "cache" / "leantrain-token-shards"
+    child = mp.get_context("fork").Process(target=_slow_prepare, args=(str(path), tok.name_or_path, str(tmp_path / "cache")))
+    child.start()
+    deadline = time.monotonic() + 120
+    while not any(p.stat().st_size > 0 for p in root.glob("*.tmp-*/tokens-*.bin")):  # half-way: tokens written
+        assert time.monotonic() < deadline and child.is_alive(), "the preparation did not start writing"
+        time.sleep(0.02)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    tmp = next(root.glob("*.tmp-*"))
+    assert not (tmp / MANIFEST).exists() and [p for p in root.iterdir() if ".tmp-" not in p.name] == []
+    with using_cache_dir(tmp_path / "cache"):
+        shards = prepared_shards(open_token_source(str(path), "data.train", separator="\n"), tok)
+    assert shards.n_documents == 2000 and tok.decode(stream(shards)).count("<eos>") == 2000
+    assert sorted(p.name for p in root.iterdir()) == [shards.folder.name]  # the dead one's folder is gone
+
+
+def test_splits_of_a_dataset_folder(tmp_path):
+    import datasets
+
+    docs = lm_documents(6)
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs[:4], "n": list(range(4))}),
+                          "validation": datasets.Dataset.from_dict({"text": docs[4:], "n": [4, 5]})}
+                         ).save_to_disk(tmp_path / "ds")
+    spec = str(tmp_path / "ds")
+    assert list(open_token_source(spec, "data.train").documents()) == docs[:4]
+    assert list(open_token_source(spec, "data.eval", split=None, eval_split=True).documents()) == docs[4:]
+    assert list(open_token_source(spec, "data.eval", split="train", eval_split=True).documents()) == docs[:4]
+    with pytest.raises(SourceError, match="data.eval_split"):
+        open_token_source(spec, "data.eval", split="test", eval_split=True)

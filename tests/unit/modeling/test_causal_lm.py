@@ -175,8 +175,31 @@ def test_model_from_config_takes_the_tokenizers_vocabulary(tiny):
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.config.vocab_size == n and model.get_input_embeddings().num_embeddings == n
     assert model.config.eos_token_id == 1 and model.config.pad_token_id == 1  # pad = EOS (the tokenizer has none)
-    bigger = resolve(None, [*TINY_LLAMA, f"model.tokenizer={tok}", "model.config_overrides.vocab_size=192"])
-    assert build_model(bigger.model, [], "causal-lm").config.vocab_size == 192  # padded up: kept
+    bigger = resolve(None, [*TINY_LLAMA, f"model.tokenizer={tok}", "model.config_overrides.vocab_size=512"])
+    assert build_model(bigger.model, [], "causal-lm").config.vocab_size == 512  # padded up: kept
     smaller = resolve(None, [*TINY_LLAMA, f"model.tokenizer={tok}", "model.config_overrides.vocab_size=8"])
     with pytest.raises(ConfigError, match="smaller than the tokenizer's vocabulary"):
         build_model(smaller.model, [], "causal-lm")
+
+
+def test_block_size_within_the_models_position_limit(tiny):
+    from leantrain.engine.preflight import check_max_length
+
+    tok = tiny[0]
+    base = [*TINY_LLAMA, f"model.tokenizer={tok}", "model.task=causal-lm"]  # max_position_embeddings=256
+    with pytest.raises(ConfigError, match="data.block_size=300 is more than the model takes.*at most 256"):
+        check_max_length(resolve(None, [*base, "data.block_size=300"]))
+    assert check_max_length(resolve(None, base)).data.block_size == 256  # the default 512, lowered
+    assert check_max_length(resolve(None, [*base, "data.block_size=64"])).data.block_size == 64
+
+
+def test_sample_prompts_are_for_language_models():
+    from leantrain.engine.samples import check_sample_prompts
+
+    cfg = resolve(None, ['report.sample_prompts=["Once upon a time"]'])
+    check_sample_prompts(cfg, "causal-lm")
+    with pytest.raises(ConfigError, match="report.sample_prompts is for language models") as e:
+        check_sample_prompts(cfg, "text-classification")
+    assert e.value.exit_code == 2
+    with pytest.raises(ConfigError, match=r"report.sample_prompts\[1\] is empty"):
+        check_sample_prompts(resolve(None, ['report.sample_prompts=["a", " "]']), "causal-lm")

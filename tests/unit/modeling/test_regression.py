@@ -1,29 +1,17 @@
-"""model.task=text-regression: float labels auto-detected, squared error summed / example count, Pearson /
-Spearman / MSE / MAE, a saved model with problem_type="regression" that pipeline() and predict read as a score."""
+"""model.task=text-regression: float labels auto-detected, squared error (or Huber) summed / example count, Pearson /
+Spearman / MSE / MAE, a saved model with problem_type="regression" that pipeline() and predict read as a score;
+standardised targets stored in the model's config, undone by predict / eval."""
 
 from __future__ import annotations
 
 import json
-import random
 
 import numpy as np
 import pytest
 
 from leantrain.cli import main
 from leantrain.config import resolve
-from tests.helpers import write_rows
-
-GOOD, BAD = ["good", "fine", "great"], ["bad", "poor", "awful"]
-
-
-def score_rows(n: int, seed: int = 0) -> list[dict]:
-    """Texts of good and bad words, scored 0-5 by their share of good words (not all whole numbers)."""
-    r = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        words = [r.choice(GOOD + BAD) for _ in range(r.randint(2, 12))]
-        rows.append({"text": " ".join(words), "score": round(5 * sum(w in GOOD for w in words) / len(words), 3)})
-    return rows
+from tests.helpers import score_rows, write_rows
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +86,68 @@ def test_explicit_task_and_stop_when_on_a_regression_metric(tiny_bert, data):
     with pytest.raises(ConfigError, match="eval.accuracy"):
         check_stop_when(resolve(None, args(tiny_bert, data, "unused", "model.task=text-regression",
                                            "train.stop_when=eval.accuracy>=0.9")), 1)
+
+
+def _task(*overrides: str):
+    from leantrain.modeling.tasks import get_task
+
+    return get_task("text-regression").configured(resolve(None, ["model.task=text-regression", *overrides]))
+
+
+def test_huber_and_mse_loss_sums():
+    import torch
+    from types import SimpleNamespace
+
+    out = SimpleNamespace(logits=torch.tensor([[0.0], [1.0], [4.0], [-2.0]]))
+    batch = {"labels": torch.tensor([0.5, 1.0, 0.0, 0.0]), "loss_weight": torch.tensor([1.0, 1.0, 1.0, 0.0])}
+    err = torch.tensor([-0.5, 0.0, 4.0])  # the padding example (weight 0) counts for nothing
+    assert _task().loss_sum(out, batch).item() == pytest.approx(float((err ** 2).sum()))
+    for delta in (1.0, 2.5):
+        quad = err.abs() <= delta
+        want = torch.where(quad, 0.5 * err ** 2, delta * (err.abs() - 0.5 * delta)).sum()
+        got = _task("train.loss=huber", f"train.huber_delta={delta}").loss_sum(out, batch)
+        assert got.item() == pytest.approx(want.item())
+    assert _task("train.loss=huber").loss_sum(out, batch) < _task().loss_sum(out, batch)  # the outlier weighs less
+    std = _task("data.standardize_targets=true").fitted({"labels": [1.0, 3.0]})  # mean 2, std 1
+    assert (std.mean, std.std) == (2.0, 1.0)
+    assert std.loss_sum(out, batch).item() == pytest.approx(float(((torch.tensor([0.0, 1.0, 4.0]) -
+                                                                    torch.tensor([-1.5, -1.0, -2.0])) ** 2).sum()))
+
+
+def test_regression_keys_refused_for_other_tasks(tiny_bert, tmp_path):
+    from leantrain.engine.training_data import validate_data
+    from leantrain.errors import ConfigError
+    from tests.helpers import word_rows
+
+    f = write_rows(tmp_path / "cls.csv", word_rows(20))
+    for key in ("train.loss=huber", "data.standardize_targets=true"):
+        with pytest.raises(ConfigError, match=key.split("=")[0] + ".*regression"):
+            validate_data(resolve(None, [f"model.name={tiny_bert}", f"data.train={f}", key]))
+
+
+def test_standardized_targets_stored_and_undone(tmp_path, tiny_bert, data, capsys):
+    from transformers import pipeline
+
+    from leantrain import train
+
+    out = tmp_path / "run"
+    summary = train(None, args(tiny_bert, data, out, "data.standardize_targets=true", "train.loss=huber"))
+    train_f, dev_f = data
+    scores = np.array([r["score"] for r in score_rows(48, 0)])
+    saved = json.loads((out / "model" / "config.json").read_text())["target_standardization"]
+    assert saved["mean"] == pytest.approx(scores.mean()) and saved["std"] == pytest.approx(scores.std())
+    assert "standardised" in (out / "model" / "README.md").read_text()
+    preds = tmp_path / "p.jsonl"
+    assert main(["predict", str(out / "model"), "--input", str(dev_f), "--output", str(preds)]) == 0
+    rows = [json.loads(line) for line in preds.read_text().splitlines()]
+    pipe = pipeline("text-classification", model=str(out / "model"), function_to_apply="none")
+    raw = [pipe(r["text"])[0]["score"] for r in rows[:4]]
+    for r, z in zip(rows, raw):  # pipeline: the standardised score; predict: the data's scale
+        assert r["score"] == pytest.approx(z * saved["std"] + saved["mean"], abs=1e-4)
+    assert abs(np.mean([r["score"] for r in rows]) - saved["mean"]) < abs(np.mean(raw) - saved["mean"])
+    capsys.readouterr()
+    assert main(["eval", str(out / "model"), f"data.eval={dev_f}", "data.label_column=score"]) == 0
+    shown = json.loads(capsys.readouterr().out)  # the metrics on the data's scale, as in training
+    assert shown["mse"] == pytest.approx(summary["eval"]["mse"], rel=1e-4)
+    assert shown["loss"] == pytest.approx(summary["eval"]["loss"], rel=1e-4)
+    assert summary["eval"]["loss"] != summary["eval"]["mse"]  # eval.loss: the (standardised) Huber loss

@@ -1,11 +1,11 @@
 """Tasks: the task registry (``registry``: the ``Task`` base, ``register``, ``get_task``, auto-detection) and one
-module per task (``classification``: text, image and audio classification; ``regression``: text regression; ``multilabel``: multi-label text classification; ``causal_lm``: causal language modelling). Importing this package registers the
+module per task (``classification``: text, image and audio classification; ``regression``: text regression; ``multilabel``: multi-label text classification; ``token_classification``: tags per word, NER; ``causal_lm``: causal language modelling). Importing this package registers the
 built-in tasks."""
 
 from leantrain.modeling.tasks.registry import (AUDIO, IMAGE, TASKS, TEXT, CardText, Task, auto_model_class,
                                                default_task, get_task, modality_of, register, task_for_labels,
                                                task_of_config)
-from leantrain.modeling.tasks import classification, multilabel, regression  # noqa: F401  (register the built-in tasks)
+from leantrain.modeling.tasks import classification, multilabel, regression, token_classification  # noqa: F401  (register the built-in tasks)
 from leantrain.modeling.tasks import causal_lm  # noqa: F401, E402  (registered last: model.task lists it last)
 
 __all__ = ["AUDIO", "IMAGE", "TASKS", "TEXT", "CardText", "Task", "auto_model_class", "default_task", "get_task",

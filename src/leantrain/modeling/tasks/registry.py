@@ -56,7 +56,26 @@ class Task:
         """This task with the run's settings (``Config``; multi-label: ``eval.threshold``); itself by default."""
         return self
 
+    def fitted(self, train) -> "Task":
+        """This task with what it learns from the processed training data (regression under
+        ``data.standardize_targets``: the scores' mean and std); itself by default."""
+        return self
+
+    def from_model_config(self, config) -> "Task":
+        """This task as a saved model's config describes it (``model_config_fields``; predict / eval of a saved
+        model); itself by default."""
+        return self
+
     # -- model
+    def model_config_fields(self) -> dict:
+        """What this task, configured and fitted, writes into the model's config.json beyond ``model_fields``
+        (regression: ``target_standardization``); nothing by default."""
+        return {}
+
+    def card_notes(self, model_config: dict) -> list[str]:
+        """Markdown lines the model card adds for a saved model of this task (its config.json as a dict)."""
+        return []
+
     def model_class(self):
         import transformers  # lazy: heavy
 
@@ -122,6 +141,18 @@ class Task:
         """One record per row (``leantrain predict``): e.g. {"label": ..., "score": ...}."""
         raise NotImplementedError
 
+    def row_predictions(self, logits, label_names: list[str], rows, processed) -> list[dict]:
+        """``predictions`` for the canonical ``rows`` and their ``processed`` form, in row order (what a task
+        that predicts per word needs: token classification); ``predictions(logits)`` by default."""
+        return self.predictions(logits, label_names)
+
+    def row_labels(self, rows, processed):
+        """The labels of labelled ``rows`` (``leantrain eval``), as ``eval_batch`` takes them with the logits of
+        the ``processed`` rows; the canonical ``label`` column by default."""
+        import torch  # lazy: heavy
+
+        return torch.as_tensor(np.asarray(rows["label"]))
+
     def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
         """(name, value) rows the model card adds under "Training data" (causal LM: corpus, tokens seen, block size,
         perplexity); none by default."""
@@ -173,7 +204,8 @@ def task_for_labels(task: str, kind: str) -> str:
     if here.spec.labels == kind:
         return task
     found = [t.name for t in TASKS.values() if t.modality == here.modality and t.spec.labels == kind]
-    return found[0] if found else task
+    found = found or [t.name for t in TASKS.values() if t.processor == here.processor and t.spec.labels == kind]
+    return found[0] if found else task  # words with tags (a data side of their own) make a text task NER
 
 
 def task_of_config(config) -> str | None:
@@ -184,6 +216,9 @@ def task_of_config(config) -> str | None:
 
     kind = getattr(config, "model_type", None)
     found = [t for t in TASKS.values() if t.model_mapping and kind in getattr(modeling_auto, t.model_mapping, {})]
+    archs = getattr(config, "architectures", None) or []
+    saved_as = [t for t in found if any(a.endswith(t.auto_model.removeprefix("AutoModel")) for a in archs)]
+    found = saved_as or found  # a saved BertForTokenClassification is a token classifier, not a text one
     if len(found) > 1:
         found = ([t for t in found if t.spec.problem_type == getattr(config, "problem_type", None)]
                  or [t for t in found if t.default_for])

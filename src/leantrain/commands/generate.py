@@ -1,0 +1,103 @@
+"""``leantrain generate MODEL --prompt ... --max-new-tokens N``: continuations of prompts by a causal LM.
+
+MODEL is a run's ``model/`` folder, a run folder (its ``model/`` is used), a Hub id, or a preset
+(``smollm2-135m``). Greedy by default; ``--temperature`` > 0 samples (``--top-p``, ``--seed``). The tokenizer's chat
+template wraps each prompt when it has one (``--no-chat``: the raw prompt). Text to stdout, logs to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from leantrain.config import resolve
+from leantrain.engine.accelerator import device_type, setup_logging
+from leantrain.engine.preflight import check_weights
+from leantrain.errors import UserError
+from leantrain.modeling.generation import continuations
+from leantrain.modeling.hubcheck import check_model_name
+from leantrain.modeling.names import resolve_model_name
+from leantrain.modeling.pad_token import ensure_pad_token
+
+log = logging.getLogger("leantrain")
+
+
+def model_folder(name: str, revision: str | None = None) -> str:
+    """The folder or Hub id to load: a run folder (with ``model/config.json``) stands for its model/; a preset or
+    the packaged model for its folder; anything else as given (checked: a missing folder or unknown Hub id exits 2)."""
+    path = Path(name).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file() and (path / "model" / "config.json").is_file():
+        return str(path / "model")
+    resolved = resolve_model_name(name, revision)
+    check_model_name(resolved, revision)
+    return resolved
+
+
+def load_causal_lm(name: str, *, revision: str | None = None, trust_remote_code: bool = False,
+                   allow_pickle: bool = False):
+    """(model, tokenizer) of a causal LM folder or Hub id, on the accelerator when there is one, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from transformers import AutoConfig
+
+    check_weights(name, allow_pickle)
+    kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
+    try:
+        archs = getattr(AutoConfig.from_pretrained(name, **kwargs), "architectures", None) or []
+    except (OSError, ValueError) as e:
+        raise UserError(f"could not read the config of {name!r}: {str(e).splitlines()[0] if str(e) else e}") from None
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in archs):
+        raise UserError(f"{name} is a {', '.join(archs)}, not a causal language model; leantrain generate needs one "
+                        "(e.g. a run of model.task=causal-lm, or smollm2-135m)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(name, use_safetensors=None if allow_pickle else True, **kwargs)
+    except (OSError, ValueError) as e:
+        raise UserError(f"could not load {name!r} as a causal language model (AutoModelForCausalLM): "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    ensure_pad_token(tokenizer, name)
+    return model.to(torch.device(device_type())).eval(), tokenizer
+
+
+def generate(model_name: str, prompts: list[str], *, max_new_tokens: int, temperature: float = 0.0,
+             top_p: float = 1.0, seed: int | None = None, chat: bool | None = None,
+             overrides: list[str] = ()) -> dict:
+    """Load the model and return {"model", "chat", "temperature", "top_p", "seed", "max_new_tokens",
+    "seconds", "continuations": [{"prompt", "text"}, ...]}."""
+    if not prompts:
+        raise UserError("leantrain generate needs at least one --prompt")
+    cfg = resolve(None, list(overrides))  # model.revision, model.trust_remote_code, model.allow_pickle
+    setup_logging(True)
+    folder = model_folder(model_name, cfg.model.revision)
+    model, tokenizer = load_causal_lm(folder, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code,
+                                      allow_pickle=cfg.model.allow_pickle)
+    templated = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+    log.info("generate: %s (%s, %s), %s, %s", folder, type(model).__name__, model.dtype,
+             "chat template" if templated else "raw prompts",
+             f"sampling (temperature {temperature}, top_p {top_p}, seed {seed})" if temperature > 0 else "greedy")
+    start = time.perf_counter()
+    texts = continuations(model, tokenizer, prompts, max_new_tokens=max_new_tokens, chat=chat,
+                          temperature=temperature, top_p=top_p, seed=seed)
+    return {"model": folder, "chat": templated, "temperature": temperature, "top_p": top_p, "seed": seed,
+            "max_new_tokens": max_new_tokens, "seconds": round(time.perf_counter() - start, 3),
+            "continuations": [{"prompt": p, "text": t} for p, t in zip(prompts, texts)]}
+
+
+def generate_command(model_name: str, prompts: list[str], overrides: list[str], *, max_new_tokens: int,
+                     temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, chat: bool | None = None,
+                     as_json: bool = False) -> int:
+    """``leantrain generate``: each continuation on stdout (one prompt: the text alone; several: each under a
+    ``### prompt`` line), or one JSON object with ``--json``."""
+    result = generate(model_name, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                      seed=seed, chat=chat, overrides=overrides)
+    if as_json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    elif len(prompts) == 1:
+        print(result["continuations"][0]["text"])
+    else:
+        for c in result["continuations"]:
+            print(f"### {c['prompt']}\n{c['text']}\n")
+    return 0

@@ -1,0 +1,183 @@
+"""The data side of supervised fine-tuning: instruction/chat rows (``leantrain.data.instructions``) inside the
+causal-LM ``tokens`` data side. ``with_instructions(side)`` wraps a data side so that training data whose columns are an
+instruction/chat format is loaded, checked and rendered here (response-only labels, truncation, packing), and any
+other data goes to the wrapped side (plain text -> token blocks). The choice is made from the data's columns, per
+call, so the engine, the task and predict/eval stay free of branches."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import datasets
+
+from leantrain.config import DataConfig
+from leantrain.data import instructions as ins
+from leantrain.data.caches import using_cache_dir
+from leantrain.data.demo import demo_files
+from leantrain.data.sources import Part, SourceError, quiet
+from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
+from leantrain.errors import DataError
+
+log = logging.getLogger("leantrain")
+
+
+def is_instruction_data(cfg: DataConfig) -> bool:
+    """Whether data.train holds instruction/chat rows (read from its columns; a missing file is the other side's to
+    report)."""
+    if cfg.train is None or cfg.text_column is not None:  # data.text_column set: language modelling of that column
+        return False
+    try:
+        train, _ = open_parts(cfg, cfg.train, None, [])
+    except DataError:
+        return False
+    return ins.looks_like_instructions(train.ds.column_names)
+
+
+def with_formats(err: DataError) -> DataError:
+    """A data error of the text side about the text column, with the instruction/chat formats it could also be."""
+    if not any("data.text_column" in p for p in [str(err.args[0]), *err.problems]):
+        return err
+    formats = "; ".join(d for *_, d in ins.FORMATS.values())
+    return DataError(str(err.args[0]), [*err.problems, f"or instruction/chat data, in one of these formats: {formats}"])
+
+
+def _keep(part: Part, fmt: str) -> datasets.Dataset:
+    required, optional, _ = ins.FORMATS[fmt]
+    keep = [c for c in (*required, *optional) if c in part.ds.column_names]
+    with quiet():
+        return part.ds.select_columns(keep)
+
+
+def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
+                      known_labels=None) -> PreparedData:  # noqa: ANN001
+    """Instruction/chat training (and eval) rows, checked: one DataError naming file, line and problem."""
+    notes: list[str] = []
+    train_spec = cfg.train if cfg.train is not None else str(demo_files()[0])
+    train, evaluation = open_parts(cfg, train_spec, cfg.eval, notes)
+    problems: list[str] = []
+    parts = [p for p in (train, evaluation) if p is not None]
+    fmts = {}
+    for part in parts:
+        fmt = ins.detect_format(part.ds.column_names)
+        if fmt is None:
+            found = ", ".join(part.ds.column_names)
+            problems.append(f"{part.where}: not instruction/chat data; columns found: {found}")
+            continue
+        fmts[id(part)] = fmt
+        problems += ins.check_rows(part.ds, fmt, part.where, name_row=lambda i, p=part: p.rows([i]))
+    if problems:
+        accepted = "; ".join(d for *_, d in ins.FORMATS.values())
+        raise data_error(problems + [f"instruction/chat formats accepted: {accepted}"])
+    if cfg.template not in ("auto", "chat", "plain"):
+        ins.check_template(cfg.template)
+    fmt = fmts[id(train)]
+    notes.append(f"data: instruction/chat rows, format {ins.FORMATS[fmt][2]}")
+    train_ds = _keep(train, fmt)
+    eval_ds = _keep(evaluation, fmts[id(evaluation)]) if evaluation is not None else None
+    if eval_ds is None:
+        with quiet():
+            split = train_ds.train_test_split(test_size=cfg.eval_fraction, seed=seed)
+        train_ds, eval_ds = split["train"], split["test"]
+        notes.append(f"eval data: none given, so {len(eval_ds)} of {len(train.ds)} training rows "
+                     f"({cfg.eval_fraction:.0%}) are held out (seed {seed}; set data.eval to use your own)")
+    for what, n, name in (("training", cfg.max_train_samples, "train"), ("eval", cfg.max_eval_samples, "eval")):
+        ds = train_ds if name == "train" else eval_ds
+        if n is not None and len(ds) > n:
+            notes.append(f"data.max_{name}_samples: using the first {n} of {len(ds)} {what} rows")
+            ds = ds.select(range(n))
+            train_ds, eval_ds = (ds, eval_ds) if name == "train" else (train_ds, ds)
+    warnings = source_warnings(parts)
+    if len(train_ds) < batch_size:
+        warnings.append(f"only {len(train_ds)} training examples, fewer than one batch (train.batch_size={batch_size})")
+    return PreparedData(train_ds, eval_ds, [], {"format": fmt}, notes, warnings)
+
+
+def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_labels=None):  # noqa: ANN001
+    """One instruction/chat source for ``eval``: (rows, notes)."""
+    part = open_rows(path, cfg)
+    fmt = ins.detect_format(part.ds.column_names)
+    if fmt is None:
+        raise ins.unknown_format(part.where, part.ds.column_names)
+    problems = ins.check_rows(part.ds, fmt, part.where, name_row=lambda i: part.rows([i]))
+    if problems:
+        raise data_error(problems)
+    return _keep(part, fmt), [f"data: instruction/chat rows, format {ins.FORMATS[fmt][2]}"]
+
+
+def packing_on(cfg: DataConfig) -> bool:
+    """data.packing: true / false, or auto = on: a packed block's per-example losses equal the examples run alone
+    (tests/unit/data/test_sft_packing.py), the loss is normalised by target tokens either way, and packing only
+    removes padding."""
+    return cfg.packing is not False
+
+
+def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "Rendering") -> datasets.Dataset:
+    """Instruction/chat rows -> rows of input_ids, labels (-100 outside the responses unless data.train_on_prompt),
+    length, targets, and position_ids when packed. Logs the format, one rendered example with the trained spans in
+    [[...]], truncation and packing."""
+    size = cfg.block_size
+    where = {"Processing train": "data.train", "Processing eval": "data.eval"}.get(desc, "data")
+    data = ins.process(dataset, tokenizer, block_size=size, template=cfg.template,
+                       train_on_prompt=cfg.train_on_prompt, where=where, desc=desc)
+    for note in data.notes:
+        log.info(note)
+    if len(data.dataset) and where != "data.eval":
+        log.info("rendered example (trained spans in [[...]]):\n%s", ins.show_example(data.dataset[0], tokenizer))
+    if not packing_on(cfg):
+        return data.dataset
+    packed = ins.pack(data.dataset, size)
+    log.info(packed.note(size))
+    return packed.dataset
+
+
+def chat_rendering(tokenizer, cfg: DataConfig, columns) -> bool:  # noqa: ANN001
+    """Whether the instruction rows of these columns are rendered with the chat template (generation should be too)."""
+    fmt = ins.detect_format(columns)
+    return fmt is not None and ins.choose_rendering(tokenizer, cfg.template, fmt).chat
+
+
+def sample_inputs(prompts: list[str], tokenizer, cfg: DataConfig,  # noqa: ANN001
+                  columns: dict | None) -> tuple[list[str], bool | None]:
+    """``report.sample_prompts`` as the model was trained to see them: (texts, chat) for
+    ``generation.continuations``. Instruction data rendered with the chat template: the prompts and chat=True (each
+    one a user turn with the generation prompt); with the plain template: each prompt wrapped in it, chat=False;
+    prompt/completion rows: the prompts as they are, chat=False. Plain text (no instruction format): the prompts and
+    chat=None (the generation default: the chat template where the tokenizer has one)."""
+    fmt = (columns or {}).get("format")
+    if fmt not in ins.FORMATS:
+        return list(prompts), None
+    rendering = ins.choose_rendering(tokenizer, cfg.template, fmt)
+    if rendering.mode == "plain":
+        return [ins.plain_prompt(p, rendering.template or ins.PLAIN_TEMPLATE) for p in prompts], False
+    return list(prompts), rendering.chat
+
+
+def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modalities.Modality
+    """``side`` (the causal-LM ``tokens`` data side), with instruction/chat data handled here."""
+
+    def load_and_validate_(cfg: DataConfig, **kw):
+        if is_instruction_data(cfg):
+            with using_cache_dir(cfg.cache_dir):
+                return load_and_validate(cfg, **kw)
+        try:
+            return side.load_and_validate(cfg, **kw)
+        except DataError as e:
+            raise with_formats(e) from None
+
+    def load_rows_(path: str, cfg: DataConfig, **kw):
+        try:
+            part = open_rows(path, cfg)
+        except (DataError, SourceError):
+            part = None
+        if part is not None and cfg.text_column is None and ins.looks_like_instructions(part.ds.column_names):
+            return load_rows(path, cfg, **kw)
+        return side.load_rows(path, cfg, **kw)
+
+    def process_(dataset, processor, cfg: DataConfig, desc: str = "Processing"):  # noqa: ANN001
+        if (isinstance(dataset, datasets.Dataset) and cfg.text_column is None
+                and ins.looks_like_instructions(dataset.column_names)):
+            return process(dataset, processor, cfg, desc)
+        return side.process(dataset, processor, cfg, desc)
+
+    return dataclasses.replace(side, load_and_validate=load_and_validate_, load_rows=load_rows_, process=process_)

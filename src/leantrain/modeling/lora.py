@@ -1,0 +1,276 @@
+"""Which parameters a run trains: LoRA adapters through the ``peft`` library (``peft.*``), and freezing without
+LoRA (``model.freeze``).
+
+``apply_trainable(model, model_cfg, peft_cfg)`` is the one entry point (``leantrain train`` and ``leantrain plan``
+call it on the freshly built model, before gradient checkpointing, the memory model and the optimizer see it):
+
+- ``peft.method=lora``: ``peft.get_peft_model`` with a ``LoraConfig`` whose ``target_modules`` are, with ``auto``,
+  the Linear (and GPT-2 ``Conv1D``) modules inside the architecture's repeated blocks (the attention and MLP
+  projections: q_proj..down_proj for Llama, c_attn/c_proj/c_fc for GPT-2, query/key/value/dense for BERT) and whose
+  ``modules_to_save`` are the task's head (the model's top-level children besides its base model, except the
+  output embeddings of an LM): a classifier's fresh head stays trainable.
+- ``model.freeze``: patterns over parameter names; a part ``0-3`` expands to 0, 1, 2, 3; ``*`` matches within one
+  part; a pattern matches at part boundaries anywhere in the name; ``embeddings`` is the model's input embeddings
+  plus any module named ``embeddings`` (BERT's word/position/type embeddings and their LayerNorm).
+
+Saving (``save_adapter`` / ``merged_for_saving``): the adapter folder through peft's ``save_pretrained``, and the
+merged model (``merge_and_unload``) that loads with ``pipeline()`` without peft.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import nn
+
+from leantrain.config import ModelConfig, PeftConfig
+from leantrain.config.sections import QLORA_REFUSAL
+from leantrain.errors import ConfigError, UserError
+from leantrain.modeling.switches import repeated_blocks
+
+log = logging.getLogger("leantrain")
+
+PEFT_INSTALL = "pip install 'leantrain[peft]' (or pip install peft)"
+LINEAR_TYPES = ("Linear", "Conv1D")  # torch's Linear; transformers' Conv1D (GPT-2) that peft adapts too
+
+
+@dataclass
+class Trainable:
+    """What ``apply_trainable`` did, for the log and summary.json's ``model.peft`` / ``model.frozen``."""
+
+    method: str = "none"
+    target_modules: list[str] = field(default_factory=list)  # short names (the last part), as printed
+    modules_to_save: list[str] = field(default_factory=list)
+    frozen: dict[str, int] = field(default_factory=dict)  # freeze pattern -> parameters it froze
+    trainable: int = 0
+    total: int = 0
+
+    def record(self, peft_cfg: PeftConfig) -> dict:
+        out: dict = {"method": self.method, "trainable_parameters": self.trainable, "total_parameters": self.total}
+        if self.method != "none":
+            out.update(r=peft_cfg.r, alpha=peft_cfg.alpha, dropout=peft_cfg.dropout,
+                       target_modules=self.target_modules, modules_to_save=self.modules_to_save,
+                       merged=peft_cfg.merge)
+        if self.frozen:
+            out["frozen"] = self.frozen
+        return out
+
+
+def import_peft(method: str = "lora"):
+    """The peft package, or exit 2 naming the install."""
+    quiet = logging.getLogger("bitsandbytes")  # peft imports it; its CPU 4-bit kernel probe logs an unrelated error
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import peft  # lazy: optional extra, imported only when a run asks for LoRA
+    except ImportError:
+        raise UserError(f"peft.method={method} needs the peft library, which is not installed: {PEFT_INSTALL}") \
+            from None
+    finally:
+        quiet.setLevel(level)
+    return peft
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """A peft PeftModel (duck-typed: no import of peft for runs without it)."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model") and hasattr(model, "merge_and_unload")
+
+
+def head_modules(model: nn.Module) -> list[str]:
+    """The task head: the model's top-level children with parameters, besides its base model (``bert``, ``model``,
+    ``transformer``, ...), leaving out a child that holds the output embeddings (an LM's ``lm_head``)."""
+    prefix = getattr(model, "base_model_prefix", None)
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    heads = []
+    for name, child in model.named_children():
+        if name == prefix or next(child.parameters(), None) is None:
+            continue
+        if out_emb is not None and any(m is out_emb for m in child.modules()):
+            continue
+        heads.append(name)
+    return heads
+
+
+def _is_linear(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) or type(module).__name__ in LINEAR_TYPES
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """Full names of every Linear / Conv1D module (what a LoRA target can be)."""
+    return [n for n, m in model.named_modules() if n and _is_linear(m)]
+
+
+def auto_target_modules(model: nn.Module) -> list[str]:
+    """Full names of the Linear modules inside the repeated blocks (attention and MLP projections); without blocks,
+    every Linear outside the head and the output embeddings."""
+    inside = {id(m) for b in repeated_blocks(model) for m in b.modules()}
+    heads = tuple(f"{h}." for h in head_modules(model)) + tuple(head_modules(model))
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    found = [n for n, m in model.named_modules() if n and _is_linear(m) and m is not out_emb
+             and not n.startswith(heads) and (not inside or id(m) in inside)]
+    if not found:
+        raise ConfigError(f"peft.target_modules=auto: {type(model).__name__} has no Linear modules to adapt; "
+                          "name them in peft.target_modules=[...]")
+    return found
+
+
+def short_names(names: list[str]) -> list[str]:
+    """The distinct last parts of module names, in first-seen order (q_proj, k_proj, ...)."""
+    return list(dict.fromkeys(n.rsplit(".", 1)[-1] for n in names))
+
+
+def apply_lora(model: nn.Module, peft_cfg: PeftConfig) -> tuple[nn.Module, Trainable]:
+    """``peft.get_peft_model`` with the configured LoRA; the base frozen, the adapters and the task head trained."""
+    peft = import_peft(peft_cfg.method)
+    if peft_cfg.target_modules == "auto":
+        targets = auto_target_modules(model)
+        shown = short_names(targets)
+    else:
+        targets = list(peft_cfg.target_modules)
+        shown = targets
+    heads = head_modules(model)
+    lora = peft.LoraConfig(r=peft_cfg.r, lora_alpha=peft_cfg.alpha, lora_dropout=peft_cfg.dropout,
+                           target_modules=targets, modules_to_save=heads or None, bias="none")
+    try:
+        model = peft.get_peft_model(model, lora)
+    except ValueError as e:
+        available = short_names(linear_names(model))
+        raise ConfigError(f"peft.target_modules={shown}: {e}", [f"the model's Linear modules: "
+                                                                 f"{', '.join(available)}"]) from None
+    return model, Trainable("lora", shown, heads)
+
+
+# ---------------------------------------------------------------------------------------------------- freezing
+
+
+def pattern_regex(pattern: str) -> re.Pattern:
+    """A freeze pattern as a regex over dotted parameter names: parts match whole parts, ``a-b`` (numbers) is the
+    range a..b, ``*`` any run of characters within one part; anchored at part boundaries anywhere in the name."""
+    parts = []
+    for part in pattern.strip(".").split("."):
+        rng = re.fullmatch(r"(\d+)-(\d+)", part)
+        if rng:
+            lo, hi = int(rng.group(1)), int(rng.group(2))
+            if lo > hi:
+                raise ConfigError(f"model.freeze: {pattern!r}: the range {part} is empty (write low-high)")
+            parts.append("(?:" + "|".join(str(i) for i in range(lo, hi + 1)) + ")")
+        else:
+            parts.append(re.escape(part).replace(r"\*", r"[^.]*"))
+    return re.compile(r"(?:^|\.)" + r"\.".join(parts) + r"(?:\.|$)")
+
+
+def matching_parameters(model: nn.Module, pattern: str) -> list[str]:
+    """Names of the parameters ``pattern`` selects (``embeddings``: the input embeddings too)."""
+    rx = pattern_regex(pattern)
+    names = [n for n, _ in model.named_parameters() if rx.search(n)]
+    if pattern == "embeddings" and hasattr(model, "get_input_embeddings"):
+        emb = model.get_input_embeddings()
+        ids = {id(p) for p in emb.parameters()} if emb is not None else set()
+        names += [n for n, p in model.named_parameters() if id(p) in ids and n not in names]
+    return names
+
+
+def top_level_modules(model: nn.Module, depth: int = 2) -> list[str]:
+    """Module names down to ``depth`` parts (a numbered list shown as a range), for an unmatched pattern's hint."""
+    out: dict[str, None] = {}
+    for name, mod in model.named_modules():
+        if not name or name.count(".") >= depth or next(mod.parameters(), None) is None:
+            continue
+        if isinstance(mod, nn.ModuleList) and len(mod):
+            name = f"{name}.0-{len(mod) - 1}"
+        out[name] = None
+    return list(out)
+
+
+def freeze(model: nn.Module, patterns: list[str]) -> dict[str, int]:
+    """Freeze the parameters matching each pattern (ConfigError naming an unmatched one and the model's modules);
+    returns pattern -> parameters frozen by it."""
+    params = dict(model.named_parameters())
+    frozen: dict[str, int] = {}
+    for pattern in patterns:
+        names = matching_parameters(model, pattern)
+        if not names:
+            raise ConfigError(f"model.freeze: {pattern!r} matches no parameter of {type(model).__name__}",
+                              [f"its modules: {', '.join(top_level_modules(model))}"])
+        for n in names:
+            params[n].requires_grad_(False)
+        frozen[pattern] = sum(params[n].numel() for n in names)
+    return frozen
+
+
+# ------------------------------------------------------------------------------------------------ entry points
+
+
+def apply_trainable(model: nn.Module, model_cfg: ModelConfig, peft_cfg: PeftConfig) -> tuple[nn.Module, Trainable]:
+    """LoRA (``peft.method``) and then ``model.freeze`` on the built model; logs what is trained. Returns the model
+    (a PeftModel under LoRA) and what was done."""
+    if peft_cfg.method == "qlora":
+        raise ConfigError(qlora_refusal())
+    done = Trainable()
+    if peft_cfg.method == "lora":
+        model, done = apply_lora(model, peft_cfg)
+        log.info("LoRA: r=%d alpha=%g dropout=%g on %s%s", peft_cfg.r, peft_cfg.alpha, peft_cfg.dropout,
+                 ", ".join(done.target_modules),
+                 f"; trained in full: {', '.join(done.modules_to_save)}" if done.modules_to_save else "")
+    if model_cfg.freeze:
+        done.frozen = freeze(model, model_cfg.freeze)
+        log.info("frozen: %s", "; ".join(f"{p} ({n / 1e6:.2f}M parameters)" for p, n in done.frozen.items()))
+    done.total = sum(p.numel() for p in model.parameters())
+    done.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if done.method != "none" or done.frozen:
+        log.info("trainable: %s of %s parameters (%.2f%%)", f"{done.trainable:,}", f"{done.total:,}",
+                 100 * done.trainable / max(done.total, 1))
+        if done.trainable == 0:
+            raise ConfigError("model.freeze / peft leave no trainable parameter: nothing to train")
+    return model, done
+
+
+def qlora_refusal() -> str:
+    """Why ``peft.method=qlora`` is refused (docs/lora-and-freezing.md says what was tried on CPU)."""
+    return QLORA_REFUSAL
+
+
+# ------------------------------------------------------------------------------------------------------ saving
+
+
+def save_adapter(model: nn.Module, folder: Path) -> None:
+    """The adapter (LoRA weights + the trained head, adapter_config.json) through peft's save_pretrained."""
+    model.save_pretrained(folder, safe_serialization=True)
+
+
+def merged_for_saving(model: nn.Module) -> nn.Module:
+    """The base model with the LoRA updates merged into its weights (peft's ``merge_and_unload``): a plain
+    transformers model that loads without peft. Changes ``model`` in place: call at the end of a run."""
+    return model.merge_and_unload()
+
+
+def adapter_state(model: nn.Module) -> dict:
+    """The adapter's tensors (peft's ``get_peft_model_state_dict``)."""
+    return import_peft().get_peft_model_state_dict(model)
+
+
+def load_adapter_state(model: nn.Module, folder: Path) -> None:
+    """Put an adapter folder's weights (adapter_model.safetensors) back into a PeftModel."""
+    from safetensors.torch import load_file
+
+    import_peft().set_peft_model_state_dict(model, load_file(str(Path(folder) / "adapter_model.safetensors")))
+
+
+def save_adapter_only(model: nn.Module, folder: Path) -> str:
+    """peft.merge=false: the adapter plus the task model's config.json (label maps, problem type) in ``folder``;
+    returns how to load it, for the log."""
+    base = model.get_base_model()
+    arch = type(base).__name__
+    base.config.architectures = [arch]  # as save_pretrained of the model would record it
+    source = model.peft_config[model.active_adapter].base_model_name_or_path or "<base model>"
+    save_adapter(model, folder)
+    base.config.save_pretrained(folder)
+    return (f"adapter only (peft.merge=false): load it with peft: peft.PeftModel.from_pretrained(transformers.{arch}"
+            f".from_pretrained('{source}', config=transformers.AutoConfig.from_pretrained('{folder}')), '{folder}'); "
+            "model.merge_and_unload() gives a plain transformers model")

@@ -1,0 +1,96 @@
+"""The SFT data side inside the causal-LM ``tokens`` side: instruction/chat files are recognised by their columns,
+checked with file lines, rendered and packed; plain text goes to the token blocks; neither is exit 2 naming the file,
+its columns and the formats; sample prompts are wrapped as the model was trained."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from leantrain.config import resolve
+from leantrain.data import instructions as ins
+from leantrain.data import sft
+from leantrain.data.modalities import for_modality
+from leantrain.errors import DataError
+from tests.helpers import CHATML, make_tiny_chat_tokenizer
+
+pytestmark = pytest.mark.usefixtures("own_datasets_cache")
+QA = [("What is 2 + 2?", "The answer is 4."), ("Hello", "Hello world."), ("Once upon a time", "there was a model.")]
+
+
+def jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def alpaca(n):
+    return [{"instruction": QA[i % 3][0], "input": "", "output": QA[i % 3][1]} for i in range(n)]
+
+
+def cfg(**data):
+    return resolve(overrides=[f"data.{k}={v}" for k, v in data.items()]).data
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return AutoTokenizer.from_pretrained(make_tiny_chat_tokenizer(tmp_path_factory.mktemp("tok"), chat_template=CHATML))
+
+
+def test_instruction_file_goes_through_the_sft_side(tmp_path, tok):
+    side = for_modality("tokens")
+    data_cfg = cfg(train=jsonl(tmp_path / "train.jsonl", alpaca(30)), block_size=64)
+    prepared = side.load_and_validate(data_cfg, seed=0, batch_size=4)
+    assert prepared.columns == {"format": "alpaca"} and len(prepared.train) == 27 and len(prepared.eval) == 3
+    assert any("format instruction / input / output" in n for n in prepared.notes)
+    rows = side.process(prepared.train, tok, data_cfg, desc="Processing train")
+    assert {"input_ids", "labels", "position_ids", "length", "targets"} <= set(rows.column_names)  # packed: auto
+    assert sum(rows["targets"]) > 0 and len(rows) < 27
+    unpacked = side.process(prepared.train, tok, cfg(train=data_cfg.train, block_size=64, packing="false"))
+    assert len(unpacked) == 27 and "position_ids" not in unpacked.column_names
+    batch = side.collator(tok, data_cfg, train=True)([dict(r) for r in rows.select(range(2))])
+    assert "position_ids" in batch and batch["labels"].shape == batch["input_ids"].shape
+
+
+def test_plain_text_still_goes_to_the_token_blocks(tmp_path):
+    (tmp_path / "corpus.txt").write_text("Once upon a time there was a small model.\n" * 50)
+    prepared = for_modality("tokens").load_and_validate(cfg(train=str(tmp_path / "corpus.txt")), seed=0, batch_size=4)
+    assert "format" not in prepared.columns
+
+
+def test_a_text_column_set_means_language_modelling_of_it(tmp_path):
+    path = jsonl(tmp_path / "train.jsonl", alpaca(30))
+    prepared = for_modality("tokens").load_and_validate(cfg(train=path, text_column="output"), seed=0, batch_size=4)
+    assert prepared.columns == {"text": "output"}
+
+
+def test_neither_text_nor_instructions_names_file_columns_and_formats(tmp_path):
+    path = jsonl(tmp_path / "qa.jsonl", [{"question": "a", "answer": "b"}])
+    with pytest.raises(DataError) as e:
+        for_modality("tokens").load_and_validate(cfg(train=path), seed=0, batch_size=4)
+    text = str(e.value)
+    assert "qa.jsonl" in text and "question, answer" in text and e.value.exit_code == 2
+    assert all(desc in text for *_, desc in ins.FORMATS.values())
+
+
+def test_bad_rows_are_named_by_file_line(tmp_path):
+    rows = alpaca(4)
+    rows[2]["output"] = None
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n" + "".join(json.dumps(r) + "\n" for r in rows))  # a blank first line: rows are lines 2-5
+    with pytest.raises(DataError, match=r"train.jsonl: line 4: 'output' is missing"):
+        for_modality("tokens").load_and_validate(cfg(train=str(path)), seed=0, batch_size=4)
+    evaluation = jsonl(tmp_path / "eval.jsonl", [{"text": "plain"}])
+    with pytest.raises(DataError, match=r"eval.jsonl: not instruction/chat data; columns found: text"):
+        for_modality("tokens").load_and_validate(cfg(train=jsonl(tmp_path / "t.jsonl", alpaca(4)), eval=evaluation),
+                                                 seed=0, batch_size=4)
+
+
+def test_sample_prompts_are_wrapped_as_trained(tok, tmp_path):
+    columns = {"format": "alpaca"}
+    assert sft.sample_inputs(["Hi"], tok, cfg(), columns) == (["Hi"], True)  # chat template: generation applies it
+    assert sft.sample_inputs(["Hi"], tok, cfg(template="plain"), columns) == (
+        ["### Instruction:\nHi\n\n### Response:\n"], False)
+    assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "prompt_completion"}) == (["Hi"], False)
+    assert sft.sample_inputs(["Hi"], tok, cfg(), {"text": "text"}) == (["Hi"], None)  # plain text: generation's default

@@ -1,0 +1,171 @@
+"""LoRA through peft (leantrain.modeling.lora): target modules resolved per architecture, the head kept trainable,
+every optimizer over the adapters only, gradient checkpointing and bf16 reach the adapters, the merged model equals
+the adapted one, and the refusals (peft missing, unknown targets, qlora, FSDP) are exit-2 errors naming why."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from leantrain.config import resolve
+from leantrain.errors import ConfigError, UserError
+from leantrain.modeling.lora import apply_trainable, auto_target_modules, head_modules, short_names
+from leantrain.modeling.switches import enable_checkpointing
+from leantrain.optim import build_optimizer
+from leantrain.optim.builders import BUILDERS
+from leantrain.optim.state import state_tensors
+
+pytest.importorskip("peft")
+
+
+def tiny_bert_classifier(layers: int = 2):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    return BertForSequenceClassification(BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64))
+
+
+def tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=2, n_positions=64))
+
+
+def lora(model, *overrides: str):
+    cfg = resolve(None, ["peft.method=lora", "peft.r=4", "peft.dropout=0", *overrides])
+    return apply_trainable(model, cfg.model, cfg.peft)
+
+
+def test_auto_targets_are_the_attention_and_mlp_projections_of_each_architecture():
+    assert short_names(auto_target_modules(tiny_llama())) == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                              "up_proj", "down_proj"]
+    assert short_names(auto_target_modules(tiny_gpt2())) == ["c_attn", "c_proj", "c_fc"]
+    bert = auto_target_modules(tiny_bert_classifier())
+    assert short_names(bert) == ["query", "key", "value", "dense"]
+    assert not any("pooler" in n or "classifier" in n for n in bert)  # inside the layers only
+
+
+def test_lora_trains_adapters_and_the_classifier_head_only():
+    model, done = lora(tiny_bert_classifier())
+    assert head_modules(model.get_base_model()) == ["classifier"]
+    assert done.target_modules == ["query", "key", "value", "dense"] and done.modules_to_save == ["classifier"]
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n or "classifier.modules_to_save" in n for n in trainable)
+    assert any("classifier" in n for n in trainable)
+    assert done.trainable == sum(p.numel() for p in model.parameters() if p.requires_grad) < done.total / 5
+    ids = torch.randint(5, 100, (2, 7))
+    loss = model(input_ids=ids, labels=torch.tensor([0, 2])).loss
+    loss.backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad and "lora_B" in n)
+
+
+def test_causal_lm_keeps_the_tied_output_layer_frozen():
+    model, done = lora(tiny_gpt2())
+    assert done.modules_to_save == []  # lm_head is the (tied) output embedding, not a task head
+    assert not model.get_base_model().lm_head.weight.requires_grad
+
+
+def test_explicit_targets_and_an_unknown_one():
+    model, done = lora(tiny_llama(), "peft.target_modules=[q_proj,v_proj]")
+    assert done.target_modules == ["q_proj", "v_proj"]
+    assert {n.split(".")[-3] for n, p in model.named_parameters() if p.requires_grad} == {"lora_A", "lora_B"}
+    with pytest.raises(ConfigError, match="peft.target_modules") as e:
+        lora(tiny_llama(), "peft.target_modules=[nope_proj]")
+    assert "q_proj" in str(e.value)  # lists the Linear modules there are
+
+
+def test_merged_model_computes_what_the_adapted_model_computes():
+    model, _ = lora(tiny_bert_classifier())
+    with torch.no_grad():  # move the adapters off their zero start
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    model.eval()
+    ids = torch.randint(5, 100, (2, 7))
+    with torch.no_grad():
+        adapted = model(input_ids=ids).logits
+        merged = model.merge_and_unload()
+        assert type(merged).__name__ == "BertForSequenceClassification"
+        torch.testing.assert_close(merged(input_ids=ids).logits, adapted, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_every_optimizer_keeps_state_for_the_trainable_parameters_only(name):
+    if name == "lion":
+        pytest.importorskip("lion_pytorch")
+    if name == "adamw8bit":
+        pytest.importorskip("bitsandbytes")
+    model, _ = lora(tiny_llama())
+    cfg = resolve(None, [f"optim.name={name}"])
+    opt = build_optimizer(model, cfg.optim, 1e-3)
+    ids = torch.randint(0, 128, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    inner = getattr(opt, "optimizers", [opt])
+    stated = {id(p) for o in inner for p in o.state}
+    assert stated and stated <= trainable, name
+    in_groups = {id(p) for o in inner for g in o.param_groups for p in g["params"]}
+    assert in_groups == trainable, name
+    assert sum(t.numel() for t in state_tensors(opt)) > 0
+
+
+def test_gradient_checkpointing_reaches_the_adapters():
+    model, _ = lora(tiny_llama())
+    enable_checkpointing(model)
+    ids = torch.randint(0, 128, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n and "layers.0." in n]  # A: zero grad while B is 0
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_bf16_autocast_trains_fp32_adapters():
+    model, _ = lora(tiny_llama())
+    ids = torch.randint(0, 128, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    lora_params = [p for n, p in model.named_parameters() if "lora_" in n]
+    assert all(p.dtype == torch.float32 and p.grad is not None for p in lora_params)
+
+
+def test_missing_peft_exits_2_naming_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)
+    with pytest.raises(UserError, match=r"pip install 'leantrain\[peft\]'") as e:
+        lora(tiny_bert_classifier())
+    assert e.value.exit_code == 2
+
+
+def test_qlora_and_fsdp_are_refused_before_any_model_with_the_reason():
+    with pytest.raises(ConfigError, match="bitsandbytes"):
+        resolve(None, ["peft.method=qlora"])
+    with pytest.raises(ConfigError, match="distributed.strategy=fsdp is not supported"):
+        resolve(None, ["peft.method=lora", "distributed.strategy=fsdp"])
+
+
+@pytest.mark.parametrize("name", ["adamw", "adafactor", "sgd", "muon"])
+def test_planned_optimizer_state_of_a_lora_model_is_the_real_optimizers(name):
+    from leantrain.optim.state import state_bytes
+    from leantrain.perf.memory_model import meta_state_bytes
+
+    model, _ = lora(tiny_llama())
+    cfg = resolve(None, [f"optim.name={name}"]).optim
+    opt = build_optimizer(model, cfg, 1e-3)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.randn_like(p)
+    opt.step()
+    assert meta_state_bytes(model, cfg) == state_bytes(opt) > 0
