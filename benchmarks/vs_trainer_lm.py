@@ -17,7 +17,10 @@ Contenders:
   leantrain_fp32    leantrain at the Trainer default's precision (fp32), chunked loss as default
   leantrain_plain   leantrain at its default precision with efficiency.chunked_loss=false (what the chunked loss saves)
 
-Measured: tokens/s = blocks/s x 256 over the steps after --warmup (the same count for every contender); peak RSS of
+On a CUDA GPU (`--size gpt2`: a GPT-2-small-sized Llama, 12 x 768, blocks of 1,024) the peak is CUDA's max allocated
+memory of the process instead of the RSS, and the Trainer runs on the GPU (trainer_best: bf16).
+
+Measured: tokens/s = blocks/s x block size over the steps after --warmup (the same count for every contender); peak RSS of
 the process up to the end of training; eval loss = token-mean cross-entropy (fp32) of the trained model on the first
 --eval-blocks blocks of valid.txt (run_clm's grouping), computed by this harness for every contender alike.
 """
@@ -40,6 +43,9 @@ CONTENDERS = ["trainer_default", "trainer_best", "leantrain", "leantrain_fp32", 
 LEANTRAIN_SETTINGS = {"leantrain": [], "leantrain_fp32": ["efficiency.precision=fp32"],
                       "leantrain_plain": ["efficiency.chunked_loss=false"]}
 BLOCK, BATCH, LR = 256, 16, 1e-3
+# --size: the model and the block. tiny: the CPU job above; gpt2: GPT-2-small-sized (12 x 768, blocks of 1,024), for GPUs
+SIZES = {"tiny": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, block=256),
+         "gpt2": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, block=1024)}
 
 
 # ------------------------------------------------------------------------------------------------ the job
@@ -61,14 +67,16 @@ def gpt2_tokenizer(folder: Path) -> Path:
     return folder
 
 
-def llama_config(folder: Path) -> Path:
+def llama_config(folder: Path, size: str = "tiny") -> Path:
     from transformers import LlamaConfig
 
+    dims = {k: v for k, v in SIZES[size].items() if k != "block"}
+    folder = folder.with_name(f"{folder.name}-{size}")
     path = folder / "config.json"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        LlamaConfig(vocab_size=50257, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
-                    num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=BLOCK,
+        LlamaConfig(vocab_size=50257, **dims, num_key_value_heads=dims["num_attention_heads"],
+                    max_position_embeddings=BLOCK,
                     tie_word_embeddings=True, bos_token_id=50256, eos_token_id=50256,
                     architectures=["LlamaForCausalLM"]).to_json_file(path)
     return path
@@ -92,15 +100,30 @@ def run_clm_blocks(path: Path, tokenizer):
     return tok.map(group_texts, batched=True, batch_size=1000)
 
 
+def device_type() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def peak_bytes() -> int:
+    """The peak memory of this process so far: CUDA's max allocated on a GPU, else the peak RSS."""
+    import torch
+
+    from leantrain.perf.memory import peak_rss_bytes
+
+    return torch.cuda.max_memory_allocated() if device_type() == "cuda" else peak_rss_bytes()
+
+
 def eval_loss(model, blocks) -> float:
     """Token-mean cross-entropy (fp32) of ``model`` on ``blocks`` (one block at a time, no grad)."""
     import torch
 
-    model.eval()
+    model.eval().to(device_type())
     total, count = 0.0, 0
     with torch.no_grad():
         for row in blocks:
-            ids = torch.tensor([row["input_ids"]])
+            ids = torch.tensor([row["input_ids"]], device=device_type())
             logits = model(input_ids=ids).logits.float()
             total += torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum").item()
             count += ids.shape[1] - 1
@@ -114,7 +137,7 @@ def eval_blocks(args, tokenizer):
 def default_precision() -> str:
     from leantrain.engine.efficiency import resolve_precision
 
-    return resolve_precision("auto", "cpu")[0]
+    return resolve_precision("auto", device_type())[0]
 
 
 # -------------------------------------------------------------------------------------------- contenders
@@ -125,13 +148,11 @@ def run_trainer(args, best: bool) -> dict:
     from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
                               TrainingArguments, default_data_collator)
 
-    from leantrain.perf.memory import peak_rss_bytes
-
     work = Path(args.workdir)
     tok = AutoTokenizer.from_pretrained(gpt2_tokenizer(work / "gpt2"))
     train = run_clm_blocks(SHAKESPEARE / "train.txt", tok)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig.from_json_file(llama_config(work / "llama")))
+    model = LlamaForCausalLM(LlamaConfig.from_json_file(llama_config(work / "llama", args.size)))
     times: list[float] = []
 
     class Clock(TrainerCallback):
@@ -141,11 +162,11 @@ def run_trainer(args, best: bool) -> dict:
     targs = TrainingArguments(
         output_dir=str(work / "trainer_out"), per_device_train_batch_size=BATCH, learning_rate=LR,
         max_steps=args.steps, warmup_steps=0, lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0,
-        seed=0, use_cpu=True, report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
+        seed=0, use_cpu=device_type() == "cpu", report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
         bf16=best and default_precision() == "bf16", dataloader_num_workers=0)
     Trainer(model=model, args=targs, train_dataset=train, data_collator=default_data_collator,
             callbacks=[Clock()]).train()
-    peak = peak_rss_bytes()
+    peak = peak_bytes()
     return {**throughput(times, args.warmup), "peak_rss_bytes": peak,
             "eval_loss": eval_loss(model, eval_blocks(args, tok))}
 
@@ -154,8 +175,6 @@ def run_leantrain(args, name: str) -> dict:
     import leantrain
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from leantrain.perf.memory import peak_rss_bytes
-
     work = Path(args.workdir)
     tok_dir = gpt2_tokenizer(work / "gpt2")
     valid = work / "valid_head.txt"  # leantrain's own end-of-run evaluation: a short slice (not what is reported)
@@ -163,14 +182,14 @@ def run_leantrain(args, name: str) -> dict:
         valid.write_text((SHAKESPEARE / "valid.txt").read_text()[:20000])
     out = work / name
     shutil.rmtree(out, ignore_errors=True)  # a fresh run each round, never a resumed one
-    over = ["model.task=causal-lm", f"model.config={llama_config(work / 'llama')}", f"model.tokenizer={tok_dir}",
+    over = ["model.task=causal-lm", f"model.config={llama_config(work / 'llama', args.size)}", f"model.tokenizer={tok_dir}",
             f"data.train={SHAKESPEARE / 'train.txt'}", f"data.eval={valid}", f"data.block_size={BLOCK}",
             f"train.batch_size={BATCH}", "train.eval_batch_size=2", f"train.max_steps={args.steps}", "train.seed=0", f"train.lr={LR}",
             "train.max_grad_norm=1.0", "optim.scheduler=linear", "optim.warmup_steps=0", "optim.weight_decay=0.01",
             f"train.warmup_steps_excluded={args.warmup}", "checkpoint.every_steps=0", "report.progress=none",
             "report.plots=false", f"output_dir={out}", *LEANTRAIN_SETTINGS[name]]
     s = leantrain.train(None, over)
-    peak = peak_rss_bytes()
+    peak = peak_bytes()
     t = s["train"]
     model = AutoModelForCausalLM.from_pretrained(out / "model")
     tok = AutoTokenizer.from_pretrained(out / "model")
@@ -186,6 +205,8 @@ def throughput(times: list[float], warmup: int) -> dict:
 
 
 def worker(args) -> None:
+    global BLOCK
+    BLOCK = SIZES[args.size]["block"]
     res = run_trainer(args, best=args.worker == "trainer_best") if args.worker.startswith("trainer") else \
         run_leantrain(args, args.worker)
     print("RESULT " + json.dumps(res), flush=True)
@@ -200,6 +221,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the throughput")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--eval-blocks", type=int, default=16)
+    p.add_argument("--size", choices=list(SIZES), default="tiny", help="tiny (CPU) or gpt2 (12 x 768, blocks of 1,024)")
     p.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
     p.add_argument("--workdir", default="/tmp/leantrain-vs-trainer-lm")
     p.add_argument("--json", default=None)
@@ -248,7 +270,7 @@ def table(results: dict[str, list[dict]]) -> str:
 
     best_tps = max((med(n, "tokens_per_second") or 0) for n in results if n.startswith("trainer")) or None
     best_rss = med("trainer_best", "peak_rss_bytes") or med("trainer_default", "peak_rss_bytes")
-    rows = ["| contender | tokens/s (median) | per round | vs Trainer best | peak RSS (GiB) | vs trainer_best | "
+    rows = ["| contender | tokens/s (median) | per round | vs Trainer best | peak memory (GiB) | vs trainer_best | "
             "eval loss (per round) |", "|---|---|---|---|---|---|---|"]
     for name in results:
         tps, rss = med(name, "tokens_per_second"), med(name, "peak_rss_bytes")
