@@ -74,6 +74,12 @@ class ModelConfig(Section):
         "by label name (new labels get fresh rows; no common name = a fresh head); always = rows by position; "
         "never = a fresh head"
     )
+    pooling: Literal["auto", "pooler", "cls", "reinit"] = Field(
+        "auto", description="sequence classification / regression / multi-label on a BERT-style model: what the head "
+        "reads. pooler = the checkpoint's pooler; reinit = the pooler re-initialised (fresh, from train.seed); cls = "
+        "the pooler set to the identity (tanh of the first token); auto = reinit when the pooler looks untrained "
+        "(the packaged MiniLM's), else pooler. The saved model loads as a plain transformers model"
+    )
 
     @field_validator("task")
     @classmethod
@@ -96,7 +102,10 @@ class DataConfig(Section):
     eval_fraction: float = Field(0.1, gt=0, lt=1, description="hold-out fraction when no eval data is given")
     text_column: str | None = Field(None, description="auto: sentence, text, sentence1, ...")
     text_pair_column: str | None = Field(None, description="second text of a pair; auto: sentence2, ...")
-    label_column: str | None = Field(None, description="auto: label, labels")
+    label_column: str | list[str] | None = Field(
+        None, description="auto: label, labels; multi-label: a list of 0/1 columns, one per label, e.g. [toxic, "
+        "insult, threat] (the column names become the label names)"
+    )
     label_order: Literal["sorted", "first_seen"] = Field(
         "sorted", description="how string labels map to ids"
     )
@@ -135,6 +144,17 @@ class DataConfig(Section):
         None, description="where datasets keeps its Arrow copies of the data files and the processed (tokenised) "
         "caches; unset = $HF_DATASETS_CACHE, else ~/.cache/huggingface/datasets (see docs/caches.md)"
     )
+
+    @field_validator("label_column")
+    @classmethod
+    def _label_columns(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("expected a column name or a list of 0/1 columns, e.g. [toxic, insult]")
+            twice = sorted(c for c in set(v) if v.count(c) > 1)
+            if twice:
+                raise ValueError(f"column {twice[0]!r} is listed twice")
+        return v
 
 
 class TrainConfig(Section):
@@ -186,6 +206,12 @@ class TrainConfig(Section):
         "/ (n_classes x count of the class) over the training data (sklearn's); or [w0, w1, ...], one positive weight "
         "per class in label-id order. The loss is divided by the sum of the weights of the global batch's examples"
     )
+    pos_weight: Literal["balanced"] | float | list[float] | None = Field(
+        None, description="multi-label: weight of the positive term of each label's binary cross-entropy (torch's "
+        "BCEWithLogitsLoss pos_weight); unset = 1; a number for every label; [w0, w1, ...] one per label in label "
+        "order; balanced = negatives / positives of each label in the training data. The loss stays divided by "
+        "examples x labels of the global batch"
+    )
 
     @field_validator("class_weights")
     @classmethod
@@ -196,6 +222,17 @@ class TrainConfig(Section):
             bad = [w for w in v if not (math.isfinite(w) and 0 < w <= MAX_MAGNITUDE)]
             if bad:
                 raise ValueError(f"each weight must be a positive finite number (got {bad[0]!r})")
+        return v
+
+    @field_validator("pos_weight")
+    @classmethod
+    def _pos_weight(cls, v: Any) -> Any:
+        values = v if isinstance(v, list) else [v] if isinstance(v, (int, float)) else []
+        if isinstance(v, list) and not v:
+            raise ValueError("expected 'balanced', a number, or one weight per label, e.g. [1.0, 3.0]")
+        bad = [w for w in values if not (math.isfinite(w) and 0 < w <= MAX_MAGNITUDE)]
+        if bad:
+            raise ValueError(f"each weight must be a positive finite number (got {bad[0]!r})")
         return v
 
 
@@ -373,6 +410,11 @@ class EvalConfig(Section):
     threshold: float = Field(
         0.5, gt=0, lt=1, description="multi-label: a label is predicted when its sigmoid score is above this "
         "(eval.f1_micro, eval.f1_macro, eval.subset_accuracy and the labels leantrain predict writes)"
+    )
+    tune_threshold: bool = Field(
+        True, description="multi-label: at each evaluation pick the one threshold (for all labels) that maximises "
+        "micro-F1 on the eval data; the metrics are reported at it (eval.threshold holds it) and the saved model's "
+        "config.json keeps it (threshold), which leantrain predict / eval then use unless eval.threshold is set"
     )
 
 
