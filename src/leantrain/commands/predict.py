@@ -47,7 +47,8 @@ def load_trained(model_dir: str, cfg: Config):
         model_dir, use_safetensors=None if mcfg.allow_pickle else True,
         revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)
     processor = load_processor(mcfg, task)
-    return accelerator, accelerator.prepare(model), (data_side(task), processor), labels, get_task(task).configured(cfg)
+    configured = get_task(task).configured(cfg, model.config)  # multi-label: the threshold it was saved with
+    return accelerator, accelerator.prepare(model), (data_side(task), processor), labels, configured
 
 
 def logits_in_row_order(accelerator, model, side, rows, cfg: Config, batch_size: int) -> torch.Tensor:

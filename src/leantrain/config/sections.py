@@ -414,7 +414,8 @@ class EvalConfig(Section):
     tune_threshold: bool = Field(
         True, description="multi-label: at each evaluation pick the one threshold (for all labels) that maximises "
         "micro-F1 on the eval data; the metrics are reported at it (eval.threshold holds it) and the saved model's "
-        "config.json keeps it (threshold), which leantrain predict / eval then use unless eval.threshold is set"
+        "config.json keeps it (threshold), which leantrain predict / eval then use unless eval.threshold is set. "
+        "Setting eval.threshold alone turns tuning off"
     )
 
 

@@ -46,12 +46,10 @@ def merge_label_columns(cfg: DataConfig, parts: list[Part], *, required: bool = 
     for part in parts:
         columns = part.ds.column_names
         absent = [c for c in names if c not in columns]
-        if absent:
-            problems += [not_found(part.where, c, "one of the 0/1 columns of data.label_column", columns)
-                         for c in absent]
-            continue
+        problems += [not_found(part.where, c, "one of the 0/1 columns of data.label_column", columns)
+                     for c in absent]
         table = part.ds.with_format("arrow")
-        for c in names:
+        for c in (c for c in names if c not in absent):
             bad = _zero_one(table[c])
             if bad.size:
                 problems.append(f"{part.where}: {len(bad)} row{'s' if len(bad) > 1 else ''} whose value in label "

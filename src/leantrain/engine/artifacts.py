@@ -94,6 +94,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             "resumed_from_step": result.resumed_from_step,
             "skipped_steps": result.skipped_steps,
             "class_weights": class_weights_record(data.class_weights, data.label_names),  # None: unweighted
+            **data.task_object.summary(data.label_names),  # multi-label: pos_weight
         },
         "efficiency": result.efficiency,
         "model": {"name": data.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
@@ -120,6 +121,7 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
     if accelerator.is_main_process:
         (out / "config.yaml").write_text(cfg.to_yaml())
         model_dir = out / "model"
+        accelerator.unwrap_model(model).config.update(data.task_object.saved_config(summary["eval"]))
         accelerator.unwrap_model(model).save_pretrained(model_dir, state_dict=state_dict, safe_serialization=True)
         data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
         write_run_settings(model_dir, cfg, data.task, data.columns)  # predict / eval default to them

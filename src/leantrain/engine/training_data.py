@@ -18,6 +18,7 @@ from leantrain.data.modalities import Modality, for_modality
 from leantrain.modeling import load_processor, model_name, resolve_task
 from leantrain.modeling.tasks import Task, get_task, task_for_labels
 from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task
+from leantrain.modeling.tasks.multilabel import check_pos_weight_task
 
 log = logging.getLogger("leantrain")
 
@@ -40,17 +41,19 @@ class TrainingData:
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
     class_weights: list[float] | None = None  # train.class_weights resolved: one per label id; None = unweighted
     config: object | None = None  # the run's Config: Task.configured reads its settings (eval.threshold)
-    _weighted: Task | None = field(default=None, repr=False)
+    _weighted: Task | None = field(default=None, repr=False)  # task_object, made once
 
     @property
     def task_object(self) -> Task:
-        """The registered task (loss, units, metrics) of ``task``; with class weights, its weighted form."""
-        task = get_task(self.task)
-        task = task.configured(self.config) if self.config is not None else task
-        if self.class_weights is None:
-            return task
+        """The registered task (loss, units, metrics) of ``task``, configured and set for the training data
+        (``Task.for_training``); with class weights, its weighted form."""
         if self._weighted is None:
-            self._weighted = weighted_task(task, self.class_weights, self.train["labels"])
+            task = get_task(self.task)
+            task = task.configured(self.config) if self.config is not None else task
+            task = task.for_training(lambda: self.train["labels"], self.label_names)
+            if self.class_weights is not None:
+                task = weighted_task(task, self.class_weights, self.train["labels"])
+            self._weighted = task
         return self._weighted
 
     def units_in(self, indices) -> int:
@@ -89,6 +92,8 @@ def validate_data(cfg: Config):
         data = data_side(task).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
     if cfg.train.class_weights is not None:
         resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
+    check_pos_weight_task(cfg.train.pos_weight, get_task(task))
+    get_task(task).configured(cfg).for_training(lambda: data.train["label"], data.label_names)  # pos_weight
     return data
 
 

@@ -52,9 +52,25 @@ class Task:
     def modality(self) -> str:
         return self.spec.modality
 
-    def configured(self, cfg) -> "Task":
-        """This task with the run's settings (``Config``; multi-label: ``eval.threshold``); itself by default."""
+    def configured(self, cfg, model_config=None) -> "Task":
+        """This task with the run's settings (``Config``; multi-label: ``eval.threshold``); with ``model_config``,
+        a trained model's config (predict / eval: multi-label reads its stored threshold); itself by default."""
         return self
+
+    def for_training(self, labels, label_names: list[str]) -> "Task":
+        """This task for training on data with these labels (``labels``: a callable returning the training
+        labels, read only by a task that needs them; multi-label: ``train.pos_weight=balanced``). Raises a
+        UserError for settings the data contradicts (exit 2). Itself by default."""
+        return self
+
+    def summary(self, label_names: list[str]) -> dict:
+        """Entries of summary.json's ``train`` section (multi-label: ``pos_weight``); none by default."""
+        return {}
+
+    def saved_config(self, ev: dict | None) -> dict:
+        """Fields the saved model's config.json gets from the final evaluation ``ev`` (multi-label: the tuned
+        ``threshold``); none by default."""
+        return {}
 
     # -- model
     def model_class(self):
