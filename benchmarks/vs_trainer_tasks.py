@@ -17,7 +17,8 @@ device has it) against leantrain's defaults at the same batch and lr, interleave
 recipe's multi-label metric is micro-F1 at 0.5 (what its users get); its micro-F1 at the best threshold on dev is
 shown beside it (an oracle: leantrain's tuned threshold is picked on the same dev set).
 pooling: leantrain with model.pooling=pooler / reinit / cls on each task (and, for multi-label, the threshold
-untuned), one run each.
+untuned), one run each (--parallel at a time: metrics only). The auto rows of STS-B and multi-label are the
+vs_trainer leantrain runs (auto picks reinit for the packaged MiniLM).
 Each run is a fresh process; throughput is over the optimizer steps after --warmup.
 """
 
@@ -264,6 +265,7 @@ def main() -> None:
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--model", default=None, help="default: the packaged MiniLM")
     p.add_argument("--workdir", default="/tmp/leantrain-vs-trainer-tasks")
+    p.add_argument("--parallel", type=int, default=1, help="pooling study: runs at a time (no speeds are taken)")
     p.add_argument("--max-eval", type=int, default=None, help="evaluate on the first N dev rows (smoke runs)")
     p.add_argument("--json", default=None)
     p.add_argument("--results", default=None, metavar="RESULTS.md")
@@ -296,9 +298,12 @@ def main() -> None:
             for task in tasks:  # interleaved: Trainer, leantrain, per task, per round
                 for spec in (f"trainer:{task}", f"leantrain:{task}"):
                     run_one(args, spec, results, env, save)
-    if "pooling" in args.only:
-        for task, pooling, *extra in pooling_runs:
-            run_one(args, ":".join(["leantrain", task, f"model.pooling={pooling}", *extra]), results, env, save)
+    if "pooling" in args.only:  # metrics only: --parallel runs at a time
+        from concurrent.futures import ThreadPoolExecutor
+
+        specs = [":".join(["leantrain", task, f"model.pooling={pooling}", *extra]) for task, pooling, *extra in pooling_runs]
+        with ThreadPoolExecutor(args.parallel) as pool:
+            list(pool.map(lambda spec: run_one(args, spec, results, env, save), specs))
     report(results, meta, args)
 
 
@@ -317,6 +322,9 @@ def tables(results: dict, meta: dict) -> str:
         vals = [r[key] for r in results.get(spec, []) if r.get(key) is not None]
         return st.median(vals) if vals else None
 
+    def f(v, spec=".3f"):
+        return "failed" if v is None else format(v, spec)
+
     def rounds(spec, key, fmt):
         return ", ".join(format(r[key], fmt) for r in results.get(spec, []) if key in r)
 
@@ -331,11 +339,12 @@ def tables(results: dict, meta: dict) -> str:
             ts, ls = med(tr, "samples_per_second"), med(lt, "samples_per_second")
             extra = ""
             if t == "multilabel":
-                extra = (f" (at its best dev threshold: {med(tr, 'f1_micro_best_threshold'):.3f}; rows with no "
-                         f"label at 0.5: {med(tr, 'rows_with_no_label'):.0%})")
-            out.append(f"| {t} | {m} | {med(tr, m):.3f} [{rounds(tr, m, '.3f')}]{extra} | {med(lt, m):.3f} "
-                       f"[{rounds(lt, m, '.3f')}] | {ts:.0f} [{rounds(tr, 'samples_per_second', '.0f')}] | {ls:.0f} "
-                       f"[{rounds(lt, 'samples_per_second', '.0f')}] | {ls / ts:.2f}x |")
+                extra = (f" (at its best dev threshold: {f(med(tr, 'f1_micro_best_threshold'))}; rows with no "
+                         f"label at 0.5: {f(med(tr, 'rows_with_no_label'), '.0%')})")
+            ratio = f"{ls / ts:.2f}x" if ls and ts else "-"
+            out.append(f"| {t} | {m} | {f(med(tr, m))} [{rounds(tr, m, '.3f')}]{extra} | {f(med(lt, m))} "
+                       f"[{rounds(lt, m, '.3f')}] | {f(ts, '.0f')} [{rounds(tr, 'samples_per_second', '.0f')}] | "
+                       f"{f(ls, '.0f')} [{rounds(lt, 'samples_per_second', '.0f')}] | {ratio} |")
         out.append("")
     pooled = [k for k in results if "model.pooling" in k]
     if pooled:
