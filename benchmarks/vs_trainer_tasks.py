@@ -225,15 +225,15 @@ def worker(args) -> None:
 # --------------------------------------------------------------------------------------------------- driver
 
 
-def top_label_baseline(workdir: Path) -> dict:
-    """Micro-F1 on dev of always predicting the most frequent training label, and of predicting nothing."""
+def top_label_baseline(workdir: Path, max_eval: int | None = None) -> dict:
+    """Micro-F1 on dev (its first ``max_eval`` rows) of always predicting the most frequent training label."""
     train_f, dev_f = job_files(workdir, "multilabel")
     counts: dict[str, int] = {}
     for r in rows_of(train_f):
         for n in r["labels"]:
             counts[n] = counts.get(n, 0) + 1
     top = max(counts, key=counts.get)
-    dev = rows_of(dev_f)
+    dev = rows_of(dev_f)[:max_eval]
     tp = sum(top in r["labels"] for r in dev)
     positives = sum(len(r["labels"]) for r in dev)
     return {"label": top, "f1_micro": 2 * tp / (len(dev) + positives), "labels": len(counts), "dev_rows": len(dev),
@@ -265,6 +265,8 @@ def main() -> None:
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--model", default=None, help="default: the packaged MiniLM")
     p.add_argument("--workdir", default="/tmp/leantrain-vs-trainer-tasks")
+    p.add_argument("--specs", default=None, help="comma-separated runs instead of the plan, in order, e.g. "
+                   "trainer:multilabel,leantrain:multilabel,leantrain:stsb:model.pooling=pooler")
     p.add_argument("--parallel", type=int, default=1, help="pooling study: runs at a time (no speeds are taken)")
     p.add_argument("--max-eval", type=int, default=None, help="evaluate on the first N dev rows (smoke runs)")
     p.add_argument("--json", default=None)
@@ -283,7 +285,7 @@ def main() -> None:
         return report(saved["results"], saved["meta"], args)
     meta = {"command": "python benchmarks/vs_trainer_tasks.py " + " ".join(sys.argv[1:]), "machine": vt.machine(),
             "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "steps": args.steps,
-            "baseline": top_label_baseline(Path(args.workdir))}
+            "baseline": top_label_baseline(Path(args.workdir), args.max_eval)}
     results: dict[str, list[dict]] = {}
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 
@@ -291,6 +293,10 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
 
+    if args.specs:  # these runs, in this order, once each (e.g. a short CPU session)
+        for spec in args.specs.split(","):
+            run_one(args, spec, results, env, save)
+        return report(results, meta, args)
     tasks = args.tasks.split(",")
     pooling_runs = POOLING_RUNS[:int(os.environ.get("POOLING_RUNS", len(POOLING_RUNS)))]  # smoke runs: fewer
     if "vs_trainer" in args.only:
