@@ -18,7 +18,7 @@ recipe's multi-label metric is micro-F1 at 0.5 (what its users get); its micro-F
 shown beside it (an oracle: leantrain's tuned threshold is picked on the same dev set).
 pooling: leantrain with model.pooling=pooler / reinit / cls on each task (and, for multi-label, the threshold
 untuned), one run each (--parallel at a time: metrics only). The auto rows of STS-B and multi-label are the
-vs_trainer leantrain runs (auto picks reinit for the packaged MiniLM).
+vs_trainer leantrain runs (the defaults).
 Each run is a fresh process; throughput is over the optimizer steps after --warmup.
 """
 
@@ -357,7 +357,7 @@ def tables(results: dict, meta: dict) -> str:
         out += ["| task | model.pooling | other | metric | value |", "|---|---|---|---|---|"]
         auto = {t: f"leantrain:{t}" for t in ("stsb", "multilabel")}
         rows = [(k.split(":")[1], k.split(":")[2].split("=")[1], " ".join(k.split(":")[3:])) for k in pooled]
-        rows += [(t, "auto (= reinit)", "") for t in auto if auto[t] in results]
+        rows += [(t, "auto (default)", "") for t in auto if auto[t] in results]
         for task, pooling, other in sorted(rows, key=lambda r: (r[0], r[1])):
             spec = auto[task] if pooling.startswith("auto (") else ":".join(
                 ["leantrain", task, f"model.pooling={pooling}", *([other] if other else [])]).replace(" ", ":")

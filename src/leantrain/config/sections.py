@@ -77,8 +77,9 @@ class ModelConfig(Section):
     pooling: Literal["auto", "pooler", "cls", "reinit"] = Field(
         "auto", description="sequence classification / regression / multi-label on a BERT-style model: what the head "
         "reads. pooler = the checkpoint's pooler; reinit = the pooler re-initialised (fresh, from train.seed); cls = "
-        "the pooler set to the identity (tanh of the first token); auto = reinit when the pooler looks untrained "
-        "(the packaged MiniLM's), else pooler. The saved model loads as a plain transformers model"
+        "the pooler set to the identity (tanh of the first token); auto = pooler, logging whether it looks untrained "
+        "(the packaged MiniLM's does; re-initialising it measured worse). The saved model loads as a plain "
+        "transformers model"
     )
 
     @field_validator("task")
