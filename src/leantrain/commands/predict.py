@@ -47,8 +47,8 @@ def load_trained(model_dir: str, cfg: Config):
         model_dir, use_safetensors=None if mcfg.allow_pickle else True,
         revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)
     processor = load_processor(mcfg, task)
-    entry = get_task(task).configured(cfg).from_model_config(model.config)  # e.g. the target standardisation
-    return accelerator, accelerator.prepare(model), (data_side(task), processor), labels, entry
+    configured = get_task(task).configured(cfg, model.config)  # multi-label: the threshold it was saved with
+    return accelerator, accelerator.prepare(model), (data_side(task), processor), labels, configured
 
 
 def logits_in_row_order(accelerator, model, side, rows, cfg: Config, batch_size: int, processed: list | None = None

@@ -80,6 +80,13 @@ class ModelConfig(Section):
         "parameter names, e.g. [embeddings, encoder.layer.0-3, model.layers.0-5]; a range a.b.0-3 expands to layers "
         "0..3, * matches within one name part, embeddings = the input embeddings; see docs/lora-and-freezing.md"
     )
+    pooling: Literal["auto", "pooler", "cls", "reinit"] = Field(
+        "auto", description="sequence classification / regression / multi-label on a BERT-style model: what the head "
+        "reads. pooler = the checkpoint's pooler; reinit = the pooler re-initialised (fresh, from train.seed); cls = "
+        "the pooler set to the identity (tanh of the first token); auto = pooler, logging whether it looks untrained "
+        "(the packaged MiniLM's does; re-initialising it measured worse). The saved model loads as a plain "
+        "transformers model"
+    )
 
     @field_validator("task")
     @classmethod
@@ -102,7 +109,10 @@ class DataConfig(Section):
     eval_fraction: float = Field(0.1, gt=0, lt=1, description="hold-out fraction when no eval data is given")
     text_column: str | None = Field(None, description="auto: sentence, text, sentence1, ...")
     text_pair_column: str | None = Field(None, description="second text of a pair; auto: sentence2, ...")
-    label_column: str | None = Field(None, description="auto: label, labels")
+    label_column: str | list[str] | None = Field(
+        None, description="auto: label, labels; multi-label: a list of 0/1 columns, one per label, e.g. [toxic, "
+        "insult, threat] (the column names become the label names)"
+    )
     label_order: Literal["sorted", "first_seen"] = Field(
         "sorted", description="how string labels map to ids"
     )
@@ -184,6 +194,17 @@ class DataConfig(Section):
         "CPU but one, at most 8, for corpora over 16 MB, else 1 (in-process)"
     )
 
+    @field_validator("label_column")
+    @classmethod
+    def _label_columns(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("expected a column name or a list of 0/1 columns, e.g. [toxic, insult]")
+            twice = sorted(c for c in set(v) if v.count(c) > 1)
+            if twice:
+                raise ValueError(f"column {twice[0]!r} is listed twice")
+        return v
+
 
 class TrainConfig(Section):
     """How long and how big: epochs or steps, the global batch and its micro-batches, learning rate, cadences."""
@@ -234,6 +255,12 @@ class TrainConfig(Section):
         "/ (n_classes x count of the class) over the training data (sklearn's); or [w0, w1, ...], one positive weight "
         "per class in label-id order. The loss is divided by the sum of the weights of the global batch's examples"
     )
+    pos_weight: Literal["balanced"] | float | list[float] | None = Field(
+        None, description="multi-label: weight of the positive term of each label's binary cross-entropy (torch's "
+        "BCEWithLogitsLoss pos_weight); unset = 1; a number for every label; [w0, w1, ...] one per label in label "
+        "order; balanced = negatives / positives of each label in the training data. The loss stays divided by "
+        "examples x labels of the global batch"
+    )
 
     loss: Literal["mse", "huber"] = Field(
         "mse", description="regression: mse (squared error) or huber (squared within train.huber_delta, linear "
@@ -253,6 +280,17 @@ class TrainConfig(Section):
             bad = [w for w in v if not (math.isfinite(w) and 0 < w <= MAX_MAGNITUDE)]
             if bad:
                 raise ValueError(f"each weight must be a positive finite number (got {bad[0]!r})")
+        return v
+
+    @field_validator("pos_weight")
+    @classmethod
+    def _pos_weight(cls, v: Any) -> Any:
+        values = v if isinstance(v, list) else [v] if isinstance(v, (int, float)) else []
+        if isinstance(v, list) and not v:
+            raise ValueError("expected 'balanced', a number, or one weight per label, e.g. [1.0, 3.0]")
+        bad = [w for w in values if not (math.isfinite(w) and 0 < w <= MAX_MAGNITUDE)]
+        if bad:
+            raise ValueError(f"each weight must be a positive finite number (got {bad[0]!r})")
         return v
 
 
@@ -444,6 +482,12 @@ class EvalConfig(Section):
     tag_scheme: Literal["auto", "IOB1", "IOB2", "IOE1", "IOE2", "IOBES", "BILOU"] = Field(
         "auto", description="token classification: the tagging scheme of the entity metrics (strict span "
         "matching); auto: BILOU or IOBES from the tag names, IOB1 when a gold entity starts with I-, else IOB2"
+    )
+    tune_threshold: bool = Field(
+        True, description="multi-label: at each evaluation pick the one threshold (for all labels) that maximises "
+        "micro-F1 on the eval data; the metrics are reported at it (eval.threshold holds it) and the saved model's "
+        "config.json keeps it (threshold), which leantrain predict / eval then use unless eval.threshold is set. "
+        "Setting eval.threshold alone turns tuning off"
     )
 
 

@@ -92,7 +92,8 @@ def label_set_labels(cfg: DataConfig, col: str | None, parts: list[Part], known:
         return None, [], [], problems
     if not names:
         return None, [], [], [f"{parts[0].where}: no label names in column {col!r}; multi-label needs at least one"]
-    notes = [f"labels: label sets (multi-label) in column {col!r}, {len(names)} names: {', '.join(names[:20])}"]
+    notes = [] if col.startswith("__leantrain") else [  # 0/1 columns (data.label_columns) have their own note
+        f"labels: label sets (multi-label) in column {col!r}, {len(names)} names: {', '.join(names[:20])}"]
     return LabelSetMap(names, sep), notes, [], []
 
 

@@ -18,6 +18,7 @@ from leantrain.data.demo import demo_files
 from leantrain.data.labels import LabelMap, from_data, from_known, missing, nonzero, scan
 from leantrain.data.caches import using_cache_dir
 from leantrain.data.conll import looks_like_conll, looks_like_tags
+from leantrain.data.label_columns import LABELS, label_columns, merge_label_columns
 from leantrain.data.label_sets import label_set_labels, looks_like_label_sets
 from leantrain.data.scores import looks_like_scores, score_labels
 from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
@@ -46,8 +47,11 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
         notes.append("data: the built-in demo dataset (set data.train to use your own)")
     train_part, eval_part = open_parts(cfg, train_spec, eval_spec, notes)
     parts = [train_part] + ([eval_part] if eval_part is not None else [])
+    given = cfg.label_column
+    cfg, known_labels, problems = _label_columns(cfg, parts, notes, known_labels, labels, required=True)
 
-    chosen, more_notes, problems = cols_.detect(cfg, train_part, need_label=True)
+    chosen, more_notes, more = cols_.detect(cfg, train_part, need_label=True)
+    problems += more
     notes += more_notes
     if eval_part is not None:
         problems += cols_.check_present(eval_part, chosen)
@@ -61,6 +65,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
 
     train = _canonical(train_part, chosen, label_map)
     evaluation = _canonical(eval_part, chosen, label_map) if eval_part is not None else None
+    _report_label_columns(given, chosen)
     return prepared(cfg, train, evaluation, label_map, chosen, notes, warnings, seed=seed, batch_size=batch_size)
 
 
@@ -97,6 +102,9 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels:
     """One source for ``predict`` / ``eval``, canonical columns; ``label`` only when present (or required)."""
     part = open_rows(path, cfg)
     problems = [f"{part.where} has no rows"] if len(part.ds) == 0 else []
+    given = cfg.label_column
+    cfg, known_labels, more = _label_columns(cfg, [part], [], known_labels, labels, required=require_labels)
+    problems += more
     chosen, notes, more = cols_.detect(cfg, part, need_label=require_labels)
     warnings, texts = _check_texts([part], chosen)
     warnings = source_warnings([part]) + warnings
@@ -106,7 +114,33 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels:
     problems += more
     if problems:
         raise data_error(problems)
-    return _canonical(part, chosen, label_map), notes + warnings
+    rows = _canonical(part, chosen, label_map)
+    _report_label_columns(given, chosen)
+    return rows, notes + warnings
+
+
+def _label_columns(cfg: DataConfig, parts: list[Part], notes: list[str], known: list[str] | None, labels: str, *,
+                   required: bool) -> tuple[DataConfig, list[str] | None, list[str]]:
+    """``data.label_column=[a, b, c]`` (0/1 columns, multi-label): merged into one label-set column
+    (``leantrain.data.label_columns``) -> (config reading it, the label names in the listed order, problems);
+    otherwise ``cfg`` and ``known`` unchanged."""
+    names = label_columns(cfg)
+    if names is None:
+        return cfg, known, []
+    if labels != "label_sets":
+        return cfg, known, [f"data.label_column lists several columns ({', '.join(names)}): that is multi-label "
+                            "data; set model.task=multi-label (or auto)"]
+    merged, more_notes, problems = merge_label_columns(cfg, parts, required=required)
+    if problems:  # the 0/1 columns are wrong: nothing else can be read right
+        raise data_error(problems)
+    notes += more_notes
+    return merged, known if known is not None else names, []
+
+
+def _report_label_columns(given, chosen: cols_.Columns) -> None:  # noqa: ANN001 - data.label_column as set
+    """The merged 0/1 columns are reported (summary.json, model/leantrain.json) as the list the user gave."""
+    if chosen.get("label") == LABELS:
+        chosen["label"] = list(given)
 
 
 # ----------------------------------------------------------------------------------------------- steps
@@ -253,9 +287,12 @@ LABEL_READERS = {"classes": label_map_of, "scores": score_labels, "label_sets": 
 
 def label_kind(cfg: DataConfig) -> str:
     """``tags`` for a CoNLL file or rows with a list of words and a list of tags (token classification),
-    ``label_sets`` when the training labels are lists (or data.label_separator is set: multi-label), ``scores``
+    ``label_sets`` when the training labels are lists (or data.label_separator is set, or data.label_column
+    lists several 0/1 columns: multi-label), ``scores``
     when they are numbers that are not all whole (regression), else ``classes``:
     what ``model.task=auto`` reads from the data."""
+    if label_columns(cfg) is not None:  # several 0/1 columns
+        return "label_sets"
     train_spec = cfg.train if cfg.train is not None else str(demo_files()[0])
     if looks_like_conll(train_spec):
         return "tags"

@@ -97,6 +97,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             "resumed_from_step": result.resumed_from_step,
             "skipped_steps": result.skipped_steps,
             "class_weights": class_weights_record(data.class_weights, data.label_names),  # None: unweighted
+            **data.task_object.summary(data.label_names),  # multi-label: pos_weight
         },
         "efficiency": result.efficiency,
         "model": {"name": data.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
@@ -124,6 +125,7 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
     summary = build_summary(cfg, accelerator, model, data, result, memory)
     if accelerator.is_main_process:
         (out / "config.yaml").write_text(cfg.to_yaml())
+        accelerator.unwrap_model(model).config.update(data.task_object.saved_config(summary["eval"]))
         model_dir = _save_model(cfg, accelerator.unwrap_model(model), out, state_dict, data.processor)
         data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
         write_run_settings(model_dir, cfg, data.task, data.columns)  # predict / eval default to them

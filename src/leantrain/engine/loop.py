@@ -169,7 +169,7 @@ def build_run(start: RunStart) -> Run:
 
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
     model = build_model(cfg.model, data.label_names, data.task)
-    model.config.update(data.task_object.model_config_fields())  # e.g. the target standardisation, saved with it
+    model.config.update(data.task_object.saved_config(None))  # e.g. the target standardisation, saved with it
     model, trainable = apply_trainable(model, cfg.model, cfg.peft)  # LoRA (peft.*) and model.freeze
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,

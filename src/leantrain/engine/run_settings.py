@@ -61,7 +61,8 @@ def with_run_settings(model_dir: str | Path, cfg: Config, input_path: str | None
     for key, value in (stored.get("data") or {}).items():
         if key in given or value is None or key not in COLUMN_KEYS + ("max_length", *TOKEN_KEYS):
             continue
-        if key in COLUMN_KEYS and (available is None or value not in available):
+        wanted = value if isinstance(value, list) else [value]  # data.label_column: a list of 0/1 columns
+        if key in COLUMN_KEYS and (available is None or any(v not in available for v in wanted)):
             continue
         taken[key] = value
     if not taken:

@@ -21,6 +21,7 @@ from leantrain.modeling import load_processor, model_name, resolve_task_reason
 from leantrain.modeling.load import check_tokenizer_key
 from leantrain.modeling.tasks import Task, get_task, task_for_labels
 from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task
+from leantrain.modeling.tasks.multilabel import check_pos_weight_task
 
 log = logging.getLogger("leantrain")
 
@@ -43,16 +44,16 @@ class TrainingData:
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
     class_weights: list[float] | None = None  # train.class_weights resolved: one per label id; None = unweighted
     config: object | None = None  # the run's Config: Task.configured reads its settings (eval.threshold)
-    _task: Task | None = field(default=None, repr=False)
+    _task: Task | None = field(default=None, repr=False)  # task_object, made once
 
     @property
     def task_object(self) -> Task:
-        """The registered task (loss, units, metrics) of ``task``, configured by the run's settings and fitted to
-        the training data (regression: target standardisation); with class weights, its weighted form. Made once."""
+        """The registered task (loss, units, metrics) of ``task``, configured and set for the training data
+        (``Task.for_training``); with class weights, its weighted form."""
         if self._task is None:
             task = get_task(self.task)
             task = task.configured(self.config) if self.config is not None else task
-            task = task.fitted(self.train)
+            task = task.for_training(lambda: self.train["labels"], self.label_names)
             if self.class_weights is not None:
                 task = weighted_task(task, self.class_weights, self.train["labels"])
             self._task = task
@@ -107,6 +108,8 @@ def validate_data(cfg: Config):
     if cfg.train.class_weights is not None:
         resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
     check_regression_keys(cfg, task)
+    check_pos_weight_task(cfg.train.pos_weight, get_task(task))
+    get_task(task).configured(cfg).for_training(lambda: data.train["label"], data.label_names)  # pos_weight
     return data
 
 

@@ -19,6 +19,7 @@ from leantrain.modeling.hubcheck import check_model_name
 from leantrain.modeling.head_reuse import needs_remap, remap_head
 from leantrain.modeling.names import PACKAGED_MODEL, packaged_model_path, resolve_model_name  # noqa: F401
 from leantrain.modeling.pad_token import ensure_pad_token, set_model_pad_token
+from leantrain.modeling.pooling import apply_pooling
 from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch
 from leantrain.modeling.tasks import auto_model_class, default_task, get_task, task_of_config
 
@@ -171,7 +172,10 @@ def _scratch_fields(cfg: ModelConfig, task: str, config) -> dict:
 
 
 def _with_pad_token(model, cfg: ModelConfig, task: str):
-    """A text model whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...)."""
+    """A text model whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...); a sequence
+    classifier's pooler as ``model.pooling`` says (``leantrain.modeling.pooling``)."""
+    if get_task(task).auto_model == "AutoModelForSequenceClassification":
+        apply_pooling(model, cfg.pooling)
     if get_task(task).processor == "tokenizer" and getattr(model.config, "pad_token_id", None) is None:
         set_model_pad_token(model, load_tokenizer(cfg))
     return model

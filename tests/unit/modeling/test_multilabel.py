@@ -116,12 +116,13 @@ def test_list_labels_choose_multilabel_train_predict_pipeline(tmp_path, tiny_ber
     assert main(["predict", str(out / "model"), "--input", str(data[1]), "--output", str(preds)]) == 0
     rows = [json.loads(line) for line in preds.read_text().splitlines()]
     assert len(rows) == 12 and set(rows[0]["scores"]) == set(EMOTIONS)
-    assert rows[0]["labels"] == [n for n in EMOTIONS if rows[0]["scores"][n] > 0.5]
-    low = tmp_path / "low.jsonl"  # eval.threshold decides which labels predict writes
-    assert main(["predict", str(out / "model"), "--input", str(data[1]), "--output", str(low),
-                 "eval.threshold=0.01"]) == 0
-    first = json.loads(low.read_text().splitlines()[0])
-    assert first["labels"] == [n for n in EMOTIONS if first["scores"][n] > 0.01]
+    assert config["threshold"] == ev["threshold"]  # eval.tune_threshold (default): stored, and predict uses it
+    assert rows[0]["labels"] == [n for n in EMOTIONS if rows[0]["scores"][n] > config["threshold"]]
+    high = tmp_path / "high.jsonl"  # eval.threshold, set, decides which labels predict writes
+    assert main(["predict", str(out / "model"), "--input", str(data[1]), "--output", str(high),
+                 "eval.threshold=0.6"]) == 0
+    first = json.loads(high.read_text().splitlines()[0])
+    assert first["labels"] == [n for n in EMOTIONS if first["scores"][n] > 0.6]
     capsys.readouterr()
     assert main(["eval", str(out / "model"), f"data.eval={data[1]}"]) == 0
     shown = json.loads(capsys.readouterr().out)
@@ -180,3 +181,132 @@ def test_problem_type_override_points_to_the_task(capsys):
     assert "model.task=multi-label" in capsys.readouterr().err
     assert main(["train", "--print-config", "model.task=multi-label",
                  "model.config_overrides.problem_type=multi_label_classification"]) == 0
+
+
+# ------------------------------------------------ 0/1 columns, pos_weight, threshold tuning, per-label F1 (issue 14)
+
+
+def test_count_holds_the_label_count_and_reads_no_row():
+    from leantrain.modeling.tasks import get_task
+
+    class NoRows:
+        def __getitem__(self, i):
+            raise AssertionError("count read a row")
+
+    task = get_task("multi-label").configured(resolve(None, [])).for_training(lambda: None, EMOTIONS)
+    assert task.count(NoRows(), [0, 1, 2, -1]) == 3 * len(EMOTIONS)
+
+
+def test_pos_weight_loss_is_torch_bce_with_pos_weight_over_examples_x_labels():
+    from leantrain.modeling.tasks import get_task
+
+    logits, targets = torch.randn(6, 4), (torch.rand(6, 4) > 0.5).float()
+    out = type("Out", (), {"logits": logits})()
+    w = [1.0, 2.5, 0.5, 4.0]
+    task = get_task("multi-label").configured(resolve(None, [f"train.pos_weight={w}"])).for_training(
+        lambda: None, EMOTIONS)
+    loss = task.loss_sum(out, {"labels": targets, "loss_weight": torch.ones(6)}) / task.count(None, range(6))
+    ref = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(w))(logits, targets)  # mean over examples x labels
+    assert torch.allclose(loss, ref)
+    assert task.summary(EMOTIONS)["pos_weight"] == [{"label": n, "weight": x} for n, x in zip(EMOTIONS, w)]
+    plain = get_task("multi-label").configured(resolve(None, [])).for_training(lambda: None, EMOTIONS)
+    assert plain.summary(EMOTIONS) == {"pos_weight": None}
+
+
+def test_pos_weight_forms_and_errors():
+    from leantrain.errors import ConfigError, DataError
+    from leantrain.modeling.tasks.multilabel import resolve_pos_weight
+
+    hot = np.array([[1, 0, 1], [1, 0, 0], [0, 1, 0], [1, 0, 0]], dtype=np.float32)
+    assert resolve_pos_weight("balanced", ["a", "b", "c"], hot) == [1 / 3, 3.0, 3.0]  # negatives / positives
+    assert resolve_pos_weight(2, ["a", "b", "c"], hot) == [2.0, 2.0, 2.0]
+    assert resolve_pos_weight(None, ["a", "b", "c"], hot) is None
+    with pytest.raises(ConfigError, match="2 weights but the data has 3 labels"):
+        resolve_pos_weight([1.0, 2.0], ["a", "b", "c"], hot)
+    with pytest.raises(DataError, match="no positive training example of label c"):
+        resolve_pos_weight("balanced", ["a", "b", "c"], hot[:, [0, 1, 1]] * [1, 1, 0])
+    with pytest.raises(ConfigError, match="positive finite"):
+        resolve(None, ["train.pos_weight=-1"])
+
+
+def test_tuned_threshold_maximises_micro_f1_and_per_label_f1():
+    from sklearn.metrics import f1_score
+
+    from leantrain.modeling.tasks import get_task
+    from leantrain.modeling.tasks.multilabel import CANDIDATES
+
+    rng = np.random.default_rng(1)
+    labels = (rng.random((40, 4)) > 0.7).astype(np.float32)
+    probs = np.clip(0.25 * labels + 0.3 * rng.random((40, 4)), 0, 1)  # scores under 0.5: 0.5 predicts nothing
+    values = {"probs": probs, "labels": labels, "losses": rng.random((40, 4))}
+    task = get_task("multi-label").configured(resolve(None, []))  # eval.tune_threshold: on by default
+    m = task.all_metrics(values, EMOTIONS)
+    best = max(f1_score(labels, probs > t, average="micro") for t in CANDIDATES)
+    assert m["f1_micro"] == pytest.approx(best) and m["f1_micro"] > m["f1_micro_untuned"]
+    assert m["f1_micro"] == pytest.approx(f1_score(labels, probs > m["threshold"], average="micro"))
+    per_label = f1_score(labels, probs > m["threshold"], average=None, zero_division=0)
+    assert m["f1_per_label"] == {n: pytest.approx(f) for n, f in zip(EMOTIONS, per_label)}
+    assert task.saved_config(m) == {"threshold": m["threshold"]}
+    fixed = get_task("multi-label").configured(resolve(None, ["eval.tune_threshold=false"]))
+    assert "threshold" not in fixed.metrics(values, 4) and fixed.saved_config(m) == {}
+    stored = type("C", (), {"threshold": 0.2})()  # a trained model's config: its threshold, no tuning
+    assert get_task("multi-label").configured(resolve(None, []), stored).threshold == 0.2
+    assert not get_task("multi-label").configured(resolve(None, []), stored).tune
+    assert get_task("multi-label").configured(resolve(None, ["eval.threshold=0.7"]), stored).threshold == 0.7
+
+
+def column_rows(n: int, seed: int) -> list[dict]:
+    """The emotion rows with the labels as four 0/1 columns."""
+    return [{"text": r["text"], **{e: int(e in r["labels"]) for e in ("sadness", "joy", "love", "anger")}}
+            for r in set_rows(n, seed)]
+
+
+def test_zero_one_columns_pos_weight_threshold_in_model_and_predict(tmp_path, tiny_bert, capsys):
+    from leantrain import train
+
+    order = ["sadness", "joy", "love", "anger"]  # the listed order, not the alphabet's
+    train_f = write_jsonl(tmp_path / "train.jsonl", column_rows(48, 0))
+    dev_f = write_jsonl(tmp_path / "dev.jsonl", column_rows(12, 1))
+    out = tmp_path / "run"
+    summary = train(None, args(tiny_bert, (train_f, dev_f), out, f"data.label_column=[{','.join(order)}]",
+                               "train.pos_weight=balanced"))
+    assert summary["model"]["labels"] == order and summary["data"]["columns"]["label"] == order
+    hot = np.array([[r[e] for e in order] for r in column_rows(48, 0)], dtype=np.float64)
+    expected = (len(hot) - hot.sum(0)) / hot.sum(0)
+    assert [w["label"] for w in summary["train"]["pos_weight"]] == order
+    assert [w["weight"] for w in summary["train"]["pos_weight"]] == pytest.approx(expected)
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["id2label"] == {str(i): n for i, n in enumerate(order)}
+    assert config["threshold"] == summary["eval"]["threshold"]
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if "eval.f1_per_label" in r][-1]
+    assert set(last["eval.f1_per_label"]) == set(order)
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"text": r["text"]} for r in column_rows(5, 2)])
+    preds = tmp_path / "p.jsonl"  # an input without the 0/1 columns
+    assert main(["predict", str(out / "model"), "--input", str(plain), "--output", str(preds)]) == 0
+    rows = [json.loads(line) for line in preds.read_text().splitlines()]
+    assert len(rows) == 5 and all(r["labels"] == [n for n in order if r["scores"][n] > config["threshold"]]
+                                  for r in rows)
+    capsys.readouterr()
+    assert main(["eval", str(out / "model"), f"data.eval={dev_f}"]) == 0  # the 0/1 columns from leantrain.json
+    assert json.loads(capsys.readouterr().out)["f1_micro"] == pytest.approx(summary["eval"]["f1_micro"], abs=1e-6)
+
+
+def test_zero_one_columns_problems_name_file_and_row(tmp_path):
+    from leantrain.errors import DataError
+    from leantrain.engine.training_data import run_task, validate_data
+
+    rows = column_rows(20, 0)
+    rows[3]["joy"] = 2
+    bad = write_jsonl(tmp_path / "bad.jsonl", rows)
+    cfg = resolve(None, [f"data.train={bad}", "data.label_column=[sadness,joy,nope]"])
+    assert run_task(cfg) == "multi-label"
+    with pytest.raises(DataError) as e:
+        validate_data(cfg)
+    text = str(e.value) + " ".join(getattr(e.value, "problems", []))
+    assert "no column 'nope'" in text and "'joy' is not 0 or 1" in text and "line 4" in text
+    with pytest.raises(DataError, match="model.task=multi-label"):
+        validate_data(resolve(None, [f"data.train={bad}", "data.label_column=[sadness,joy]",
+                                     "model.task=text-classification"]))
+    with pytest.raises(Exception, match="pos_weight is for multi-label"):
+        validate_data(resolve(None, [f"data.train={bad}", "data.label_column=sadness", "train.pos_weight=2"]))

@@ -108,7 +108,7 @@ def test_huber_and_mse_loss_sums():
         got = _task("train.loss=huber", f"train.huber_delta={delta}").loss_sum(out, batch)
         assert got.item() == pytest.approx(want.item())
     assert _task("train.loss=huber").loss_sum(out, batch) < _task().loss_sum(out, batch)  # the outlier weighs less
-    std = _task("data.standardize_targets=true").fitted({"labels": [1.0, 3.0]})  # mean 2, std 1
+    std = _task("data.standardize_targets=true").for_training(lambda: [1.0, 3.0], [])  # mean 2, std 1
     assert (std.mean, std.std) == (2.0, 1.0)
     assert std.loss_sum(out, batch).item() == pytest.approx(float(((torch.tensor([0.0, 1.0, 4.0]) -
                                                                     torch.tensor([-1.5, -1.0, -2.0])) ** 2).sum()))

@@ -52,26 +52,28 @@ class Task:
     def modality(self) -> str:
         return self.spec.modality
 
-    def configured(self, cfg) -> "Task":
-        """This task with the run's settings (``Config``; multi-label: ``eval.threshold``); itself by default."""
+    def configured(self, cfg, model_config=None) -> "Task":
+        """This task with the run's settings (``Config``; multi-label: ``eval.threshold``); with ``model_config``,
+        a trained model's config (predict / eval: multi-label reads its stored threshold); itself by default."""
         return self
 
-    def fitted(self, train) -> "Task":
-        """This task with what it learns from the processed training data (regression under
-        ``data.standardize_targets``: the scores' mean and std); itself by default."""
+    def for_training(self, labels, label_names: list[str]) -> "Task":
+        """This task for training on data with these labels (``labels``: a callable returning the training
+        labels, read only by a task that needs them; multi-label: ``train.pos_weight=balanced``). Raises a
+        UserError for settings the data contradicts (exit 2). Itself by default."""
         return self
 
-    def from_model_config(self, config) -> "Task":
-        """This task as a saved model's config describes it (``model_config_fields``; predict / eval of a saved
-        model); itself by default."""
-        return self
-
-    # -- model
-    def model_config_fields(self) -> dict:
-        """What this task, configured and fitted, writes into the model's config.json beyond ``model_fields``
-        (regression: ``target_standardization``); nothing by default."""
+    def summary(self, label_names: list[str]) -> dict:
+        """Entries of summary.json's ``train`` section (multi-label: ``pos_weight``); none by default."""
         return {}
 
+    def saved_config(self, ev: dict | None) -> dict:
+        """Fields the model's config.json gets beyond ``model_fields``: before training (``ev`` None: checkpoints
+        carry them; regression: ``target_standardization``) and from the final evaluation ``ev`` (multi-label:
+        the tuned ``threshold``); ``configured(cfg, model_config)`` reads them back. None by default."""
+        return {}
+
+    # -- model
     def card_notes(self, model_config: dict) -> list[str]:
         """Markdown lines the model card adds for a saved model of this task (its config.json as a dict)."""
         return []

@@ -58,7 +58,8 @@ def regression_metrics(preds: np.ndarray, targets: np.ndarray, losses: np.ndarra
 @dataclasses.dataclass(frozen=True)
 class Regression(Task):
     """One score per example; ``loss`` (mse / huber) and the target standardisation come from the run's config
-    (``configured``) and its training data (``fitted``), or from a saved model's config (``from_model_config``)."""
+    (``configured``) and its training data (``for_training``), or from a saved model's config (``configured`` with
+    ``model_config``); ``saved_config`` writes them into the saved model's config.json."""
 
     loss: str = "mse"
     huber_delta: float = 1.0
@@ -66,14 +67,20 @@ class Regression(Task):
     mean: float = 0.0
     std: float = 1.0
 
-    def configured(self, cfg) -> "Regression":
+    def configured(self, cfg, model_config=None) -> "Regression":
+        if model_config is not None:  # predict / eval of a trained model: what it was trained with
+            found = getattr(model_config, STANDARDIZATION, None)
+            loss = getattr(model_config, LOSS, None) or {}
+            return dataclasses.replace(self, standardize=bool(found), mean=float(found["mean"]) if found else 0.0,
+                                       std=float(found["std"]) if found else 1.0, loss=loss.get("name", "mse"),
+                                       huber_delta=float(loss.get("delta", 1.0)))
         return dataclasses.replace(self, loss=cfg.train.loss, huber_delta=cfg.train.huber_delta,
                                    standardize=cfg.data.standardize_targets)
 
-    def fitted(self, train) -> "Regression":
+    def for_training(self, labels, label_names: list[str]) -> "Regression":
         if not self.standardize:
             return self
-        y = np.asarray(train["labels"], dtype=np.float64)
+        y = np.asarray(labels(), dtype=np.float64)
         mean, std = (float(y.mean()), float(y.std())) if len(y) else (0.0, 1.0)
         if not std > 0:
             log.warning("data.standardize_targets: every training score is %g; the std is taken as 1", mean)
@@ -81,14 +88,7 @@ class Regression(Task):
         log.info("scores standardised: (score - %.6g) / %.6g (training split); predictions are turned back", mean, std)
         return dataclasses.replace(self, mean=mean, std=std)
 
-    def from_model_config(self, config) -> "Regression":
-        found = getattr(config, STANDARDIZATION, None)
-        loss = getattr(config, LOSS, None) or {}
-        return dataclasses.replace(self, standardize=bool(found), mean=float(found["mean"]) if found else 0.0,
-                                   std=float(found["std"]) if found else 1.0, loss=loss.get("name", "mse"),
-                                   huber_delta=float(loss.get("delta", 1.0)))
-
-    def model_config_fields(self) -> dict:
+    def saved_config(self, ev: dict | None) -> dict:
         fields = {STANDARDIZATION: {"mean": self.mean, "std": self.std}} if self.standardize else {}
         if self.loss != "mse":  # eval / predict of the saved model report the loss it was trained with
             fields[LOSS] = {"name": self.loss, "delta": self.huber_delta}

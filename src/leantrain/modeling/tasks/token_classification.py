@@ -83,7 +83,7 @@ class TokenClassification(Task):
     all_tokens: bool = False  # data.label_all_tokens: every sub-token of a word counts (training)
     scheme: str = "auto"  # eval.tag_scheme
 
-    def configured(self, cfg) -> "TokenClassification":
+    def configured(self, cfg, model_config=None) -> "TokenClassification":
         return dataclasses.replace(self, all_tokens=cfg.data.label_all_tokens, scheme=cfg.eval.tag_scheme)
 
     # -- training
