@@ -99,10 +99,11 @@ def trained_label_names(config) -> list[str] | None:
     return None if all(_DEFAULT_LABEL.match(n) for n in names) else names
 
 
-def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-classification"):
+def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-classification", extra: dict | None = None):
     """The task's AutoModelFor... with the data's labels; a new head when the label set changes.
 
-    With model.config / model.config_type: random initialisation from that config (seeded by the caller)."""
+    With model.config / model.config_type: random initialisation from that config (seeded by the caller).
+    ``extra``: more ``from_pretrained`` keywords (QLoRA's quantization_config / device_map / dtype)."""
     auto = auto_model_class(task)
     config = load_config(cfg)
     check_config_overrides(config, cfg.config_overrides)
@@ -124,6 +125,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
         "ignore_mismatched_sizes": not remap and trained != label_names,  # a new head for a base model
         **_hub_kwargs(cfg),
         **cfg.config_overrides,
+        **(extra or {}),
     }
     name = model_name(cfg)
     try:
