@@ -9,6 +9,7 @@ Loading is safe by default: safetensors weights only (``model.allow_pickle`` opt
 from __future__ import annotations
 
 import logging
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -179,9 +180,17 @@ def _with_pad_token(model, cfg: ModelConfig, task: str):
     return model
 
 
+def parameter_numel(p) -> int:
+    """A parameter's element count; a bitsandbytes 4-bit weight (``Params4bit``, two values packed per byte)
+    counts the values of its original shape."""
+    state = getattr(p, "quant_state", None) if type(p).__name__ == "Params4bit" else None
+    shape = getattr(state, "shape", None)
+    return int(math.prod(shape)) if shape is not None else p.numel()
+
+
 def parameter_counts(model) -> dict[str, int]:
     """Total, trainable, and embedding parameters (input embeddings and position/type embeddings)."""
-    total = sum(p.numel() for p in model.parameters())
+    total = sum(parameter_numel(p) for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     emb_ids = set()
     for mod in model.modules():

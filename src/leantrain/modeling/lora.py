@@ -31,6 +31,7 @@ from torch import nn
 from leantrain.config import ModelConfig, PeftConfig
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling import qlora
+from leantrain.modeling.load import parameter_numel
 from leantrain.modeling.switches import repeated_blocks
 
 log = logging.getLogger("leantrain")
@@ -231,7 +232,7 @@ def apply_trainable(model: nn.Module, model_cfg: ModelConfig, peft_cfg: PeftConf
     if model_cfg.freeze:
         done.frozen = freeze(model, model_cfg.freeze)
         log.info("frozen: %s", "; ".join(f"{p} ({n / 1e6:.2f}M parameters)" for p, n in done.frozen.items()))
-    done.total = sum(p.numel() for p in model.parameters())
+    done.total = sum(parameter_numel(p) for p in model.parameters())  # 4-bit weights: their values
     done.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if done.method != "none" or done.frozen:
         log.info("trainable: %s of %s parameters (%.2f%%)", f"{done.trainable:,}", f"{done.total:,}",

@@ -120,3 +120,16 @@ def test_checkpoint_holds_the_trainable_tensors_only_and_restores_them(tmp_path)
     assert all(torch.equal(now[n], t) for n, t in saved.items())
     missing, unexpected = qlora.load_trainable_state(model, {"nope": torch.zeros(1)})
     assert missing and unexpected == ["nope"]
+
+
+def test_a_packed_4bit_weight_counts_the_values_of_its_original_shape():
+    from types import SimpleNamespace
+
+    from leantrain.modeling import parameter_counts
+
+    model = nn.Sequential(nn.Linear(4, 4, bias=False))
+    plain = parameter_counts(model)["total"]
+    packed = Params4bit(torch.zeros(32, 1, dtype=torch.uint8), requires_grad=False)  # 64 values, 2 per byte
+    packed.quant_state = SimpleNamespace(shape=torch.Size([8, 8]))
+    model[0].packed = packed
+    assert parameter_counts(model)["total"] == plain + 64
