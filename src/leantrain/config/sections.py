@@ -491,14 +491,6 @@ class EvalConfig(Section):
     )
 
 
-QLORA_REFUSAL = (
-    "peft.method=qlora (LoRA over 4-bit base weights) is not supported: on CPU, bitsandbytes 0.50's CPU backend runs a "
-    "lone 4-bit Linear, but a model loaded 4-bit through transformers (BitsAndBytesConfig) is left with an "
-    "uninitialised quantisation state and its first forward fails inside bitsandbytes, and layers narrower than the "
-    "64-value quantisation block fail to pack; the CUDA path (4-bit load + prepare_model_for_kbit_training) is not "
-    "wired into leantrain yet. Use peft.method=lora (efficiency.precision=bf16 for a smaller footprint)")
-
-
 class PeftConfig(Section):
     """Parameter-efficient fine-tuning through the peft library (pip install 'leantrain[peft]')."""
 
@@ -554,8 +546,15 @@ class Config(Section):
             raise ValueError(f"peft.method={self.peft.method} with distributed.strategy={d.strategy} is not supported: "
                              "the adapters are a small share of the parameters, so sharding buys little, and merging "
                              "them into sharded weights at save time is not implemented; use DDP (the default)")
-        if self.peft.method == "qlora":
-            raise ValueError(QLORA_REFUSAL)
+        if self.peft.method == "qlora":  # the device (CUDA only) is checked before any worker or model starts
+            if self.model.config or self.model.config_type:
+                raise ValueError("peft.method=qlora quantises pretrained weights; a model built from model.config / "
+                                 "model.config_type has none (nothing to quantise): use peft.method=lora or train it "
+                                 "in full")
+            if self.efficiency.precision not in ("auto", "bf16"):
+                raise ValueError(f"peft.method=qlora with efficiency.precision={self.efficiency.precision} is not "
+                                 "supported: the 4-bit layers compute in bf16 (bnb_4bit_compute_dtype=bfloat16); "
+                                 "use efficiency.precision=bf16 (or auto)")
         if d.local_sgd_steps > 1 and d.strategy in ("fsdp", "deepspeed"):
             raise ValueError(f"distributed.local_sgd_steps works with DDP only, not distributed.strategy={d.strategy}")
         return self

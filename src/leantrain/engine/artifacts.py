@@ -19,6 +19,7 @@ from leantrain.engine.distributed import full_state_dict
 from leantrain.engine.training_data import TrainingData
 from leantrain.modeling.lora import is_peft_model, merged_for_saving, save_adapter, save_adapter_only
 from leantrain.modeling.names import display_name
+from leantrain.modeling.qlora import is_quantized, merged_full_precision
 from leantrain.modeling.tasks.class_weights import class_weights_record
 from leantrain.perf.memory import device_memory, peak_rss_bytes
 from leantrain.perf.meter import Throughput
@@ -126,7 +127,7 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
     if accelerator.is_main_process:
         (out / "config.yaml").write_text(cfg.to_yaml())
         accelerator.unwrap_model(model).config.update(data.task_object.saved_config(summary["eval"]))
-        model_dir = _save_model(cfg, accelerator.unwrap_model(model), out, state_dict, data.processor)
+        model_dir = _save_model(cfg, accelerator.unwrap_model(model), out, state_dict, data)
         data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
         write_run_settings(model_dir, cfg, data.task, data.columns)  # predict / eval default to them
         write_json(out / "summary.json", summary)
@@ -140,9 +141,11 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
     return summary
 
 
-def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | None, processor) -> Path:
+def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | None, data: TrainingData) -> Path:
     """model/ (save_pretrained). A LoRA run: the adapter in adapter/ and, with peft.merge (default), the merged
-    model in model/ (loads without peft); else the adapter folder is the run's model folder. Returns that folder."""
+    model in model/ (loads without peft); else the adapter folder is the run's model folder. Returns that folder.
+    QLoRA: the merged model is the base reloaded bf16 on CPU with the adapter merged (no 4-bit weights saved)."""
+    processor = data.processor
     if not is_peft_model(model):
         model.save_pretrained(out / "model", state_dict=state_dict, safe_serialization=True)
         return out / "model"
@@ -151,7 +154,13 @@ def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | Non
         processor.save_pretrained(out / "adapter")
         return out / "adapter"
     save_adapter(model, out / "adapter")
-    merged_for_saving(model).save_pretrained(out / "model", safe_serialization=True)
+    if is_quantized(model):
+        log.info("QLoRA: merging the adapter into the base reloaded in bf16 on CPU (not 4-bit)")
+        merged = merged_full_precision(cfg, data.label_names, data.task, out / "adapter",
+                                       data.task_object.model_config_fields())
+    else:
+        merged = merged_for_saving(model)
+    merged.save_pretrained(out / "model", safe_serialization=True)
     log.info("LoRA: adapter in %s, merged model in %s (loads without peft)", out / "adapter", out / "model")
     return out / "model"
 

@@ -2,7 +2,7 @@
 
 ``output_dir/checkpoints/step-0000200/`` holds
 
-- ``model.safetensors``                      the unwrapped model's state
+- ``model.safetensors``                      the unwrapped model's state (QLoRA: its trainable tensors only)
 - ``optimizer.safetensors`` + ``.json``      optimizer tensors / structure and hyper-parameters
 - ``scheduler.json`` (+ ``scaler.json``)     LR schedule (and grad scaler) state
 - ``trainer_state.json``                     step, epoch, position in the epoch, world size, batch, data fingerprint
@@ -40,6 +40,7 @@ from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.state_io import fsync_file, save_state
 from leantrain.errors import UserError
+from leantrain.modeling.qlora import CHECKPOINT_KIND, is_quantized, trainable_state
 
 log = logging.getLogger("leantrain")
 
@@ -245,7 +246,13 @@ class Checkpointer:
         from safetensors.torch import save_model
 
         acc = self.accelerator
-        save_model(acc.unwrap_model(model), str(tmp / "model.safetensors"))
+        inner = acc.unwrap_model(model)
+        if is_quantized(inner):  # QLoRA: the frozen 4-bit base is rebuilt from the pretrained weights on resume
+            from safetensors.torch import save_file
+
+            save_file(trainable_state(inner), str(tmp / "model.safetensors"), metadata={"leantrain": CHECKPOINT_KIND})
+        else:
+            save_model(inner, str(tmp / "model.safetensors"))
         fsync_file(tmp / "model.safetensors")
         save_state(optimizer.state_dict(), tmp, "optimizer")
         save_state(scheduler.state_dict(), tmp, "scheduler")

@@ -43,6 +43,7 @@ from leantrain.engine.training_data import TrainingData, prepare_training_data
 from leantrain.errors import ConfigError
 from leantrain.modeling import build_model, flop_parameters, parameter_counts
 from leantrain.modeling.lora import Trainable, apply_trainable
+from leantrain.modeling.qlora import check_qlora, load_kwargs as qlora_load_kwargs
 from leantrain.optim import build_optimizer, build_scheduler, state_report
 from leantrain.optim.state import describe as describe_optim_state
 from leantrain.perf.auto_micro_batch import auto_micro_batch
@@ -141,6 +142,7 @@ class Run:
 def start_run(cfg: Config, allocator: str) -> RunStart:
     """Precision, the Accelerator, logging, the run folder (agreed by all ranks) and the resume decision."""
     precision, why = resolve_precision(cfg.efficiency.precision, device_type())
+    check_qlora(cfg, device_type(), precision)  # peft.method=qlora: CUDA, bitsandbytes, bf16; before any model
     accelerator = make_accelerator(cfg, None, ACCELERATE_PRECISION[precision])
     setup_logging(accelerator.is_main_process)
     log.info("precision: %s (%s)", precision, why)
@@ -168,9 +170,11 @@ def build_run(start: RunStart) -> Run:
             log.info(note)
 
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
-    model = build_model(cfg.model, data.label_names, data.task)
+    model = build_model(cfg.model, data.label_names, data.task,  # qlora: 4-bit on this process's GPU
+                        extra=qlora_load_kwargs(cfg.peft.method, accelerator.local_process_index))
     model.config.update(data.task_object.saved_config(None))  # e.g. the target standardisation, saved with it
-    model, trainable = apply_trainable(model, cfg.model, cfg.peft)  # LoRA (peft.*) and model.freeze
+    model, trainable = apply_trainable(model, cfg.model, cfg.peft,  # LoRA (peft.*) and model.freeze
+                                       gradient_checkpointing=cfg.efficiency.gradient_checkpointing)
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)

@@ -13,10 +13,12 @@ import tempfile
 from pathlib import Path
 
 from leantrain.config.sections import check_metric, parse_stop_when
+from leantrain.engine.accelerator import device_type
 from leantrain.engine.batch_layout import batch_layout
 from leantrain.engine.training_data import run_task
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling import load_config, resolve_task
+from leantrain.modeling.qlora import check_qlora
 from leantrain.modeling.tasks import get_task
 
 log = logging.getLogger("leantrain")
@@ -150,6 +152,7 @@ def check_train(cfg, data=None, world_size: int = 1):  # noqa: ANN001 - Config, 
     """Everything checkable before a worker or model starts; returns ``cfg`` (data.max_length maybe lowered).
 
     ``data`` (validated, from validate_data) adds the checks that need the labels and the row count."""
+    check_qlora(cfg, device_type())  # peft.method=qlora on a device without bitsandbytes' 4-bit training: exit 2
     if cfg.output_dir is not None:
         check_writable_dir(cfg.output_dir, f"output_dir={cfg.output_dir}")
     else:

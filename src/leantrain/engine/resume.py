@@ -29,8 +29,9 @@ from torch.optim.lr_scheduler import LRScheduler
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.checkpoint import ROOT, checkpoint_folders, clean_leftovers, rank_file, set_rng_state, verify
-from leantrain.engine.state_io import StateFormatError, load_state
+from leantrain.engine.state_io import StateFormatError, load_safetensors, load_state
 from leantrain.errors import UserError
+from leantrain.modeling.qlora import is_quantized, load_trainable_state
 from leantrain.report.logs import read_metrics
 
 log = logging.getLogger("leantrain")
@@ -245,7 +246,10 @@ def _load_model(path: Path, model) -> None:
     from safetensors.torch import load_model
 
     try:
-        missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
+        if is_quantized(model):  # QLoRA: the checkpoint holds the trainable tensors only (the 4-bit base is rebuilt)
+            missing, unexpected = load_trainable_state(model, load_safetensors(path / "model.safetensors"))
+        else:
+            missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
     except (SafetensorError, OSError, ValueError) as e:
         raise StateFormatError(f"{path / 'model.safetensors'}: not a valid safetensors file ({e})") from None
     if missing or unexpected:

@@ -9,6 +9,7 @@ Loading is safe by default: safetensors weights only (``model.allow_pickle`` opt
 from __future__ import annotations
 
 import logging
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -100,10 +101,11 @@ def trained_label_names(config) -> list[str] | None:
     return None if all(_DEFAULT_LABEL.match(n) for n in names) else names
 
 
-def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-classification"):
+def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-classification", extra: dict | None = None):
     """The task's AutoModelFor... with the data's labels; a new head when the label set changes.
 
-    With model.config / model.config_type: random initialisation from that config (seeded by the caller)."""
+    With model.config / model.config_type: random initialisation from that config (seeded by the caller).
+    ``extra``: more ``from_pretrained`` keywords (QLoRA's quantization_config / device_map / dtype)."""
     auto = auto_model_class(task)
     config = load_config(cfg)
     check_config_overrides(config, cfg.config_overrides)
@@ -125,6 +127,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
         "ignore_mismatched_sizes": not remap and trained != label_names,  # a new head for a base model
         **_hub_kwargs(cfg),
         **cfg.config_overrides,
+        **(extra or {}),
     }
     name = model_name(cfg)
     try:
@@ -181,9 +184,17 @@ def _with_pad_token(model, cfg: ModelConfig, task: str):
     return model
 
 
+def parameter_numel(p) -> int:
+    """A parameter's element count; a bitsandbytes 4-bit weight (``Params4bit``, two values packed per byte)
+    counts the values of its original shape."""
+    state = getattr(p, "quant_state", None) if type(p).__name__ == "Params4bit" else None
+    shape = getattr(state, "shape", None)
+    return int(math.prod(shape)) if shape is not None else p.numel()
+
+
 def parameter_counts(model) -> dict[str, int]:
     """Total, trainable, and embedding parameters (input embeddings and position/type embeddings)."""
-    total = sum(p.numel() for p in model.parameters())
+    total = sum(parameter_numel(p) for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     emb_ids = set()
     for mod in model.modules():

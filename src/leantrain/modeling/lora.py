@@ -19,6 +19,7 @@ merged model (``merge_and_unload``) that loads with ``pipeline()`` without peft.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import warnings
@@ -28,8 +29,9 @@ from pathlib import Path
 from torch import nn
 
 from leantrain.config import ModelConfig, PeftConfig
-from leantrain.config.sections import QLORA_REFUSAL
 from leantrain.errors import ConfigError, UserError
+from leantrain.modeling import qlora
+from leantrain.modeling.load import parameter_numel
 from leantrain.modeling.switches import repeated_blocks
 
 log = logging.getLogger("leantrain")
@@ -48,6 +50,7 @@ class Trainable:
     frozen: dict[str, int] = field(default_factory=dict)  # freeze pattern -> parameters it froze
     trainable: int = 0
     total: int = 0
+    quantization: dict | None = None  # peft.method=qlora: the 4-bit base (modeling.qlora.record)
 
     def record(self, peft_cfg: PeftConfig) -> dict:
         out: dict = {"method": self.method, "trainable_parameters": self.trainable, "total_parameters": self.total}
@@ -55,6 +58,8 @@ class Trainable:
             out.update(r=peft_cfg.r, alpha=peft_cfg.alpha, dropout=peft_cfg.dropout,
                        target_modules=self.target_modules, modules_to_save=self.modules_to_save,
                        merged=peft_cfg.merge)
+        if self.quantization:
+            out["quantization"] = self.quantization
         if self.frozen:
             out["frozen"] = self.frozen
         return out
@@ -207,21 +212,27 @@ def freeze(model: nn.Module, patterns: list[str]) -> dict[str, int]:
 # ------------------------------------------------------------------------------------------------ entry points
 
 
-def apply_trainable(model: nn.Module, model_cfg: ModelConfig, peft_cfg: PeftConfig) -> tuple[nn.Module, Trainable]:
+def apply_trainable(model: nn.Module, model_cfg: ModelConfig, peft_cfg: PeftConfig, *,
+                    gradient_checkpointing: bool = False) -> tuple[nn.Module, Trainable]:
     """LoRA (``peft.method``) and then ``model.freeze`` on the built model; logs what is trained. Returns the model
-    (a PeftModel under LoRA) and what was done."""
-    if peft_cfg.method == "qlora":
-        raise ConfigError(qlora_refusal())
+    (a PeftModel under LoRA) and what was done. QLoRA: peft's ``prepare_model_for_kbit_training`` on the 4-bit model
+    (``gradient_checkpointing``: the run's setting) and then the same LoRA."""
     done = Trainable()
-    if peft_cfg.method == "lora":
+    if peft_cfg.method == "qlora":
+        model = qlora.prepare(model, gradient_checkpointing)
+    if peft_cfg.method in ("lora", "qlora"):
         model, done = apply_lora(model, peft_cfg)
+        if peft_cfg.method == "qlora":
+            done.method, done.quantization = "qlora", qlora.record()
+            log.info("QLoRA: base weights 4-bit %s (double quantisation, %s compute)",
+                     done.quantization["quant_type"], done.quantization["compute_dtype"])
         log.info("LoRA: r=%d alpha=%g dropout=%g on %s%s", peft_cfg.r, peft_cfg.alpha, peft_cfg.dropout,
                  ", ".join(done.target_modules),
                  f"; trained in full: {', '.join(done.modules_to_save)}" if done.modules_to_save else "")
     if model_cfg.freeze:
         done.frozen = freeze(model, model_cfg.freeze)
         log.info("frozen: %s", "; ".join(f"{p} ({n / 1e6:.2f}M parameters)" for p, n in done.frozen.items()))
-    done.total = sum(p.numel() for p in model.parameters())
+    done.total = sum(parameter_numel(p) for p in model.parameters())  # 4-bit weights: their values
     done.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if done.method != "none" or done.frozen:
         log.info("trainable: %s of %s parameters (%.2f%%)", f"{done.trainable:,}", f"{done.total:,}",
@@ -229,11 +240,6 @@ def apply_trainable(model: nn.Module, model_cfg: ModelConfig, peft_cfg: PeftConf
         if done.trainable == 0:
             raise ConfigError("model.freeze / peft leave no trainable parameter: nothing to train")
     return model, done
-
-
-def qlora_refusal() -> str:
-    """Why ``peft.method=qlora`` is refused (docs/lora-and-freezing.md says what was tried on CPU)."""
-    return QLORA_REFUSAL
 
 
 # ------------------------------------------------------------------------------------------------------ saving
@@ -271,6 +277,11 @@ def save_adapter_only(model: nn.Module, folder: Path) -> str:
     source = model.peft_config[model.active_adapter].base_model_name_or_path or "<base model>"
     save_adapter(model, folder)
     base.config.save_pretrained(folder)
+    if qlora.is_quantized(base):  # the config of the full-precision base: the 4-bit load was this run's choice
+        cfg_file = Path(folder) / "config.json"
+        saved = json.loads(cfg_file.read_text())
+        saved.pop("quantization_config", None)
+        cfg_file.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     return (f"adapter only (peft.merge=false): load it with peft: peft.PeftModel.from_pretrained(transformers.{arch}"
             f".from_pretrained('{source}', config=transformers.AutoConfig.from_pretrained('{folder}')), '{folder}'); "
             "model.merge_and_unload() gives a plain transformers model")

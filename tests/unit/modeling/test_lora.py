@@ -149,9 +149,13 @@ def test_missing_peft_exits_2_naming_the_install(monkeypatch):
     assert e.value.exit_code == 2
 
 
-def test_qlora_and_fsdp_are_refused_before_any_model_with_the_reason():
-    with pytest.raises(ConfigError, match="bitsandbytes"):
-        resolve(None, ["peft.method=qlora"])
+def test_qlora_and_fsdp_are_refused_before_any_model_with_the_reason(tmp_path):
+    from leantrain.engine.preflight import check_train
+
+    cfg = resolve(None, ["peft.method=qlora", f"output_dir={tmp_path / 'run'}"])  # accepted at config time
+    if not torch.cuda.is_available():  # the device decides: refused on CPU before any worker or model
+        with pytest.raises(ConfigError, match="bitsandbytes.*peft.method=lora"):
+            check_train(cfg)
     with pytest.raises(ConfigError, match="distributed.strategy=fsdp is not supported"):
         resolve(None, ["peft.method=lora", "distributed.strategy=fsdp"])
 
