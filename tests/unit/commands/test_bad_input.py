@@ -72,7 +72,7 @@ def test_duplicate_yaml_key_names_key_and_both_lines(tmp_path):
     ("weight_decay", "'optim.weight_decay'"), ("max_seq_length", "'data.max_length'"), ("seed", "'train.seed'"),
     ("fp16", "efficiency.precision=fp16"), ("bf16", "efficiency.precision=bf16"),
     ("gradient_accumulation_steps", "in leantrain: train.batch_size (global) with train.micro_batch_size"),
-    ("train.lrr", "'train.lr'"), ("trian.lr", "'train.lr'"),
+    ("train.lrr", "'train.lr'"), ("trian.lr", "'train.lr'"), ("model.lora.r", "'peft.r'"),
 ])
 def test_did_you_mean_knows_the_names_other_trainers_use(key, hint):
     with pytest.raises(ConfigError) as e:
@@ -80,7 +80,7 @@ def test_did_you_mean_knows_the_names_other_trainers_use(key, hint):
     assert (hint if hint.startswith("in leantrain") else f"did you mean {hint}") in e.value.problems[0]
 
 
-@pytest.mark.parametrize("key", ["model.lora.r", "train.foo", "quantization"])
+@pytest.mark.parametrize("key", ["model.adapters.rank", "train.foo", "quantization"])
 def test_no_close_key_says_there_is_no_such_key(key):
     with pytest.raises(ConfigError) as e:
         resolve(None, [f"{key}=1"])
