@@ -157,7 +157,7 @@ def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | Non
     if is_quantized(model):
         log.info("QLoRA: merging the adapter into the base reloaded in bf16 on CPU (not 4-bit)")
         merged = merged_full_precision(cfg, data.label_names, data.task, out / "adapter",
-                                       data.task_object.model_config_fields())
+                                       data.task_object.saved_config(None))
     else:
         merged = merged_for_saving(model)
     merged.save_pretrained(out / "model", safe_serialization=True)
