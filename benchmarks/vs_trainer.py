@@ -325,25 +325,34 @@ def main() -> None:
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
         return report(saved["results"], saved["meta"], args)
-    meta = {"command": "python benchmarks/vs_trainer.py " + " ".join(sys.argv[1:]), "machine": machine(),
+    results, meta = interleaved(__file__, args.only.split(","), args.repeats, args.json)
+    report(results, meta, args)
+
+
+def interleaved(script: str, names: list[str], repeats: int, json_path: str | None = None
+                ) -> tuple[dict[str, list[dict]], dict]:
+    """Run ``script --worker NAME <this command's arguments>`` for each name, interleaved (A B C ... A B C ...) over
+    ``repeats`` rounds, each in a fresh process; a worker prints its result as one ``RESULT {json}`` line. Returns
+    the results per name (a failed run is left out and its error printed) and the run's meta (command, machine,
+    start, load average before and after); ``json_path``: both saved there."""
+    meta = {"command": f"python benchmarks/{Path(script).name} " + " ".join(sys.argv[1:]), "machine": machine(),
             "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": os.getloadavg()[0]}
-    names = args.only.split(",")
     results: dict[str, list[dict]] = {n: [] for n in names}
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    for r in range(args.repeats):
-        for name in names:  # interleaved: A B C ... A B C ...
-            cmd = [sys.executable, __file__, "--worker", name] + [a for a in sys.argv[1:] if a != "--worker"]
+    for r in range(repeats):
+        for name in names:
+            cmd = [sys.executable, script, "--worker", name] + [a for a in sys.argv[1:] if a != "--worker"]
             out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
-                print(f"{name}: FAILED\n{out.stderr[-2000:]}", file=sys.stderr)
+                print(f"{name}: FAILED\n{out.stderr[-3000:]}", file=sys.stderr)
                 continue
             results[name].append(json.loads(line[7:]))
             print(f"round {r + 1} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
     meta["load_after"] = os.getloadavg()[0]
-    if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    report(results, meta, args)
+    if json_path:
+        Path(json_path).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    return results, meta
 
 
 def report(results: dict[str, list[dict]], meta: dict, args) -> None:

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -232,29 +230,13 @@ def main() -> None:
     if args.worker:
         return worker(args)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from vs_trainer import machine, write_block
+    from vs_trainer import interleaved, write_block
 
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
         results, meta = saved["results"], saved["meta"]
     else:
-        meta = {"command": "python benchmarks/vs_trainer_lm.py " + " ".join(sys.argv[1:]), "machine": machine(),
-                "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": os.getloadavg()[0]}
-        results = {n: [] for n in args.only.split(",")}
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        for r in range(args.repeats):
-            for name in results:  # interleaved: A B C ... A B C ...
-                cmd = [sys.executable, __file__, "--worker", name] + sys.argv[1:]
-                out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-                if line is None:
-                    print(f"{name}: FAILED\n{out.stderr[-3000:]}", file=sys.stderr)
-                    continue
-                results[name].append(json.loads(line[7:]))
-                print(f"round {r + 1} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
-        meta["load_after"] = os.getloadavg()[0]
-        if args.json:
-            Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        results, meta = interleaved(__file__, args.only.split(","), args.repeats, args.json)
     text = table(results)
     print(text)
     if args.results:

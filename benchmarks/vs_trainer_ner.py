@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -194,24 +191,7 @@ def main() -> None:
         saved = json.loads(Path(args.from_json).read_text())
         meta, results = saved["meta"], saved["results"]
     else:
-        meta = {"command": "python benchmarks/vs_trainer_ner.py " + " ".join(sys.argv[1:]), "machine": vt.machine(),
-                "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_before": os.getloadavg()[0]}
-        names = args.only.split(",")
-        results = {n: [] for n in names}
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        for r in range(args.repeats):
-            for name in names:  # interleaved: A B A B ...
-                cmd = [sys.executable, __file__, "--worker", name] + sys.argv[1:]
-                out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-                if line is None:
-                    print(f"{name}: FAILED\n{out.stderr[-3000:]}", file=sys.stderr)
-                    continue
-                results[name].append(json.loads(line[7:]))
-                print(f"round {r + 1} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
-        meta["load_after"] = os.getloadavg()[0]
-        if args.json:
-            Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        results, meta = vt.interleaved(__file__, args.only.split(","), args.repeats, args.json)
     text = table(results)
     print(text)
     if args.results:

@@ -146,11 +146,12 @@ def _report_label_columns(given, chosen: cols_.Columns) -> None:  # noqa: ANN001
 # ----------------------------------------------------------------------------------------------- steps
 
 
-def open_rows(path: str, cfg: DataConfig, folder_reader=None) -> Part:  # noqa: ANN001
-    """The one split of ``path`` that predict / eval read (validation, then test, or data.eval_split)."""
+def open_rows(path: str, cfg: DataConfig, folder_reader=None, opener=None) -> Part:  # noqa: ANN001
+    """The one split of ``path`` that predict / eval read (validation, then test, or data.eval_split).
+    ``opener(path)``: how the source is opened, when not ``open_source`` (token classification: CoNLL files too)."""
     try:
         with using_cache_dir(cfg.cache_dir):
-            source = open_source(path, None, folder_reader, quoting=cfg.quoting)
+            source = opener(path) if opener else open_source(path, None, folder_reader, quoting=cfg.quoting)
         wanted = [cfg.eval_split] if cfg.eval_split else ["validation", "test"]
         part = pick_split(source, wanted, setting="data.eval_split" if cfg.eval_split else None, single_ok=True)
     except SourceError as e:

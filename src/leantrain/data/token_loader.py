@@ -31,7 +31,7 @@ from leantrain.data.conll import is_conll_path, read_conll, tags_column, tokens_
 from leantrain.data.labels import capped, listing
 from leantrain.data.sources import Part, SourceError, open_source, pick_split
 from leantrain.data.text import MODEL_INPUTS, TextCollator
-from leantrain.data.text_loader import PreparedData, data_error, prepared, source_warnings
+from leantrain.data.text_loader import PreparedData, data_error, open_rows, prepared, source_warnings
 from leantrain.errors import UserError
 
 log = logging.getLogger("leantrain")
@@ -225,16 +225,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
 def load_rows(path: str, cfg: DataConfig, *, require_labels: bool, known_labels: list[str] | None
               ) -> tuple[datasets.Dataset, list[str]]:
     """One source for ``predict`` / ``eval``: canonical ``tokens`` and, when present (or required), ``label``."""
-    try:
-        with using_cache_dir(cfg.cache_dir):
-            source = open_any(path, None, cfg)
-        wanted = [cfg.eval_split] if cfg.eval_split else ["validation", "test"]
-        part = pick_split(source, wanted, setting="data.eval_split" if cfg.eval_split else None, single_ok=True)
-    except SourceError as e:
-        raise data_error([str(e)]) from None
-    if part is None:
-        raise data_error([f"{path}: several splits ({', '.join(source.data)}) and none is named validation or test; "
-                          "set data.eval_split"])
+    part = open_rows(path, cfg, opener=lambda spec: open_any(spec, None, cfg))
     notes: list[str] = []
     words_col, tags_col, problems = _columns(cfg, part, notes, need_tags=require_labels)
     if problems:
