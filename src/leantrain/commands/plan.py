@@ -215,8 +215,8 @@ def overrides_for(row: dict) -> list[str]:
 
 def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
     w = out.write
-    trained = "" if r["trainable_parameters"] == r["parameters"] else \
-        f" ({r['trainable_parameters'] / 1e6:.2f}M trainable)"
+    trainable = r.get("trainable_parameters", r["parameters"])  # a plan --json from before LoRA has none
+    trained = "" if trainable == r["parameters"] else f" ({trainable / 1e6:.2f}M trainable)"
     w(f"plan for {r['parameters'] / 1e6:.1f}M parameters{trained} on {r['device']} ({r['nproc']} process(es), strategy "
       f"{r['strategy']}): micro-batch {r['micro_batch_size']} x {r['accumulation_steps']} accumulation, "
       f"{r['seq_len']} tokens, {r['precision']}, gradient checkpointing {'on' if r['gradient_checkpointing'] else 'off'}"

@@ -15,6 +15,16 @@ from leantrain.modeling.chunked_loss import labels_for_loss
 from leantrain.modeling.tasks import Task
 
 
+def _same_width(accelerator: Accelerator, values: torch.Tensor, labels: torch.Tensor | None = None) -> tuple:
+    """(values, labels) ready to gather: per-token outputs (token classification: logits ``(batch, tokens, tags)``,
+    labels ``(batch, tokens)``) are as wide as the longest batch of any process, so they are padded to the widest
+    (values with 0, labels with -100: no target); labels None are left out."""
+    if values.dim() > 2 and accelerator.num_processes > 1:
+        values = accelerator.pad_across_processes(values, dim=1)
+        labels = labels if labels is None else accelerator.pad_across_processes(labels, dim=1, pad_index=-100)
+    return (values, labels) if labels is not None else (values,)
+
+
 @torch.no_grad()
 def predict_logits(model: nn.Module, loader: DataLoader, accelerator: Accelerator) -> torch.Tensor:
     """Yield gathered (logits, labels-or-None) per batch, for every process's shard, duplicates dropped."""
@@ -22,12 +32,8 @@ def predict_logits(model: nn.Module, loader: DataLoader, accelerator: Accelerato
     model.eval()
     try:
         for batch in loader:
-            logits = model(**model_inputs(batch)).logits.float()
-            labels = batch.get("labels")
-            if logits.dim() > 2 and accelerator.num_processes > 1:  # per-token outputs: widths differ by rank
-                logits = accelerator.pad_across_processes(logits, dim=1)
-                labels = labels if labels is None else accelerator.pad_across_processes(labels, dim=1, pad_index=-100)
-            yield accelerator.gather_for_metrics((logits, labels) if labels is not None else (logits,))
+            logits, labels = model(**model_inputs(batch)).logits.float(), batch.get("labels")
+            yield accelerator.gather_for_metrics(_same_width(accelerator, logits, labels))
     finally:
         model.train(was_training)
 
@@ -42,7 +48,7 @@ def eval_outputs(model: nn.Module, loader: DataLoader, accelerator: Accelerator,
         for batch in loader:
             with labels_for_loss(model, batch.get("labels")):  # chunked loss (causal LMs): per-token losses, no logits
                 outputs = model(**model_inputs(batch))
-            yield accelerator.gather_for_metrics(task.eval_outputs(outputs, batch))
+            yield accelerator.gather_for_metrics(_same_width(accelerator, *task.eval_outputs(outputs, batch)))
     finally:
         model.train(was_training)
 

@@ -21,6 +21,7 @@ from leantrain.modeling.head_reuse import needs_remap, remap_head
 from leantrain.modeling.names import PACKAGED_MODEL, packaged_model_path, resolve_model_name  # noqa: F401
 from leantrain.modeling.pad_token import ensure_pad_token, set_model_pad_token
 from leantrain.modeling.pooling import apply_pooling
+from leantrain.modeling.switches import embeddings_of
 from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch
 from leantrain.modeling.tasks import auto_model_class, default_task, get_task, task_of_config
 
@@ -209,9 +210,7 @@ def flop_parameters(model, counts: dict[str, int]) -> int:
     shares the input embedding's weight (a tied LM head multiplies every token by the vocabulary matrix; nanoGPT's
     estimate counts it); an untied output layer is no Embedding and is counted already."""
     n = counts["non_embedding"]
-    get_out, get_in = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)
-    out = get_out() if callable(get_out) else None
-    inp = get_in() if callable(get_in) else None
+    out, inp = embeddings_of(model, "get_output_embeddings"), embeddings_of(model, "get_input_embeddings")
     weight = getattr(out, "weight", None)
     if weight is not None and inp is not None and weight is getattr(inp, "weight", None):
         n += weight.numel()

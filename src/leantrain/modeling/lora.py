@@ -32,7 +32,7 @@ from leantrain.config import ModelConfig, PeftConfig
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling import qlora
 from leantrain.modeling.load import parameter_numel
-from leantrain.modeling.switches import repeated_blocks
+from leantrain.modeling.switches import embeddings_of, repeated_blocks
 
 log = logging.getLogger("leantrain")
 
@@ -91,7 +91,7 @@ def head_modules(model: nn.Module) -> list[str]:
     """The task head: the model's top-level children with parameters, besides its base model (``bert``, ``model``,
     ``transformer``, ...), leaving out a child that holds the output embeddings (an LM's ``lm_head``)."""
     prefix = getattr(model, "base_model_prefix", None)
-    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out_emb = embeddings_of(model, "get_output_embeddings")
     heads = []
     for name, child in model.named_children():
         if name == prefix or next(child.parameters(), None) is None:
@@ -116,7 +116,7 @@ def auto_target_modules(model: nn.Module) -> list[str]:
     every Linear outside the head and the output embeddings."""
     inside = {id(m) for b in repeated_blocks(model) for m in b.modules()}
     heads = tuple(f"{h}." for h in head_modules(model)) + tuple(head_modules(model))
-    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out_emb = embeddings_of(model, "get_output_embeddings")
     found = [n for n, m in model.named_modules() if n and _is_linear(m) and m is not out_emb
              and not n.startswith(heads) and (not inside or id(m) in inside)]
     if not found:
@@ -174,8 +174,8 @@ def matching_parameters(model: nn.Module, pattern: str) -> list[str]:
     """Names of the parameters ``pattern`` selects (``embeddings``: the input embeddings too)."""
     rx = pattern_regex(pattern)
     names = [n for n, _ in model.named_parameters() if rx.search(n)]
-    if pattern == "embeddings" and hasattr(model, "get_input_embeddings"):
-        emb = model.get_input_embeddings()
+    if pattern == "embeddings":
+        emb = embeddings_of(model)
         ids = {id(p) for p in emb.parameters()} if emb is not None else set()
         names += [n for n, p in model.named_parameters() if id(p) in ids and n not in names]
     return names

@@ -21,11 +21,21 @@ def enable_checkpointing(model: nn.Module) -> None:
     input_grads_for_frozen_embeddings(model)
 
 
+def embeddings_of(model: nn.Module, getter: str = "get_input_embeddings") -> nn.Module | None:
+    """``model.get_input_embeddings()`` (or ``getter``: ``get_output_embeddings``), or None where the model has none:
+    transformers raises NotImplementedError for some image and audio models (e.g. ConvNext)."""
+    get = getattr(model, getter, None)
+    try:
+        return get() if callable(get) else None
+    except NotImplementedError:
+        return None
+
+
 def input_grads_for_frozen_embeddings(model: nn.Module) -> None:
     """With frozen input embeddings (LoRA, model.freeze=[embeddings]) the first checkpointed block's input carries no
     grad: transformers' ``enable_input_require_grads`` marks the embedding output so the recomputed graph reaches
     the trainable parameters (needed by reentrant checkpointing, harmless with the non-reentrant kind)."""
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    emb = embeddings_of(model)
     if emb is not None and not any(p.requires_grad for p in emb.parameters()) and \
             hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()
