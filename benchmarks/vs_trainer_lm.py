@@ -43,7 +43,15 @@ LEANTRAIN_SETTINGS = {"leantrain": [], "leantrain_fp32": ["efficiency.precision=
 BLOCK, BATCH, LR = 256, 16, 1e-3
 # --size: the model and the block. tiny: the CPU job above; gpt2: GPT-2-small-sized (12 x 768, blocks of 1,024), for GPUs
 SIZES = {"tiny": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, block=256),
-         "gpt2": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, block=1024)}
+         "gpt2": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, block=1024),
+         "smollm2": dict(block=256)}  # the pretrained smollm2-135m preset, a full fine-tune (its own tokenizer)
+
+
+def pretrained(size: str) -> str | None:
+    """The pretrained model folder of a size that is one (smollm2: the preset, converted once), else None."""
+    from leantrain.modeling.presets import preset_path
+
+    return preset_path("smollm2-135m") if size == "smollm2" else None
 
 
 # ------------------------------------------------------------------------------------------------ the job
@@ -146,11 +154,15 @@ def run_trainer(args, best: bool) -> dict:
     from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
                               TrainingArguments, default_data_collator)
 
+    from transformers import AutoModelForCausalLM
+
     work = Path(args.workdir)
-    tok = AutoTokenizer.from_pretrained(gpt2_tokenizer(work / "gpt2"))
+    folder = pretrained(args.size)
+    tok = AutoTokenizer.from_pretrained(folder or gpt2_tokenizer(work / "gpt2"))
     train = run_clm_blocks(SHAKESPEARE / "train.txt", tok)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig.from_json_file(llama_config(work / "llama", args.size)))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32) if folder else \
+        LlamaForCausalLM(LlamaConfig.from_json_file(llama_config(work / "llama", args.size)))
     times: list[float] = []
 
     class Clock(TrainerCallback):
@@ -180,7 +192,10 @@ def run_leantrain(args, name: str) -> dict:
         valid.write_text((SHAKESPEARE / "valid.txt").read_text()[:20000])
     out = work / name
     shutil.rmtree(out, ignore_errors=True)  # a fresh run each round, never a resumed one
-    over = ["model.task=causal-lm", f"model.config={llama_config(work / 'llama', args.size)}", f"model.tokenizer={tok_dir}",
+    folder = pretrained(args.size)
+    source = [f"model.name={folder}"] if folder else \
+        [f"model.config={llama_config(work / 'llama', args.size)}", f"model.tokenizer={tok_dir}"]
+    over = ["model.task=causal-lm", *source,
             f"data.train={SHAKESPEARE / 'train.txt'}", f"data.eval={valid}", f"data.block_size={BLOCK}",
             f"train.batch_size={BATCH}", "train.eval_batch_size=2", f"train.max_steps={args.steps}", "train.seed=0", f"train.lr={LR}",
             "train.max_grad_norm=1.0", "optim.scheduler=linear", "optim.warmup_steps=0", "optim.weight_decay=0.01",
@@ -203,8 +218,8 @@ def throughput(times: list[float], warmup: int) -> dict:
 
 
 def worker(args) -> None:
-    global BLOCK
-    BLOCK = SIZES[args.size]["block"]
+    global BLOCK, BATCH
+    BLOCK, BATCH = SIZES[args.size]["block"], args.batch
     res = run_trainer(args, best=args.worker == "trainer_best") if args.worker.startswith("trainer") else \
         run_leantrain(args, args.worker)
     print("RESULT " + json.dumps(res), flush=True)
@@ -219,7 +234,9 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the throughput")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--eval-blocks", type=int, default=16)
-    p.add_argument("--size", choices=list(SIZES), default="tiny", help="tiny (CPU) or gpt2 (12 x 768, blocks of 1,024)")
+    p.add_argument("--size", choices=list(SIZES), default="tiny", help="tiny (CPU), gpt2 (12 x 768, blocks of 1,024) "
+                   "or smollm2 (the pretrained SmolLM2-135M preset, fine-tuned)")
+    p.add_argument("--batch", type=int, default=BATCH, help="global batch = micro-batch, in blocks")
     p.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
     p.add_argument("--workdir", default="/tmp/leantrain-vs-trainer-lm")
     p.add_argument("--json", default=None)
