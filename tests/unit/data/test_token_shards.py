@@ -236,20 +236,25 @@ def test_two_processes_preparing_at_once_end_with_one_folder(tmp_path, tok):
     assert [p.name for p in (tmp_path / "cache" / "leantrain-token-shards").iterdir()] == [Path(results[0][0]).name]
 
 
-def _slow_prepare(corpus: str, tok_folder: str, cache: str) -> None:
-    import time
+def _stalled_prepare(corpus: str, tok_folder: str, cache: str, written) -> None:  # noqa: ANN001
+    """Prepare in batches of 5 documents, stalling for good once some tokens are on disk: before each batch, look
+    at the temporary folder; once a token file has bytes, set ``written`` and wait forever."""
+    import threading
 
     import leantrain.data.token_shards as ts
     from leantrain.data.caches import using_cache_dir as using
 
     encode = ts.encode_documents
     ts.BATCH_DOCS = 5
+    root = Path(cache) / "leantrain-token-shards"
 
-    def slow(*args, **kwargs):  # noqa: ANN002, ANN003
-        time.sleep(0.05)
+    def stall_once_written(*args, **kwargs):  # noqa: ANN002, ANN003
+        if any(p.stat().st_size > 0 for p in root.glob("*.tmp-*/tokens-*.bin")):
+            written.set()
+            threading.Event().wait()  # never set: the parent kills this process here
         return encode(*args, **kwargs)
 
-    ts.encode_documents = slow
+    ts.encode_documents = stall_once_written
     with using(cache):
         ts.prepared_shards(open_token_source(corpus, "data.train", separator="\n"),
                            AutoTokenizer.from_pretrained(tok_folder))
@@ -260,17 +265,16 @@ def test_a_killed_preparation_is_never_used(tmp_path, tok):
     (and removes the dead process's folder)."""
     import multiprocessing as mp
     import signal
-    import time
 
     path = tmp_path / "c.txt"
     path.write_text("\n".join(lm_documents(2000)))
     root = tmp_path / "cache" / "leantrain-token-shards"
-    child = mp.get_context("fork").Process(target=_slow_prepare, args=(str(path), tok.name_or_path, str(tmp_path / "cache")))
+    ctx = mp.get_context("fork")
+    written = ctx.Event()
+    child = ctx.Process(target=_stalled_prepare, args=(str(path), tok.name_or_path, str(tmp_path / "cache"), written))
     child.start()
-    deadline = time.monotonic() + 120
-    while not any(p.stat().st_size > 0 for p in root.glob("*.tmp-*/tokens-*.bin")):  # half-way: tokens written
-        assert time.monotonic() < deadline and child.is_alive(), "the preparation did not start writing"
-        time.sleep(0.02)
+    assert written.wait(timeout=120), "the preparation did not write its first batch"
+    assert any(p.stat().st_size > 0 for p in root.glob("*.tmp-*/tokens-*.bin"))  # half-way: tokens written
     os.kill(child.pid, signal.SIGKILL)
     child.join()
     tmp = next(root.glob("*.tmp-*"))
