@@ -16,7 +16,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "leantrain"
 
 LAYERS = {
-    "leantrain.errors": 0, "leantrain.version": 0, "leantrain.units": 0,
+    "leantrain.errors": 0, "leantrain.version": 0, "leantrain.units": 0, "leantrain.files": 0,
     "leantrain.config": 1,
     "leantrain.data": 2, "leantrain.modeling": 2, "leantrain.optim": 2,
     "leantrain.perf": 3, "leantrain.report": 3,

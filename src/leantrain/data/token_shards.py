@@ -36,7 +36,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from leantrain.data.caches import default_datasets_cache, record_cache_folder
-from leantrain.data.sources import FORMATS, SourceError, open_source, pick_split, quiet
+from leantrain.data.sources import SourceError, open_source, pick_split
+from leantrain.files import sha256_file
 
 log = logging.getLogger("leantrain")
 
@@ -476,14 +477,6 @@ def read_manifest(folder: Path) -> dict | None:
         return json.loads(path.read_text())
     except ValueError:
         return None
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _sha(obj) -> str:  # noqa: ANN001

@@ -39,6 +39,7 @@ from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.state_io import fsync_file, save_state
+from leantrain.files import sha256_file
 from leantrain.errors import UserError
 from leantrain.modeling.qlora import CHECKPOINT_KIND, is_quantized, trainable_state
 
@@ -59,14 +60,6 @@ def checkpoint_name(step: int) -> str:
 
 def rank_file(rank: int) -> str:
     return f"rank-{rank}"
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fsync_dir(path: Path) -> None:
@@ -126,7 +119,7 @@ def verify(folder: Path) -> dict:
         path = folder / name
         if not path.is_file():
             raise ValueError(f"{folder}: {name} is missing")
-        if sha256(path) != digest:
+        if sha256_file(path) != digest:
             raise ValueError(f"{folder}: {name} does not match its checksum in manifest.json (corrupt or replaced)")
     return manifest
 
@@ -271,7 +264,7 @@ class Checkpointer:
     def _commit(self, tmp: Path, final: Path, step: int) -> None:
         files = sorted(p.name for p in tmp.iterdir() if p.is_file())
         manifest = {"format": FORMAT, "step": step, "world_size": self.accelerator.num_processes,
-                    "files": {name: sha256(tmp / name) for name in files}}
+                    "files": {name: sha256_file(tmp / name) for name in files}}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
         fsync_file(tmp / "manifest.json")
         fsync_dir(tmp)

@@ -15,7 +15,6 @@ The weights are dequantised from the 4-bit Q4_1 file: close to, but not the same
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -25,6 +24,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from leantrain.files import sha256_file
 from leantrain.errors import ConfigError
 
 log = logging.getLogger("leantrain")
@@ -100,16 +100,8 @@ def gguf_path(preset: Preset) -> Path:
     return found[0]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def checksums(folder: Path) -> dict[str, str]:
-    return {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != CHECKSUMS}
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != CHECKSUMS}
 
 
 def verified(folder: Path) -> bool:

@@ -73,7 +73,7 @@ def test_no_load_path_unpickles(tmp_path):
 def test_pickled_checkpoint_file_refused_even_with_a_matching_manifest(tmp_path, tiny_bert, capsys):
     """A whole checkpoint whose model / optimizer file is replaced by a pickle payload and whose manifest is
     updated to match: resuming from it exits 2 and nothing is unpickled."""
-    from leantrain.engine.checkpoint import sha256
+    from leantrain.files import sha256_file as sha256
 
     args = _tiny_args(tmp_path, tiny_bert, "train.max_steps=2", "checkpoint.every_steps=1")
     assert main(["train", *args, f"output_dir={tmp_path / 'run'}"]) == 0
