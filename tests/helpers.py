@@ -6,6 +6,8 @@ image/audio models, and the pieces of a kill-and-resume run used by more than on
 
 from __future__ import annotations
 
+import json
+
 import csv
 import os
 import random
@@ -47,6 +49,21 @@ def write_rows(path: Path, rows: list[dict], sep: str = ",") -> Path:
 
 
 WORDS = {"pos": ["great", "lovely", "superb", "fine"], "neg": ["awful", "bad", "broken", "poor"]}
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    """``rows`` as JSON Lines at ``path``; returns the path."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def tiny_run_args(model, data: tuple, out, *extra: str) -> list[str]:
+    """Overrides for a short fp32 run of ``model`` on ``data`` = (train file, eval file): batch 8 as 2 x 4, lr 3e-3,
+    2 epochs, no plots or progress, into ``out``; ``extra`` appended."""
+    train_f, dev_f = data
+    return [f"model.name={model}", f"data.train={train_f}", f"data.eval={dev_f}",
+            "train.batch_size=8", "train.micro_batch_size=4", "train.lr=3e-3", "train.epochs=2", "report.plots=false",
+            "report.progress=none", "efficiency.precision=fp32", f"output_dir={out}", *extra]
 
 
 def word_rows(n: int, seed: int = 0, *, max_words: int = 30, words: dict[str, list[str]] = WORDS,

@@ -12,7 +12,7 @@ import torch
 
 from leantrain.cli import main
 from leantrain.config import resolve
-from tests.helpers import write_rows
+from tests.helpers import tiny_run_args, write_jsonl, write_rows
 
 EMOTIONS = ["anger", "joy", "love", "sadness"]
 
@@ -29,22 +29,13 @@ def set_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ml")
     return write_jsonl(tmp / "train.jsonl", set_rows(48, 0)), write_jsonl(tmp / "dev.jsonl", set_rows(12, 1))
 
 
-def args(tiny_bert, data, out, *extra) -> list[str]:
-    train_f, dev_f = data
-    return [f"model.name={tiny_bert}", f"data.train={train_f}", f"data.eval={dev_f}",
-            "train.batch_size=8", "train.micro_batch_size=4", "train.lr=3e-3", "train.epochs=2", "report.plots=false",
-            "report.progress=none", "efficiency.precision=fp32", f"output_dir={out}", *extra]
+args = tiny_run_args
 
 
 def test_loss_is_bce_summed_over_examples_x_labels():

@@ -15,6 +15,7 @@ import torch
 from leantrain.cli import main
 from leantrain.config import DataConfig, resolve
 from leantrain.errors import DataError
+from tests.helpers import tiny_run_args, write_jsonl
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 PEOPLE = [["Anna", "Smith"], ["Bob"], ["Carla", "Jones"]]
@@ -42,22 +43,13 @@ def ner_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ner")
     return write_jsonl(tmp / "train.jsonl", ner_rows(48, 0)), write_jsonl(tmp / "dev.jsonl", ner_rows(12, 1))
 
 
-def args(tiny_bert, data, out, *extra) -> list[str]:
-    train_f, dev_f = data
-    return [f"model.name={tiny_bert}", f"data.train={train_f}", f"data.eval={dev_f}",
-            "train.batch_size=8", "train.micro_batch_size=4", "train.lr=3e-3", "train.epochs=2", "report.plots=false",
-            "report.progress=none", "efficiency.precision=fp32", f"output_dir={out}", *extra]
+args = tiny_run_args
 
 
 # ------------------------------------------------------------------------------------------------ alignment
