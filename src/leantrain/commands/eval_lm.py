@@ -13,9 +13,9 @@ from leantrain.engine.evaluate import evaluate
 from leantrain.engine.preflight import check_weights
 from leantrain.engine.run_settings import with_run_settings
 from leantrain.engine.training_data import data_side
-from leantrain.modeling import load_processor
+from leantrain.modeling import load_processor, load_trained_model
 from leantrain.modeling.chunked_loss import apply_chunked_loss
-from leantrain.modeling.tasks import auto_model_class, get_task
+from leantrain.modeling.tasks import get_task
 from leantrain.report.logs import write_json
 
 log = logging.getLogger("leantrain")
@@ -33,9 +33,7 @@ def evaluate_language_model(model_dir: str, task: str, cfg: Config, output_path:
     accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision="no")  # full precision, like predict
     setup_logging(accelerator.is_main_process)
     check_weights(model_dir, mcfg.allow_pickle)
-    model = auto_model_class(task).from_pretrained(
-        model_dir, use_safetensors=None if mcfg.allow_pickle else True,
-        revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)
+    model = load_trained_model(model_dir, task, mcfg)
     chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # per-token losses, no [B, T, V] logits
     if chunked:
         log.info(chunked)

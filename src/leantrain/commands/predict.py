@@ -18,9 +18,9 @@ from leantrain.errors import UserError
 from leantrain.data.text_loader import open_rows
 from leantrain.engine.preflight import check_output_file, check_weights
 from leantrain.engine.run_settings import with_run_settings
-from leantrain.modeling import load_config, load_processor, resolve_task, trained_label_names
+from leantrain.modeling import load_config, load_processor, load_trained_model, resolve_task, trained_label_names
 from leantrain.modeling.names import resolve_model_name
-from leantrain.modeling.tasks import auto_model_class, get_task
+from leantrain.modeling.tasks import get_task
 
 log = logging.getLogger("leantrain")
 
@@ -43,9 +43,7 @@ def load_trained(model_dir: str, cfg: Config):
     accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision="no")  # predictions in full precision
     setup_logging(accelerator.is_main_process)
     check_weights(model_dir, mcfg.allow_pickle)  # a pickle-only folder: a clear refusal, not an OSError
-    model = auto_model_class(task).from_pretrained(
-        model_dir, use_safetensors=None if mcfg.allow_pickle else True,
-        revision=mcfg.revision, trust_remote_code=mcfg.trust_remote_code)
+    model = load_trained_model(model_dir, task, mcfg)
     processor = load_processor(mcfg, task)
     configured = get_task(task).configured(cfg, model.config)  # multi-label: the threshold it was saved with
     return accelerator, accelerator.prepare(model), (data_side(task), processor), labels, configured

@@ -1,9 +1,10 @@
 """Modeling: load or build a model, config and processor for a task (the task mapping in ``modeling.tasks``)."""
 
-from leantrain.modeling.load import (PACKAGED_MODEL, build_model, flop_parameters, inspect_model, load_config,
-                                     load_processor, load_tokenizer, model_name, packaged_model_path, parameter_counts,
-                                     resolve_task, resolve_task_reason, trained_label_names)
+from leantrain.modeling.load import (PACKAGED_MODEL, WEIGHTS_DTYPE, build_model, flop_parameters, inspect_model,
+                                     load_config, load_processor, load_tokenizer, load_trained_model, model_name,
+                                     packaged_model_path, parameter_counts, resolve_task, resolve_task_reason,
+                                     trained_label_names)
 
-__all__ = ["PACKAGED_MODEL", "build_model", "flop_parameters", "inspect_model", "load_config", "load_processor", "load_tokenizer",
-           "model_name", "packaged_model_path", "parameter_counts", "resolve_task",
-           "resolve_task_reason", "trained_label_names"]
+__all__ = ["PACKAGED_MODEL", "WEIGHTS_DTYPE", "build_model", "flop_parameters", "inspect_model", "load_config",
+           "load_processor", "load_tokenizer", "load_trained_model", "model_name", "packaged_model_path",
+           "parameter_counts", "resolve_task", "resolve_task_reason", "trained_label_names"]

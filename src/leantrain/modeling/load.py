@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from leantrain.config import Config, ModelConfig
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling.hubcheck import check_model_name
@@ -26,6 +28,11 @@ from leantrain.modeling.from_scratch import build_processor, check_config_overri
 from leantrain.modeling.tasks import auto_model_class, default_task, get_task, task_of_config
 
 log = logging.getLogger("leantrain")
+
+# Weights are loaded in fp32 whatever dtype the checkpoint holds (transformers 5 keeps a bf16 checkpoint in bf16 by
+# default): training updates fp32 master weights (mixed precision is autocast's, efficiency.precision), and eval /
+# predict compute in full precision. A bf16 checkpoint's values are exact in fp32, so nothing is lost by loading.
+WEIGHTS_DTYPE = torch.float32
 
 
 def model_name(cfg: ModelConfig) -> str:
@@ -126,6 +133,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
         **({} if remap else labels),
         "use_safetensors": None if cfg.allow_pickle else True,
         "ignore_mismatched_sizes": not remap and trained != label_names,  # a new head for a base model
+        "dtype": WEIGHTS_DTYPE,  # QLoRA's extra sets its own
         **_hub_kwargs(cfg),
         **cfg.config_overrides,
         **(extra or {}),
@@ -215,6 +223,13 @@ def flop_parameters(model, counts: dict[str, int]) -> int:
     if weight is not None and inp is not None and weight is getattr(inp, "weight", None):
         n += weight.numel()
     return n
+
+
+def load_trained_model(model_dir: str, task: str, cfg: ModelConfig):
+    """A trained model folder for eval / predict: the task's AutoModelFor..., fp32 weights (``WEIGHTS_DTYPE``),
+    safetensors unless ``model.allow_pickle``."""
+    return auto_model_class(task).from_pretrained(
+        model_dir, use_safetensors=None if cfg.allow_pickle else True, dtype=WEIGHTS_DTYPE, **_hub_kwargs(cfg))
 
 
 def inspect_model(cfg: ModelConfig) -> dict[str, Any]:

@@ -1,0 +1,41 @@
+"""Weights are loaded in fp32 whatever the checkpoint holds (leantrain.modeling.load.WEIGHTS_DTYPE): transformers 5
+keeps a bf16 checkpoint in bf16, which would make a fine-tune update bf16 weights (AdamW's small steps round away)
+and eval / predict compute in bf16."""
+
+from __future__ import annotations
+
+import torch
+
+from leantrain.config import resolve
+from leantrain.modeling import build_model, load_trained_model
+from leantrain.optim import build_optimizer
+from tests.helpers import make_tiny_llama, make_tiny_lm_tokenizer
+
+
+def bf16_checkpoint(tmp_path):
+    folder = make_tiny_llama(tmp_path / "fp32", make_tiny_lm_tokenizer(tmp_path / "tok"))
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path / "bf16", safe_serialization=True)
+    return tmp_path / "bf16", {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_a_bf16_checkpoint_trains_fp32_master_weights(tmp_path):
+    folder, stored = bf16_checkpoint(tmp_path)
+    cfg = resolve(None, [f"model.name={folder}", "model.task=causal-lm"])
+    model = build_model(cfg.model, [], "causal-lm")
+    params = dict(model.named_parameters())
+    assert {p.dtype for p in params.values()} == {torch.float32}
+    assert all(torch.equal(params[n], stored[n].float()) for n in stored)  # the checkpoint's values, exactly
+    optimizer = build_optimizer(model, cfg.optim, lr=1e-3)
+    model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+    optimizer.step()
+    moments = [t for st in optimizer.state.values() for k, t in st.items() if k in ("exp_avg", "exp_avg_sq")]
+    assert len(moments) == 2 * len(params) and {t.dtype for t in moments} == {torch.float32}
+
+
+def test_eval_and_predict_load_a_bf16_checkpoint_in_fp32(tmp_path):
+    folder, _ = bf16_checkpoint(tmp_path)
+    model = load_trained_model(str(folder), "causal-lm", resolve(None, []).model)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
