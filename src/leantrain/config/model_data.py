@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from leantrain.config.section import Section
+from leantrain.config.base import Section
 from leantrain.config.tasks import task_names
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from leantrain.config.metric_names import metric_names
-from leantrain.config.section import Section
+from leantrain.config.base import Section
 
 
 class CheckpointConfig(Section):

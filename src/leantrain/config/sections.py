@@ -1,6 +1,6 @@
 """The whole config: one typed section per component (``extra="forbid"`` everywhere) and the checks that span
 sections. The sections live in ``model_data`` (model, data), ``training`` (train, optim) and ``run_options`` (the rest),
-on the base in ``section``."""
+on the base in ``base``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from leantrain.config.model_data import DataConfig, ModelConfig
 from leantrain.config.problem_type import check_problem_type
 from leantrain.config.run_options import (CheckpointConfig, DistributedConfig, EfficiencyConfig, EvalConfig,
                                           PeftConfig, ReportConfig)
-from leantrain.config.section import Section
+from leantrain.config.base import Section
 from leantrain.config.training import OptimConfig, TrainConfig, largest_divisor
 
 

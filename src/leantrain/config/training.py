@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from leantrain.config.metric_names import check_metric
-from leantrain.config.section import MAX_MAGNITUDE, Section
+from leantrain.config.base import MAX_MAGNITUDE, Section
 
 
 class TrainConfig(Section):
