@@ -11,8 +11,10 @@ from leantrain.config import Config, resolve
 from leantrain.data.caches import using_cache_dir
 from leantrain.data.sources import SourceError
 from leantrain.data.text_loader import data_error
-from leantrain.data.token_shards import (MANIFEST, TokenShards, open_token_source, prepared_shards, read_manifest,
-                                         write_shards)
+from leantrain.data.shard_cache import prepared_shards
+from leantrain.data.shard_writer import write_shards
+from leantrain.data.token_shards import MANIFEST, TokenShards, read_manifest
+from leantrain.data.token_sources import open_token_source
 from leantrain.engine.accelerator import setup_logging
 from leantrain.errors import UserError
 from leantrain.modeling import model_name

@@ -6,9 +6,11 @@ a bad value names the key and the type it expects. ``resolve()`` is the one entr
 
 
 from leantrain.config.load import describe_keys, known_keys, load_yaml, parse_override, resolve
-from leantrain.config.sections import (CheckpointConfig, Config, DataConfig, DistributedConfig, EfficiencyConfig,
-                                       ModelConfig, OptimConfig, PeftConfig, ReportConfig, Section, TrainConfig,
-                                       largest_divisor, parse_stop_when)
+from leantrain.config.model_data import DataConfig, ModelConfig
+from leantrain.config.run_options import CheckpointConfig, DistributedConfig, EfficiencyConfig, PeftConfig, ReportConfig
+from leantrain.config.base import Section
+from leantrain.config.sections import Config
+from leantrain.config.training import OptimConfig, TrainConfig, largest_divisor, parse_stop_when
 
 __all__ = ["CheckpointConfig", "Config", "DataConfig", "DistributedConfig", "EfficiencyConfig", "ModelConfig",
            "OptimConfig", "PeftConfig", "ReportConfig", "Section", "TrainConfig", "describe_keys", "known_keys",

@@ -12,7 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from leantrain.config.sections import check_metric, parse_stop_when
+from leantrain.config.metric_names import check_metric
+from leantrain.config.training import parse_stop_when
 from leantrain.engine.accelerator import device_type
 from leantrain.engine.batch_layout import batch_layout
 from leantrain.engine.training_data import run_task

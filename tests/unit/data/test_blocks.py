@@ -11,7 +11,9 @@ from leantrain.data.batching import EpochMicroBatches, WeightedView, epoch_batch
 from leantrain.data.blocks import Blocks
 from leantrain.data.lm_collate import LMCollator
 from leantrain.data.loaders import epoch_micro_batches
-from leantrain.data.token_shards import TokenShards, open_token_source, write_shards
+from leantrain.data.shard_writer import write_shards
+from leantrain.data.token_shards import TokenShards
+from leantrain.data.token_sources import open_token_source
 from leantrain.engine.checkpoint import data_fingerprint
 from tests.helpers import lm_documents, make_tiny_lm_tokenizer
 

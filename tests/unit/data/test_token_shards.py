@@ -1,4 +1,5 @@
-"""Token shards: tokenise once into flat files + manifest, cached by tokenizer and source (data/token_shards.py)."""
+"""Token shards: tokenise once into flat files + manifest, cached by tokenizer and source (data/token_sources.py,
+shard_writer.py, token_shards.py, shard_cache.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from transformers import AutoTokenizer
 
 from leantrain.data.caches import using_cache_dir
 from leantrain.data.sources import SourceError
-from leantrain.data.token_shards import (MANIFEST, TokenShards, cache_root, open_token_source, prepared_shards,
-                                         token_dtype, write_shards)
+from leantrain.data.shard_cache import cache_root, prepared_shards
+from leantrain.data.shard_writer import token_dtype, write_shards
+from leantrain.data.token_shards import MANIFEST, TokenShards
+from leantrain.data.token_sources import open_token_source
 from tests.helpers import lm_documents, make_tiny_lm_tokenizer, write_rows
 
 
@@ -164,7 +167,7 @@ def test_parallel_preparation_writes_the_same_shards(tmp_path, tok):
     path = tmp_path / "c.txt"
     path.write_text("\n".join(lm_documents(300, seed=3)))
     source = open_token_source(str(path), "data.train", separator="\n")
-    import leantrain.data.token_shards as ts
+    import leantrain.data.shard_writer as ts
 
     one = write_shards(source, tok, tmp_path / "one", num_proc=1)
     old = ts.BATCH_DOCS
@@ -241,7 +244,7 @@ def _stalled_prepare(corpus: str, tok_folder: str, cache: str, written) -> None:
     at the temporary folder; once a token file has bytes, set ``written`` and wait forever."""
     import threading
 
-    import leantrain.data.token_shards as ts
+    import leantrain.data.shard_writer as ts
     from leantrain.data.caches import using_cache_dir as using
 
     encode = ts.encode_documents
@@ -256,8 +259,8 @@ def _stalled_prepare(corpus: str, tok_folder: str, cache: str, written) -> None:
 
     ts.encode_documents = stall_once_written
     with using(cache):
-        ts.prepared_shards(open_token_source(corpus, "data.train", separator="\n"),
-                           AutoTokenizer.from_pretrained(tok_folder))
+        prepared_shards(open_token_source(corpus, "data.train", separator="\n"),
+                        AutoTokenizer.from_pretrained(tok_folder))
 
 
 def test_a_killed_preparation_is_never_used(tmp_path, tok):

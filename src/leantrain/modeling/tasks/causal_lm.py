@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import weakref
 
 import numpy as np
 import torch
@@ -26,19 +25,14 @@ import torch
 from leantrain.config.tasks import CAUSAL_LM, task_spec
 from leantrain.modeling.chunked_loss import per_token_losses
 from leantrain.modeling.tasks.registry import CardText, Task, register
-
-
-def target_counts(dataset) -> np.ndarray:
-    """The ``targets`` column of a processed dataset as an int64 array in memory (read once)."""
-    return np.asarray(dataset["targets"], dtype=np.int64)
+from leantrain.modeling.tasks.row_counts import RowCounts
 
 
 @dataclasses.dataclass(frozen=True)
 class CausalLM(Task):
     """Next-token prediction: the loss of each target token, summed; the count of target tokens."""
 
-    _targets: weakref.WeakKeyDictionary = dataclasses.field(default_factory=weakref.WeakKeyDictionary, compare=False,
-                                                            repr=False)  # dataset -> its targets, held in memory
+    _counts: RowCounts = dataclasses.field(default_factory=RowCounts, compare=False, repr=False)  # targets per row
 
     scratch_needs_tokenizer = True  # a new model's vocabulary is model.tokenizer's
 
@@ -61,19 +55,9 @@ class CausalLM(Task):
         return (per_row * batch["loss_weight"]).sum()
 
     def count(self, dataset, indices) -> int:
-        """Target tokens in the rows ``indices`` (padding indices, negative, hold none)."""
-        try:
-            targets = self._targets.get(dataset)
-        except TypeError:  # not weak-referenceable: read each time
-            targets = None
-        if targets is None:
-            targets = target_counts(dataset)
-            try:
-                self._targets[dataset] = targets
-            except TypeError:
-                pass
-        indices = np.asarray(indices, dtype=np.int64)
-        return int(targets[indices[indices >= 0]].sum())
+        """Target tokens in the rows ``indices`` (padding indices, negative, hold none), from the ``targets`` column
+        (read once per dataset)."""
+        return self._counts.total(dataset, "targets", indices)
 
     def throughput_tokens(self, dataset, indices) -> int:
         """tokens/s counts target tokens (the tokens the model learns from)."""

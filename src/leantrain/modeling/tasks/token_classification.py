@@ -17,10 +17,10 @@ import torch.nn.functional as F
 
 from leantrain.config.tasks import TOKEN_CLASSIFICATION, task_spec
 from leantrain.modeling.tasks.registry import CardText, Task, register
+from leantrain.modeling.tasks.row_counts import RowCounts
 
 IGNORE = -100  # sub-tokens without a label (leantrain.data.token_loader: special tokens, later sub-tokens of a word)
 SCHEMES = ("IOB1", "IOB2", "IOE1", "IOE2", "IOBES", "BILOU")
-_COUNTS: dict[tuple[str, str], np.ndarray] = {}  # (dataset fingerprint, column) -> per-row counts, read once
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -82,6 +82,7 @@ class TokenClassification(Task):
 
     all_tokens: bool = False  # data.label_all_tokens: every sub-token of a word counts (training)
     scheme: str = "auto"  # eval.tag_scheme
+    _counts: RowCounts = dataclasses.field(default_factory=RowCounts, compare=False, repr=False)  # n_first / n_all
 
     def configured(self, cfg, model_config=None) -> "TokenClassification":
         return dataclasses.replace(self, all_tokens=cfg.data.label_all_tokens, scheme=cfg.eval.tag_scheme)
@@ -93,12 +94,7 @@ class TokenClassification(Task):
     def count(self, dataset, indices) -> int:
         """Labelled sub-tokens of the real examples of ``indices`` (padding indices are negative), from the per-row
         counts made at processing time (read from Arrow once per dataset, then numpy)."""
-        column = "n_all" if self.all_tokens else "n_first"
-        key = (getattr(dataset, "_fingerprint", str(id(dataset))), column)
-        if key not in _COUNTS:
-            _COUNTS[key] = np.asarray(dataset[column], dtype=np.int64)
-        indices = np.asarray(indices, dtype=np.int64)
-        return int(_COUNTS[key][indices[indices >= 0]].sum())
+        return self._counts.total(dataset, "n_all" if self.all_tokens else "n_first", indices)
 
     # -- evaluation
     def eval_batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:

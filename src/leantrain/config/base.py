@@ -1,0 +1,39 @@
+"""The base of every config section (``extra="forbid"``, assignment validated) and the sanity check of its
+numbers: finite, within a magnitude no key means."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+
+MAX_MAGNITUDE = 1e9  # no float key means anything beyond this (train.epochs=1e300 is a typo, not a plan)
+MAX_INT = 2**53  # integers beyond exact float range are typos too (and overflow numpy / torch)
+
+
+def _check_number(v: Any) -> None:
+    if isinstance(v, bool):
+        return
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        if abs(v) > MAX_MAGNITUDE:
+            raise ValueError(f"{v:g} is out of range: at most {MAX_MAGNITUDE:g} in magnitude")
+    elif isinstance(v, int) and abs(v) > MAX_INT:
+        raise ValueError(f"{v} is out of range: at most 2**53 in magnitude")
+    elif isinstance(v, (tuple, list)):
+        for item in v:
+            _check_number(item)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _finite(cls, v: Any) -> Any:
+        """Every number of every section (not the free-form model.config_overrides): finite, sane magnitude."""
+        _check_number(v)
+        return v

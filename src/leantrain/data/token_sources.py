@@ -1,0 +1,175 @@
+"""Where a causal LM's text comes from: .txt files (one document per file, or split at a separator), one
+tabular/JSON source with a text column, or a prepared token-shard folder; each named by a fingerprint of its
+content, which keys the cache of prepared shards."""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from leantrain.data.sources import SourceError, open_source, pick_split
+from leantrain.data.token_shards import INDEX, MANIFEST, TokenShards
+from leantrain.files import sha256_json
+
+TEXT_SUFFIXES = (".txt", ".text")
+READ_ROWS = 1000  # a tabular source's texts are read in batches of this many rows
+READ_CHARS = 1 << 20  # .txt files with a document separator are read in pieces of this size
+
+@dataclass
+class TokenSource:
+    """Where a causal LM's text comes from: .txt files, one tabular/JSON source with a text column, or a prepared
+    folder (``manifest.json``). ``documents()`` streams the texts; ``fingerprint`` names the content."""
+
+    key: str  # config key in messages ("data.train")
+    specs: list[str]  # what the user wrote
+    kind: str  # txt | table | prepared
+    files: list[Path] = field(default_factory=list)  # txt: the files, in order
+    separator: str | None = None  # txt: split files into documents here; None = one document per file
+    dataset: object | None = None  # table: the datasets.Dataset (Arrow, memory-mapped)
+    text_column: str | None = None  # table: the column read
+    folder: Path | None = None  # prepared: the folder
+    fingerprint: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.key}: {', '.join(self.specs)}"
+
+    def describe(self) -> dict:
+        return {"specs": self.specs, "kind": self.kind, "text_column": self.text_column,
+                "document_separator": self.separator, "fingerprint": self.fingerprint}
+
+    def documents(self) -> Iterator[str]:
+        """Every document's text in order (blank ones included; the writer skips them)."""
+        if self.kind == "txt":
+            for path in self.files:
+                yield from _file_documents(path, self.separator, self.key)
+        elif self.kind == "table":
+            ds = self.dataset.select_columns([self.text_column])
+            for batch in ds.iter(batch_size=READ_ROWS):
+                yield from (t if isinstance(t, str) else "" for t in batch[self.text_column])
+        else:
+            raise ValueError("a prepared folder has no documents to read")
+
+    def size_bytes(self) -> int:
+        if self.kind == "txt":
+            return sum(p.stat().st_size for p in self.files)
+        if self.kind == "table":
+            return int(getattr(self.dataset, "data").nbytes) if self.dataset is not None else 0
+        return 0
+
+
+def _file_documents(path: Path, separator: str | None, key: str = "data.train") -> Iterator[str]:
+    try:
+        with open(path, encoding="utf-8", errors="strict", newline="") as f:
+            if separator is None:
+                yield f.read()
+                return
+            rest = ""
+            while True:
+                piece = f.read(READ_CHARS)
+                if not piece:
+                    break
+                parts = (rest + piece).split(separator)
+                rest = parts.pop()
+                yield from parts
+            yield rest
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{key}: {path}: not UTF-8 text ({e.reason}: byte {e.object[e.start:e.start + 1]!r}); "
+                          "convert it to UTF-8") from None
+
+
+def _is_glob(spec: str) -> bool:
+    return any(c in spec for c in "*?[")
+
+
+def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str | None = None,
+                      separator: str | None = None, split: str | None = "train", quoting: str = "auto",
+                      eval_split: bool = False) -> TokenSource:
+    """Resolve the sources of one split (``data.train`` or ``data.eval``; ``leantrain prepare``'s arguments).
+    A multi-split tabular source gives ``split`` (eval: ``split``, else validation, else test). Raises SourceError
+    naming the key and file."""
+    specs = [specs] if isinstance(specs, str) else list(specs)
+    if not specs:
+        raise SourceError(f"{key}: no source given")
+    texts: list[Path] = []
+    others: list[str] = []
+    for spec in specs:
+        path = Path(spec).expanduser()
+        if _is_glob(spec) and not path.exists():
+            found = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+            if not found:
+                raise SourceError(f"{key}: {spec} matches no file")
+            for p in found:
+                (texts.append(p) if p.suffix.lower() in TEXT_SUFFIXES else others.append(str(p)))
+        elif path.is_dir() and (path / MANIFEST).is_file():
+            if len(specs) > 1:
+                raise SourceError(f"{key}: {spec} is a prepared folder; give it alone")
+            shards = TokenShards.open(path, where=f"{key}: {spec}")
+            return TokenSource(key, specs, "prepared", folder=path, fingerprint=shards.manifest["source"]["fingerprint"])
+        elif path.is_dir() and ((path / INDEX).exists() or any(path.glob("tokens-*.bin"))):
+            raise SourceError(f"{key}: {spec} holds token shards but no {MANIFEST}: a preparation that did not "
+                              "finish (killed?); run leantrain prepare again")
+        elif path.is_dir() and sorted(path.glob("*.txt")):
+            texts += sorted(path.glob("*.txt"))
+        elif path.suffix.lower() in TEXT_SUFFIXES:
+            if not path.is_file():
+                raise SourceError(f"{key}: file not found: {path}")
+            texts.append(path)
+        else:
+            others.append(spec)
+    if texts and others:
+        raise SourceError(f"{key}: mixes .txt files with other sources ({', '.join(others[:3])}); use one kind")
+    if len(others) > 1:
+        raise SourceError(f"{key}: several tabular sources ({', '.join(others[:3])}); give one (or .txt files)")
+    if texts:
+        separator = unescape_separator(separator)
+        if separator == "":
+            raise SourceError("data.document_separator: an empty separator; unset it for one document per file")
+        stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in texts]
+        fp = sha256_json({"kind": "txt", "files": stats, "separator": separator})
+        return TokenSource(key, specs, "txt", files=texts, separator=separator, fingerprint=fp)
+    source = open_source(others[0], key, quoting=quoting)
+    if eval_split:
+        wanted, setting = ([split], "data.eval_split") if split else (["validation", "test"], None)
+    else:
+        wanted, setting = [split], "data.train_split"
+    part = pick_split(source, wanted, setting=setting, single_ok=eval_split)
+    if part is None:
+        raise SourceError(f"{key}: {others[0]} has several splits ({', '.join(source.data)}) and none is named "
+                          "validation or test; set data.eval_split")
+    ds = part.ds
+    column = _text_column(ds, text_column, part.where)
+    if source.path is not None and source.path.is_file():
+        st = source.path.stat()
+        content = [str(source.path.resolve()), st.st_size, st.st_mtime_ns]
+    else:
+        content = [others[0], getattr(ds, "_fingerprint", None)]
+    fp = sha256_json({"kind": "table", "source": content, "split": part.split, "column": column})
+    return TokenSource(key, specs, "table", dataset=ds, text_column=column, fingerprint=fp)
+
+
+def unescape_separator(separator: str | None) -> str | None:
+    """``\\n``, ``\\t``, ``\\r`` written on a command line (data.document_separator='\\n\\n') mean the characters."""
+    if separator is None or "\\" not in separator:
+        return separator
+    return separator.replace("\\n", "\n").replace("\\t", "\t").replace("\\r", "\r")
+
+
+def _text_column(ds, wanted: str | None, where: str) -> str:  # noqa: ANN001
+    import datasets
+
+    strings = [c for c, f in ds.features.items() if isinstance(f, datasets.Value) and f.dtype in ("string", "large_string")]
+    if wanted is not None:
+        if wanted not in ds.column_names:
+            raise SourceError(f"{where}: no column {wanted!r} (data.text_column); columns: {', '.join(ds.column_names)}")
+        if wanted not in strings:
+            raise SourceError(f"{where}: column {wanted!r} (data.text_column) holds {ds.features[wanted]}, not text")
+        return wanted
+    if "text" in strings:
+        return "text"
+    if len(strings) == 1:
+        return strings[0]
+    raise SourceError(f"{where}: set data.text_column to the column holding the documents (text columns: "
+                      f"{', '.join(strings) or 'none'}; columns: {', '.join(ds.column_names)})")
