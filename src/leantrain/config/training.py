@@ -12,6 +12,17 @@ from leantrain.config.metric_names import check_metric
 from leantrain.config.base import MAX_MAGNITUDE, Section
 
 
+def _positive_weights(v: Any, empty: str) -> Any:
+    """Loss weights (a number or a list; 'balanced' passes): each positive and finite, a list not empty."""
+    if isinstance(v, list) and not v:
+        raise ValueError(empty)
+    values = v if isinstance(v, list) else [v] if isinstance(v, (int, float)) else []
+    bad = [w for w in values if not (math.isfinite(w) and 0 < w <= MAX_MAGNITUDE)]
+    if bad:
+        raise ValueError(f"each weight must be a positive finite number (got {bad[0]!r})")
+    return v
+
+
 class TrainConfig(Section):
     """How long and how big: epochs or steps, the global batch and its micro-batches, learning rate, cadences."""
 
@@ -80,25 +91,12 @@ class TrainConfig(Section):
     @field_validator("class_weights")
     @classmethod
     def _class_weights(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            if not v:
-                raise ValueError("expected 'balanced' or one weight per class, e.g. [1.0, 3.0]")
-            bad = [w for w in v if not (math.isfinite(w) and 0 < w <= MAX_MAGNITUDE)]
-            if bad:
-                raise ValueError(f"each weight must be a positive finite number (got {bad[0]!r})")
-        return v
+        return _positive_weights(v, "expected 'balanced' or one weight per class, e.g. [1.0, 3.0]")
 
     @field_validator("pos_weight")
     @classmethod
     def _pos_weight(cls, v: Any) -> Any:
-        values = v if isinstance(v, list) else [v] if isinstance(v, (int, float)) else []
-        if isinstance(v, list) and not v:
-            raise ValueError("expected 'balanced', a number, or one weight per label, e.g. [1.0, 3.0]")
-        bad = [w for w in values if not (math.isfinite(w) and 0 < w <= MAX_MAGNITUDE)]
-        if bad:
-            raise ValueError(f"each weight must be a positive finite number (got {bad[0]!r})")
-        return v
-
+        return _positive_weights(v, "expected 'balanced', a number, or one weight per label, e.g. [1.0, 3.0]")
 
     @field_validator("stop_when")
     @classmethod
