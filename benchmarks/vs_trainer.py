@@ -322,11 +322,7 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
-        return report(saved["results"], saved["meta"], args)
-    results, meta = interleaved(__file__, args.only.split(","), args.repeats, args.json)
-    report(results, meta, args)
+    report(*rounds(__file__, args), args)
 
 
 def interleaved(script: str, names: list[str], repeats: int, json_path: str | None = None
@@ -355,15 +351,29 @@ def interleaved(script: str, names: list[str], repeats: int, json_path: str | No
     return results, meta
 
 
+def rounds(script: str, args) -> tuple[dict[str, list[dict]], dict]:
+    """``--from-json``: the results and meta a run saved with ``--json``; else new ``interleaved`` rounds of
+    ``args.only`` (comma-separated) x ``args.repeats``."""
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        return saved["results"], saved["meta"]
+    return interleaved(script, args.only.split(","), args.repeats, args.json)
+
+
+def results_block(meta: dict, text: str) -> str:
+    """A RESULTS.md block: the command, when, the load average around the run, the machine, then ``text``."""
+    load = ", ".join(f"{meta[k]:.2f} {k[5:]}" for k in ("load_before", "load_after") if meta.get(k) is not None)
+    return (f"Command: `{meta['command']}` ({meta['started']}" + (f"; load average {load}" if load else "")
+            + f")\n\nMachine: {meta['machine']}\n\n{text}\n")
+
+
 def report(results: dict[str, list[dict]], meta: dict, args) -> None:
     tta = "--time-to-accuracy" in meta["command"]
     text = table(results, tta)
     print(text)
     if args.results:
-        load = ", ".join(f"{meta[k]:.2f} {k[5:]}" for k in ("load_before", "load_after") if meta.get(k) is not None)
-        block = (f"Command: `{meta['command']}` ({meta['started']}" + (f"; load average {load}" if load else "")
-                 + f")\n\nMachine: {meta['machine']}\n\n{text}\n")
-        write_block(Path(args.results), args.block or ("time_to_accuracy" if tta else "throughput"), block)
+        write_block(Path(args.results), args.block or ("time_to_accuracy" if tta else "throughput"),
+                    results_block(meta, text))
 
 
 def machine() -> str:

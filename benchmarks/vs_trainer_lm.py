@@ -247,19 +247,13 @@ def main() -> None:
     if args.worker:
         return worker(args)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from vs_trainer import interleaved, write_block
+    from vs_trainer import results_block, rounds, write_block
 
-    if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
-        results, meta = saved["results"], saved["meta"]
-    else:
-        results, meta = interleaved(__file__, args.only.split(","), args.repeats, args.json)
+    results, meta = rounds(__file__, args)
     text = table(results)
     print(text)
     if args.results:
-        block = (f"Command: `{meta['command']}` ({meta['started']}; load average {meta['load_before']:.2f} before, "
-                 f"{meta.get('load_after', 0):.2f} after)\n\nMachine: {meta['machine']}\n\n{text}\n")
-        write_block(Path(args.results), "lm", block)
+        write_block(Path(args.results), "lm", results_block(meta, text))
 
 
 def table(results: dict[str, list[dict]]) -> str:

@@ -187,18 +187,11 @@ def main() -> None:
         res["peak_rss_bytes"] = peak_rss_bytes()
         print("RESULT " + json.dumps(res), flush=True)
         return
-    if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
-        meta, results = saved["meta"], saved["results"]
-    else:
-        results, meta = vt.interleaved(__file__, args.only.split(","), args.repeats, args.json)
+    results, meta = vt.rounds(__file__, args)
     text = table(results)
     print(text)
     if args.results:
-        load = ", ".join(f"{meta[k]:.2f} {k[5:]}" for k in ("load_before", "load_after") if meta.get(k) is not None)
-        vt.write_block(Path(args.results), "ner", f"Command: `{meta['command']}` ({meta['started']}; load average "
-                       f"{load})\n\nMachine: {meta['machine']}\n\n{text}\n")
-
+        vt.write_block(Path(args.results), "ner", vt.results_block(meta, text))
 
 if __name__ == "__main__":
     main()
