@@ -1,21 +1,43 @@
-"""Instruction tuning: leantrain side by side with the Hugging Face Trainer and a response-only collator.
+"""Instruction tuning, what each way of training costs: SmolLM2-135M on Alpaca, full fine-tune vs LoRA vs freezing
+in leantrain, and leantrain's LoRA against TRL's SFTTrainer with the same LoRA.
 
-    python benchmarks/sft_vs_trainer.py                                   # SmolLM2-135M, ../shared/data/alpaca_5k
-    python benchmarks/sft_vs_trainer.py --rows 400 --steps 8 --micro-batch 4 --rounds 2 --json out.json
+    python benchmarks/sft_vs_trainer.py                                        # 160 rows, 2 interleaved rounds (about 45 min on 2 cores)
+    python benchmarks/sft_vs_trainer.py --rows 48 --eval-rows 32 --repeats 1   # a smoke run (minutes)
+    python benchmarks/sft_vs_trainer.py --json out.json --results benchmarks/RESULTS.md
 
-Job: the first --rows rows of ../shared/data/alpaca_5k/train.jsonl (CC BY-NC 4.0: read in place, benchmark use
-only), the model's chat template, loss on the responses only, block 512, a full fine-tune (AdamW, lr 2e-5, bf16
-autocast, fp32 weights), micro-batch = global batch = --micro-batch, --steps optimizer steps after 3 warm-up steps.
-Both sides get the same rows: the Trainer's are rendered by leantrain.data.instructions (the same tokens and labels:
--100 outside the assistant's turns), so only the training differs.
+Needs TRL beside leantrain's environment: `pip install -e '.[bench]' -c constraints.txt` (TRL 1.16 installs beside
+torch 2.13; it is not a leantrain dependency).
 
-Contenders, each in a fresh process (peak memory is per process), interleaved over --rounds rounds, medians:
-  trainer             HF Trainer, its best switches: group_by_length, bf16, a padding collator (response-only labels)
-  leantrain           leantrain's default: packed blocks of 512 (data.packing=auto), length-grouped batches
-  leantrain_unpacked  leantrain, one example per row (data.packing=false): the Trainer's rows
+Job: the pretrained SmolLM2-135M-Instruct (the `smollm2-135m` preset), the first --rows rows of
+../shared/data/alpaca_5k/train.jsonl (CC BY-NC 4.0: read in place, benchmark use only), rendered with the model's chat
+template, loss on the responses only, sequences of at most 512 tokens, one epoch, AdamW (the Trainer's fused AdamW /
+leantrain's default), linear decay without warm-up, weight decay 0.01, clipping 1.0, bf16 autocast over fp32 weights (where the CPU runs bf16
+natively), seed 0. Every contender runs in a fresh process (peak memory is per process), interleaved (A B C ... A B C
+...) over --repeats rounds; medians.
 
-Tokens/s counts target tokens (response tokens), the same way on both sides, over the steps after the warm-up.
-Peak memory: CUDA max allocated on a GPU, else the process's peak RSS (VmHWM). Not a test.
+Contenders (lr 2e-4 for LoRA, 2e-5 for the full model and the frozen one; LoRA r=16, alpha 32, dropout 0.05 on
+q/k/v/o/gate/up/down_proj everywhere):
+  trl_lora          TRL's SFTTrainer + peft with its defaults for prompt-completion data: completion-only loss,
+                    gradient checkpointing, its fused (chunked) output layer, batches of 4 examples padded to their
+                    longest, 4 accumulated per optimizer step (about the tokens of 4 packed blocks of 512)
+  trl_lora_packed   the same with TRL's best switch for this: packing=True (best-fit decreasing into 512-token rows,
+                    padding-free, position ids restart per example), 4 packed rows per optimizer step
+  lora              leantrain peft.method=lora, its defaults (data.packing=auto: packed blocks of 512, no gradient
+                    checkpointing, chunked loss), 4 blocks a step
+  lora_ckpt         the same with efficiency.gradient_checkpointing=true: trl_lora_packed's settings
+  full              leantrain, the whole model trained, 4 blocks a step
+  freeze            leantrain, model.freeze=[embeddings, model.layers.0-14] (the lower half; the tied output layer
+                    shares the embedding's weight and is frozen with it), 4 blocks a step
+
+Measured, the same way for every contender: target tokens/s = the response tokens of the --rows rows (counted once,
+by leantrain's rendering) / the seconds of the training loop; wall seconds of the whole process up to the trained
+model (start, load, data, train; no saving; leantrain's end-of-run evaluation of 8 held-out rows, which it
+runs when given data.eval, is in the wall time but not in the loop's: without data.eval it would hold out 10% of
+the training rows); peak memory = CUDA max allocated on a GPU, else the process's peak RSS
+(VmHWM) at the end of training; trainable parameters; the optimizer's state bytes (summed over its tensors); eval loss
+= `leantrain eval <model> data.eval=eval.jsonl` on the merged model (the mean cross-entropy over the response tokens of
+the --eval-rows held-out rows, fp32), computed in the first round only (training is seeded, so the rounds train the
+same model). The base model's eval loss is the `base` row. Not a test.
 """
 
 from __future__ import annotations
@@ -23,73 +45,95 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
-ALPACA = REPO.parent / "shared" / "data" / "alpaca_5k" / "train.jsonl"
-CONTENDERS = ["trainer", "leantrain", "leantrain_unpacked"]
-WARMUP = 3  # leantrain's meter leaves out the first 3 steps; the Trainer's timing here does the same
+ALPACA = REPO.parent / "shared" / "data" / "alpaca_5k"
+CONTENDERS = ["trl_lora", "trl_lora_packed", "lora", "lora_ckpt", "full", "freeze"]
+MODEL, BLOCK, MICRO, SEED = "smollm2-135m", 512, 4, 0
+LORA = {"r": 16, "alpha": 32, "dropout": 0.05,
+        "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+LR = {"trl_lora": 2e-4, "trl_lora_packed": 2e-4, "lora": 2e-4, "lora_ckpt": 2e-4, "full": 2e-5, "freeze": 2e-5}
 
 
-def rows_file(workdir: Path, rows: int) -> Path:
-    """The first ``rows`` rows, in a temporary folder outside the repository."""
-    out = workdir / f"alpaca_{rows}.jsonl"
+def head_file(src: Path, rows: int, out: Path) -> Path:
+    """The first ``rows`` rows of ``src`` in the work folder (outside the repository)."""
     if not out.exists():
-        with open(ALPACA) as f:
+        with open(src) as f:
             out.write_text("".join(line for _, line in zip(range(rows), f)))
     return out
+
+
+def data_files(args) -> tuple[Path, Path]:
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    return (head_file(ALPACA / "train.jsonl", args.rows, work / f"train_{args.rows}.jsonl"),
+            head_file(ALPACA / "eval.jsonl", args.eval_rows, work / f"eval_{args.eval_rows}.jsonl"))
+
+
+def target_tokens(train: Path, tokenizer) -> int:
+    """The response tokens of the training rows, as leantrain renders them: the count every contender is timed on."""
+    import datasets
+
+    from leantrain.data import instructions as ins
+
+    rows = [json.loads(line) for line in open(train)]
+    return int(sum(ins.process(datasets.Dataset.from_list(rows), tokenizer, block_size=BLOCK).dataset["targets"]))
 
 
 def peak_bytes() -> int:
     import torch
 
-    if torch.cuda.is_available():
-        return int(torch.cuda.max_memory_allocated())
     from leantrain.perf.memory import peak_rss_bytes
 
-    return peak_rss_bytes()
+    return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else peak_rss_bytes()
+
+
+def state_bytes(optimizer) -> int:
+    import torch
+
+    return sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+               if isinstance(t, torch.Tensor))
+
+
+def precision() -> str:
+    from leantrain.engine.efficiency import resolve_precision
+
+    return resolve_precision("auto", "cuda" if __import__("torch").cuda.is_available() else "cpu")[0]
 
 
 # ------------------------------------------------------------------------------------------------ contenders
 
 
-def run_trainer(args, data: Path, workdir: Path) -> dict:
+def run_trl(args, packed: bool, out: Path) -> dict:
     import datasets
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
 
-    from leantrain.data import instructions as ins
+    from leantrain.data.instructions import detect_format, to_messages
     from leantrain.modeling.names import resolve_model_name
 
-    path = resolve_model_name(args.model)
+    train, _ = data_files(args)
+    path = resolve_model_name(MODEL)
     tok = AutoTokenizer.from_pretrained(path)
-    rows = [json.loads(line) for line in open(data)]
-    ds = ins.process(datasets.Dataset.from_list(rows), tok, block_size=args.block_size).dataset
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    targets: list[int] = []
-
-    def collate(batch):  # response-only labels (already -100 on the prompts), padded per batch
-        width = max(len(r["input_ids"]) for r in batch)
-        ids = torch.full((len(batch), width), pad)
-        labels = torch.full((len(batch), width), -100)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, r in enumerate(batch):
-            n = len(r["input_ids"])
-            ids[i, :n], labels[i, :n], mask[i, :n] = torch.tensor(r["input_ids"]), torch.tensor(r["labels"]), 1
-        targets.append(sum(r["targets"] for r in batch))
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
-
+    rows = [json.loads(line) for line in open(train)]
+    fmt = detect_format(list(rows[0]))
+    pairs = []
+    for row in rows:  # the same messages leantrain renders, as TRL's conversational prompt-completion rows
+        messages = to_messages(row, fmt)
+        pairs.append({"prompt": messages[:-1], "completion": messages[-1:]})
     stamps: list[float] = []
 
     class Clock(TrainerCallback):
-        def on_step_begin(self, *a, **k):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+        def on_train_begin(self, *a, **k):
             stamps.append(time.perf_counter())
 
         def on_train_end(self, *a, **k):
@@ -98,40 +142,87 @@ def run_trainer(args, data: Path, workdir: Path) -> dict:
             stamps.append(time.perf_counter())
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    targs = TrainingArguments(
-        output_dir=str(workdir / "trainer"), per_device_train_batch_size=args.micro_batch, max_steps=WARMUP + args.steps,
-        learning_rate=2e-5, bf16=True, train_sampling_strategy="group_by_length", length_column_name="length", logging_steps=10**6,
-        save_strategy="no", report_to=[], dataloader_num_workers=0, remove_unused_columns=False, seed=0,
+    config = SFTConfig(
+        output_dir=str(out / "trl"), per_device_train_batch_size=MICRO, gradient_accumulation_steps=1 if packed else 4,
+        num_train_epochs=1, learning_rate=LR["trl_lora"], lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.01,
+        max_grad_norm=1.0,
+        max_length=BLOCK, packing=packed, bf16=precision() == "bf16", seed=SEED, logging_strategy="no",
+        save_strategy="no", report_to=[], dataloader_num_workers=0, disable_tqdm=True,
         use_cpu=not torch.cuda.is_available())
-    trainer = Trainer(model=model, args=targs, train_dataset=ds, data_collator=collate, callbacks=[Clock()])
+    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
+                      target_modules=LORA["targets"], task_type="CAUSAL_LM")
+    trainer = SFTTrainer(model=model, args=config, train_dataset=datasets.Dataset.from_list(pairs),
+                         processing_class=tok, peft_config=lora, callbacks=[Clock()])
     trainer.train()
-    seconds = stamps[-1] - stamps[WARMUP]
-    return {"tokens_per_second": sum(targets[WARMUP:WARMUP + args.steps]) / seconds, "peak_memory_bytes": peak_bytes()}
+    result = {"loop_seconds": stamps[-1] - stamps[0], "wall_seconds": time.perf_counter() - START,
+              "peak_memory_bytes": peak_bytes(), "steps": trainer.state.global_step,
+              "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+              "optimizer_state_bytes": state_bytes(trainer.optimizer),
+              "target_tokens": target_tokens(train, tok)}
+    if args.eval_now:
+        merged = trainer.model.merge_and_unload()
+        merged.save_pretrained(out / "model")
+        tok.save_pretrained(out / "model")
+    return result
 
 
-def run_leantrain(args, data: Path, workdir: Path, packing: str) -> dict:
-    out = workdir / f"leantrain_{packing}"
-    cmd = [sys.executable, "-m", "leantrain.cli", "train", f"model.name={args.model}", f"data.train={data}",
-           f"data.block_size={args.block_size}", f"data.packing={packing}", f"train.batch_size={args.micro_batch}",
-           f"train.micro_batch_size={args.micro_batch}", f"train.max_steps={WARMUP + args.steps}", "train.lr=2e-5",
-           "efficiency.precision=bf16", "train.eval_every_steps=0", "report.plots=false", "report.progress=plain",
-           "checkpoint.every_steps=0", f"output_dir={out}"]
+def run_leantrain(args, name: str, out: Path) -> dict:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from leantrain.modeling.names import resolve_model_name
+
+    train, _ = data_files(args)
+    check = head_file(ALPACA / "eval.jsonl", 8, Path(args.workdir) / "eval_8.jsonl")  # else 10% of train is held out
+    path = resolve_model_name(MODEL)
+    lora = ["peft.method=lora", f"peft.r={LORA['r']}", f"peft.alpha={LORA['alpha']}", f"peft.dropout={LORA['dropout']}",
+            f"peft.target_modules=[{','.join(LORA['targets'])}]"]
+    extra = {"lora": lora, "lora_ckpt": [*lora, "efficiency.gradient_checkpointing=true"],
+             "freeze": [f"model.freeze=[embeddings,model.layers.0-{AutoConfig.from_pretrained(path).num_hidden_layers // 2 - 1}]"],
+             "full": []}[name]
+    cmd = [sys.executable, "-m", "leantrain.cli", "train", f"model.name={MODEL}", f"data.train={train}",
+           f"data.eval={check}", f"data.block_size={BLOCK}", f"train.batch_size={MICRO}", f"train.micro_batch_size={MICRO}", "train.epochs=1",
+           f"train.lr={LR[name]}", "optim.warmup_ratio=0", f"train.seed={SEED}", "report.plots=false",
+           "report.progress=plain", "checkpoint.every_steps=0", f"output_dir={out / 'run'}", *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     if r.returncode != 0:
         raise SystemExit(f"leantrain failed:\n{r.stderr[-4000:]}")
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "run" / "summary.json").read_text())
     tr = summary["train"]
-    peak = tr.get("cuda_max_allocated_bytes") or tr["peak_memory_bytes"]
-    return {"tokens_per_second": tr["tokens_per_second"], "peak_memory_bytes": peak}
+    if args.eval_now:
+        shutil.copytree(out / "run" / "model", out / "model", dirs_exist_ok=True)
+    return {"loop_seconds": tr["loop_seconds"], "wall_seconds": tr["wall_seconds"],
+            "peak_memory_bytes": tr.get("cuda_max_allocated_bytes") or tr["peak_memory_bytes"], "steps": tr["steps"],
+            "trainable_parameters": summary["model"]["trainable_parameters"],
+            "optimizer_state_bytes": summary["optim"]["state_bytes"],
+            "tokens_trained": tr["tokens_seen"], "target_tokens": target_tokens(train, AutoTokenizer.from_pretrained(path))}
+
+
+def eval_loss(args, model: str, out: Path) -> float:
+    """``leantrain eval`` of ``model`` (a folder or the preset) on the held-out rows: the mean over response tokens."""
+    _, held_out = data_files(args)
+    cmd = [sys.executable, "-m", "leantrain.cli", "eval", model, f"data.eval={held_out}", f"data.block_size={BLOCK}",
+           "--output", str(out / "eval.json")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"leantrain eval failed:\n{r.stderr[-4000:]}")
+    return json.loads((out / "eval.json").read_text())["eval"]["loss"]
 
 
 def worker(args) -> None:
-    workdir = Path(args.workdir)
-    data = rows_file(workdir, args.rows)
-    if args.worker == "trainer":
-        result = run_trainer(args, data, workdir)
+    out = Path(args.workdir) / args.worker
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run each round
+    out.mkdir(parents=True)
+    args.eval_now = args.eval and not (Path(args.workdir) / f"{args.worker}.evaluated").exists()
+    if args.worker == "base":
+        result = {"eval_loss": eval_loss(args, MODEL, out)} if args.eval_now else {}
     else:
-        result = run_leantrain(args, data, workdir, "false" if args.worker == "leantrain_unpacked" else "auto")
+        run = run_trl if args.worker.startswith("trl") else run_leantrain
+        result = run(args, args.worker == "trl_lora_packed", out) if run is run_trl else run(args, args.worker, out)
+        result["tokens_per_second"] = result["target_tokens"] / result["loop_seconds"]
+        if args.eval_now:
+            result["eval_loss"] = eval_loss(args, str(out / "model"), out)
+    if args.eval_now:
+        (Path(args.workdir) / f"{args.worker}.evaluated").touch()
     print("RESULT " + json.dumps(result))
 
 
@@ -139,46 +230,61 @@ def worker(args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--rows", type=int, default=400)
-    p.add_argument("--block-size", type=int, default=512)
-    p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--steps", type=int, default=8, help="measured optimizer steps (after 3 warm-up steps)")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--contenders", default=",".join(CONTENDERS))
-    p.add_argument("--json")
-    p.add_argument("--worker", choices=CONTENDERS, help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--rows", type=int, default=160, help="training rows (the first of train.jsonl), one epoch")
+    p.add_argument("--eval-rows", type=int, default=500, help="held-out rows of eval.jsonl (500: all of them)")
+    p.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
+    p.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
+    p.add_argument("--no-eval", dest="eval", action="store_false", help="no eval loss (speed and memory only)")
+    p.add_argument("--workdir", default="/tmp/leantrain-sft-bench")
+    p.add_argument("--json", default=None)
+    p.add_argument("--results", default=None, metavar="RESULTS.md", help="write the tables into its sft block")
+    p.add_argument("--from-json", default=None, help="no run: render the results saved by --json")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    contenders = args.contenders.split(",")
-    runs: dict[str, list[dict]] = {c: [] for c in contenders}
-    with tempfile.TemporaryDirectory() as tmp:
-        for rnd in range(args.rounds):
-            for c in contenders:
-                cmd = [sys.executable, __file__, "--worker", c, "--workdir", tmp, "--model", args.model,
-                       "--rows", str(args.rows), "--block-size", str(args.block_size),
-                       "--micro-batch", str(args.micro_batch), "--steps", str(args.steps)]
-                r = subprocess.run(cmd, capture_output=True, text=True)
-                line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
-                if r.returncode != 0 or line is None:
-                    raise SystemExit(f"{c} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
-                runs[c].append(json.loads(line[7:]))
-                print(f"round {rnd + 1} {c}: {runs[c][-1]}", flush=True)
-    base = contenders[0]
-    table = {}
-    for c in contenders:
-        tps = statistics.median(r["tokens_per_second"] for r in runs[c])
-        mem = statistics.median(r["peak_memory_bytes"] for r in runs[c])
-        table[c] = {"tokens_per_second": tps, "peak_memory_bytes": mem}
-    for c in contenders:
-        t, b = table[c], table[base]
-        print(f"{c:20s} target tokens/s {t['tokens_per_second']:9.1f} ({t['tokens_per_second'] / b['tokens_per_second']:.2f}x)"
-              f"  peak {t['peak_memory_bytes'] / 1e6:8.0f} MB ({t['peak_memory_bytes'] / b['peak_memory_bytes']:.2f}x)")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs, "medians": table}, indent=2))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vs_trainer import results_block, rounds, write_block
+
+    if not args.from_json:
+        shutil.rmtree(args.workdir, ignore_errors=True)  # no eval marks left from an earlier run
+        args.only += ",base" if args.eval and "base" not in args.only.split(",") else ""
+    results, meta = rounds(__file__, args)
+    text = table(results)
+    print(text)
+    if args.results:
+        write_block(Path(args.results), "sft", results_block(meta, text))
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    def med(name: str, key: str):
+        vals = [r[key] for r in results.get(name, []) if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    def ratio(name: str, key: str, base: str) -> str:
+        a, b = med(name, key), med(base, key)
+        return f"{a / b:.2f}x" if a and b else ""
+
+    base_loss = med("base", "eval_loss")
+    rows = [("| contender | trainable params | optimizer state (MB) | peak memory (GiB) | target tokens/s (median; "
+             "per round) | vs trl_lora | vs trl_lora_packed | peak vs trl_lora | peak vs trl_lora_packed | wall s | "
+             "steps | eval loss |"), "|---" * 12 + "|"]
+    for name in results:
+        if name == "base" or med(name, "tokens_per_second") is None:
+            continue
+        rounds = ", ".join(f"{r['tokens_per_second']:.0f}" for r in results[name])
+        rows.append(
+            f"| {name} | {med(name, 'trainable_parameters'):,.0f} | {med(name, 'optimizer_state_bytes') / 1e6:.1f} | "
+            f"{med(name, 'peak_memory_bytes') / 2**30:.2f} | {med(name, 'tokens_per_second'):.0f} ({rounds}) | "
+            f"{ratio(name, 'tokens_per_second', 'trl_lora')} | {ratio(name, 'tokens_per_second', 'trl_lora_packed')} | "
+            f"{ratio(name, 'peak_memory_bytes', 'trl_lora')} | {ratio(name, 'peak_memory_bytes', 'trl_lora_packed')} | "
+            f"{med(name, 'wall_seconds'):.0f} | {med(name, 'steps'):.0f} | "
+            + (f"{med(name, 'eval_loss'):.4f}" if med(name, "eval_loss") is not None else "") + " |")
+    if base_loss is not None:
+        rows.append(f"| base (untrained) | | | | | | | | | | | {base_loss:.4f} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
