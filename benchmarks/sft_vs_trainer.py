@@ -246,16 +246,12 @@ def main() -> None:
     if args.worker:
         return worker(args)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from vs_trainer import results_block, rounds, write_block
+    from vs_trainer import rounds_table
 
     if not args.from_json:
         shutil.rmtree(args.workdir, ignore_errors=True)  # no eval marks left from an earlier run
         args.only += ",base" if args.eval and "base" not in args.only.split(",") else ""
-    results, meta = rounds(__file__, args)
-    text = table(results)
-    print(text)
-    if args.results:
-        write_block(Path(args.results), "sft", results_block(meta, text))
+    rounds_table(__file__, args, table, "sft")
 
 
 def table(results: dict[str, list[dict]]) -> str:

@@ -360,6 +360,15 @@ def rounds(script: str, args) -> tuple[dict[str, list[dict]], dict]:
     return interleaved(script, args.only.split(","), args.repeats, args.json)
 
 
+def rounds_table(script: str, args, table, key: str) -> None:
+    """``rounds``, printed as ``table(results)``; with ``--results``, also written into that file's ``key`` block."""
+    results, meta = rounds(script, args)
+    text = table(results)
+    print(text)
+    if args.results:
+        write_block(Path(args.results), key, results_block(meta, text))
+
+
 def results_block(meta: dict, text: str) -> str:
     """A RESULTS.md block: the command, when, the load average around the run, the machine, then ``text``."""
     load = ", ".join(f"{meta[k]:.2f} {k[5:]}" for k in ("load_before", "load_after") if meta.get(k) is not None)

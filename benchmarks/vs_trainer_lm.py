@@ -247,13 +247,9 @@ def main() -> None:
     if args.worker:
         return worker(args)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from vs_trainer import results_block, rounds, write_block
+    from vs_trainer import rounds_table
 
-    results, meta = rounds(__file__, args)
-    text = table(results)
-    print(text)
-    if args.results:
-        write_block(Path(args.results), "lm", results_block(meta, text))
+    rounds_table(__file__, args, table, "lm")
 
 
 def table(results: dict[str, list[dict]]) -> str:

@@ -187,11 +187,7 @@ def main() -> None:
         res["peak_rss_bytes"] = peak_rss_bytes()
         print("RESULT " + json.dumps(res), flush=True)
         return
-    results, meta = vt.rounds(__file__, args)
-    text = table(results)
-    print(text)
-    if args.results:
-        vt.write_block(Path(args.results), "ner", vt.results_block(meta, text))
+    vt.rounds_table(__file__, args, table, "ner")
 
 if __name__ == "__main__":
     main()
