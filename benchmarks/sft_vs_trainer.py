@@ -87,27 +87,6 @@ def target_tokens(train: Path, tokenizer) -> int:
     return int(sum(ins.process(datasets.Dataset.from_list(rows), tokenizer, block_size=BLOCK).dataset["targets"]))
 
 
-def peak_bytes() -> int:
-    import torch
-
-    from leantrain.perf.memory import peak_rss_bytes
-
-    return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else peak_rss_bytes()
-
-
-def state_bytes(optimizer) -> int:
-    import torch
-
-    return sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
-               if isinstance(t, torch.Tensor))
-
-
-def precision() -> str:
-    from leantrain.engine.efficiency import resolve_precision
-
-    return resolve_precision("auto", "cuda" if __import__("torch").cuda.is_available() else "cpu")[0]
-
-
 # ------------------------------------------------------------------------------------------------ contenders
 
 
@@ -120,6 +99,8 @@ def run_trl(args, packed: bool, out: Path) -> dict:
 
     from leantrain.data.instructions import detect_format, to_messages
     from leantrain.modeling.names import resolve_model_name
+    from leantrain.optim import state_bytes
+    from vs_trainer_lm import default_precision, peak_bytes
 
     train, _ = data_files(args)
     path = resolve_model_name(MODEL)
@@ -146,7 +127,7 @@ def run_trl(args, packed: bool, out: Path) -> dict:
         output_dir=str(out / "trl"), per_device_train_batch_size=MICRO, gradient_accumulation_steps=1 if packed else 4,
         num_train_epochs=1, learning_rate=LR["trl_lora"], lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.01,
         max_grad_norm=1.0,
-        max_length=BLOCK, packing=packed, bf16=precision() == "bf16", seed=SEED, logging_strategy="no",
+        max_length=BLOCK, packing=packed, bf16=default_precision() == "bf16", seed=SEED, logging_strategy="no",
         save_strategy="no", report_to=[], dataloader_num_workers=0, disable_tqdm=True,
         use_cpu=not torch.cuda.is_available())
     lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
@@ -216,8 +197,8 @@ def worker(args) -> None:
     if args.worker == "base":
         result = {"eval_loss": eval_loss(args, MODEL, out)} if args.eval_now else {}
     else:
-        run = run_trl if args.worker.startswith("trl") else run_leantrain
-        result = run(args, args.worker == "trl_lora_packed", out) if run is run_trl else run(args, args.worker, out)
+        result = run_trl(args, args.worker == "trl_lora_packed", out) if args.worker.startswith("trl") else \
+            run_leantrain(args, args.worker, out)
         result["tokens_per_second"] = result["target_tokens"] / result["loop_seconds"]
         if args.eval_now:
             result["eval_loss"] = eval_loss(args, str(out / "model"), out)

@@ -45,6 +45,12 @@ def _hub_kwargs(cfg: ModelConfig) -> dict[str, Any]:
     return {"revision": cfg.revision, "trust_remote_code": cfg.trust_remote_code}
 
 
+def _weights_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """``from_pretrained`` keywords of every weight load: safetensors only unless ``model.allow_pickle``, plus the
+    Hub's revision / remote-code keywords."""
+    return {"use_safetensors": None if cfg.allow_pickle else True, **_hub_kwargs(cfg)}
+
+
 def _load_error(name: str, err: Exception) -> UserError:
     where = "local folder" if Path(name).exists() else "Hub id (is the Hub reachable? set HF_HUB_OFFLINE=1 to fail fast)"
     return UserError(f"could not load model {name!r} as a {where}: {err}")
@@ -131,10 +137,9 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
     remap = needs_remap(trained, label_names, cfg.reuse_head)  # a fine-tuned head: rows follow the label names
     kwargs = {  # a dict display: an override of a field the task sets (problem_type) is no duplicate keyword
         **({} if remap else labels),
-        "use_safetensors": None if cfg.allow_pickle else True,
         "ignore_mismatched_sizes": not remap and trained != label_names,  # a new head for a base model
         "dtype": WEIGHTS_DTYPE,  # QLoRA's extra sets its own
-        **_hub_kwargs(cfg),
+        **_weights_kwargs(cfg),
         **cfg.config_overrides,
         **(extra or {}),
     }
@@ -229,7 +234,7 @@ def load_trained_model(model_dir: str, task: str, cfg: ModelConfig):
     """A trained model folder for eval / predict: the task's AutoModelFor..., fp32 weights (``WEIGHTS_DTYPE``),
     safetensors unless ``model.allow_pickle``."""
     return auto_model_class(task).from_pretrained(
-        model_dir, use_safetensors=None if cfg.allow_pickle else True, dtype=WEIGHTS_DTYPE, **_hub_kwargs(cfg))
+        model_dir, dtype=WEIGHTS_DTYPE, **_weights_kwargs(cfg))
 
 
 def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
@@ -246,7 +251,7 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
     auto = auto_model_class(task_of_config(config) or default_task("text")) if classifier else AutoModel
     name = model_name(cfg)
     try:
-        model = auto.from_pretrained(name, use_safetensors=None if cfg.allow_pickle else True, **_hub_kwargs(cfg))
+        model = auto.from_pretrained(name, **_weights_kwargs(cfg))
     except (OSError, ValueError) as e:
         raise _load_error(name, e) from None
     return {"name": name, "class": type(model).__name__, "parameters": parameter_counts(model),
