@@ -14,7 +14,7 @@ from pathlib import Path
 from leantrain.data.caches import default_datasets_cache, record_cache_folder
 from leantrain.data.shard_writer import tokenizer_fingerprint, write_shards
 from leantrain.data.sources import SourceError
-from leantrain.data.token_shards import FORMAT, TokenShards, read_manifest
+from leantrain.data.token_shards import FORMAT, TokenShards
 from leantrain.data.token_sources import TokenSource
 from leantrain.files import sha256_json
 
@@ -46,7 +46,7 @@ def prepared_shards(source: TokenSource, tokenizer, *, num_proc: int | None = No
         return shards
     root = cache_root()
     final = root / cache_key(source, tokenizer)
-    if read_manifest(final) is not None:
+    if final.exists():
         try:
             shards = TokenShards.open(final)
             log.info("%s: reusing the token shards in %s", source.where, final)
@@ -58,17 +58,41 @@ def prepared_shards(source: TokenSource, tokenizer, *, num_proc: int | None = No
     tmp = root / f"{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     try:
         write_shards(source, tokenizer, tmp, num_proc=num_proc, desc=desc)
-        if final.exists() and read_manifest(final) is None:  # half-written (killed) or failed its check: replace
-            shutil.rmtree(final, ignore_errors=True)
-        try:
-            os.replace(tmp, final)
-        except OSError:  # another process got there first
-            if read_manifest(final) is None:
-                raise
+        _put_in_place(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     record_cache_folder(final, ", ".join(source.specs))
     return TokenShards.open(final)
+
+
+def _usable(folder: Path) -> bool:
+    try:
+        TokenShards.open(folder)
+        return True
+    except SourceError:
+        return False
+
+
+def _put_in_place(tmp: Path, final: Path) -> None:
+    """Rename the new preparation ``tmp`` to ``final``. A ``final`` already there is kept when it is usable (another
+    process prepared it first), else (half-written, damaged) moved aside and replaced: no moment without a folder
+    that is either the old one or the complete new one, and a kill mid-way leaves the old one in a folder
+    ``_remove_stale`` clears."""
+    for _ in range(3):
+        try:
+            os.replace(tmp, final)
+            return
+        except OSError:
+            if _usable(final):
+                return
+        aside = final.with_name(f"{final.name}.tmp-{os.getpid()}-old{uuid.uuid4().hex[:6]}")
+        try:
+            os.replace(final, aside)
+        except FileNotFoundError:  # another process moved it aside first: try again
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+    raise SourceError(f"{final}: could not replace the damaged preparation there; remove it (leantrain cache "
+                      "--clear) and run again")
 
 
 def _remove_stale(root: Path, name: str) -> None:

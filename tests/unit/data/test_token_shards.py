@@ -151,6 +151,25 @@ def test_killed_preparation_is_redone_never_used(tmp_path, tok):
         assert not stale.exists()
 
 
+def test_a_damaged_cache_entry_is_replaced(tmp_path, tok, caplog):
+    """Issue 27 item 4: a cached entry whose token file was truncated (its manifest intact) is prepared again and
+    the new preparation takes its place; the next run reuses it."""
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(20)))
+    source = open_token_source(str(path), "data.train", separator="\n")
+    with using_cache_dir(tmp_path / "cache"):
+        good = prepared_shards(source, tok)
+        expected = stream(good)
+        with open(good.folder / "tokens-00000.bin", "r+b") as f:
+            f.truncate(10)
+        with caplog.at_level("WARNING", logger="leantrain"):
+            redone = prepared_shards(source, tok)
+        assert "tokens-00000.bin" in caplog.text and "preparing again" in caplog.text
+        assert redone.folder == good.folder and stream(redone) == expected
+        assert stream(prepared_shards(source, tok)) == expected
+        assert sorted(p.name for p in cache_root().iterdir()) == [good.folder.name]  # nothing set aside is left
+
+
 def test_prepared_folder_is_a_source_and_checks_its_tokenizer(tmp_path, tok):
     path = tmp_path / "c.txt"
     path.write_text("\n".join(lm_documents(10)))
