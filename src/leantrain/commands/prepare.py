@@ -13,13 +13,13 @@ from leantrain.data.sources import SourceError
 from leantrain.data.text_loader import data_error
 from leantrain.data.shard_cache import prepared_shards
 from leantrain.data.shard_writer import write_shards
-from leantrain.data.token_shards import MANIFEST, TokenShards, read_manifest
+from leantrain.data.token_shards import MANIFEST, VERIFIED, TokenShards, read_manifest
 from leantrain.data.token_sources import open_token_source
 from leantrain.engine.accelerator import setup_logging
 from leantrain.errors import UserError
 from leantrain.modeling import model_name
 
-SHARD_FILES = ("tokens-", "documents.bin", MANIFEST, ".manifest.json")
+SHARD_FILES = ("tokens-", "documents.bin", MANIFEST, ".manifest.json", VERIFIED)
 
 
 def load_prepare_tokenizer(cfg: Config):  # noqa: ANN201

@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 import time
-import uuid
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
@@ -26,9 +25,9 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from leantrain.data.sources import SourceError
-from leantrain.data.token_shards import FORMAT, INDEX, MANIFEST
+from leantrain.data.token_shards import FORMAT, INDEX, MANIFEST, record_verified
 from leantrain.data.token_sources import TokenSource
-from leantrain.files import sha256_json
+from leantrain.files import sha256_json, write_atomic
 
 log = logging.getLogger("leantrain")
 
@@ -270,7 +269,8 @@ def write_shards(source: TokenSource, tokenizer, folder: Path, *, num_proc: int 
         "prepared": {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "seconds": round(seconds, 3),
                      "num_proc": procs},
     }
-    _write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1))
+    write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1))
+    record_verified(folder, manifest)  # what was just written and hashed: no need to read it again
     log.info("%s: %s tokens in %s documents (%s), %.1f s, %.0f tokens/s", desc, f"{writer.tokens:,}",
              f"{writer.documents:,}", dtype.name, seconds, writer.tokens / max(seconds, 1e-9))
     return manifest
@@ -280,20 +280,3 @@ def _progress(desc: str, source: TokenSource):  # noqa: ANN001
     from tqdm.auto import tqdm
 
     return tqdm(desc=desc, unit="tok", unit_scale=True, disable=None, file=sys.stderr, leave=False)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -168,6 +169,102 @@ def test_a_damaged_cache_entry_is_replaced(tmp_path, tok, caplog):
         assert redone.folder == good.folder and stream(redone) == expected
         assert stream(prepared_shards(source, tok)) == expected
         assert sorted(p.name for p in cache_root().iterdir()) == [good.folder.name]  # nothing set aside is left
+
+
+def _rehash(folder: Path, name: str) -> None:
+    """Make the manifest's sha256 of ``name`` agree with its bytes again (a consistent but wrong folder)."""
+    from leantrain.files import sha256_file
+
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for entry in [*manifest["shards"], manifest["index"]]:
+        if entry["file"] == name:
+            entry["sha256"] = sha256_file(folder / name)
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def _poke(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def _edit_manifest(folder: Path, change) -> None:  # noqa: ANN001
+    manifest = json.loads((folder / MANIFEST).read_text())
+    change(manifest)
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+DAMAGES = {
+    "overwritten tokens": (lambda f: _poke(f / "tokens-00000.bin", 4, b"\x05\x00"),
+                           "tokens-00000.bin does not match its sha256"),
+    "ids past the vocabulary": (lambda f: (_poke(f / "tokens-00000.bin", 4, b"\xff\xff"), _rehash(f, "tokens-00000.bin")),
+                                "tokens-00000.bin holds token id 65535, outside the vocabulary"),
+    "a huge document offset": (lambda f: _poke(f / "documents.bin", 8, (10 ** 12).to_bytes(8, "little")),
+                               "documents.bin does not match its sha256"),
+    "offsets out of order": (lambda f: (_poke(f / "documents.bin", 8, (10 ** 6).to_bytes(8, "little")),
+                                        _rehash(f, "documents.bin")), "document offsets do not increase"),
+    "the last offset": (lambda f: (_poke(f / "documents.bin", 8 * 10, (10 ** 6).to_bytes(8, "little")),
+                                   _rehash(f, "documents.bin")), "documents.bin runs from 0 to 1000000"),
+    "no index key": (lambda f: _edit_manifest(f, lambda m: m.pop("index")), "manifest.json lacks index"),
+    "no shard sha256": (lambda f: _edit_manifest(f, lambda m: m["shards"][0].pop("sha256")),
+                        "lacks shards[0].sha256"),
+    "a path as file name": (lambda f: _edit_manifest(f, lambda m: m["shards"][0].update(file="../x.bin")),
+                            "'../x.bin' is not a plain name"),
+    "a truncated manifest": (lambda f: (f / MANIFEST).write_text((f / MANIFEST).read_text()[:40]),
+                             "manifest.json is damaged"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_damaged_shards_are_refused_naming_the_file(tmp_path, tok, damage):
+    """Issue 27 item 2: what a prepared folder holds is checked before training: sizes, the manifest's keys, the
+    index's ends on every open; checksums, token ids against the vocabulary, offsets increasing once per content."""
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(10)))
+    folder = tmp_path / "shards"
+    write_shards(open_token_source(str(path), "data.train", separator="\n"), tok, folder)
+    TokenShards.open(folder)
+    change, message = DAMAGES[damage]
+    change(folder)
+    with pytest.raises(SourceError, match=re.escape(message)) as e:
+        TokenShards.open(folder, where="data.train: shards")
+    assert str(e.value).startswith("data.train: shards: ") and "prepare again" in str(e.value)
+
+
+def test_contents_are_checked_once_per_content(tmp_path, tok, monkeypatch):
+    from leantrain.data import token_shards
+
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(10)))
+    folder = tmp_path / "shards"
+    write_shards(open_token_source(str(path), "data.train", separator="\n"), tok, folder)
+    hashed = []
+    real = token_shards.sha256_file
+    monkeypatch.setattr(token_shards, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    TokenShards.open(folder)
+    assert hashed == []  # the writer recorded what it hashed while writing
+    (folder / token_shards.VERIFIED).unlink()
+    TokenShards.open(folder)
+    TokenShards.open(folder)
+    assert hashed == ["tokens-00000.bin", "documents.bin"]  # once, then recorded again
+    _poke(folder / "tokens-00000.bin", 0, b"\x07\x00")
+    os.utime(folder / "tokens-00000.bin", ns=(1, 1))  # a new stamp: checked again, and refused
+    with pytest.raises(SourceError, match="does not match its sha256"):
+        TokenShards.open(folder)
+
+
+def test_training_on_a_damaged_folder_exits_2_before_the_model(tmp_path, tok, capsys):
+    from leantrain.cli import main
+
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lm_documents(40)))
+    folder = tmp_path / "shards"
+    write_shards(open_token_source(str(path), "data.train", separator="\n"), tok, folder)
+    _poke(folder / "tokens-00000.bin", 2, b"\xff\xff")
+    code = main(["train", "model.task=causal-lm", "model.config_type=llama", f"model.tokenizer={tok.name_or_path}",
+                 f"data.train={folder}", "data.block_size=8", f"output_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "tokens-00000.bin does not match its sha256" in err and "Traceback" not in err
 
 
 def test_prepared_folder_is_a_source_and_checks_its_tokenizer(tmp_path, tok):
