@@ -15,11 +15,12 @@ from leantrain.data.shard_cache import prepared_shards
 from leantrain.data.shard_writer import write_shards
 from leantrain.data.token_shards import MANIFEST, VERIFIED, TokenShards, read_manifest
 from leantrain.data.token_sources import open_token_source
+from leantrain.engine import lock
 from leantrain.engine.accelerator import setup_logging
 from leantrain.errors import UserError
 from leantrain.modeling import model_name
 
-SHARD_FILES = ("tokens-", "documents.bin", MANIFEST, ".manifest.json", VERIFIED)
+SHARD_FILES = ("tokens-", "documents.bin", MANIFEST, ".manifest.json", VERIFIED, lock.LOCK_FILE)
 
 
 def load_prepare_tokenizer(cfg: Config):  # noqa: ANN201
@@ -50,6 +51,20 @@ def _check_output(folder: Path) -> None:
                         "empty folder, or a prepared one to replace")
 
 
+def _prepare_into(out: Path, source, tokenizer, cfg: Config) -> TokenShards:  # noqa: ANN001
+    """Prepare into output_dir, locked as ``train`` locks its folder: a second ``prepare`` (or a run) there exits
+    2 naming the one at work instead of interleaving its files with it."""
+    _check_output(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lock.acquire(out)
+    try:
+        _check_output(out)  # again, now that no one else writes there
+        write_shards(source, tokenizer, out, num_proc=cfg.data.num_proc, desc="Tokenizing")
+        return TokenShards.open(out)
+    finally:
+        lock.release(out)
+
+
 def prepare(sources: list[str], cfg: Config) -> tuple[TokenShards, dict]:
     """Prepare ``sources`` (else data.train) with the config's tokenizer into output_dir (else the cache)."""
     specs = sources or ([cfg.data.train] if cfg.data.train else [])
@@ -69,10 +84,7 @@ def prepare(sources: list[str], cfg: Config) -> tuple[TokenShards, dict]:
         tokenizer = load_prepare_tokenizer(cfg)
         try:
             if cfg.output_dir:
-                out = Path(cfg.output_dir).expanduser()
-                _check_output(out)
-                write_shards(source, tokenizer, out, num_proc=cfg.data.num_proc, desc="Tokenizing")
-                shards = TokenShards.open(out)
+                shards = _prepare_into(Path(cfg.output_dir).expanduser(), source, tokenizer, cfg)
             else:
                 shards = prepared_shards(source, tokenizer, num_proc=cfg.data.num_proc, desc="Tokenizing")
         except SourceError as e:

@@ -95,3 +95,26 @@ def test_prepare_refuses_with_a_message(tmp_path, tok_folder, capsys, args, mess
     assert main([a.format(**fill) for a in args]) == 2
     assert message in capsys.readouterr().err
     assert (tmp_path / "other" / "notes.md").read_text() == "mine"
+
+
+def test_two_prepares_into_one_folder_do_not_interleave(tmp_path, tok_folder, capsys):
+    """Issue 27 item 14: output_dir is locked as train locks its folder; a second prepare there exits 2 naming the
+    process at work, and runs once it is gone."""
+    import subprocess
+    import sys
+
+    (tmp_path / "c.txt").write_text("\n\n".join(lm_documents(10)))
+    out = tmp_path / "shards"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from leantrain.engine.lock import acquire; "
+                               f"acquire({str(out)!r}); print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        args = ["prepare", str(tmp_path / "c.txt"), f"model.tokenizer={tok_folder}", f"output_dir={out}"]
+        assert main(args) == 2
+        assert f"in use by another leantrain run (pid {holder.pid}" in capsys.readouterr().err
+        assert not (out / MANIFEST).exists() and not list(out.glob("tokens-*"))
+    finally:
+        holder.communicate("", timeout=60)
+    assert main(args) == 0 and TokenShards.open(out).n_documents == 1
