@@ -1,12 +1,14 @@
 """File helpers every layer uses: the one sha256 of a file (checkpoints, token shards, converted presets) and of a
 JSON-able value (the fingerprints of token-shard sources, tokenizers and cache keys); a text file written
-atomically and durably."""
+atomically and durably; a full disk recognised and named."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -46,3 +48,26 @@ def write_atomic(path: Path, text: str) -> None:
             os.close(fd)
     except OSError:
         pass
+
+
+def disk_full(e: BaseException) -> bool:
+    """ENOSPC / EDQUOT as an OSError, or wrapped by safetensors (a SafetensorError naming the IO error)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e)
+    return "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text
+
+
+def disk_of(path: Path) -> str:
+    """The disk holding ``path``, for a disk-full message: its mount point and the space left on it."""
+    path = Path(path).resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    mount = path
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        free = f"{shutil.disk_usage(path).free / 1e6:,.1f} MB free"
+    except OSError:
+        free = "space unknown"
+    return f"the disk mounted at {mount} ({free})"

@@ -27,7 +27,7 @@ import numpy as np
 from leantrain.data.sources import SourceError
 from leantrain.data.token_shards import FORMAT, INDEX, MANIFEST, record_verified
 from leantrain.data.token_sources import TokenSource
-from leantrain.files import sha256_json, write_atomic
+from leantrain.files import disk_full, disk_of, sha256_json, write_atomic
 
 log = logging.getLogger("leantrain")
 
@@ -185,6 +185,15 @@ class _Writer:
         self.tokens += int(lengths.sum())
         self.documents += len(lengths)
 
+    def abandon(self) -> None:
+        """Close the files without finishing them (a failed preparation)."""
+        for f in (self._file, self._index):
+            if f is not None and not f.closed:
+                try:
+                    f.close()
+                except OSError:  # the buffered tail could not be written: nothing to keep anyway
+                    pass
+
     def close(self) -> dict:
         self._close_shard()
         self._write_index(np.array([self.tokens]))
@@ -247,6 +256,19 @@ def write_shards(source: TokenSource, tokenizer, folder: Path, *, num_proc: int 
         old.unlink()
     procs = num_proc or auto_num_proc(source.size_bytes())
     dtype = token_dtype(len(tokenizer))
+    try:
+        return _write(source, tokenizer, folder, framing, dtype, procs, desc, shard_tokens)
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        for written in [*folder.glob("tokens-*.bin"), folder / INDEX]:
+            written.unlink(missing_ok=True)
+        raise SourceError(f"{source.where}: disk full while writing the token shards to {folder}; the partial shards "
+                          f"were removed; free some space on {disk_of(folder)} and run again") from None
+
+
+def _write(source: TokenSource, tokenizer, folder: Path, framing: dict, dtype: np.dtype, procs: int,  # noqa: ANN001
+           desc: str, shard_tokens: int) -> dict:
     writer = _Writer(folder, dtype, shard_tokens)
     skipped = [0]
     start = time.perf_counter()
@@ -255,6 +277,9 @@ def write_shards(source: TokenSource, tokenizer, folder: Path, *, num_proc: int 
         for flat, lengths in _encoded(_batches(source.documents(), skipped), tokenizer, framing, dtype.str, procs):
             writer.add(flat, lengths)
             bar.update(len(flat))
+    except BaseException:
+        writer.abandon()
+        raise
     finally:
         bar.close()
     files = writer.close()

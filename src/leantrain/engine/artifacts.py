@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import platform
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +16,11 @@ from torch import nn
 
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
+from leantrain.engine.checkpoint import complete_checkpoints
 from leantrain.engine.distributed import full_state_dict
 from leantrain.engine.training_data import TrainingData
+from leantrain.errors import UserError
+from leantrain.files import disk_full, disk_of
 from leantrain.modeling.lora import is_peft_model, merged_for_saving, save_adapter, save_adapter_only
 from leantrain.modeling.names import display_name
 from leantrain.modeling.qlora import is_quantized, merged_full_precision
@@ -125,13 +129,12 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
     accelerator.wait_for_everyone()
     summary = build_summary(cfg, accelerator, model, data, result, memory)
     if accelerator.is_main_process:
-        (out / "config.yaml").write_text(cfg.to_yaml())
-        accelerator.unwrap_model(model).config.update(data.task_object.saved_config(summary["eval"]))
-        model_dir = _save_model(cfg, accelerator.unwrap_model(model), out, state_dict, data)
-        data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
-        write_run_settings(model_dir, cfg, data.task, data.columns)  # predict / eval default to them
-        _report_files(cfg, out, model_dir, data, summary, result.records)
-        write_json(out / "summary.json", summary)  # last: without it the run is not complete and a rerun redoes all
+        try:
+            _write_outputs(cfg, accelerator.unwrap_model(model), out, state_dict, data, summary, result.records)
+        except Exception as e:
+            if not disk_full(e):
+                raise
+            raise _disk_full_error(out) from None
         log.info("saved %s (model/, summary.json, metrics.jsonl, config.yaml)", out)
         ev = summary["eval"]
         if ev:
@@ -139,6 +142,30 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
                      ev["samples"])
     accelerator.wait_for_everyone()
     return summary
+
+
+def _write_outputs(cfg: Config, model: nn.Module, out: Path, state_dict: dict | None, data: TrainingData,
+                   summary: dict, records: list) -> None:
+    """config.yaml, model/ (weights, processor, run settings, card), loss_curve.png, and summary.json LAST: a run
+    killed before summary.json is written is not complete, and its rerun writes every file again."""
+    (out / "config.yaml").write_text(cfg.to_yaml())
+    model.config.update(data.task_object.saved_config(summary["eval"]))
+    model_dir = _save_model(cfg, model, out, state_dict, data)
+    data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
+    write_run_settings(model_dir, cfg, data.task, data.columns)  # predict / eval default to them
+    _report_files(cfg, out, model_dir, data, summary, records)
+    write_json(out / "summary.json", summary)
+
+
+def _disk_full_error(out: Path) -> UserError:
+    """The final save ran out of space: the half-written model/ goes (a rerun writes it again); the newest
+    checkpoint, kept until the model is saved, is where the rerun resumes."""
+    shutil.rmtree(out / "model", ignore_errors=True)
+    found = complete_checkpoints(out)
+    kept = (f"the newest checkpoint ({found[0]}) and metrics.jsonl; run the same command again to resume from it"
+            if found else "no checkpoint (none was written: checkpoint.every_steps); the training must be run again")
+    return UserError(f"disk full while saving the trained model to {out / 'model'}; free some space on "
+                     f"{disk_of(out)}. Kept: {kept}")
 
 
 def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | None, data: TrainingData) -> Path:

@@ -19,7 +19,6 @@ never resumed from (and is reported). A full disk during a save removes the part
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -39,7 +38,7 @@ from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.state_io import fsync_file, save_state
-from leantrain.files import sha256_file
+from leantrain.files import disk_full, disk_of, sha256_file
 from leantrain.errors import UserError
 from leantrain.modeling.qlora import CHECKPOINT_KIND, is_quantized, trainable_state
 
@@ -210,8 +209,10 @@ class Checkpointer:
             previous = complete_checkpoints(self.root.parent)
             intact = (f"the previous checkpoint (step {int(NAME.match(previous[0].name).group(1))}) is intact"
                       if previous else "there is no earlier checkpoint")
-            raise UserError(f"disk full while saving checkpoint step {step} to {final}; {intact}; free some space "
-                            "(or lower checkpoint.keep) and run the same command again to resume") from None
+            raise UserError(f"disk full while saving checkpoint step {step} to {final}; {intact}; free some space on "
+                            f"{disk_of(self.root)} and run the same command again to resume (a new checkpoint is "
+                            "written in full before an older one is deleted, so it needs room for one more whatever "
+                            "checkpoint.keep is)") from None
         if acc.is_main_process:
             self._prune()
         acc.wait_for_everyone()
@@ -311,11 +312,3 @@ class Checkpointer:
         shutil.rmtree(doomed, ignore_errors=True)
         os.replace(old, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
-
-
-def disk_full(e: BaseException) -> bool:
-    """ENOSPC / EDQUOT as an OSError, or wrapped by safetensors (a SafetensorError naming the IO error)."""
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(e)
-    return "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text

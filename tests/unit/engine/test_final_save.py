@@ -45,3 +45,64 @@ def test_summary_json_is_written_after_the_model_card_and_the_plot(corpus, tmp_p
     assert main(lm_args(corpus, out, "report.plots=true")) == 0
     assert seen == {"model/README.md": True, "loss_curve.png": True, "model/model.safetensors": True,
                     "config.yaml": True}
+
+
+def test_disk_full_on_the_final_model_save_exits_2_and_keeps_the_last_checkpoint(corpus, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """Item 5: the final save_pretrained on a full disk (ENOSPC from the write, as safetensors raises it): exit 2
+    naming the disk and the kept checkpoint; the half-written model/ goes; the rerun resumes and finishes."""
+    import errno
+
+    import transformers.modeling_utils as mu
+
+    real = mu.safe_save_file
+
+    def full_disk(tensors, filename, *a, **k):  # noqa: ANN001
+        Path(filename).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device", filename)
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(mu, "safe_save_file", full_disk)
+    assert main(lm_args(corpus, out, "report.plots=false")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"disk full while saving the trained model to {out / 'model'}; free some space on the disk mounted at" in err
+    assert f"Kept: the newest checkpoint ({out / 'checkpoints' / 'step-0000002'}) and metrics.jsonl" in err
+    assert not (out / "model").exists() and not (out / "summary.json").exists()
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-0000002"]
+    monkeypatch.setattr(mu, "safe_save_file", real)
+    assert main(lm_args(corpus, out, "report.plots=false")) == 0
+    assert "resum" in capsys.readouterr().err and (out / "model" / "model.safetensors").is_file()
+
+
+def test_disk_full_while_preparing_exits_2_and_removes_the_partial_shards(corpus, tmp_path, monkeypatch, capsys):
+    """Item 5: `leantrain prepare` on a full disk (ENOSPC from the write of the shard file)."""
+    import builtins
+    import errno
+
+    real_open = builtins.open
+
+    class FullFile:
+        def __init__(self, f):  # noqa: ANN001
+            self.f = f
+
+        def write(self, data):  # noqa: ANN001
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):  # noqa: ANN001
+            return getattr(self.f, name)
+
+    def open_full(file, mode="r", *a, **k):  # noqa: ANN001
+        f = real_open(file, mode, *a, **k)
+        return FullFile(f) if str(file).endswith("tokens-00000.bin") and "w" in mode else f
+
+    from leantrain.data import shard_writer
+
+    monkeypatch.setattr(shard_writer, "open", open_full, raising=False)
+    out = tmp_path / "shards"
+    assert main(["prepare", str(corpus / "train.txt"), f"model.tokenizer={corpus / 'tok'}", f"output_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"disk full while writing the token shards to {out}; the partial shards were removed; free some space on " \
+           "the disk mounted at" in err
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
