@@ -1,7 +1,7 @@
 """The import direction of src/leantrain: arrows point down the layers, never up, never sideways between packages.
 
-    {errors, version, units} < config < {data, modeling, optim} < {perf, report} < engine < launch < commands
-        < {cli, leantrain} < __main__
+    {errors, version, units, files, processes} < config < {data, modeling, optim} < {perf, report} < engine
+        < launch < commands < {cli, leantrain} < __main__
 
 A package may import itself freely; packages of the same layer do not import each other. A leantrain import inside a
 function is allowed only to keep a heavy optional dependency lazy, marked on its line with ``# lazy:`` and a reason.
@@ -16,7 +16,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src" / "leantrain"
 
 LAYERS = {
-    "leantrain.errors": 0, "leantrain.version": 0, "leantrain.units": 0, "leantrain.files": 0,
+    "leantrain.errors": 0, "leantrain.version": 0, "leantrain.units": 0, "leantrain.files": 0, "leantrain.processes": 0,
     "leantrain.config": 1,
     "leantrain.data": 2, "leantrain.modeling": 2, "leantrain.optim": 2,
     "leantrain.perf": 3, "leantrain.report": 3,

@@ -13,10 +13,12 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from multiprocessing import get_context
 from pathlib import Path
@@ -28,6 +30,7 @@ from leantrain.data.sources import SourceError
 from leantrain.data.token_shards import FORMAT, INDEX, MANIFEST, record_verified
 from leantrain.data.token_sources import TokenSource
 from leantrain.files import disk_full, disk_of, sha256_json, write_atomic
+from leantrain.processes import bind_to_parent
 
 log = logging.getLogger("leantrain")
 
@@ -74,6 +77,11 @@ _WORKER: dict = {}
 
 
 def _init_worker(tokenizer, framing: dict, dtype: str) -> None:  # noqa: ANN001
+    """A tokenising process: killed with the command (SIGKILL, SIGTERM: ``prctl`` death signal); deaf to a terminal's
+    Ctrl-C, which the command handles (it stops the pool)."""
+    bind_to_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by _interrupts_held at its start
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _WORKER.update(tokenizer=tokenizer, framing=framing, dtype=dtype)
 
@@ -121,15 +129,41 @@ def _encoded(batches: Iterator[list[str]], tokenizer, framing: dict, dtype: str,
         for batch in batches:
             yield encode_documents(batch, tokenizer, framing, dtype)
         return
-    with ProcessPoolExecutor(num_proc, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(tokenizer, framing, dtype)) as pool:
+    pool = ProcessPoolExecutor(num_proc, mp_context=get_context("spawn"), initializer=_init_worker,
+                               initargs=(tokenizer, framing, dtype))
+    try:
         window: deque = deque()
         for batch in batches:
-            window.append(pool.submit(_encode_in_worker, batch))
+            with _interrupts_held():
+                window.append(pool.submit(_encode_in_worker, batch))
             if len(window) >= 2 * num_proc:
                 yield window.popleft().result()
         while window:
             yield window.popleft().result()
+    except BaseException:  # Ctrl-C, an error, the consumer gone: stop the workers now, not after their batches
+        _stop(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT held back while the pool may start a process: the process starts with it blocked (its initializer
+    then ignores it), and this one gets it right after, as a KeyboardInterrupt."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        worker.kill()
+    for worker in workers:
+        worker.join()
 
 
 class _Writer:

@@ -24,7 +24,6 @@ launcher leaves no process of the run behind.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ import threading
 from pathlib import Path
 
 from leantrain.errors import UserError
+from leantrain.processes import bind_to_parent
 
 log = logging.getLogger("leantrain")
 
@@ -41,7 +41,6 @@ EXIT_PREEMPTED = 75  # EX_TEMPFAIL from sysexits.h: stopped on request with a ch
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 GRACE_SECONDS = 120  # torchrun waits this long for the workers to checkpoint and exit before it SIGKILLs them
 STATUS_FILE = "LEANTRAIN_STATUS_FILE"  # set by the launcher: where rank 0 records that the run was preempted
-PR_SET_PDEATHSIG = 1
 
 
 class Preempted(UserError):
@@ -50,24 +49,9 @@ class Preempted(UserError):
     exit_code = EXIT_PREEMPTED
 
 
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Ask Linux to send ``sig`` to this process when its parent exits (``prctl(PR_SET_PDEATHSIG)``); a no-op
-    elsewhere. Survives exec, so it also works as a ``preexec_fn``."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-
-
 def worker_start() -> None:
     """In a worker started by torchrun: die when the agent dies (it may already be gone: then exit now)."""
-    parent = os.getppid()
-    die_with_parent(signal.SIGKILL)
-    if os.getppid() != parent:  # the agent died before prctl took effect
-        os._exit(1)
+    bind_to_parent()
 
 
 class Preemption:
@@ -163,10 +147,7 @@ def run_module_dying_with_parent(argv: list[str]) -> None:
     safe in a parent that has threads (pyarrow's)."""
     import runpy
 
-    parent = os.getppid()
-    die_with_parent(signal.SIGKILL)
-    if os.getppid() != parent:  # the launcher died before prctl took effect
-        os._exit(1)
+    bind_to_parent()
     sys.argv = [argv[0], *argv[1:]]
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 

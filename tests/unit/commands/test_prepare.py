@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -118,3 +119,82 @@ def test_two_prepares_into_one_folder_do_not_interleave(tmp_path, tok_folder, ca
     finally:
         holder.communicate("", timeout=60)
     assert main(args) == 0 and TokenShards.open(out).n_documents == 1
+
+
+# A `leantrain prepare` whose two tokenising workers each report their pid into a FIFO (the event) and then wait
+# for good: the command is then stopped as a user or a scheduler would.
+POOL_DRIVER = """
+import os, sys, threading
+import leantrain.data.shard_writer as sw
+
+def report_and_wait(texts):
+    with open(os.environ["EVENT_FIFO"], "w") as f:
+        f.write(f"{os.getpid()}\\n")
+    threading.Event().wait()
+
+if __name__ == "__main__":
+    sw.BATCH_DOCS = 2
+    sw._encode_in_worker = report_and_wait
+    from leantrain.cli import main
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    """Wait for a process that is not our child to exit (a pidfd becomes readable when it does)."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", pytest.param("SIGTERM", marks=pytest.mark.slow), "SIGINT"])  # TERM: as KILL
+def test_stopping_prepare_stops_its_workers(tmp_path, tok_folder, sig):
+    """Issue 27 item 3: data.num_proc=2, the command SIGKILLed, SIGTERMed, or Ctrl-C'd (SIGINT to the terminal's
+    process group): no worker outlives it; Ctrl-C is one line, no traceback from a worker."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    (tmp_path / "c.txt").write_text("\n\n".join(lm_documents(12)))
+    (tmp_path / "driver.py").write_text(POOL_DRIVER)
+    fifo = tmp_path / "event"
+    os.mkfifo(fifo)
+    env = {**os.environ, "EVENT_FIFO": str(fifo), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), "prepare", str(tmp_path / "c.txt"),
+                             f"model.tokenizer={tok_folder}", r"data.document_separator=\n\n", "data.num_proc=2",
+                             f"output_dir={tmp_path / 'out'}"], env=env, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    pids: list[int] = []
+
+    def collect() -> None:
+        while len(pids) < 2:
+            with open(fifo) as f:
+                pids.extend(int(x) for x in f.read().split())
+
+    reader = threading.Thread(target=collect, daemon=True)
+    reader.start()
+    reader.join(timeout=240)
+    try:
+        assert len(pids) >= 2, "the workers did not start"
+        if sig == "SIGINT":
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        else:
+            os.kill(proc.pid, getattr(signal, sig))
+        err = proc.communicate(timeout=120)[1]
+        assert all(_gone(pid, 60) for pid in pids), f"a worker outlived the command ({sig})"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if sig == "SIGINT":
+        assert proc.returncode == 130 and "leantrain: interrupted" in err
+        assert "Traceback" not in err and "Error" not in err, err
+    assert not (tmp_path / "out" / MANIFEST).exists()
