@@ -30,6 +30,7 @@ from leantrain.perf.meter import Throughput
 from leantrain.report.card import write_model_card
 from leantrain.report.logs import write_json
 from leantrain.engine.run_settings import write_run_settings
+from leantrain.engine.step import weighted_loss_sum
 from leantrain.report.plots import plot_loss_curve, short_model_name
 from leantrain.version import __version__
 
@@ -186,10 +187,46 @@ def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | Non
         merged = merged_full_precision(cfg, data.label_names, data.task, out / "adapter",
                                        data.task_object.saved_config(None))
     else:
-        merged = merged_for_saving(model)
+        merged = _checked_merge(model, data)
     merged.save_pretrained(out / "model", safe_serialization=True)
     log.info("LoRA: adapter in %s, merged model in %s (loads without peft)", out / "adapter", out / "model")
     return out / "model"
+
+
+MERGE_CHECK_ROWS = 4  # eval rows (else training rows) both models compute the loss of
+MERGE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4}  # relative; other weight dtypes (bf16, fp16): 1e-2
+
+
+def _checked_merge(model: nn.Module, data: TrainingData) -> nn.Module:
+    """The LoRA update merged into the base weights (``merged_for_saving``), checked: the merged model's loss on a
+    few eval rows must be the adapter model's, else the run stops (exit 2) before writing model/ and says so (the
+    adapter, already in adapter/, is the trained model)."""
+    rows = data.eval if data.eval is not None and len(data.eval) else data.train
+    n = min(MERGE_CHECK_ROWS, len(rows))
+    collate = data.eval_collator or data.collator
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) for k, v in collate([rows[i] for i in range(n)]).items()}
+    units = max(data.task_object.count(rows, list(range(n))), 1)
+    adapted = _loss_of(model, batch, data) / units
+    merged = merged_for_saving(model)
+    result = _loss_of(merged, batch, data) / units
+    dtype = next(merged.parameters()).dtype
+    if not math.isclose(result, adapted, rel_tol=MERGE_TOLERANCE.get(dtype, 1e-2), abs_tol=1e-6):
+        raise UserError(f"the merged LoRA model is not the trained model: its loss on {n} rows is {result:.6f}, the "
+                        f"adapter model's {adapted:.6f}; model/ was not written. The adapter is in adapter/ (load it "
+                        "over the base with peft); peft.merge=false saves only the adapter")
+    log.info("LoRA merge checked: loss %.6f on %d rows, as the adapter model's (%.6f)", result, n, adapted)
+    return merged
+
+
+def _loss_of(model: nn.Module, batch: dict, data: TrainingData) -> float:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return float(weighted_loss_sum(model, batch, data.task_object))
+    finally:
+        model.train(was_training)
 
 
 def _report_files(cfg: Config, out: Path, model_dir: Path, data: TrainingData, summary: dict, records: list) -> None:

@@ -252,8 +252,36 @@ def save_adapter(model: nn.Module, folder: Path) -> None:
 
 def merged_for_saving(model: nn.Module) -> nn.Module:
     """The base model with the LoRA updates merged into its weights (peft's ``merge_and_unload``): a plain
-    transformers model that loads without peft. Changes ``model`` in place: call at the end of a run."""
+    transformers model that loads without peft. Input and output embeddings that share one weight are untied first
+    when a LoRA adapts either (``untie_adapted_embeddings``): merged into the shared weight, the update of one would
+    change the other too. Changes ``model`` in place: call at the end of a run."""
+    if untie_adapted_embeddings(model):
+        log.info("LoRA adapts a tied embedding: model/ keeps the input and output embeddings untied "
+                 "(tie_word_embeddings=false), as they were trained")
     return model.merge_and_unload()
+
+
+def untie_adapted_embeddings(model: nn.Module) -> bool:
+    """When the input and output embeddings of a PeftModel share one weight and a LoRA adapts either of them, give
+    the output layer a copy of its own (and the config ``tie_word_embeddings=false``), so each merges its own update.
+    Returns whether it did."""
+    base = model.get_base_model()
+    inp, out = base.get_input_embeddings(), base.get_output_embeddings()
+    if inp is None or out is None:
+        return False
+    held_in, held_out = _base_layer(inp), _base_layer(out)
+    if held_in.weight is not held_out.weight or (held_in is inp and held_out is out):
+        return False
+    held_out.weight = nn.Parameter(held_out.weight.detach().clone(), requires_grad=held_out.weight.requires_grad)
+    for config in {id(c): c for c in (base.config, base.config.get_text_config())}.values():
+        config.tie_word_embeddings = False
+    return True
+
+
+def _base_layer(module: nn.Module) -> nn.Module:
+    """The layer a LoRA wraps (peft's ``get_base_layer``), or the module itself."""
+    get = getattr(module, "get_base_layer", None)
+    return get() if callable(get) else module
 
 
 def adapter_state(model: nn.Module) -> dict:
