@@ -154,10 +154,11 @@ def _gone(pid: int, timeout: float) -> bool:
         os.close(fd)
 
 
-@pytest.mark.parametrize("sig", ["SIGKILL", pytest.param("SIGTERM", marks=pytest.mark.slow), "SIGINT"])  # TERM: as KILL
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGINT"])
 def test_stopping_prepare_stops_its_workers(tmp_path, tok_folder, sig):
-    """Issue 27 item 3: data.num_proc=2, the command SIGKILLed, SIGTERMed, or Ctrl-C'd (SIGINT to the terminal's
-    process group): no worker outlives it; Ctrl-C is one line, no traceback from a worker."""
+    """Issue 27 item 3: data.num_proc=2, the command SIGKILLed or Ctrl-C'd (SIGINT to the terminal's process
+    group): no worker outlives it; Ctrl-C is one line, no traceback from a worker. (SIGTERM kills the command as
+    SIGKILL does, with no handler of its own: the workers' death signal fires the same way.)"""
     import signal
     import subprocess
     import sys
