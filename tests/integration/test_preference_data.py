@@ -34,7 +34,7 @@ def test_hh_rlhf_pairs_split_at_the_last_assistant_turn(tmp_path):
     cfg = resolve(overrides=[f"data.train={path}", f"data.eval={path}", "data.block_size=4096"]).data
     side = for_modality("pairs")
     prepared = side.load_and_validate(cfg, seed=0, batch_size=1)
-    assert prepared.columns == {"format": "implicit"}
+    assert prepared.columns == {"format": "implicit", "prompt": "text"}
     out = side.process(prepared.train, tok, cfg, desc="Processing train")
     assert len(out) == len(rows) - 1  # the tie is dropped
     for row, got in zip([r for i, r in zip(picked, rows) if i != 327], out):
@@ -45,3 +45,4 @@ def test_hh_rlhf_pairs_split_at_the_last_assistant_turn(tmp_path):
             assert tok.decode(ids[:k]) == prompt and tok.decode(ids[k:]) == response + tok.eos_token
             assert all(y != -100 for y in labels[k:])
         assert got["chosen_input_ids"][:k] == got["rejected_input_ids"][:k]
+        assert got["chosen_input_ids"] == tok(prompt + chosen + tok.eos_token)["input_ids"]  # SFT's raw rendering

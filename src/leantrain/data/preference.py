@@ -131,7 +131,8 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     warnings = source_warnings(parts)
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training rows, fewer than one batch (train.batch_size={batch_size})")
-    return PreparedData(train_ds, eval_ds, [], {"format": fmt}, notes, warnings)
+    prompt = "text" if pf.to_example(train_ds[0], fmt).textual else "messages"  # how sample prompts are rendered
+    return PreparedData(train_ds, eval_ds, [], {"format": fmt, "prompt": prompt}, notes, warnings)
 
 
 def _check_lengths(cfg: DataConfig) -> list[str]:

@@ -166,9 +166,12 @@ def sample_inputs(prompts: list[str], tokenizer, cfg: DataConfig,  # noqa: ANN00
     """``report.sample_prompts`` as the model was trained to see them: (texts, chat) for
     ``generation.continuations``. Instruction data rendered with the chat template: the prompts and chat=True (each
     one a user turn with the generation prompt); with the plain template: each prompt wrapped in it, chat=False;
-    prompt/completion rows: the prompts as they are, chat=False. Plain text (no instruction format): the prompts and
-    chat=None (the generation default: the chat template where the tokenizer has one)."""
+    prompt/completion rows: the prompts as they are, chat=False; preference data as its prompts were rendered
+    (``columns["prompt"]``: text as prompt/completion rows, messages as chat rows). Plain text (no instruction
+    format): the prompts and chat=None (the generation default: the chat template where the tokenizer has one)."""
     fmt = (columns or {}).get("format")
+    if fmt in pf.FORMATS:  # preference data: prompts rendered as prompt / completion texts or as chat messages
+        fmt = "prompt_completion" if columns.get("prompt") == "text" else "messages"
     if fmt not in ins.FORMATS:
         return list(prompts), None
     rendering = ins.choose_rendering(tokenizer, cfg.template, fmt)

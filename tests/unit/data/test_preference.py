@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 
 from leantrain.config import resolve
 from leantrain.data import instructions as ins
+from leantrain.data import sft
 from leantrain.data.lm_collate import pad_id_of
 from leantrain.data.modalities import for_modality
 from leantrain.data.preference import detect_format
@@ -80,7 +81,8 @@ def test_each_format_renders_as_sft_with_the_response_masked_and_the_prompt_shar
     row, conversation, trained = FORMATS[fmt]
     with caplog.at_level(logging.INFO, logger="leantrain"):
         prepared, out, _ = processed(tmp_path, tok, [row] * 3, block_size=256)
-    assert prepared.columns == {"format": fmt.removesuffix("-chat")} and len(out) == 3
+    assert prepared.columns == {"format": fmt.removesuffix("-chat"), "prompt": "messages" if conversation else "text"}
+    assert len(out) == 3
     assert "rendered example" in caplog.text and "[[" in caplog.text
     r = out[0]
     assert response_text(tok, r["chosen_input_ids"], r["chosen_labels"]) == trained
@@ -94,6 +96,19 @@ def test_each_format_renders_as_sft_with_the_response_masked_and_the_prompt_shar
         ids, mask = ins.render([*conversation, {"role": "assistant", "content": GOOD}], tok,
                                ins.choose_rendering(tok, "auto", "messages"))
         assert r["chosen_input_ids"] == ids[:len(r["chosen_input_ids"])] and not any(mask[len(r["chosen_input_ids"]):])
+
+
+def test_hh_transcripts_take_the_chat_template_as_turns_on_request(tmp_path, tok):
+    _, out, _ = processed(tmp_path, tok, [FORMATS["implicit"][0]] * 2, template="chat")
+    ids, labels = out[0]["chosen_input_ids"], out[0]["chosen_labels"]
+    k = labels.index(next(y for y in labels if y != IGNORE))
+    assert tok.decode(ids[:k]) == f"<|im_start|>user\n{Q}<|im_end|>\n<|im_start|>assistant\n"
+    assert response_text(tok, ids, labels) == GOOD + "<|im_end|>\n"
+
+
+def test_sample_prompts_are_rendered_as_the_preference_prompts_were(tok):
+    assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "implicit", "prompt": "text"}) == (["Hi"], False)
+    assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "explicit", "prompt": "messages"}) == (["Hi"], True)
 
 
 def test_json_arrays_are_read_as_json_lines(tmp_path, tok):
@@ -162,7 +177,7 @@ def test_feedback_rows_carry_their_label_and_a_kl_row_of_the_next_completion(tmp
     rows = [{"prompt": Q, "completion": GOOD, "label": True}, {"prompt": "Hello", "completion": BAD, "label": False},
             {"prompt": "Once upon a time", "completion": "there was a model.", "label": True}]
     prepared, out, c = processed(tmp_path, tok, rows, side="feedback")
-    assert prepared.columns == {"format": "feedback"} and out["desirable"] == [1, 0, 1]
+    assert prepared.columns["format"] == "feedback" and out["desirable"] == [1, 0, 1]
     for i in range(3):
         nxt = rows[(i + 1) % 3]["completion"]
         assert response_text(tok, out[i]["input_ids"], out[i]["labels"]) == rows[i]["completion"] + "<|endoftext|>"
