@@ -57,6 +57,8 @@ FORMATS = {  # format -> (a row, the SFT conversation it renders as, chosen's tr
     "explicit": ({"prompt": Q, "chosen": GOOD, "rejected": BAD}, None, GOOD + "<|endoftext|>"),
     "explicit-chat": ({"prompt": MSG, "chosen": [{"role": "assistant", "content": GOOD}],
                        "rejected": [{"role": "assistant", "content": BAD}]}, MSG, GOOD + "<|im_end|>\n"),
+    "explicit-full": ({"prompt": Q, "chosen": [*MSG, {"role": "assistant", "content": GOOD}],  # UltraFeedback's layout
+                       "rejected": [*MSG, {"role": "assistant", "content": BAD}]}, MSG, GOOD + "<|im_end|>\n"),
     "implicit": ({"chosen": f"\n\nHuman: {Q}\n\nAssistant: {GOOD}", "rejected": f"\n\nHuman: {Q}\n\nAssistant: {BAD}"},
                  None, f" {GOOD}<|endoftext|>"),
     "implicit-chat": ({"chosen": [*MSG, {"role": "assistant", "content": GOOD}],
@@ -69,7 +71,7 @@ FORMATS = {  # format -> (a row, the SFT conversation it renders as, chosen's tr
 
 def test_formats_are_detected_from_columns_and_first_row():
     for name, (row, *_) in FORMATS.items():
-        assert detect_format(list(row), row) == name.removesuffix("-chat")
+        assert detect_format(list(row), row) == name.split("-")[0]
     assert detect_format(["prompt", "completion", "label"], {"label": True}) == "feedback"
     assert detect_format(["messages", "label"], {"label": 0}) == "feedback"
     assert detect_format(["messages", "label"], {"label": "sports"}) is None  # a class label: not feedback
@@ -81,7 +83,7 @@ def test_each_format_renders_as_sft_with_the_response_masked_and_the_prompt_shar
     row, conversation, trained = FORMATS[fmt]
     with caplog.at_level(logging.INFO, logger="leantrain"):
         prepared, out, _ = processed(tmp_path, tok, [row] * 3, block_size=256)
-    assert prepared.columns == {"format": fmt.removesuffix("-chat"), "prompt": "messages" if conversation else "text"}
+    assert prepared.columns == {"format": fmt.split("-")[0], "prompt": "messages" if conversation else "text"}
     assert len(out) == 3
     assert "rendered example" in caplog.text and "[[" in caplog.text
     r = out[0]
