@@ -50,7 +50,8 @@ def texts(prompt, response: str, tokenizer, rendering: ins.Rendering) -> tuple[s
     """(prompt text, response text, whether the tokenizer's special tokens go first) of one prompt and reply."""
     if rendering.mode == "raw":
         return prompt, response + (tokenizer.eos_token or ""), True
-    reply = response.strip() if isinstance(prompt, str) else response  # HH replies start with a space
+    hh = isinstance(prompt, str) and pf.hh_messages(prompt) is not None
+    reply = response.strip() if hh else response  # an HH reply starts with the space after "Assistant:"
     messages = [*as_messages(prompt), {"role": "assistant", "content": reply}]
     text, spans, special = ins._text_spans(messages, tokenizer, rendering)
     a, b = spans[-1]

@@ -207,6 +207,13 @@ def test_reward_model_rows_are_the_plain_text_with_the_tokenizers_special_tokens
     assert set(batch) == {"input_ids", "attention_mask", "loss_weight"} and batch["input_ids"].shape[0] == 4
 
 
+
+def test_reward_model_rows_go_through_the_chat_template_when_there_is_one(tmp_path, tok):
+    _, out, _ = processed(tmp_path, tok, [FORMATS["explicit-chat"][0]] * 2, side="scored-pairs")
+    assert tok.decode(out[0]["rejected_input_ids"]) == (f"<|im_start|>user\n{Q}<|im_end|>\n<|im_start|>assistant\n"
+                                                        f"{BAD}<|im_end|>\n")
+
+
 @pytest.mark.parametrize("rows, says", [
     ([FORMATS["sharegpt"][0]], "preference data (format conversations"),
     ([{"messages": [*MSG, {"role": "assistant", "content": GOOD}], "label": False}], "unpaired feedback data"),
