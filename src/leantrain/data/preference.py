@@ -51,6 +51,7 @@ from leantrain.data.lm_collate import pad_id_of
 from leantrain.data.preference_collate import FeedbackCollator, PairCollator
 from leantrain.data.sources import Part, quiet
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
+from leantrain.data.text_loader import _first as first_rows
 from leantrain.errors import DataError
 
 log = logging.getLogger("leantrain")
@@ -123,11 +124,8 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     eval_ds = _keep(evaluation, fmts[id(evaluation)]) if evaluation is not None else None
     if eval_ds is None:
         train_ds, eval_ds = _hold_out(train_ds, cfg.eval_fraction, seed, notes)
-    for name, n in (("train", cfg.max_train_samples), ("eval", cfg.max_eval_samples)):
-        ds = train_ds if name == "train" else eval_ds
-        if n is not None and len(ds) > n:
-            notes.append(f"data.max_{name}_samples: using the first {n} of {len(ds)} {name} rows")
-            train_ds, eval_ds = (ds.select(range(n)), eval_ds) if name == "train" else (train_ds, ds.select(range(n)))
+    train_ds = first_rows(train_ds, cfg.max_train_samples, "data.max_train_samples", "training", notes)
+    eval_ds = first_rows(eval_ds, cfg.max_eval_samples, "data.max_eval_samples", "eval", notes)
     warnings = source_warnings(parts)
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training rows, fewer than one batch (train.batch_size={batch_size})")

@@ -97,23 +97,18 @@ def to_pair(row: dict[str, Any], fmt: str) -> Example:
     if fmt == "implicit" or (fmt == "explicit" and _full_conversations(chosen, rejected)):
         return _implicit(chosen, rejected)
     if fmt == "sharegpt":
-        conversation = row.get("conversations")
-        prompt = _messages([*_list(conversation, "conversations"), _turn(chosen, "chosen")], "from", "value",
-                           ins.SHAREGPT_ROLES)
-        answer = _messages([*_list(conversation, "conversations"), _turn(rejected, "rejected")], "from", "value",
-                           ins.SHAREGPT_ROLES)
-        return Example(prompt[:-1], _reply(prompt, "chosen"), _reply(answer, "rejected"))
+        return _conversational(_list(row.get("conversations"), "conversations"), _turn(chosen, "chosen"),
+                               _turn(rejected, "rejected"), ("from", "value"), ins.SHAREGPT_ROLES)
     if fmt == "alpaca":
         prompt = ins.to_messages({**row, "output": ""}, "alpaca")[:1]
-        return Example(prompt, ins._text(chosen, "chosen", blank_ok=True), ins._text(rejected, "rejected", blank_ok=True))
+        return Example(prompt, _response(chosen, "chosen"), _response(rejected, "rejected"))
     if fmt == "explicit":
         prompt = row.get("prompt")
         if isinstance(prompt, str):
             return Example(ins._text(prompt, "prompt", blank_ok=True), _response(chosen, "chosen"),
                            _response(rejected, "rejected"))
-        full = _messages([*_list(prompt, "prompt"), _as_turn(chosen, "chosen")], "role", "content", None)
-        other = _messages([*_list(prompt, "prompt"), _as_turn(rejected, "rejected")], "role", "content", None)
-        return Example(full[:-1], _reply(full, "chosen"), _reply(other, "rejected"))
+        return _conversational(_list(prompt, "prompt"), _as_turn(chosen, "chosen"), _as_turn(rejected, "rejected"),
+                               ("role", "content"), None)
     raise ValueError(f"unknown preference format {fmt!r}")
 
 
@@ -130,6 +125,14 @@ def to_feedback(row: dict[str, Any]) -> Example:
                        desirable=desirable)
     full = _messages([*_list(prompt, "prompt"), _as_turn(completion, "completion")], "role", "content", None)
     return Example(full[:-1], _reply(full, "completion"), desirable=desirable)
+
+
+def _conversational(turns: list, chosen: dict, rejected: dict, keys: tuple[str, str], mapping: dict | None
+                    ) -> Example:
+    """A prompt of turns and the two reply turns (checked as conversations: roles, contents, the reply last)."""
+    a = _messages([*turns, chosen], *keys, mapping)
+    b = _messages([*turns, rejected], *keys, mapping)
+    return Example(a[:-1], _reply(a, "chosen"), _reply(b, "rejected"))
 
 
 def _full_conversations(chosen: Any, rejected: Any) -> bool:

@@ -103,7 +103,8 @@ def _rows(batch: dict[str, list]) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------ batched map functions
 
 
-def encode_pairs(batch, tokenizer, fmt: str, template: str, max_prompt: int, cap: int) -> dict[str, list]:  # noqa: ANN001
+def encode_pairs(batch, tokenizer, fmt: str, template: str, max_prompt: int,  # noqa: ANN001
+                 cap: int) -> dict[str, list]:
     """Pair rows -> chosen/rejected input ids and labels, length; flags trimmed / cut / tie / empty for the counts."""
     keys = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels", "length", "trimmed", "cut",
             "tie", "empty")
