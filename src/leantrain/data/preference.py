@@ -163,6 +163,11 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
     if fmt is None:
         raise DataError(f"{where}: not preference data; columns found: {', '.join(dataset.column_names)}")
     budget, cap, n = prompt_budget(cfg), cfg.block_size, len(dataset)
+    limit = getattr(tokenizer, "model_max_length", None) or cap
+    if side == "scored-pairs" and limit < cap:  # a classifier's position embeddings end there (MiniLM: 512)
+        log.info("%s: sequences cut to the tokenizer's model_max_length=%d (below data.block_size=%d)", where, limit,
+                 cap)
+        cap = limit
     common = {"batched": True, "batch_size": 256, "remove_columns": dataset.column_names, "desc": desc}
     if side == "feedback":
         raw = dataset.map(render.encode_feedback, **common,
