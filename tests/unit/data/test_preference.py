@@ -196,11 +196,13 @@ def test_feedback_rows_carry_their_label_and_a_kl_row_of_the_next_completion(tmp
         processed(tmp_path, tok, rows, side="pairs")
 
 
-def test_reward_model_rows_are_the_plain_text_with_the_tokenizers_special_tokens(tmp_path):
+def test_reward_model_rows_are_the_plain_text_with_the_tokenizers_special_tokens(tmp_path, caplog):
     from leantrain.modeling import packaged_model_path
 
     bert = AutoTokenizer.from_pretrained(packaged_model_path())  # no chat template: the plain text
-    _, out, c = processed(tmp_path, bert, [FORMATS["implicit"][0]] * 2, side="scored-pairs")
+    with caplog.at_level(logging.INFO, logger="leantrain"):
+        _, out, c = processed(tmp_path, bert, [FORMATS["implicit"][0]] * 2, side="scored-pairs", block_size=1024)
+    assert "cut to the tokenizer's model_max_length=512" in caplog.text
     assert out.column_names == ["chosen_input_ids", "rejected_input_ids", "length"]
     assert bert.decode(out[0]["chosen_input_ids"]) == bert.decode(bert(FORMATS["implicit"][0]["chosen"])["input_ids"])
     batch = for_modality("scored-pairs").collator(bert, c, train=True)([out[0], out[1]])
