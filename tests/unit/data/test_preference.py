@@ -108,6 +108,14 @@ def test_hh_transcripts_take_the_chat_template_as_turns_on_request(tmp_path, tok
     assert response_text(tok, ids, labels) == GOOD + "<|im_end|>\n"
 
 
+def test_message_prompts_take_the_plain_template_on_request(tmp_path, tok):
+    _, out, _ = processed(tmp_path, tok, [FORMATS["explicit-chat"][0]] * 2, template="plain")
+    ids, labels = out[0]["chosen_input_ids"], out[0]["chosen_labels"]
+    k = labels.index(next(y for y in labels if y != IGNORE))
+    assert tok.decode(ids[:k]) == f"### Instruction:\n{Q}\n\n### Response:\n"
+    assert response_text(tok, ids, labels) == GOOD + "<|endoftext|>"
+
+
 def test_sample_prompts_are_rendered_as_the_preference_prompts_were(tok):
     assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "implicit", "prompt": "text"}) == (["Hi"], False)
     assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "explicit", "prompt": "messages"}) == (["Hi"], True)
