@@ -51,7 +51,7 @@ from leantrain.data.lm_collate import pad_id_of
 from leantrain.data.preference_collate import FeedbackCollator, PairCollator
 from leantrain.data.sources import Part, quiet
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
-from leantrain.data.text_loader import _first as first_rows
+from leantrain.data.text_loader import first_rows
 from leantrain.errors import DataError
 
 log = logging.getLogger("leantrain")
