@@ -121,6 +121,15 @@ def test_sample_prompts_are_rendered_as_the_preference_prompts_were(tok):
     assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "explicit", "prompt": "messages"}) == (["Hi"], True)
 
 
+def test_prompt_tokens_merged_into_an_answer_go_with_it_unlearnt(tmp_path, tok):
+    _, out, _ = processed(tmp_path, tok, [{"prompt": "The ans", "chosen": "wer", "rejected": "k"}] * 2)
+    r = out[0]  # "The ans" + "wer" tokenises as "The", " answer"; "The ans" + "k" as "The", " ans", "k"
+    assert r["chosen_input_ids"] == tok("The answer<|endoftext|>")["input_ids"]  # SFT's tokens
+    assert r["chosen_input_ids"][0] == r["rejected_input_ids"][0] and r["rejected_labels"][1] == IGNORE
+    assert response_text(tok, r["chosen_input_ids"], r["chosen_labels"]) == " answer<|endoftext|>"
+    assert response_text(tok, r["rejected_input_ids"], r["rejected_labels"]) == "k<|endoftext|>"
+
+
 def test_json_arrays_are_read_as_json_lines(tmp_path, tok):
     rows = [FORMATS["explicit"][0]] * 3
     _, from_array, _ = processed(tmp_path, tok, rows, array=True)
