@@ -11,7 +11,8 @@ DATA CONTRACT (what the preference tasks read; the names are stable)
 ``pairs`` data side (pairs on a causal LM). Processed rows: ``chosen_input_ids``, ``chosen_labels``,
 ``rejected_input_ids``, ``rejected_labels`` (lists of int; labels = the input ids on response tokens, -100 on the
 prompt and the template's text, and on the first token; unshifted, like the causal LM's labels) and ``length`` (the
-longer of the two). Both sequences start with the same prompt tokens. Collated (B rows): ``input_ids`` (2B, T), rows
+longer of the two). Each sequence is SFT's rendering; both start with the same prompt tokens (those their
+renderings share: a prompt token a tokenizer merges differently into one answer goes with it, unlabelled). Collated (B rows): ``input_ids`` (2B, T), rows
 0..B-1 the chosen and B..2B-1 the rejected sequences, right-padded with the pad id; ``attention_mask`` (2B, T);
 ``labels`` (2B, T), -100 on padding; ``loss_weight`` (B,) (0 for the padding rows that keep ranks in step);
 ``ref_logps`` (B, 2) float32 (chosen, rejected) when the dataset has the float columns ``ref_chosen_logps`` /
@@ -25,7 +26,7 @@ row) when the columns ``ref_logps`` / ``ref_kl_logps`` exist.
 
 ``scored-pairs`` data side (pairs on a sequence classifier: a reward model). Rows: ``chosen_input_ids``,
 ``rejected_input_ids`` (prompt + response through the tokenizer's chat template when it has one, else the plain
-text, with the tokenizer's special tokens), ``length``. Collated: ``input_ids`` (2B, T), ``attention_mask`` (2B, T),
+text, with the tokenizer's special tokens; cut at the tokenizer's ``model_max_length`` too), ``length``. Collated: ``input_ids`` (2B, T), ``attention_mask`` (2B, T),
 ``loss_weight`` (B,); no labels.
 
 Lengths: a prompt longer than ``data.max_prompt_length`` tokens (unset: half of ``data.block_size``) keeps its end;
