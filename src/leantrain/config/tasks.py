@@ -15,6 +15,8 @@ TEXT_REGRESSION = "text-regression"
 MULTI_LABEL = "multi-label"
 TOKEN_CLASSIFICATION = "token-classification"
 CAUSAL_LM = "causal-lm"
+PREFERENCE = "preference"
+REWARD_MODEL = "reward-model"
 
 CLASSIFICATION_METRICS = ("accuracy", "f1_macro", "mcc", "loss")  # mcc: two classes only
 REGRESSION_METRICS = ("pearson", "spearman", "mse", "mae", "loss")
