@@ -1,0 +1,50 @@
+"""What a new user hit on other tools' instruction data and LoRA runs (issue 26, part 4), on a tiny Llama with a
+ChatML tokenizer (no pad token): the run's output says each thing once and in the unit that fits."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from leantrain.cli import main
+from tests.helpers import CHATML, make_tiny_chat_tokenizer, make_tiny_llama
+
+
+def jsonl(path, data):
+    path.write_text("".join(json.dumps(x) + "\n" for x in data))
+    return str(path)
+
+
+def alpaca(n: int) -> list[dict]:
+    return [{"instruction": f"What is {i % 7} and 2", "output": "The answer is 4. Hello world" * (1 + i % 3)}
+            for i in range(n)]
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory):
+    """One packed SFT run (Alpaca rows, held-out eval file): (root, exit code, stdout, stderr)."""
+    root = tmp_path_factory.mktemp("newuser-lm")
+    model = make_tiny_llama(root / "model", make_tiny_chat_tokenizer(root / "tok", chat_template=CHATML))
+    code, out, err = run_cli("train", f"model.name={model}", f"data.train={jsonl(root / 'train.jsonl', alpaca(40))}",
+                             f"data.eval={jsonl(root / 'eval.jsonl', alpaca(20))}", "data.block_size=128",
+                             "train.max_steps=3", "train.batch_size=8", "report.plots=false",
+                             "report.progress=none", f"output_dir={root / 'run'}")
+    assert code == 0, err[-3000:]
+    return root, out, err
+
+
+def test_pad_token_and_final_eval_line_are_said_once_with_blocks_and_tokens_per_second(sft):
+    _, out, err = sft
+    assert err.count("the tokenizer has no pad token") == 1
+    assert out.count("eval loss:") == 1 and "eval loss:" not in err.split("eval @ step 3")[-1]
+    assert "on 9 blocks (of 20 examples)" in out and " tokens/s) -> " in out
