@@ -48,3 +48,12 @@ def test_pad_token_and_final_eval_line_are_said_once_with_blocks_and_tokens_per_
     assert err.count("the tokenizer has no pad token") == 1
     assert out.count("eval loss:") == 1 and "eval loss:" not in err.split("eval @ step 3")[-1]
     assert "on 9 blocks (of 20 examples)" in out and " tokens/s) -> " in out
+
+
+def test_predict_on_a_language_model_points_to_generate_and_eval(sft):
+    root, _, _ = sft
+    model = root / "run" / "model"
+    code, _, err = run_cli("predict", str(model), "--input", str(root / "eval.jsonl"), "--output",
+                           str(root / "p.jsonl"))
+    assert code == 2 and "is a language model" in err and "Traceback" not in err
+    assert f"leantrain generate {model} --prompt" in err and f"leantrain eval {model} data.eval=" in err

@@ -33,6 +33,10 @@ def load_trained(model_dir: str, cfg: Config):
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
     task = resolve_task(cfg.model_copy(update={"model": mcfg}))
+    if get_task(task).spec.labels == "none":  # a language model has no labels to predict
+        raise UserError(f"{model_dir} is a language model ({task}): it has no labels to predict; continue text with "
+                        f"`leantrain generate {model_dir} --prompt \"...\"`, or measure its loss and perplexity on a "
+                        f"file with `leantrain eval {model_dir} data.eval=path`")
     labels = trained_label_names(load_config(mcfg))
     if labels is None:
         raise UserError(f"{model_dir} is not a fine-tuned classifier (no label names in its config.json); "
