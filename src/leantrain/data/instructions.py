@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import datasets
 import numpy as np
 
-from leantrain.errors import DataError
+from leantrain.errors import DataError, more_rows, problems_error
 
 IGNORE = -100
 FORMATS = {  # name -> (required columns, optional columns, what the user calls it)
@@ -309,7 +309,7 @@ def check_rows(ds: datasets.Dataset, fmt: str, where: str, limit: int = 5, name_
             if len(problems) < limit:
                 problems.append(f"{where}: {name_row(i) if name_row else f'row {i + 1}'}: {e}")
     if bad > limit:
-        problems.append(f"{where}: {bad - limit} more rows with problems")
+        problems.append(more_rows(where, bad - limit))
     return problems
 
 
@@ -321,7 +321,7 @@ def process(ds: datasets.Dataset, tokenizer, *, block_size: int, template: str =
         raise unknown_format(where, ds.column_names)
     problems = check_rows(ds, fmt, where)
     if problems:
-        raise DataError(f"the data has {len(problems)} problem{'s' if len(problems) != 1 else ''}:", problems)
+        raise problems_error(problems)
     rendering = choose_rendering(tokenizer, template, fmt)
     out = ds.map(_encode, batched=True, batch_size=256, remove_columns=ds.column_names, desc=desc,
                  fn_kwargs={"tokenizer": tokenizer, "fmt": fmt, "rendering": rendering,

@@ -68,7 +68,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
         problems += ins.check_rows(part.ds, fmt, part.where, name_row=lambda i, p=part: p.rows([i]))
     if problems:
         accepted = "; ".join(d for *_, d in ins.FORMATS.values())
-        raise data_error(problems + [f"instruction/chat formats accepted: {accepted}"])
+        raise data_error(problems, [f"instruction/chat formats accepted: {accepted}"])
     if cfg.template not in ("auto", "chat", "plain"):
         ins.check_template(cfg.template)
     fmt = fmts[id(train)]

@@ -94,3 +94,13 @@ def test_sample_prompts_are_wrapped_as_trained(tok, tmp_path):
         ["### Instruction:\nHi\n\n### Response:\n"], False)
     assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "prompt_completion"}) == (["Hi"], False)
     assert sft.sample_inputs(["Hi"], tok, cfg(), {"text": "text"}) == (["Hi"], None)  # plain text: generation's default
+
+
+def test_data_error_counts_the_bad_rows_not_the_printed_lines(tmp_path):
+    rows = alpaca(200)
+    for r in rows[:153]:
+        r["output"] = 7
+    with pytest.raises(DataError) as e:
+        for_modality("tokens").load_and_validate(cfg(train=jsonl(tmp_path / "t.jsonl", rows)), seed=0, batch_size=4)
+    assert str(e.value).startswith("the data has 153 problems:")
+    assert "148 more rows with problems" in str(e.value) and "formats accepted" in str(e.value)
