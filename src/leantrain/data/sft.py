@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
+from typing import Iterator
 
 import datasets
 
@@ -49,6 +51,36 @@ def _keep(part: Part, fmt: str) -> datasets.Dataset:
         return part.ds.select_columns(keep)
 
 
+PLACEHOLDER = re.compile(r"\{\{\s*[A-Za-z_][\w.]*\s*\}\}")
+
+
+def _strings(value) -> Iterator[str]:  # noqa: ANN001 - a row's value: text, or lists / dicts of them (chat turns)
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def placeholder_warning(ds: datasets.Dataset, where: str) -> str | None:
+    """A warning when rows hold ``{{name}}``-style placeholders (identity data of other tools, filled in by their
+    scripts): left as they are, the model learns the braces. None when no row has one."""
+    rows, names = 0, {}
+    for row in ds:
+        found = [m.group(0) for text in _strings(row) for m in PLACEHOLDER.finditer(text)]
+        rows += bool(found)
+        for f in found:
+            names[f] = names.get(f, 0) + 1
+    if not rows:
+        return None
+    shown = ", ".join(f"{n} ({k}x)" for n, k in sorted(names.items(), key=lambda x: -x[1])[:5])
+    return (f"{where}: {rows} of {len(ds)} rows hold template placeholders ({shown}{', ...' if len(names) > 5 else ''})"
+            "; they are trained literally: replace them with the values they stand for before training")
+
+
 def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
                       known_labels=None) -> PreparedData:  # noqa: ANN001
     """Instruction/chat training (and eval) rows, checked: one DataError naming file, line and problem."""
@@ -87,7 +119,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
             notes.append(f"data.max_{name}_samples: using the first {n} of {len(ds)} {what} rows")
             ds = ds.select(range(n))
             train_ds, eval_ds = (ds, eval_ds) if name == "train" else (train_ds, ds)
-    warnings = source_warnings(parts)
+    warnings = source_warnings(parts) + [w for p in parts if (w := placeholder_warning(p.ds, p.where))]
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training examples, fewer than one batch (train.batch_size={batch_size})")
     return PreparedData(train_ds, eval_ds, [], {"format": fmt}, notes, warnings)
