@@ -16,6 +16,7 @@ import datasets
 from leantrain.config import DataConfig
 from leantrain.data import instructions as ins
 from leantrain.data.caches import using_cache_dir
+from leantrain.data.conversation import EXTRA_COLUMNS
 from leantrain.data.demo import demo_files
 from leantrain.data.sources import Part, SourceError, quiet
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
@@ -46,7 +47,7 @@ def with_formats(err: DataError) -> DataError:
 
 def _keep(part: Part, fmt: str) -> datasets.Dataset:
     required, optional, _ = ins.FORMATS[fmt]
-    keep = [c for c in (*required, *optional) if c in part.ds.column_names]
+    keep = [c for c in (*required, *optional, *EXTRA_COLUMNS) if c in part.ds.column_names]
     with quiet():
         return part.ds.select_columns(keep)
 
@@ -151,7 +152,8 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
     size = cfg.block_size
     where = {"Processing train": "data.train", "Processing eval": "data.eval"}.get(desc, "data")
     data = ins.process(dataset, tokenizer, block_size=size, template=cfg.template,
-                       train_on_prompt=cfg.train_on_prompt, where=where, desc=desc)
+                       train_on_prompt=cfg.train_on_prompt, where=where, desc=desc,
+                       system_prompt=cfg.system_prompt)
     for note in data.notes:
         log.info(note)
     if len(data.dataset) and where != "data.eval":

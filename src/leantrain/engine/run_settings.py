@@ -21,7 +21,7 @@ log = logging.getLogger("leantrain")
 FILE = "leantrain.json"
 COLUMN_KEYS = ("text_column", "text_pair_column", "label_column", "image_column", "audio_column")
 TOKEN_KEYS = ("block_size", "document_separator", "document_mask",  # language models: how text becomes blocks
-              "template", "train_on_prompt")  # instruction data: how it is rendered and which tokens are targets
+              "template", "train_on_prompt", "system_prompt")  # instruction data: how it is rendered and which tokens are targets
 
 
 def run_settings(cfg: Config, task: str, columns: dict) -> dict:
