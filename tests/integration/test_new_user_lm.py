@@ -38,6 +38,7 @@ def sft(tmp_path_factory):
     code, out, err = run_cli("train", f"model.name={model}", f"data.train={jsonl(root / 'train.jsonl', alpaca(40))}",
                              f"data.eval={jsonl(root / 'eval.jsonl', alpaca(20))}", "data.block_size=128",
                              "train.max_steps=3", "train.batch_size=8", "report.plots=false",
+                             "efficiency.precision=bf16",  # evaluated under bf16 autocast, saved fp32
                              "report.progress=none", f"output_dir={root / 'run'}")
     assert code == 0, err[-3000:]
     return root, out, err
@@ -47,7 +48,7 @@ def test_pad_token_and_final_eval_line_are_said_once_with_blocks_and_tokens_per_
     _, out, err = sft
     assert err.count("the tokenizer has no pad token") == 1
     assert out.count("eval loss:") == 1 and "eval loss:" not in err.split("eval @ step 3")[-1]
-    assert "on 9 blocks (of 20 examples)" in out and " tokens/s) -> " in out
+    assert "on 9 blocks (of 20 examples) in bf16  (3 steps, " in out and " tokens/s) -> " in out
 
 
 def test_predict_on_a_language_model_points_to_generate_and_eval(sft):
@@ -57,3 +58,20 @@ def test_predict_on_a_language_model_points_to_generate_and_eval(sft):
                            str(root / "p.jsonl"))
     assert code == 2 and "is a language model" in err and "Traceback" not in err
     assert f"leantrain generate {model} --prompt" in err and f"leantrain eval {model} data.eval=" in err
+
+
+def test_eval_of_the_saved_model_agrees_with_the_run_in_the_runs_precision(sft):
+    """The run evaluated under bf16 autocast; `leantrain eval` used fp32 and disagreed in the 5th digit. It now
+    takes the run's precision from model/leantrain.json (bitwise the same loss), or efficiency.precision."""
+    root, _, _ = sft
+    summary = json.loads((root / "run" / "summary.json").read_text())
+    model, data = str(root / "run" / "model"), f"data.eval={root / 'eval.jsonl'}"
+    code, _, err = run_cli("eval", model, data, "--output", str(root / "same.json"))
+    same = json.loads((root / "same.json").read_text())
+    assert code == 0 and "precision: bf16 (the training run's, from" in err
+    assert same["precision"] == "bf16" and same["eval"]["loss"] == summary["eval"]["loss"]
+    code, _, err = run_cli("eval", model, data, "efficiency.precision=fp32", "--output", str(root / "fp32.json"))
+    fp32 = json.loads((root / "fp32.json").read_text())
+    assert code == 0 and fp32["precision"] == "fp32" and "precision: fp32 (efficiency.precision" in err
+    assert fp32["eval"]["loss"] != summary["eval"]["loss"]
+    assert fp32["eval"]["loss"] == pytest.approx(summary["eval"]["loss"], rel=1e-2)

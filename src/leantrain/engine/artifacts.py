@@ -130,7 +130,8 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
         accelerator.unwrap_model(model).config.update(data.task_object.saved_config(summary["eval"]))
         model_dir = _save_model(cfg, accelerator.unwrap_model(model), out, state_dict, data)
         data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
-        write_run_settings(model_dir, cfg, data.task, data.columns)  # predict / eval default to them
+        write_run_settings(model_dir, cfg, data.task, data.columns,  # predict / eval default to them
+                           (summary.get("efficiency") or {}).get("precision"))
         write_json(out / "summary.json", summary)
         _report_files(cfg, out, model_dir, data, summary, result.records)
         log.info("saved %s (model/, summary.json, metrics.jsonl, config.yaml)", out)

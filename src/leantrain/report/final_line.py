@@ -1,5 +1,5 @@
 """The one line a finished run prints last: the eval headline, what it was measured on (examples, or packed blocks
-of examples), the steps and the speed in the task's unit (tokens/s for a language model, samples/s otherwise)."""
+of examples) and in which precision, the steps and the speed in the task's unit (tokens/s for a language model, samples/s otherwise)."""
 
 from __future__ import annotations
 
@@ -27,5 +27,6 @@ def final_line(headline: str, summary: dict, with_loss: bool) -> str:
     does not already hold the loss."""
     ev, train = summary.get("eval") or {}, summary.get("train") or {}
     loss = f", loss {ev['loss']:.4f}" if with_loss and ev.get("loss") is not None else ""
-    return (f"{headline}{loss} on {rows_text(ev, summary.get('data') or {})}  ({train.get('steps', 0)} steps, "
-            f"{speed_text(train)}) -> {summary.get('output_dir', '')}")
+    precision = (summary.get("efficiency") or {}).get("precision")  # what `leantrain eval` computes in by default
+    return (f"{headline}{loss} on {rows_text(ev, summary.get('data') or {})}{f' in {precision}' if precision else ''}"
+            f"  ({train.get('steps', 0)} steps, {speed_text(train)}) -> {summary.get('output_dir', '')}")
