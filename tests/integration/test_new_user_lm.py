@@ -75,3 +75,23 @@ def test_eval_of_the_saved_model_agrees_with_the_run_in_the_runs_precision(sft):
     assert code == 0 and fp32["precision"] == "fp32" and "precision: fp32 (efficiency.precision" in err
     assert fp32["eval"]["loss"] != summary["eval"]["loss"]
     assert fp32["eval"]["loss"] == pytest.approx(summary["eval"]["loss"], rel=1e-2)
+
+
+def test_one_step_lora_run_trains_the_adapter_at_the_adapter_default_lr(sft):
+    """train.max_steps=1 with the default warm-up: the step runs at a non-zero lr, so lora_B (zero at the start)
+    moves; train.lr unset under LoRA is 2e-4; the checkpoint-free run still saves the adapter."""
+    from safetensors.torch import load_file
+
+    root, _, _ = sft
+    out = root / "lora1"
+    code, _, err = run_cli("train", f"model.name={root / 'model'}", f"data.train={root / 'train.jsonl'}",
+                           f"data.eval={root / 'eval.jsonl'}", "data.block_size=128", "peft.method=lora", "peft.r=4",
+                           "train.max_steps=1", "train.batch_size=8", "report.plots=false", "report.progress=none",
+                           f"output_dir={out}")
+    assert code == 0, err[-3000:]
+    assert "lr: 0.0002" in (out / "config.yaml").read_text()
+    [record] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+                if json.loads(line)["type"] == "train"]
+    assert record["lr"] == pytest.approx(1e-4)  # warm-up step 0 of 1: (0 + 1) / (1 + 1) of the peak
+    adapter = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in adapter.items())
