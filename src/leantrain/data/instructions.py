@@ -193,7 +193,8 @@ def _text_spans(messages, tokenizer, rendering: Rendering, tools=None) -> tuple[
         return _chat_spans(messages, tokenizer, tools) + (False,)
     eos = tokenizer.eos_token or ""
     if rendering.mode == "raw":
-        prompt, answer = messages[0]["content"], messages[1]["content"] + eos
+        turns = [m for m in messages if m["role"] != "system"]  # the texts as they are: no system message
+        prompt, answer = turns[0]["content"], turns[1]["content"] + eos
         return prompt + answer, [(len(prompt), len(prompt) + len(answer))], True
     text, spans = "", []
     system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")

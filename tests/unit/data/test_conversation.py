@@ -79,3 +79,9 @@ def test_system_column_and_system_prompt(toks):
                         {"role": "assistant", "content": "ok"}]}
     text, _, _ = text_and_targets([own], toks["chat"], system_prompt="You are Default.")
     assert text.startswith("<|im_start|>system\nOwn.<|im_end|>") and "Default" not in text
+
+
+def test_a_system_prompt_leaves_raw_prompt_completion_rows_as_they_are(toks):
+    text, targets, _ = text_and_targets([{"prompt": "What is 2 + 2? ", "completion": "4"}], toks["chat"],
+                                        system_prompt="You are Calc.")
+    assert text == "What is 2 + 2? 4<|endoftext|>" and targets == ["4<|endoftext|>"]
