@@ -33,7 +33,16 @@ def row_tools(row: dict[str, Any]) -> list[dict] | None:
         tools = [tools]
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise ValueError("'tools' is not a list of function schemas ({\"name\", \"description\", \"parameters\"})")
-    return tools or None
+    return [_without_none(t) for t in tools] or None
+
+
+def _without_none(value):  # noqa: ANN001, ANN202
+    """A schema without the None fields Arrow fills in when rows' schemas have different keys (JSONL lists)."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
 
 
 def with_system(messages: list[dict[str, str]], row: dict[str, Any], system_prompt: str | None

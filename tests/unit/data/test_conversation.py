@@ -85,3 +85,11 @@ def test_a_system_prompt_leaves_raw_prompt_completion_rows_as_they_are(toks):
     text, targets, _ = text_and_targets([{"prompt": "What is 2 + 2? ", "completion": "4"}], toks["chat"],
                                         system_prompt="You are Calc.")
     assert text == "What is 2 + 2? 4<|endoftext|>" and targets == ["4<|endoftext|>"]
+
+
+def test_tools_as_lists_lose_the_fields_arrow_fills_in(toks):
+    other = {"name": "add", "parameters": {"type": "object", "required": ["a"]}}
+    ds = datasets.Dataset.from_list([{**TOOL_ROW, "tools": [TOOL]}, {**TOOL_ROW, "tools": [other]}])  # one struct
+    assert ds[0]["tools"][0]["parameters"]["required"] is None
+    text = toks["tools"].decode(ins.process(ds.select([0]), toks["tools"], block_size=512).dataset[0]["input_ids"])
+    assert json.dumps(TOOL["parameters"]) in text and "null" not in text
