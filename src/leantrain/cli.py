@@ -9,6 +9,7 @@ import sys
 from leantrain.config import describe_keys
 from leantrain.errors import UserError
 from leantrain.launch import LaunchOptions, inside_launcher
+from leantrain.version import __version__
 
 EXAMPLES = """\
 examples:
@@ -65,6 +66,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         prog="leantrain", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
         description="Fine-tune Hugging Face models efficiently with PyTorch and Accelerate: one config, "
         "from a laptop CPU to a cluster.")
+    p.add_argument("--version", action="version", version=f"leantrain {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     keys = "config keys (defaults < YAML file < key=value):\n" + describe_keys()

@@ -106,6 +106,12 @@ def test_lora_kill_and_resume_is_bitwise(root):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     for name in ("adapter_model.safetensors",):
         assert (ref / "run" / "adapter" / name).read_bytes() == (resumed / "run" / "adapter" / name).read_bytes()
+    from safetensors import safe_open
+
+    with safe_open(str(ref / "run" / "checkpoints" / "step-0000006" / "model.safetensors"), "pt") as f:
+        keys, meta = list(f.keys()), f.metadata()  # the adapter and the head, not the frozen base
+    assert meta["leantrain"] == "trainable-only" and meta["base"] == str(root / "bert") and meta["base_fingerprint"]
+    assert keys and all("lora_" in k or "modules_to_save" in k for k in keys), keys
 
 
 @pytest.mark.distributed

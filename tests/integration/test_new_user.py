@@ -173,3 +173,11 @@ def test_unseen_label_listing_is_capped(tmp_path):
     text = str(e.value)
     assert "in all)" in text and "more labels like these" in text
     assert len(text) < 3000, len(text)
+
+
+def test_version_flag_prints_the_package_version(capsys):
+    from leantrain import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"leantrain {__version__}"

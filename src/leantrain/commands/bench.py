@@ -24,6 +24,7 @@ from pathlib import Path
 from leantrain.config import resolve
 from leantrain.errors import ConfigError, UserError
 from leantrain.report import bench_report
+from leantrain.report.final_line import speed_text
 
 
 @dataclass
@@ -139,7 +140,7 @@ def run_bench(source: str | None, overrides: list[str], sweeps: list[str], *, ro
             t0 = time.perf_counter()
             summary, error = run_once(train_command(source, overrides, v, folder), folder, timeout)
             (v.summaries.append(summary) if summary else v.failures.append(error))
-            status = f"ok, {summary['train']['samples_per_second']:.1f} samples/s" if summary else f"FAILED: {error}"
+            status = f"ok, {speed_text(summary['train'])}" if summary else f"FAILED: {error}"
             echo(f"  [{r + 1}/{repeat}] {v.label}: {status} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     for v in runnable:
         if not v.summaries:

@@ -12,7 +12,7 @@ from leantrain.commands.eval_lm import evaluate_language_model
 from leantrain.commands.predict import load_trained, logits_in_row_order
 from leantrain.config import Config, resolve
 from leantrain.engine.preflight import check_output_file
-from leantrain.engine.run_settings import with_run_settings
+from leantrain.engine.run_settings import eval_precision, with_run_settings
 from leantrain.errors import UserError
 from leantrain.modeling import resolve_task
 from leantrain.modeling.names import resolve_model_name
@@ -33,7 +33,8 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     task_name = resolve_task(cfg.model_copy(update={"model": mcfg}))
     if get_task(task_name).spec.labels == "none":  # a language model: loss and perplexity over the text's tokens
         return evaluate_language_model(model_dir, task_name, cfg, output_path, batch_size)
-    accelerator, model, side, labels, task = load_trained(model_dir, cfg)
+    precision = eval_precision(model_dir, cfg)  # the run's own, so that both report the same metrics
+    accelerator, model, side, labels, task = load_trained(model_dir, cfg, precision)
     cfg = with_run_settings(model_dir, cfg, cfg.data.eval)  # the run's columns and max_length, unless set here
     rows, notes = side[0].load_rows(cfg.data.eval, cfg.data, require_labels=True, known_labels=labels)
     for n in notes:
@@ -48,7 +49,7 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     preds = values.get("preds")  # multi-label has probabilities instead
     if classes:
         metrics["per_class"] = per_class(preds, y, labels)
-    result = {"model": model_dir, "data": cfg.data.eval, "eval": metrics}
+    result = {"model": model_dir, "data": cfg.data.eval, "precision": precision[0], "eval": metrics}
     if accelerator.is_main_process and not classes:
         if output_path:
             write_json(output_path, result)

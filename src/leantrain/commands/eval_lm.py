@@ -11,7 +11,8 @@ from leantrain.data.loaders import eval_loader
 from leantrain.engine.accelerator import has_accelerator, setup_logging
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.preflight import check_weights
-from leantrain.engine.run_settings import with_run_settings
+from leantrain.engine.efficiency import ACCELERATE_PRECISION
+from leantrain.engine.run_settings import eval_precision, with_run_settings
 from leantrain.engine.training_data import data_side
 from leantrain.modeling import load_processor, load_trained_model
 from leantrain.modeling.chunked_loss import apply_chunked_loss
@@ -23,15 +24,18 @@ log = logging.getLogger("leantrain")
 
 def evaluate_language_model(model_dir: str, task: str, cfg: Config, output_path: str | None,
                             batch_size: int = 64) -> dict:
-    """{"model", "data", "eval": {"loss", "perplexity", "samples", "tokens"}}; written to ``output_path`` (rank 0)."""
+    """{"model", "data", "block_size", "precision", "eval": {"loss", "perplexity", "samples", "tokens"}}; written
+    to ``output_path`` (rank 0). Computed in the run's precision unless efficiency.precision is set here."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
     cfg = with_run_settings(model_dir, cfg, None)  # the run's data.block_size unless set here
     AcceleratorState._reset_state()  # a training run earlier in this process must not leave its autocast behind
-    accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision="no")  # full precision, like predict
+    precision, why = eval_precision(model_dir, cfg)  # the run's own, so that both report the same loss
+    accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision=ACCELERATE_PRECISION[precision])
     setup_logging(accelerator.is_main_process)
+    log.info(why)
     check_weights(model_dir, mcfg.allow_pickle)
     model = load_trained_model(model_dir, task, mcfg)
     chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # per-token losses, no [B, T, V] logits
@@ -46,7 +50,8 @@ def evaluate_language_model(model_dir: str, task: str, cfg: Config, output_path:
     collator = side.collator(tokenizer, cfg.data, train=False, device_type=accelerator.device.type)
     model, loader = accelerator.prepare(model, eval_loader(blocks, batch_size, collator))
     metrics = evaluate(model, loader, accelerator, 0, get_task(task).configured(cfg), [])
-    result = {"model": model_dir, "data": cfg.data.eval, "block_size": cfg.data.block_size, "eval": metrics}
+    result = {"model": model_dir, "data": cfg.data.eval, "block_size": cfg.data.block_size, "precision": precision,
+              "eval": metrics}
     if accelerator.is_main_process and output_path:
         write_json(output_path, result)
     return result

@@ -17,6 +17,7 @@ from leantrain.engine.training_data import data_side
 from leantrain.errors import UserError
 from leantrain.data.text_loader import open_rows
 from leantrain.engine.preflight import check_output_file, check_weights
+from leantrain.engine.efficiency import ACCELERATE_PRECISION
 from leantrain.engine.run_settings import with_run_settings
 from leantrain.modeling import load_config, load_processor, load_trained_model, resolve_task, trained_label_names
 from leantrain.modeling.names import resolve_model_name
@@ -25,14 +26,18 @@ from leantrain.modeling.tasks import get_task
 log = logging.getLogger("leantrain")
 
 
-def load_trained(model_dir: str, cfg: Config):
+def load_trained(model_dir: str, cfg: Config, precision: tuple[str, str] | None = None):
     """A fine-tuned model folder, ready to predict: (accelerator, prepared model, (data side, processor), labels,
-    the registered task)."""
+    the registered task). ``precision``: (precision, the log line saying why), else fp32 (predictions)."""
     from accelerate import Accelerator
 
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
     task = resolve_task(cfg.model_copy(update={"model": mcfg}))
+    if get_task(task).spec.labels == "none":  # a language model has no labels to predict
+        raise UserError(f"{model_dir} is a language model ({task}): it has no labels to predict; continue text with "
+                        f"`leantrain generate {model_dir} --prompt \"...\"`, or measure its loss and perplexity on a "
+                        f"file with `leantrain eval {model_dir} data.eval=path`")
     labels = trained_label_names(load_config(mcfg))
     if labels is None:
         raise UserError(f"{model_dir} is not a fine-tuned classifier (no label names in its config.json); "
@@ -40,8 +45,11 @@ def load_trained(model_dir: str, cfg: Config):
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state()  # a training run earlier in this process must not leave its autocast behind
-    accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision="no")  # predictions in full precision
+    name, why = precision or ("fp32", None)  # predictions in full precision unless asked
+    accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision=ACCELERATE_PRECISION[name])
     setup_logging(accelerator.is_main_process)
+    if why:
+        log.info(why)
     check_weights(model_dir, mcfg.allow_pickle)  # a pickle-only folder: a clear refusal, not an OSError
     model = load_trained_model(model_dir, task, mcfg)
     processor = load_processor(mcfg, task)

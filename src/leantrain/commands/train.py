@@ -12,6 +12,7 @@ from leantrain.engine.preflight import check_train
 from leantrain.engine.training_data import run_task, validate_data
 from leantrain.launch import LaunchOptions, inside_launcher, launch
 from leantrain.modeling.tasks import get_task
+from leantrain.report.final_line import final_line
 
 
 def train_command(source: str | None, overrides: list[str], launch_options: LaunchOptions, *,
@@ -30,6 +31,6 @@ def train_command(source: str | None, overrides: list[str], launch_options: Laun
     summary = train(cfg)
     ev = summary.get("eval") or {}
     if ev and os.environ.get("RANK", "0") == "0":
-        print(f"{get_task(run_task(cfg)).headline(ev)}  ({summary['train']['steps']} steps, "
-              f"{summary['train']['samples_per_second']:.1f} samples/s) -> {summary.get('output_dir', '')}")
+        task = get_task(run_task(cfg))
+        print(final_line(task.headline(ev), summary, with_loss=task.unit != "tokens"))
     return 0

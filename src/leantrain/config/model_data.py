@@ -134,6 +134,11 @@ class DataConfig(Section):
     train_on_prompt: bool = Field(
         False, description="instruction/chat data: false = loss on the assistant/response tokens only; true = every token"
     )
+    system_prompt: str | None = Field(
+        None, description="instruction/chat data: the system message of every conversation without one (a row's "
+        "own system turn or `system` column wins); unset = none, so a chat template with a default system prompt "
+        "(SmolLM2's) writes its own"
+    )
     packing: bool | Literal["auto"] = Field(
         "auto", description="instruction/chat data: several examples per data.block_size block, positions restarting "
         "per example (no attention across examples); auto = on (per-example losses are unchanged, see "

@@ -15,7 +15,7 @@ from leantrain.config.problem_type import check_problem_type
 from leantrain.config.run_options import (CheckpointConfig, DistributedConfig, EfficiencyConfig, EvalConfig,
                                           PeftConfig, ReportConfig)
 from leantrain.config.base import Section
-from leantrain.config.training import OptimConfig, TrainConfig, largest_divisor
+from leantrain.config.training import ADAPTER_LR, OptimConfig, TrainConfig, largest_divisor
 
 
 class Config(Section):
@@ -64,6 +64,14 @@ class Config(Section):
                                  "use efficiency.precision=bf16 (or auto)")
         if d.local_sgd_steps > 1 and d.strategy in ("fsdp", "deepspeed"):
             raise ValueError(f"distributed.local_sgd_steps works with DDP only, not distributed.strategy={d.strategy}")
+        return self
+
+    @model_validator(mode="after")
+    def _adapter_lr(self) -> "Config":
+        """LoRA / QLoRA without a train.lr of the user's: ADAPTER_LR (what TRL and LLaMA-Factory users expect for
+        adapters, which start at zero and need a larger step than a full fine-tune)."""
+        if self.peft.method != "none" and "lr" not in self.train.model_fields_set:
+            self.train.lr = ADAPTER_LR
         return self
 
     @model_validator(mode="after")

@@ -11,6 +11,8 @@ from pydantic import Field, field_validator
 from leantrain.config.metric_names import check_metric
 from leantrain.config.base import MAX_MAGNITUDE, Section
 
+ADAPTER_LR = 2e-4  # train.lr's default under peft.method=lora / qlora
+
 
 def _positive_weights(v: Any, empty: str) -> Any:
     """Loss weights (a number or a list; 'balanced' passes): each positive and finite, a list not empty."""
@@ -43,7 +45,8 @@ class TrainConfig(Section):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ValueError("expected a positive integer or 'auto'")
         return v
-    lr: float = Field(5e-5, gt=0, description="peak learning rate")
+    lr: float = Field(5e-5, gt=0, description=f"peak learning rate; unset with peft.method=lora/qlora: {ADAPTER_LR:g} "
+                      "(adapters start at zero and take a larger step; see docs/lora-and-freezing.md)")
     max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping; null = off")
     seed: int = Field(
         42, ge=0, lt=2**32,

@@ -78,7 +78,7 @@ def record_cache_folder(folders: str | os.PathLike | list, spec: str) -> None:
         base.mkdir(parents=True, exist_ok=True)
         record = base / RECORD
         known = record.read_text(errors="replace") if record.is_file() else ""
-        wanted = [json.dumps({"path": d, "source": str(spec)}) for d in folders]
+        wanted = [json.dumps({"path": d, "source": absolute_sources(spec)}) for d in folders]
         text = "".join(e + "\n" for e in wanted if e not in known)  # each folder and source once
         if not text:
             return
@@ -89,6 +89,13 @@ def record_cache_folder(folders: str | os.PathLike | list, spec: str) -> None:
             os.close(fd)
     except Exception:  # noqa: BLE001 - bookkeeping only
         pass
+
+
+def absolute_sources(spec: str | os.PathLike) -> str:
+    """A data spec as ``--list`` shows it from any folder: each local path (or glob) of a comma-joined list made
+    absolute; a Hub name stays as it is."""
+    parts = str(spec).split(", ")
+    return ", ".join(os.path.abspath(p) if Path(p).exists() or any(c in p for c in "*?[") else p for p in parts)
 
 
 def size_of(path: Path) -> int:

@@ -23,7 +23,9 @@ from typing import Any, Sequence
 import datasets
 import numpy as np
 
-from leantrain.errors import DataError
+from leantrain.data.conversation import (ROLE_ALIASES, row_tools, template_takes_tools, tools_in_system, tools_note,
+                                         with_system)
+from leantrain.errors import DataError, more_rows, problems_error
 
 IGNORE = -100
 FORMATS = {  # name -> (required columns, optional columns, what the user calls it)
@@ -34,7 +36,8 @@ FORMATS = {  # name -> (required columns, optional columns, what the user calls 
     "prompt_completion": (("prompt", "completion"), (), "prompt / completion (joined as they are)"),
 }
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-                  "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system", "tool": "tool"}
+                  "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system", "tool": "tool",
+                  **ROLE_ALIASES}
 ROLES = ("system", "user", "assistant", "tool")
 PLAIN_TEMPLATE = "### Instruction:\n{prompt}\n\n### Response:\n{response}"
 TURN_SEPARATOR = "\n\n"
@@ -63,10 +66,15 @@ def unknown_format(where: str, columns: Sequence[str]) -> DataError:
 # ------------------------------------------------------------------------------------------ conversations
 
 
-def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, str]]:
-    """One row of a detected format -> a list of {role, content}; raises ValueError saying what is wrong."""
+def to_messages(row: dict[str, Any], fmt: str, system_prompt: str | None = None) -> list[dict[str, str]]:
+    """One row of a detected format -> a list of {role, content}, opened by the row's ``system`` (else
+    ``system_prompt``) unless it has a system turn; raises ValueError saying what is wrong."""
+    return with_system(_turns(row, fmt), row, system_prompt)
+
+
+def _turns(row: dict[str, Any], fmt: str) -> list[dict[str, str]]:
     if fmt == "messages":
-        return _chat(row["messages"], "role", "content", None)
+        return _chat(row["messages"], "role", "content", {**{r: r for r in ROLES}, **ROLE_ALIASES})
     if fmt == "sharegpt":
         return _chat(row["conversations"], "from", "value", SHAREGPT_ROLES)
     if fmt in ("alpaca", "dolly"):
@@ -103,10 +111,11 @@ def _chat(turns: Any, role_key: str, content_key: str, mapping: dict[str, str] |
         if not isinstance(turn, dict) or role_key not in turn or content_key not in turn:
             raise ValueError(f"turn {n} has no {role_key!r} / {content_key!r}")
         role = turn[role_key]
-        role = mapping.get(str(role).lower()) if mapping is not None else role
+        role = mapping.get(str(role).lower())
         if role not in ROLES:
-            known = sorted(mapping) if mapping is not None else list(ROLES)
-            raise ValueError(f"turn {n}: {role_key} {turn[role_key]!r} is none of {', '.join(known)}")
+            aliases = ", ".join(f"{a} -> {r}" for a, r in ROLE_ALIASES.items())
+            raise ValueError(f"turn {n}: {role_key} {turn[role_key]!r} is none of {', '.join(sorted(mapping))} "
+                             f"(read as: {aliases}); rename the role in the data")
         out.append({"role": role, "content": _text(turn[content_key], f"turn {n} {content_key}", blank_ok=True)})
     if not any(m["role"] == "assistant" for m in out):
         raise ValueError("no assistant turn (nothing to learn)")
@@ -163,25 +172,29 @@ def plain_prompt(prompt: str, template: str) -> str:
     return head.replace("{system}", "").replace("{prompt}", prompt)
 
 
-def render(messages: list[dict[str, str]], tokenizer, rendering: Rendering) -> tuple[list[int], list[bool]]:
+def render(messages: list[dict[str, str]], tokenizer, rendering: Rendering,
+           tools: list[dict] | None = None) -> tuple[list[int], list[bool]]:
     """(token ids, is-response mask) of one conversation; every assistant turn (and the end-of-turn / EOS after it)
-    is marked."""
+    is marked. ``tools``: the row's tool schemas, for the chat template (``tools=``) or the system message."""
+    if tools and not (rendering.chat and template_takes_tools(tokenizer)):
+        messages, tools = tools_in_system(messages, tools), None
     if rendering.mode == "generation":
-        enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+        enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, tools=tools,
                                             return_assistant_tokens_mask=True)
         ids = list(enc["input_ids"])
         return ids, [bool(m) for m in enc["assistant_masks"]]
-    text, spans, special = _text_spans(messages, tokenizer, rendering)
+    text, spans, special = _text_spans(messages, tokenizer, rendering, tools)
     return _tokens(text, spans, tokenizer, special)
 
 
-def _text_spans(messages, tokenizer, rendering: Rendering) -> tuple[str, list[tuple[int, int]], bool]:
+def _text_spans(messages, tokenizer, rendering: Rendering, tools=None) -> tuple[str, list[tuple[int, int]], bool]:
     """The rendered text, the character spans to learn, whether the tokenizer adds its special tokens."""
     if rendering.mode == "chat":
-        return _chat_spans(messages, tokenizer) + (False,)
+        return _chat_spans(messages, tokenizer, tools) + (False,)
     eos = tokenizer.eos_token or ""
     if rendering.mode == "raw":
-        prompt, answer = messages[0]["content"], messages[1]["content"] + eos
+        turns = [m for m in messages if m["role"] != "system"]  # the texts as they are: no system message
+        prompt, answer = turns[0]["content"], turns[1]["content"] + eos
         return prompt + answer, [(len(prompt), len(prompt) + len(answer))], True
     text, spans = "", []
     system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
@@ -202,16 +215,16 @@ def _text_spans(messages, tokenizer, rendering: Rendering) -> tuple[str, list[tu
     return text, spans, True
 
 
-def _chat_spans(messages, tokenizer) -> tuple[str, list[tuple[int, int]]]:
+def _chat_spans(messages, tokenizer, tools=None) -> tuple[str, list[tuple[int, int]]]:
     """Assistant spans of a chat template without generation marks: each assistant turn is what rendering the
     conversation through it adds to rendering the conversation before it with the generation prompt."""
-    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    full = tokenizer.apply_chat_template(messages, tokenize=False, tools=tools)
     spans = []
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = _generation_prompt(tokenizer, messages[:k], m)
-        through = tokenizer.apply_chat_template(messages[: k + 1], tokenize=False)
+        before = _generation_prompt(tokenizer, messages[:k], m, tools)
+        through = tokenizer.apply_chat_template(messages[: k + 1], tokenize=False, tools=tools)
         if not (through.startswith(before) and full.startswith(through)):
             raise DataError("the tokenizer's chat template does not render a conversation as the extension of its "
                             "beginning (it rewrites earlier turns), so the assistant spans cannot be found; set "
@@ -220,14 +233,14 @@ def _chat_spans(messages, tokenizer) -> tuple[str, list[tuple[int, int]]]:
     return full, spans
 
 
-def _generation_prompt(tokenizer, messages, first_turn: str) -> str:  # noqa: ANN001
+def _generation_prompt(tokenizer, messages, first_turn: str, tools=None) -> str:  # noqa: ANN001
     """The conversation so far with the assistant's turn opened. For an assistant turn first (no conversation to
     render before it), what the template writes before the turn's text: whatever precedes its content (a default
     system prompt, the turn's header)."""
     if messages:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, tools=tools)
     content = first_turn["content"]
-    through = tokenizer.apply_chat_template([first_turn], tokenize=False)
+    through = tokenizer.apply_chat_template([first_turn], tokenize=False, tools=tools)
     at = through.rfind(content) if content else -1
     if at < 0:
         raise DataError("a conversation opens with an empty assistant turn, which the chat template's text cannot "
@@ -270,12 +283,12 @@ def labelled(ids: list[int], mask: list[bool], *, train_on_prompt: bool, block_s
 
 
 def _encode(batch: dict[str, list], tokenizer, fmt: str, rendering: Rendering, train_on_prompt: bool,
-            block_size: int) -> dict[str, list]:
+            block_size: int, system_prompt: str | None = None) -> dict[str, list]:
     out: dict[str, list] = {"input_ids": [], "labels": [], "length": [], "targets": [], "truncated": []}
     n = len(next(iter(batch.values())))
     for i in range(n):
         row = {k: v[i] for k, v in batch.items()}
-        ids, mask = render(to_messages(row, fmt), tokenizer, rendering)
+        ids, mask = render(to_messages(row, fmt, system_prompt), tokenizer, rendering, row_tools(row))
         one = labelled(ids, mask, train_on_prompt=train_on_prompt, block_size=block_size)
         if one is None:
             one = {"input_ids": ids[:block_size], "labels": [IGNORE] * min(len(ids), block_size),
@@ -307,28 +320,31 @@ def check_rows(ds: datasets.Dataset, fmt: str, where: str, limit: int = 5, name_
     for i, row in enumerate(ds):
         try:
             convert(row, fmt)
+            row_tools(row)
         except ValueError as e:
             bad += 1
             if len(problems) < limit:
                 problems.append(f"{where}: {name_row(i) if name_row else f'row {i + 1}'}: {e}")
     if bad > limit:
-        problems.append(f"{where}: {bad - limit} more rows with problems")
+        problems.append(more_rows(where, bad - limit))
     return problems
 
 
 def process(ds: datasets.Dataset, tokenizer, *, block_size: int, template: str = "auto",
-            train_on_prompt: bool = False, where: str = "data.train", desc: str = "Rendering") -> SftData:
+            train_on_prompt: bool = False, where: str = "data.train", desc: str = "Rendering",
+            system_prompt: str | None = None) -> SftData:
     """Rows of an instruction/chat format -> SftData with input_ids, labels, length, targets (cached by datasets)."""
     fmt = detect_format(ds.column_names)
     if fmt is None:
         raise unknown_format(where, ds.column_names)
     problems = check_rows(ds, fmt, where)
     if problems:
-        raise DataError(f"the data has {len(problems)} problem{'s' if len(problems) != 1 else ''}:", problems)
+        raise problems_error(problems)
     rendering = choose_rendering(tokenizer, template, fmt)
     out = ds.map(_encode, batched=True, batch_size=256, remove_columns=ds.column_names, desc=desc,
                  fn_kwargs={"tokenizer": tokenizer, "fmt": fmt, "rendering": rendering,
-                            "train_on_prompt": train_on_prompt, "block_size": block_size})
+                            "train_on_prompt": train_on_prompt, "block_size": block_size,
+                            "system_prompt": system_prompt})
     truncated = int(np.sum(out.with_format("numpy")["truncated"])) if len(out) else 0
     targets = np.asarray(out["targets"])
     keep = np.flatnonzero(targets > 0)
@@ -339,6 +355,8 @@ def process(ds: datasets.Dataset, tokenizer, *, block_size: int, template: str =
     data = SftData(out, fmt, rendering, truncated, dropped)
     data.notes.append(f"{where}: instruction data, format {FORMATS[fmt][2]}; rendered with "
                       f"{_rendering_name(rendering)}; loss on {'every token' if train_on_prompt else 'responses only'}")
+    if "tools" in ds.column_names:
+        data.notes.append(tools_note(where, tokenizer, rendering.chat))
     if truncated:
         gone = f"; {dropped} left with no response token were dropped" if dropped else ""
         data.notes.append(f"{where}: {truncated} of {len(ds)} examples longer than data.block_size={block_size} "

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
+from typing import Iterator
 
 import datasets
 
@@ -15,6 +17,7 @@ from leantrain.config import DataConfig
 from leantrain.data import instructions as ins
 from leantrain.data import preference_formats as pf
 from leantrain.data.caches import using_cache_dir
+from leantrain.data.conversation import EXTRA_COLUMNS
 from leantrain.data.demo import demo_files
 from leantrain.data.sources import Part, SourceError, quiet
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
@@ -67,9 +70,39 @@ def with_formats(err: DataError) -> DataError:
 
 def _keep(part: Part, fmt: str) -> datasets.Dataset:
     required, optional, _ = ins.FORMATS[fmt]
-    keep = [c for c in (*required, *optional) if c in part.ds.column_names]
+    keep = [c for c in (*required, *optional, *EXTRA_COLUMNS) if c in part.ds.column_names]
     with quiet():
         return part.ds.select_columns(keep)
+
+
+PLACEHOLDER = re.compile(r"\{\{\s*[A-Za-z_][\w.]*\s*\}\}")
+
+
+def _strings(value) -> Iterator[str]:  # noqa: ANN001 - a row's value: text, or lists / dicts of them (chat turns)
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def placeholder_warning(ds: datasets.Dataset, where: str) -> str | None:
+    """A warning when rows hold ``{{name}}``-style placeholders (identity data of other tools, filled in by their
+    scripts): left as they are, the model learns the braces. None when no row has one."""
+    rows, names = 0, {}
+    for row in ds:
+        found = [m.group(0) for text in _strings(row) for m in PLACEHOLDER.finditer(text)]
+        rows += bool(found)
+        for f in found:
+            names[f] = names.get(f, 0) + 1
+    if not rows:
+        return None
+    shown = ", ".join(f"{n} ({k}x)" for n, k in sorted(names.items(), key=lambda x: -x[1])[:5])
+    return (f"{where}: {rows} of {len(ds)} rows hold template placeholders ({shown}{', ...' if len(names) > 5 else ''})"
+            "; they are trained literally: replace them with the values they stand for before training")
 
 
 def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
@@ -92,7 +125,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
         problems += ins.check_rows(part.ds, fmt, part.where, name_row=lambda i, p=part: p.rows([i]))
     if problems:
         accepted = "; ".join(d for *_, d in ins.FORMATS.values())
-        raise data_error(problems + [f"instruction/chat formats accepted: {accepted}"])
+        raise data_error(problems, [f"instruction/chat formats accepted: {accepted}"])
     if cfg.template not in ("auto", "chat", "plain"):
         ins.check_template(cfg.template)
     fmt = fmts[id(train)]
@@ -111,7 +144,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
             notes.append(f"data.max_{name}_samples: using the first {n} of {len(ds)} {what} rows")
             ds = ds.select(range(n))
             train_ds, eval_ds = (ds, eval_ds) if name == "train" else (train_ds, ds)
-    warnings = source_warnings(parts)
+    warnings = source_warnings(parts) + [w for p in parts if (w := placeholder_warning(p.ds, p.where))]
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training examples, fewer than one batch (train.batch_size={batch_size})")
     return PreparedData(train_ds, eval_ds, [], {"format": fmt}, notes, warnings)
@@ -143,7 +176,8 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
     size = cfg.block_size
     where = {"Processing train": "data.train", "Processing eval": "data.eval"}.get(desc, "data")
     data = ins.process(dataset, tokenizer, block_size=size, template=cfg.template,
-                       train_on_prompt=cfg.train_on_prompt, where=where, desc=desc)
+                       train_on_prompt=cfg.train_on_prompt, where=where, desc=desc,
+                       system_prompt=cfg.system_prompt)
     for note in data.notes:
         log.info(note)
     if len(data.dataset) and where != "data.eval":

@@ -22,7 +22,7 @@ from leantrain.data.label_columns import LABELS, label_columns, merge_label_colu
 from leantrain.data.label_sets import label_set_labels, looks_like_label_sets
 from leantrain.data.scores import looks_like_scores, score_labels
 from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
-from leantrain.errors import DataError
+from leantrain.errors import DataError, problems_error
 
 
 @dataclass
@@ -170,10 +170,10 @@ def source_warnings(parts: list[Part]) -> list[str]:
     return out
 
 
-def data_error(problems: list[str]) -> DataError:
-    """One DataError listing every problem found (text and media loaders alike)."""
-    n = len(problems)
-    return DataError(f"the data has {n} problem{'s' if n != 1 else ''}:", problems)
+def data_error(problems: list[str], hints: list[str] | None = None) -> DataError:
+    """One DataError listing every problem found (text and media loaders alike); a line standing for several rows
+    counts as those rows (``errors.more_rows``); ``hints`` follow, not counted."""
+    return problems_error(problems, hints)
 
 
 def open_parts(cfg: DataConfig, train_spec: str, eval_spec: str | None, notes: list[str], folder_reader=None

@@ -89,6 +89,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             "samples": meter.all_samples,
             "samples_per_second": meter.samples_per_second,
             "tokens_per_second": meter.tokens_per_second,
+            "speed_unit": "tokens" if data.task_object.unit == "tokens" else "samples",  # what the final line shows
             "tokens_seen": meter.all_tokens if meter.counts_tokens else None,  # what tokens/s counts, this run's
             "measured_steps": meter.measured_steps,
             "warmup_steps_excluded": min(meter.skip, meter.steps) if meter.steps > meter.skip else 0,
@@ -111,7 +112,8 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
                   "trainable_parameters": result.counts["trainable"], "total_parameters": result.counts["total"],
                   **({"peft": result.trainable} if result.trainable else {})},
         "optim": result.optim_state or {"name": cfg.optim.name},
-        "data": {"train_rows": len(data.train), "eval_rows": len(data.eval), "columns": data.columns},
+        "data": {"train_rows": len(data.train), "eval_rows": len(data.eval), "columns": data.columns,
+                 **eval_rows(data)},
         "distributed": result.distributed,
         "device": {"type": accelerator.device.type, "name": _device_name(accelerator.device),
                    "threads": torch.get_num_threads()},
@@ -137,10 +139,6 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
                 raise
             raise _disk_full_error(out) from None
         log.info("saved %s (model/, summary.json, metrics.jsonl, config.yaml)", out)
-        ev = summary["eval"]
-        if ev:
-            log.info("%s, loss %.4f on %d examples", data.task_object.headline(ev), ev.get("loss", math.nan),
-                     ev["samples"])
     accelerator.wait_for_everyone()
     return summary
 
@@ -153,7 +151,8 @@ def _write_outputs(cfg: Config, model: nn.Module, out: Path, state_dict: dict | 
     model.config.update(data.task_object.saved_config(summary["eval"]))
     model_dir = _save_model(cfg, model, out, state_dict, data)
     data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
-    write_run_settings(model_dir, cfg, data.task, data.columns)  # predict / eval default to them
+    write_run_settings(model_dir, cfg, data.task, data.columns,  # predict / eval default to them
+                       (summary.get("efficiency") or {}).get("precision"))
     _report_files(cfg, out, model_dir, data, summary, records)
     write_json(out / "summary.json", summary)
 
@@ -167,6 +166,17 @@ def _disk_full_error(out: Path) -> UserError:
             if found else "no checkpoint (none was written: checkpoint.every_steps); the training must be run again")
     return UserError(f"disk full while saving the trained model to {out / 'model'}; free some space on "
                      f"{disk_of(out)}. Kept: {kept}")
+
+
+def eval_rows(data: TrainingData) -> dict:
+    """What an eval row is: ``{"eval_row_kind": "examples"}``; a language model's token blocks: ``"blocks"``; packed
+    instruction data: ``"blocks"`` and ``eval_examples`` (each example restarts its position_ids at 0)."""
+    columns = getattr(data.eval, "column_names", None) or []
+    if "position_ids" in columns:
+        starts = sum(sum(1 for p in row if p == 0) for row in data.eval.with_format(None)["position_ids"])
+        return {"eval_row_kind": "blocks", "eval_examples": int(starts)}
+    lm_text = data.task_object.unit == "tokens" and "format" not in (data.columns or {})  # text cut into blocks
+    return {"eval_row_kind": "blocks" if lm_text else "examples"}
 
 
 def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | None, data: TrainingData) -> Path:

@@ -2,7 +2,8 @@
 
 ``output_dir/checkpoints/step-0000200/`` holds
 
-- ``model.safetensors``                      the unwrapped model's state (QLoRA: its trainable tensors only)
+- ``model.safetensors``                      the unwrapped model's state (LoRA / QLoRA: the trainable tensors and
+                                             saved buffers only, with the frozen base's identity in its metadata)
 - ``optimizer.safetensors`` + ``.json``      optimizer tensors / structure and hyper-parameters
 - ``scheduler.json`` (+ ``scaler.json``)     LR schedule (and grad scaler) state
 - ``trainer_state.json``                     step, epoch, position in the epoch, world size, batch, data fingerprint
@@ -40,7 +41,7 @@ from leantrain.engine.faults import FaultInjector
 from leantrain.engine.state_io import fsync_file, save_state
 from leantrain.files import disk_full, disk_of, sha256_file
 from leantrain.errors import UserError
-from leantrain.modeling.qlora import CHECKPOINT_KIND, is_quantized, trainable_state
+from leantrain.modeling.trainable_state import identity, saves_trainable_only, trainable_state
 
 log = logging.getLogger("leantrain")
 
@@ -241,10 +242,11 @@ class Checkpointer:
 
         acc = self.accelerator
         inner = acc.unwrap_model(model)
-        if is_quantized(inner):  # QLoRA: the frozen 4-bit base is rebuilt from the pretrained weights on resume
+        if saves_trainable_only(inner):  # LoRA / QLoRA: the frozen base is rebuilt on resume, its identity kept
             from safetensors.torch import save_file
 
-            save_file(trainable_state(inner), str(tmp / "model.safetensors"), metadata={"leantrain": CHECKPOINT_KIND})
+            base = self.cfg.model.name or f"a {self.cfg.model.config_type or 'configured'} model from its config"
+            save_file(trainable_state(inner), str(tmp / "model.safetensors"), metadata=identity(inner, base))
         else:
             save_model(inner, str(tmp / "model.safetensors"))
         fsync_file(tmp / "model.safetensors")

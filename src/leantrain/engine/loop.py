@@ -416,7 +416,8 @@ class Loop:
             self.metrics_log.write(logged)
             self.running.zero_()
             self.running_count = 0
-        self.progress.update(step, {k: logged[k] for k in ("loss", "lr", "samples_per_second")} if logged else None)
+        speed = "tokens_per_second" if self.data.task_object.unit == "tokens" else "samples_per_second"
+        self.progress.update(step, {k: logged[k] for k in ("loss", "lr", speed)} if logged else None)
         if _eval_due(cfg.train.eval_every_steps, step, self.layout):
             self.last_eval = _evaluate(self.model, self.eval_dl, self.accelerator, self.data, step,
                                        self.metrics_log, self.progress, self.meter)

@@ -31,7 +31,7 @@ from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.checkpoint import ROOT, checkpoint_folders, clean_leftovers, rank_file, set_rng_state, verify
 from leantrain.engine.state_io import StateFormatError, load_safetensors, load_state
 from leantrain.errors import UserError
-from leantrain.modeling.qlora import is_quantized, load_trainable_state
+from leantrain.modeling.trainable_state import CHECKPOINT_KIND, base_fingerprint, load_trainable_state
 from leantrain.report.logs import read_metrics
 
 log = logging.getLogger("leantrain")
@@ -245,16 +245,35 @@ def _load_model(path: Path, model) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import load_model
 
+    file = path / "model.safetensors"
     try:
-        if is_quantized(model):  # QLoRA: the checkpoint holds the trainable tensors only (the 4-bit base is rebuilt)
-            missing, unexpected = load_trainable_state(model, load_safetensors(path / "model.safetensors"))
+        meta = _metadata(file)
+        if meta.get("leantrain") == CHECKPOINT_KIND:  # LoRA / QLoRA: the trainable state over the rebuilt base
+            _check_base(meta, model, file)
+            missing, unexpected = load_trainable_state(model, load_safetensors(file))
         else:
-            missing, unexpected = load_model(model, str(path / "model.safetensors"), strict=False)
+            missing, unexpected = load_model(model, str(file), strict=False)
     except (SafetensorError, OSError, ValueError) as e:
-        raise StateFormatError(f"{path / 'model.safetensors'}: not a valid safetensors file ({e})") from None
+        raise StateFormatError(f"{file}: not a valid safetensors file ({e})") from None
     if missing or unexpected:
         raise StateFormatError(f"model.safetensors does not fit the model (missing {sorted(missing)[:5]}, "
                                f"unexpected {sorted(unexpected)[:5]})")
+
+
+def _metadata(file: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        return f.metadata() or {}
+
+
+def _check_base(meta: dict, model, file: Path) -> None:  # noqa: ANN001
+    """A trainable-only checkpoint continues only over the base it was trained on."""
+    saved = meta.get("base_fingerprint")
+    if saved is not None and saved != base_fingerprint(model):
+        raise StateFormatError(f"{file} holds an adapter trained over {meta.get('base', 'another base')}, whose "
+                               "frozen weights differ from the base loaded now (its files changed since the "
+                               "checkpoint); the run can only continue over the same base")
 
 
 def apply_rng(state: LoopState, cfg: Config, accelerator: Accelerator) -> None:

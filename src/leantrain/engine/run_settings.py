@@ -13,6 +13,8 @@ from pathlib import Path
 
 from leantrain.config import Config
 from leantrain.data.text_loader import open_rows
+from leantrain.engine.accelerator import device_type
+from leantrain.engine.efficiency import resolve_precision
 from leantrain.errors import UserError
 from leantrain.modeling.tasks import get_task
 
@@ -21,20 +23,37 @@ log = logging.getLogger("leantrain")
 FILE = "leantrain.json"
 COLUMN_KEYS = ("text_column", "text_pair_column", "label_column", "image_column", "audio_column")
 TOKEN_KEYS = ("block_size", "document_separator", "document_mask",  # language models: how text becomes blocks
-              "template", "train_on_prompt")  # instruction data: how it is rendered and which tokens are targets
+              "template", "train_on_prompt", "system_prompt")  # instruction data: how it is rendered and which tokens are targets
 
 
-def run_settings(cfg: Config, task: str, columns: dict) -> dict:
-    """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}}."""
+def run_settings(cfg: Config, task: str, columns: dict, precision: str | None = None) -> dict:
+    """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}, "precision":
+    the precision the run trained and evaluated in}."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
     if get_task(task).modality == "tokens":  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
-    return {"task": task, "data": data}
+    return {"task": task, "data": data, **({"precision": precision} if precision else {})}
 
 
-def write_run_settings(model_dir: Path, cfg: Config, task: str, columns: dict) -> None:
-    (Path(model_dir) / FILE).write_text(json.dumps(run_settings(cfg, task, columns), indent=2) + "\n")
+def write_run_settings(model_dir: Path, cfg: Config, task: str, columns: dict, precision: str | None = None) -> None:
+    (Path(model_dir) / FILE).write_text(json.dumps(run_settings(cfg, task, columns, precision), indent=2) + "\n")
+
+
+def eval_precision(model_dir: str | Path, cfg: Config) -> tuple[str, str]:
+    """The precision ``leantrain eval`` computes in: efficiency.precision when set here, else the run's own (from
+    model/leantrain.json: the precision of the run's evaluation, so both report the same numbers), else auto.
+    Returns (leantrain's name: fp32, bf16, ..., the line that says which and why, for the log)."""
+    if "precision" in cfg.efficiency.model_fields_set:
+        requested, source = cfg.efficiency.precision, "efficiency.precision"
+    else:
+        stored = (read_run_settings(model_dir) or {}).get("precision")
+        requested = stored or cfg.efficiency.precision
+        source = (f"the training run's, from {Path(model_dir) / FILE}" if stored else
+                  "efficiency.precision=auto (the folder does not record its run's)")
+    precision, why = resolve_precision(requested, device_type())
+    return precision, (f"precision: {precision} ({source}{'' if why == 'as configured' else f': {why}'}; set "
+                       "efficiency.precision=fp32|bf16 to change)")
 
 
 def read_run_settings(model_dir: str | Path) -> dict | None:

@@ -69,7 +69,9 @@ def load_config(cfg: ModelConfig):
         raise _load_error(name, e) from None
 
 
-def load_tokenizer(cfg: ModelConfig):
+def load_tokenizer(cfg: ModelConfig, *, say: bool = True):
+    """The tokenizer (model.tokenizer, else the model's), with a pad token; ``say``: log the EOS-as-pad choice (the
+    processor's load says it; the loads that only read its vocabulary or ids do not repeat it)."""
     from transformers import AutoTokenizer
 
     name = cfg.tokenizer or model_name(cfg)  # model.tokenizer (causal LM) wins over the model's own
@@ -77,7 +79,7 @@ def load_tokenizer(cfg: ModelConfig):
         tokenizer = AutoTokenizer.from_pretrained(name, **_hub_kwargs(cfg))
     except (OSError, ValueError) as e:
         raise _load_error(name, e) from None
-    ensure_pad_token(tokenizer, name)  # GPT-2 / Llama-style tokenizers: EOS as pad token
+    ensure_pad_token(tokenizer, name, say=say)  # GPT-2 / Llama-style tokenizers: EOS as pad token
     return tokenizer
 
 
@@ -176,7 +178,7 @@ def _scratch_fields(cfg: ModelConfig, task: str, config) -> dict:
     if get_task(task).processor != "tokenizer":
         return {}
     check_tokenizer_key(cfg, task)
-    fields = get_task(task).scratch_fields(load_tokenizer(cfg))
+    fields = get_task(task).scratch_fields(load_tokenizer(cfg, say=False))
     given = cfg.config_overrides.get("vocab_size")
     if given is not None and "vocab_size" in fields:
         if given < fields["vocab_size"]:
@@ -194,7 +196,7 @@ def _with_pad_token(model, cfg: ModelConfig, task: str):
     if get_task(task).auto_model == "AutoModelForSequenceClassification":
         apply_pooling(model, cfg.pooling)
     if get_task(task).processor == "tokenizer" and getattr(model.config, "pad_token_id", None) is None:
-        set_model_pad_token(model, load_tokenizer(cfg))
+        set_model_pad_token(model, load_tokenizer(cfg, say=False))
     return model
 
 

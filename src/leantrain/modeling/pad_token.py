@@ -16,8 +16,8 @@ from leantrain.errors import UserError
 log = logging.getLogger("leantrain")
 
 
-def ensure_pad_token(tokenizer, name: str = "") -> None:
-    """Give a tokenizer without a pad token its EOS token as pad token (in place)."""
+def ensure_pad_token(tokenizer, name: str = "", *, say: bool = True) -> None:
+    """Give a tokenizer without a pad token its EOS token as pad token (in place); ``say``: log it."""
     if getattr(tokenizer, "pad_token", None) is not None or not hasattr(tokenizer, "pad_token"):
         return
     eos = getattr(tokenizer, "eos_token", None)
@@ -25,7 +25,9 @@ def ensure_pad_token(tokenizer, name: str = "") -> None:
         raise UserError(f"the tokenizer of {name or 'the model'} has neither a pad token nor an EOS token, so batches "
                         "cannot be padded; use a tokenizer that has one (model.name)")
     tokenizer.pad_token = eos
-    log.info("padding: the tokenizer has no pad token; using its EOS token %r (id %d)", eos, tokenizer.pad_token_id)
+    if say:
+        log.info("padding: the tokenizer has no pad token; using its EOS token %r (id %d)", eos,
+                 tokenizer.pad_token_id)
 
 
 def set_model_pad_token(model, tokenizer) -> None:

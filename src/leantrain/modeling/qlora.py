@@ -7,7 +7,7 @@
   on the local process's GPU (``device_map={"": local_process_index}``, as Accelerate requires for a 4-bit model).
 - Training (``prepare``): ``peft.prepare_model_for_kbit_training`` (freezes the base, casts its non-4-bit weights to
   fp32, gradient checkpointing as the run sets it), then the same LoRA as ``peft.method=lora``.
-- Checkpoints (``trainable_state`` / ``load_trainable_state``): the 4-bit base is frozen and rebuilt from the
+- Checkpoints (``leantrain.modeling.trainable_state``, as for LoRA): the 4-bit base is frozen and rebuilt from the
   pretrained weights on resume, so a checkpoint holds the trainable tensors only (adapters + a classifier's head).
 - Saving (``merged_full_precision``): the merged ``model/`` is built on CPU from the base reloaded in bf16 (not 4-bit)
   plus the saved adapter folder, merged with ``merge_and_unload``: a plain model without peft or bitsandbytes.
@@ -35,7 +35,6 @@ CPU_REASON = (
     "(BitsAndBytesConfig) is left with an uninitialised quantisation state and its first forward fails inside "
     "bitsandbytes, and layers narrower than the 64-value quantisation block fail to pack")
 BNB_INSTALL = "pip install bitsandbytes"
-CHECKPOINT_KIND = "trainable-only"  # model.safetensors metadata of a QLoRA checkpoint
 
 
 def refusal(device: str) -> str:
@@ -103,25 +102,6 @@ def record() -> dict:
     except ImportError:
         pass
     return out
-
-
-# ------------------------------------------------------------------------------------------------- checkpoints
-
-
-def trainable_state(model: nn.Module) -> dict:
-    """The trainable tensors (contiguous copies): a QLoRA checkpoint's model.safetensors. The frozen 4-bit base is
-    left out (bitsandbytes' Params4bit and its quantisation state are rebuilt from the pretrained weights)."""
-    return {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-
-
-def load_trainable_state(model: nn.Module, tensors: dict) -> tuple[list[str], list[str]]:
-    """Copy a ``trainable_state`` back into ``model``; returns (missing trainable names, unexpected names)."""
-    params = dict(model.named_parameters())
-    wanted = {n for n, p in params.items() if p.requires_grad}
-    for name, value in tensors.items():
-        if name in wanted:
-            params[name].data.copy_(value)
-    return sorted(wanted - set(tensors)), sorted(set(tensors) - wanted)
 
 
 # ------------------------------------------------------------------------------------------------------ saving

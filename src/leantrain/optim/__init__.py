@@ -65,6 +65,22 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
     warmup = warmup_steps(cfg, total_steps)
     name = {"constant": "constant_with_warmup"}.get(cfg.scheduler, cfg.scheduler)
     if name == "inverse_sqrt":  # transformers' default timescale without warm-up is 10,000 steps
-        return get_scheduler(name, optimizer, num_warmup_steps=warmup,
-                             scheduler_specific_kwargs={"timescale": max(warmup, 1)})
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+        shape = get_scheduler(name, optimizer, num_warmup_steps=warmup,
+                              scheduler_specific_kwargs={"timescale": max(warmup, 1)})
+    else:
+        shape = get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+    return _first_step_learns(optimizer, shape, warmup)
+
+
+def _first_step_learns(optimizer: torch.optim.Optimizer, shape, warmup: int):
+    """transformers' schedules with the warm-up shifted by one step: step s < warmup runs at (s + 1) / (warmup + 1)
+    of the peak (transformers': s / warmup, so step 0 runs at lr 0 and ``train.max_steps=1`` trains nothing); the
+    rest of the schedule is theirs."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    after = shape.lr_lambdas[0]  # each group's base lr stays its initial_lr (the peak)
+
+    def factor(step: int) -> float:
+        return (step + 1) / (warmup + 1) if step < warmup else after(step)
+
+    return LambdaLR(optimizer, factor)

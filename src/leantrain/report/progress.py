@@ -14,6 +14,8 @@ def _fmt(metrics: dict[str, float]) -> str:
     for k, v in metrics.items():
         if k == "lr":
             parts.append(f"lr={v:.2e}")
+        elif k == "tokens_per_second" and isinstance(v, float):
+            parts.append(f"tokens/s={v:,.0f}")
         elif isinstance(v, float):
             parts.append(f"{k}={v:.4g}")
         else:

@@ -73,3 +73,17 @@ def test_finished_run_keeps_only_the_last_checkpoint_and_still_counts_as_complet
     assert "removed 2 checkpoint(s) (step-0000002, step-0000001" in capsys.readouterr().err
     again = train(None, [*args, "checkpoint.keep_final=0"])  # a completed run is detected by summary.json
     assert "already complete" in capsys.readouterr().err and again["train"]["steps"] == 4
+
+
+def test_cache_list_names_a_relative_source_by_its_absolute_path(tmp_path, leantrain_cache, monkeypatch, capsys):
+    from leantrain.data.caches import record_cache_folder
+
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("x\n")
+    monkeypatch.chdir(tmp_path)
+    record_cache_folder(str(tmp_path / "shards"), "corpus/a.txt, corpus/*.txt, HuggingFaceFW/fineweb")
+    monkeypatch.chdir(tmp_path.parent)
+    (tmp_path / "shards").mkdir()
+    assert main(["cache", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path}/corpus/a.txt, {tmp_path}/corpus/*.txt, HuggingFaceFW/fineweb" in out

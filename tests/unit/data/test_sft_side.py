@@ -94,3 +94,28 @@ def test_sample_prompts_are_wrapped_as_trained(tok, tmp_path):
         ["### Instruction:\nHi\n\n### Response:\n"], False)
     assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "prompt_completion"}) == (["Hi"], False)
     assert sft.sample_inputs(["Hi"], tok, cfg(), {"text": "text"}) == (["Hi"], None)  # plain text: generation's default
+
+
+def test_data_error_counts_the_bad_rows_not_the_printed_lines(tmp_path):
+    rows = alpaca(200)
+    for r in rows[:153]:
+        r["output"] = 7
+    with pytest.raises(DataError) as e:
+        for_modality("tokens").load_and_validate(cfg(train=jsonl(tmp_path / "t.jsonl", rows)), seed=0, batch_size=4)
+    assert str(e.value).startswith("the data has 153 problems:")
+    assert "148 more rows with problems" in str(e.value) and "formats accepted" in str(e.value)
+
+
+def test_placeholders_are_warned_with_their_count(tmp_path):
+    rows = alpaca(10)
+    for r in rows[:4]:
+        r["output"] = "I am {{name}}, made by {{author}}."
+    rows[4]["instruction"] = "Who is {{ name }}?"
+    data = for_modality("tokens").load_and_validate(cfg(train=jsonl(tmp_path / "t.jsonl", rows)), seed=0,
+                                                    batch_size=4)
+    [warning] = [w for w in data.warnings if "placeholders" in w]
+    assert "5 of 10 rows hold template placeholders ({{name}} (4x), {{author}} (4x), {{ name }} (1x))" in warning
+    assert "trained literally" in warning
+    clean = for_modality("tokens").load_and_validate(cfg(train=jsonl(tmp_path / "c.jsonl", alpaca(10))), seed=0,
+                                                     batch_size=4)
+    assert not [w for w in clean.warnings if "placeholders" in w]

@@ -101,15 +101,16 @@ def test_checkpoint_holds_the_trainable_tensors_only_and_restores_them(tmp_path)
     from safetensors.torch import save_file
 
     from leantrain.engine.resume import _load_model
+    from leantrain.modeling.trainable_state import CHECKPOINT_KIND, load_trainable_state, trainable_state
 
     cfg = resolve(None, ["peft.method=lora", "peft.r=4"])
     model, _ = apply_trainable(tiny_llama(), cfg.model, cfg.peft)
     base = model.get_base_model()
     base.model.packed = Params4bit(torch.zeros(8, dtype=torch.uint8), requires_grad=False)  # a frozen 4-bit weight
     assert qlora.is_quantized(model)
-    state = qlora.trainable_state(model)
+    state = trainable_state(model)
     assert state and all("lora_" in n for n in state) and not any("packed" in n for n in state)
-    save_file(state, str(tmp_path / "model.safetensors"), metadata={"leantrain": qlora.CHECKPOINT_KIND})
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"leantrain": CHECKPOINT_KIND})
     saved = {n: t.clone() for n, t in state.items()}
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -118,7 +119,7 @@ def test_checkpoint_holds_the_trainable_tensors_only_and_restores_them(tmp_path)
     _load_model(tmp_path, model)  # resume: the trainable tensors back, the base untouched
     now = dict(model.named_parameters())
     assert all(torch.equal(now[n], t) for n, t in saved.items())
-    missing, unexpected = qlora.load_trainable_state(model, {"nope": torch.zeros(1)})
+    missing, unexpected = load_trainable_state(model, {"nope": torch.zeros(1)})
     assert missing and unexpected == ["nope"]
 
 

@@ -174,14 +174,16 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch):
 
 
 @pytest.mark.parametrize("kind,expected", [
-    ("linear", [0.5, 1.0, 0.75, 0.5, 0.25, 0.0]),
-    ("cosine", [0.5, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4)), 0.0]),
-    ("constant", [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]),
-    ("inverse_sqrt", [0.5, 1.0, math.sqrt(2 / 3), math.sqrt(2 / 4), math.sqrt(2 / 5), math.sqrt(2 / 6)]),
+    ("linear", [2 / 3, 1.0, 0.75, 0.5, 0.25, 0.0]),
+    ("cosine", [2 / 3, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4)), 0.0]),
+    ("constant", [2 / 3, 1.0, 1.0, 1.0, 1.0, 1.0]),
+    ("inverse_sqrt", [2 / 3, 1.0, math.sqrt(2 / 3), math.sqrt(2 / 4), math.sqrt(2 / 5), math.sqrt(2 / 6)]),
 ])
 def test_schedules(kind, expected):
+    """Warm-up over 2 steps: steps 0, 1 at 1/3, 2/3 of the peak (the first step learns), then the schedule."""
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = build_scheduler(opt, OptimConfig(scheduler=kind, warmup_steps=2), 6)
+    assert sched.get_last_lr()[0] == pytest.approx(1 / 3)  # what the first optimizer step runs at
     seen = []
     for _ in range(6):
         opt.step()
@@ -195,7 +197,7 @@ def test_warmup_ratio_rounds_up():
     sched = build_scheduler(opt, OptimConfig(scheduler="constant", warmup_ratio=0.1), 25)  # ceil(2.5) = 3 steps
     opt.step()
     sched.step()
-    assert sched.get_last_lr()[0] == pytest.approx(1 / 3)
+    assert sched.get_last_lr()[0] == pytest.approx(2 / 4)  # step 1 of a 3-step warm-up: (1 + 1) / (3 + 1)
 
 
 def test_lr_steps_once_per_optimizer_step_under_accumulation(tmp_path, tiny_bert):
@@ -214,8 +216,25 @@ def test_lr_steps_once_per_optimizer_step_under_accumulation(tmp_path, tiny_bert
                            "report.plots=false"])
     assert summary["train"]["accumulation_steps"] == 4
     lrs = [r["lr"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "train"]
-    assert lrs == pytest.approx([0.0, 5e-4, 1e-3, 7.5e-4, 5e-4, 2.5e-4])  # the rate each step applied
+    assert lrs == pytest.approx([1e-3 / 3, 2e-3 / 3, 1e-3, 7.5e-4, 5e-4, 2.5e-4])  # the rate each step applied
     optim = json.loads((out / "summary.json").read_text())["optim"]
     assert optim["name"] == "adamw" and optim["class"] == "AdamW"
     assert optim["parameters"] == summary["model"]["parameters"]["trainable"]
     assert round(optim["state_bytes_per_param"], 2) == 8.0 and optim["state_bytes"] > 8 * optim["parameters"]
+
+
+def test_one_step_run_trains_at_a_nonzero_lr():
+    """train.max_steps=1 with the default warm-up ratio (ceil(0.06) = 1 warm-up step) still moves the weights."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_scheduler(opt, OptimConfig(), 1)
+    assert sched.get_last_lr()[0] == pytest.approx(0.5)
+
+
+def test_adapters_default_to_a_larger_lr_unless_set():
+    from leantrain.config import resolve
+    from leantrain.config.training import ADAPTER_LR
+
+    assert resolve(None, []).train.lr == 5e-5
+    assert resolve(None, ["peft.method=lora"]).train.lr == ADAPTER_LR == 2e-4
+    assert resolve(None, ["peft.method=lora", "train.lr=1e-5"]).train.lr == 1e-5
+    assert resolve(resolve(None, ["peft.method=lora"]).to_dict()).train.lr == ADAPTER_LR  # a saved config.yaml
