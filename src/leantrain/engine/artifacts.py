@@ -30,7 +30,6 @@ from leantrain.perf.meter import Throughput
 from leantrain.report.card import write_model_card
 from leantrain.report.logs import write_json
 from leantrain.engine.run_settings import write_run_settings
-from leantrain.engine.step import weighted_loss_sum
 from leantrain.report.plots import plot_loss_curve, short_model_name
 from leantrain.version import __version__
 
@@ -234,7 +233,7 @@ def _loss_of(model: nn.Module, batch: dict, data: TrainingData) -> float:
     model.eval()
     try:
         with torch.no_grad():
-            return float(weighted_loss_sum(model, batch, data.task_object))
+            return float(data.task_object.forward_loss(model, batch)[0])
     finally:
         model.train(was_training)
 

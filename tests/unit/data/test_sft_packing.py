@@ -97,7 +97,6 @@ def test_the_step_keeps_packed_examples_apart(tiny):
     """Through the engine's forward (model_inputs) and the causal-LM loss, with the model's own config (use_cache on,
     as loaded): the loss of a batch of packed blocks is the sum of the examples' losses run alone."""
     from leantrain.data.lm_collate import LMCollator
-    from leantrain.engine.step import weighted_loss_sum
     from leantrain.modeling.tasks import get_task
 
     tok, model = tiny
@@ -107,7 +106,7 @@ def test_the_step_keeps_packed_examples_apart(tiny):
     batch = LMCollator(tok.eos_token_id)([dict(r) for r in packed])
     assert "attention_mask" not in batch
     with torch.no_grad():
-        got = weighted_loss_sum(model, batch, get_task("causal-lm"))
+        got, _ = get_task("causal-lm").forward_loss(model, batch)
         alone = sum(per_token_losses(model(input_ids=torch.tensor([r["input_ids"]])).logits[0],
                                      torch.tensor(r["labels"])).sum() for r in rows)
     torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
