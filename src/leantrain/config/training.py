@@ -46,7 +46,7 @@ class TrainConfig(Section):
     lr: float = Field(5e-5, gt=0, description="peak learning rate")
     head_lr: float | None = Field(
         None, gt=0, description="peak learning rate of the classifier head (the last layer, one output per label; its "
-        "own parameter group); unset = the task's default: multi-label 40 x train.lr, other tasks train.lr"
+        "own parameter group); unset = the task's default: multi-label 200 x train.lr, other tasks train.lr"
     )
     max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping; null = off")
     seed: int = Field(

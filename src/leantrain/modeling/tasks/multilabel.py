@@ -27,7 +27,7 @@ from leantrain.modeling.head_start import prior_logits, set_fresh_bias
 from leantrain.modeling.tasks.registry import CardText, Task, register
 
 THRESHOLD = 0.5  # eval.threshold's default: a label is predicted when its sigmoid is above it
-HEAD_LR_FACTOR = 40.0  # the new head's peak lr / train.lr when train.head_lr is unset (head_start; RESULTS.md)
+HEAD_LR_FACTOR = 200.0  # the new head's peak lr / train.lr when train.head_lr is unset (head_start; RESULTS.md)
 CANDIDATES = np.round(np.arange(0.01, 1.0, 0.01), 2)  # eval.tune_threshold tries these
 
 
@@ -111,6 +111,7 @@ class MultiLabel(Task):
     """A set of labels per example: one sigmoid output per label name, predicted above ``threshold``."""
 
     head_lr_factor: float = HEAD_LR_FACTOR
+    untrained_pooler: str = "cls"  # model.pooling=auto on the packaged MiniLM: tanh(h_[CLS]) (RESULTS.md)
     threshold: float = THRESHOLD
     tune: bool = False  # eval.tune_threshold: pick the threshold on the eval data at each evaluation
     pos_weight_setting: object = dataclasses.field(default=None, compare=False)  # train.pos_weight as set
