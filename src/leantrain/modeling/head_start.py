@@ -5,9 +5,10 @@ weight by about 5e-5 per step. On multi-label data with rare labels (Reuters-215
 texts) the head first has to bring every label's logit from 0 (p = 0.5) to the label's prior (p = 0.01 is a logit of
 -4.6); at that speed that takes most of a short run, and the model ends at the prior: every text gets the same
 ranking of labels, and the tuned threshold picks the most frequent one (benchmarks/RESULTS.md, "Multi-label default
-on Reuters-21578"). Two remedies, each the task's to choose (``Task.head_lr`` / ``Task.start_head``):
+on Reuters-21578"). Two remedies, each the task's to choose (``Task.head_lr_factor`` / ``Task.start_head``; multi-label
+takes both, the other tasks neither):
 
-- the head's parameters in their own optimizer group at ``train.head_lr`` (unset: the task's default);
+- the head's parameters in their own optimizer group at ``train.head_lr`` (unset: train.lr x the task's factor);
 - a fresh head's bias set to the labels' prior log-odds (``prior_logits``), so training starts at the prior and
   spends its steps on what tells the texts apart (the "prior" initialisation of RetinaNet's classifier).
 
