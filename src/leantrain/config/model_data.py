@@ -49,9 +49,9 @@ class ModelConfig(Section):
     pooling: Literal["auto", "pooler", "cls", "reinit"] = Field(
         "auto", description="sequence classification / regression / multi-label on a BERT-style model: what the head "
         "reads. pooler = the checkpoint's pooler; reinit = the pooler re-initialised (fresh, from train.seed); cls = "
-        "the pooler set to the identity (tanh of the first token); auto = pooler, logging whether it looks untrained "
-        "(the packaged MiniLM's does; re-initialising it measured worse). The saved model loads as a plain "
-        "transformers model"
+        "the pooler set to the identity (tanh of the first token); auto = the pooler unless it looks untrained (the "
+        "packaged MiniLM's does): then cls for multi-label, kept for the other tasks (logged). The saved model loads "
+        "as a plain transformers model"
     )
 
     @field_validator("task")

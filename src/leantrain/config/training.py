@@ -47,6 +47,10 @@ class TrainConfig(Section):
         return v
     lr: float = Field(5e-5, gt=0, description=f"peak learning rate; unset with peft.method=lora/qlora: {ADAPTER_LR:g} "
                       "(adapters start at zero and take a larger step; see docs/lora-and-freezing.md)")
+    head_lr: float | None = Field(
+        None, gt=0, description="peak learning rate of the classifier head (the last layer, one output per label; its "
+        "own parameter group); unset = the task's default: multi-label 200 x train.lr, other tasks train.lr"
+    )
     max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping; null = off")
     seed: int = Field(
         42, ge=0, lt=2**32,

@@ -42,6 +42,7 @@ from leantrain.engine.step import train_step
 from leantrain.engine.training_data import TrainingData, prepare_training_data
 from leantrain.errors import ConfigError
 from leantrain.modeling import build_model, flop_parameters, parameter_counts
+from leantrain.modeling.head_start import head_group
 from leantrain.modeling.lora import Trainable, apply_trainable
 from leantrain.modeling.qlora import check_qlora, load_kwargs as qlora_load_kwargs
 from leantrain.optim import build_optimizer, build_scheduler, state_report
@@ -173,6 +174,8 @@ def build_run(start: RunStart) -> Run:
     model = build_model(cfg.model, data.label_names, data.task,  # qlora: 4-bit on this process's GPU
                         extra=qlora_load_kwargs(cfg.peft.method, accelerator.local_process_index))
     model.config.update(data.task_object.saved_config(None))  # e.g. the target standardisation, saved with it
+    if note := data.task_object.start_head(model):  # multi-label: a fresh head's bias at the labels' prior
+        log.info("%s", note)
     model, trainable = apply_trainable(model, cfg.model, cfg.peft,  # LoRA (peft.*) and model.freeze
                                        gradient_checkpointing=cfg.efficiency.gradient_checkpointing)
     counts = parameter_counts(model)
@@ -260,7 +263,12 @@ def _prepare(cfg: Config, accelerator: Accelerator, model: nn.Module, layout: Ba
     if strategy == "fsdp":
         model = apply_fsdp(model, accelerator)
         count_fsdp_traffic(model, comm)
-    optimizer = build_optimizer(model, cfg.optim, cfg.train.lr)
+    head, head_lr = head_group(model, len(data.label_names), cfg.train.lr, cfg.train.head_lr,
+                               data.task_object.head_lr_factor)
+    if head:
+        log.info("classifier head: its own learning rate %.3g (%s; the rest %.3g)", head_lr, "train.head_lr" if
+                 cfg.train.head_lr is not None else f"{data.task}'s default, train.head_lr to change", cfg.train.lr)
+    optimizer = build_optimizer(model, cfg.optim, cfg.train.lr, head, head_lr)
     scheduler = build_scheduler(optimizer, cfg.optim, layout.total_steps)
     eval_dl = data.eval_loader(layout.micro_batch_size)
     if strategy == "fsdp":

@@ -194,7 +194,7 @@ def _with_pad_token(model, cfg: ModelConfig, task: str):
     """A text model whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...); a sequence
     classifier's pooler as ``model.pooling`` says (``leantrain.modeling.pooling``)."""
     if get_task(task).auto_model == "AutoModelForSequenceClassification":
-        apply_pooling(model, cfg.pooling)
+        apply_pooling(model, cfg.pooling, get_task(task).untrained_pooler)
     if get_task(task).processor == "tokenizer" and getattr(model.config, "pad_token_id", None) is None:
         set_model_pad_token(model, load_tokenizer(cfg, say=False))
     return model

@@ -9,10 +9,11 @@ the head starts from a near-constant input and the loss sits at the label prior 
 - ``reinit``: the pooler's dense layer re-initialised as transformers initialises a new one (normal, std
   ``initializer_range``; bias 0; from ``train.seed``), then trained with the rest.
 - ``cls``: the pooler's dense layer set to the identity (bias 0): the head starts from ``tanh(h_[CLS])``.
-- ``auto`` (default): ``pooler``, and whether the pooler looks untrained (below) is logged with the numbers. The
-  plan was ``reinit`` for an untrained pooler; measured (benchmarks/RESULTS.md, 60 steps of 32 on a loaded CPU),
-  re-initialising did worse on SST-2 (0.696 vs 0.764 accuracy) and STS-B (Pearson 0.016 vs 0.099) and the same on
-  multi-label, so ``auto`` keeps the pooler until a longer measurement says otherwise.
+- ``auto`` (default): whether the pooler looks untrained (below) is logged with the numbers; an untrained-looking
+  pooler is replaced as the task says (``Task.untrained_pooler``): ``cls`` for multi-label (issue 26: on Reuters-21578
+  a head reading ``tanh(h_[CLS])`` beat one reading the untrained pooler, benchmarks/RESULTS.md "Multi-label default
+  on Reuters-21578"), kept (``pooler``) for the other tasks: re-initialising it measured worse at 60 steps on SST-2
+  (0.696 vs 0.764 accuracy) and STS-B (Pearson 0.016 vs 0.099), and ``cls`` is not measured on them at full length.
 
 Every choice changes only the pooler's weights, so the saved model is a plain ``BertForSequenceClassification``:
 ``pipeline()`` / ``AutoModelForSequenceClassification`` load it and give the same outputs as training saw. Mean
@@ -86,9 +87,10 @@ def pooler_stats(model: nn.Module, batch: int = 16, length: int = 16) -> PoolerS
 
 
 @torch.no_grad()
-def apply_pooling(model: nn.Module, setting: str) -> str:
-    """Set the model's pooler for ``model.pooling`` (logged, with why); returns what was done: ``pooler``,
-    ``reinit``, ``cls`` or ``none`` (no BERT-style pooler)."""
+def apply_pooling(model: nn.Module, setting: str, untrained: str = "pooler") -> str:
+    """Set the model's pooler for ``model.pooling`` (logged, with why); ``untrained``: what ``auto`` does with an
+    untrained-looking pooler (the task's choice). Returns what was done: ``pooler``, ``reinit``, ``cls`` or ``none``
+    (no BERT-style pooler)."""
     stats = pooler_stats(model)
     if stats is None:
         if setting in ("cls", "reinit"):
@@ -97,10 +99,11 @@ def apply_pooling(model: nn.Module, setting: str) -> str:
         return "none"
     choice = setting
     if setting == "auto":
-        choice = "pooler"  # measured: re-initialising an untrained pooler did worse (benchmarks/RESULTS.md)
-        log.info("pooling: pooler (model.pooling=auto: %s; %s)", stats.describe(),
-                 "untrained-looking, kept: re-initialising it measured worse on SST-2 and STS-B (model.pooling="
-                 "reinit or cls to try)" if stats.untrained else "kept")
+        choice = untrained if stats.untrained else "pooler"
+        why = ("kept" if not stats.untrained else
+               "untrained-looking, kept (model.pooling=cls or reinit to try)" if choice == "pooler" else
+               f"untrained-looking: {choice}, the task's choice for it (model.pooling=pooler to keep it)")
+        log.info("pooling: %s (model.pooling=auto: %s; %s)", choice, stats.describe(), why)
     else:
         log.info("pooling: %s (model.pooling; %s)", choice, stats.describe())
     dense = bert_pooler(model).dense

@@ -7,6 +7,7 @@ stepped once per optimizer step, never per micro-batch.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -22,15 +23,23 @@ __all__ = ["build_optimizer", "build_scheduler", "fused_torch_optimizer", "param
 log = logging.getLogger("leantrain")
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float, decay_all: bool = False) -> list[dict]:
-    """Decay matrices; leave biases and LayerNorm/RMSNorm weights (any parameter with ndim < 2) undecayed."""
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if decay_all or p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
+def param_groups(model: torch.nn.Module, weight_decay: float, decay_all: bool = False,
+                 head: tuple = (), head_lr: float | None = None) -> list[dict]:
+    """Decay matrices; leave biases and LayerNorm/RMSNorm weights (any parameter with ndim < 2) undecayed. With
+    ``head_lr``, the parameters in ``head`` (a new classifier head: ``leantrain.modeling.head_start``) get their own
+    groups at that peak learning rate (the schedule scales it as it scales the others)."""
+    in_head = {id(p) for p in head} if head_lr is not None else set()
+    groups = []
+    for fast in (False, True):
+        decay, no_decay = [], []
+        for _, p in model.named_parameters():
+            if p.requires_grad and (id(p) in in_head) == fast:
+                (decay if decay_all or p.ndim >= 2 else no_decay).append(p)
+        extra = {"lr": head_lr} if fast else {}
+        if decay or not fast:
+            groups.append({"params": decay, "weight_decay": weight_decay, **extra})
+        if no_decay:
+            groups.append({"params": no_decay, "weight_decay": 0.0, **extra})
     return groups
 
 
@@ -42,9 +51,12 @@ def fused_torch_optimizer(optimizer) -> torch.optim.Optimizer | None:
     return torch_opt if fused else None
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float) -> torch.optim.Optimizer:
-    """The optimizer named by ``cfg.name`` over ``model``'s trainable parameters, peak learning rate ``lr``."""
-    return BUILDERS[cfg.name](model, cfg, lr, param_groups)
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, lr: float, head: tuple = (),
+                    head_lr: float | None = None) -> torch.optim.Optimizer:
+    """The optimizer named by ``cfg.name`` over ``model``'s trainable parameters, peak learning rate ``lr``
+    (``head_lr`` for the parameters in ``head``, when given)."""
+    groups = functools.partial(param_groups, head=tuple(head), head_lr=head_lr) if head_lr is not None else param_groups
+    return BUILDERS[cfg.name](model, cfg, lr, groups)
 
 
 def warmup_steps(cfg: OptimConfig, total_steps: int) -> int:

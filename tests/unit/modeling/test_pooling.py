@@ -1,4 +1,5 @@
-"""model.pooling: auto detects an untrained BERT pooler (the packaged MiniLM's kind), logs it and keeps it (measured);
+"""model.pooling: auto detects an untrained BERT pooler (the packaged MiniLM's kind), logs it and does what the task
+says (multi-label: cls; the others keep it, measured);
 reinit re-initialises it, cls sets it to the identity; the saved model is a plain transformers model that
 pipeline() loads with the same scores."""
 
@@ -64,6 +65,21 @@ def test_choices_set_the_pooler(flat_bert):
     tiny = DistilBertForSequenceClassification(DistilBertConfig(vocab_size=100, dim=16, n_layers=1, n_heads=2,
                                                                 hidden_dim=32))
     assert apply_pooling(tiny, "auto") == "none"  # no BERT pooler: its own head
+
+
+def test_auto_on_an_untrained_pooler_is_the_tasks_choice(flat_bert, tiny_bert):
+    from leantrain.modeling import build_model
+    from leantrain.config import ModelConfig
+    from leantrain.modeling.tasks import get_task
+
+    assert get_task("multi-label").untrained_pooler == "cls"
+    assert {get_task(t).untrained_pooler for t in ("text-classification", "text-regression")} == {"pooler"}
+    ml = build_model(ModelConfig(name=str(flat_bert)), ["a", "b", "c"], "multi-label")
+    assert torch.equal(ml.bert.pooler.dense.weight, torch.eye(32))  # auto, untrained-looking: cls
+    single = build_model(ModelConfig(name=str(flat_bert)), ["a", "b"], "text-classification")
+    assert not torch.equal(single.bert.pooler.dense.weight, torch.eye(32))  # kept
+    fresh = build_model(ModelConfig(name=str(tiny_bert)), ["a", "b", "c"], "multi-label")
+    assert not torch.equal(fresh.bert.pooler.dense.weight, torch.eye(32))  # a pooler that looks trained: kept
 
 
 def test_trained_model_reloads_in_pipeline_with_the_same_scores(flat_bert, tmp_path, capsys):

@@ -23,9 +23,11 @@ import torch.nn.functional as F
 
 from leantrain.config.tasks import MULTI_LABEL, task_spec
 from leantrain.errors import ConfigError, DataError
+from leantrain.modeling.head_start import prior_logits, set_fresh_bias
 from leantrain.modeling.tasks.registry import CardText, Task, register
 
 THRESHOLD = 0.5  # eval.threshold's default: a label is predicted when its sigmoid is above it
+HEAD_LR_FACTOR = 200.0  # the new head's peak lr / train.lr when train.head_lr is unset (head_start; RESULTS.md)
 CANDIDATES = np.round(np.arange(0.01, 1.0, 0.01), 2)  # eval.tune_threshold tries these
 
 
@@ -108,11 +110,14 @@ def multilabel_metrics(probs: np.ndarray, labels: np.ndarray, losses: np.ndarray
 class MultiLabel(Task):
     """A set of labels per example: one sigmoid output per label name, predicted above ``threshold``."""
 
+    head_lr_factor: float = HEAD_LR_FACTOR
+    untrained_pooler: str = "cls"  # model.pooling=auto on the packaged MiniLM: tanh(h_[CLS]) (RESULTS.md)
     threshold: float = THRESHOLD
     tune: bool = False  # eval.tune_threshold: pick the threshold on the eval data at each evaluation
     pos_weight_setting: object = dataclasses.field(default=None, compare=False)  # train.pos_weight as set
     pos_weight: tuple[float, ...] | None = None  # resolved, one per label (for_training)
     num_labels: int | None = None  # set by for_training: count() reads no row
+    prior: tuple[float, ...] | None = None  # each label's prior log-odds on the training data (for_training)
     _on_device: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def configured(self, cfg, model_config=None) -> "MultiLabel":
@@ -127,9 +132,19 @@ class MultiLabel(Task):
                                    pos_weight_setting=cfg.train.pos_weight)
 
     def for_training(self, labels, label_names: list[str]) -> "MultiLabel":
-        weights = resolve_pos_weight(self.pos_weight_setting, label_names, labels)
+        raw = labels() if callable(labels) else labels  # None: no labels at hand (no prior, pos_weight as set)
+        hot = None if raw is None else np.asarray(raw, dtype=np.float64).reshape(-1, len(label_names))
+        weights = resolve_pos_weight(self.pos_weight_setting, label_names, hot)
         return dataclasses.replace(self, num_labels=len(label_names), _on_device={},
-                                   pos_weight=None if weights is None else tuple(weights))
+                                   pos_weight=None if weights is None else tuple(weights),
+                                   prior=None if hot is None else tuple(float(v) for v in prior_logits(hot)))
+
+    def start_head(self, model) -> str | None:
+        """A fresh head's bias at each label's prior log-odds (``head_start``): training starts at the prior."""
+        if self.prior is None or not (rows := set_fresh_bias(model, self.prior)):
+            return None
+        return (f"classifier head: bias of {rows} new label rows set to the labels' prior log-odds on the training "
+                f"data ({min(self.prior):.1f} .. {max(self.prior):.1f})")
 
     def summary(self, label_names: list[str]) -> dict:
         return {"pos_weight": None if self.pos_weight is None else

@@ -72,6 +72,8 @@ class Task:
     card: CardText
     unit: str = "examples"  # what loss_sum sums over and count counts: examples, labels, tokens
     default_for: tuple[str, ...] = field(default=())  # modalities whose data picks this task under model.task=auto
+    head_lr_factor: float = 1.0  # the classifier head's peak lr / train.lr when train.head_lr is unset (head_start)
+    untrained_pooler: str = "pooler"  # what model.pooling=auto does with an untrained-looking BERT pooler (pooling)
 
     @property
     def name(self) -> str:
@@ -91,6 +93,11 @@ class Task:
         labels, read only by a task that needs them; multi-label: ``train.pos_weight=balanced``). Raises a
         UserError for settings the data contradicts (exit 2). Itself by default."""
         return self
+
+    def start_head(self, model) -> str | None:
+        """Set a freshly built model's new head before training (multi-label: its bias at the labels' prior);
+        returns a line for the log, or None (nothing done, the default)."""
+        return None
 
     def summary(self, label_names: list[str]) -> dict:
         """Entries of summary.json's ``train`` section (multi-label: ``pos_weight``); none by default."""
