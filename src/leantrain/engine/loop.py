@@ -163,7 +163,7 @@ def build_run(start: RunStart) -> Run:
     set_seed(cfg.train.seed)
     data = prepare_training_data(cfg, accelerator)
     check_stop_when(cfg, len(data.label_names), data.task)  # the task's metrics; eval.mcc is for 2 classes
-    check_sample_prompts(cfg, data.task)
+    check_sample_prompts(cfg, data.task, data)  # and their room in the model's positions
     layout = batch_layout(cfg, len(data.train), accelerator.num_processes)
     if cfg.train.micro_batch_size != "auto":  # with auto, the batch line comes once the micro-batch is chosen
         for note in layout.notes:
