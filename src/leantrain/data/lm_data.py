@@ -53,9 +53,15 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
                                              quoting=cfg.quoting, eval_split=key == "data.eval")
         except SourceError as e:
             problems.append(str(e))
+            break  # the eval source is read as the train source is; a broken train source says nothing of it
     if problems:
         raise data_error(problems)
     notes: list[str] = []
+    for src in sources.values():
+        if src.skipped:
+            notes.append(f"{src.where}: reading its {len(src.files)} .txt file(s); skipped (a folder is read for "
+                         f".txt files, not subfolders): {', '.join(src.skipped[:10])}"
+                         + (f" and {len(src.skipped) - 10} more" if len(src.skipped) > 10 else ""))
     train_src = sources["data.train"]
     if "data.eval" in sources:
         train, evaluation = LMSplit(train_src), LMSplit(sources["data.eval"])

@@ -41,8 +41,17 @@ def prompt_texts(tokenizer, prompts: Sequence[str], chat: bool | None = None) ->
         raise TypeError("prompts is a list of strings, not one string")
     if not uses_chat(tokenizer, chat):
         return list(prompts), False
-    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                          add_generation_prompt=True) for p in prompts], True
+    from jinja2 import TemplateError
+
+    out = []
+    for n, p in enumerate(prompts, 1):
+        try:
+            out.append(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                     add_generation_prompt=True))
+        except TemplateError as e:
+            raise UserError(f"prompt {n}: the tokenizer's chat template fails: {type(e).__name__}: {e}; fix the "
+                            "template or send the raw prompt (--no-chat)") from None
+    return out, True
 
 
 def _generation_config(model, tokenizer, max_new_tokens: int, temperature: float, top_p: float):
