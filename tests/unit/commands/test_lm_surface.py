@@ -124,3 +124,21 @@ def test_an_adapter_over_a_model_from_a_config_is_refused_with_the_reason(lm, tm
         (adapter / name).write_bytes((lm[0] / name).read_bytes())
     assert main(["eval", str(adapter), f"data.eval={lm[3]}", "data.block_size=32"]) == 2
     assert "peft.merge=true" in _err(capsys)
+
+
+# ------------------------------------------------------------------------------------------ item 15: resume
+
+
+def test_a_resume_refused_for_changed_data_builds_no_model(lm, tmp_path, capsys, caplog):
+    train = tmp_path / "train.txt"
+    train.write_text(lm[2].read_text())
+    args = ["train", f"model.name={lm[0]}", f"data.train={train}", "data.block_size=32", "train.max_steps=2",
+            "train.batch_size=4", "checkpoint.every_steps=1", "checkpoint.keep_final=1", "report.plots=false",
+            "report.progress=none", f"output_dir={tmp_path / 'run'}"]
+    assert main(args) == 0
+    (tmp_path / "run" / "summary.json").unlink()  # so the rerun resumes from the kept checkpoint
+    train.write_text(" ".join(reversed(lm[2].read_text().split())))
+    caplog.clear()
+    assert main(args) == 2
+    assert "the training data changed" in _err(capsys)
+    assert not any(r.getMessage().startswith("model:") for r in caplog.records)  # refused before the model
