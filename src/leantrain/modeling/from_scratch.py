@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from leantrain.config import ModelConfig
-from leantrain.config.base import _check_number
+from leantrain.config.base import check_number
 from leantrain.errors import ConfigError
 
 
@@ -86,7 +86,7 @@ def _value_problems(key: str, value: Any, default: Any) -> list[str]:
     a whole number, a whole number; where that number is a positive count (sizes, layers, heads, positions), > 0."""
     name = f"model.config_overrides.{key}={value!r}"
     try:
-        _check_number(value)
+        check_number(value)
     except ValueError as e:
         return [f"{name}: {e}"]
     if isinstance(default, float) and not isinstance(value, (int, float)) and value is not None:
