@@ -306,7 +306,6 @@ def _target_met(stop_when: str | None, metrics: dict) -> bool:
 
 def _evaluate(model: nn.Module, eval_dl: DataLoader, accelerator: Accelerator, data: TrainingData, step: int,
               metrics_log: MetricsLog, progress: Progress | None, meter: Throughput, stop=None) -> dict | None:
-    """Evaluate, log and record; None when ``stop()`` ended it early (nothing recorded)."""
     metrics = evaluate(model, eval_dl, accelerator, len(data.label_names), data.task_object, data.label_names, stop)
     if metrics is None:
         return None
@@ -358,8 +357,8 @@ class Loop:
         self.profiler = profiler
         self.preempt.install()
         try:
-            if self.state.resumed_from is not None and self.eval_step != self.step and \
-                    _eval_due(self.cfg.train.eval_every_steps, self.step, self.layout):
+            if self.state.resumed_from and self.eval_step != self.step and _eval_due(
+                    self.cfg.train.eval_every_steps, self.step, self.layout):
                 self.evaluate_at(self.step)  # stopped by a signal before the checkpoint: made now
             while not self.done:
                 self.run_epoch(lsgd)
@@ -432,9 +431,8 @@ class Loop:
         self.faults.after_step(step)
 
     def evaluate_at(self, step: int) -> None:
-        """The evaluation due at ``step``. One process stops it at the next batch on SIGTERM / SIGINT (nothing is
-        recorded: the checkpoint of this step keeps the earlier eval_step, so the resumed run makes it first);
-        several processes finish it (stopping needs their agreement)."""
+        """The evaluation due at ``step``; one process stops it at the next batch on a signal, recording nothing
+        (the checkpoint keeps the earlier eval_step: the resumed run makes it first); several processes finish it."""
         stop = (lambda: self.preempt.signum != 0) if self.accelerator.num_processes == 1 else None
         metrics = _evaluate(self.model, self.eval_dl, self.accelerator, self.data, step, self.metrics_log,
                             self.progress, self.meter, stop)

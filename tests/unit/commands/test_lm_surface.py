@@ -142,3 +142,32 @@ def test_a_resume_refused_for_changed_data_builds_no_model(lm, tmp_path, capsys,
     assert main(args) == 2
     assert "the training data changed" in _err(capsys)
     assert not any(r.getMessage().startswith("model:") for r in caplog.records)  # refused before the model
+
+
+# ------------------------------------------------------------------------------------------ also: SIGTERM in eval
+
+
+def test_an_evaluation_stops_at_the_next_batch_when_asked(lm):
+    """What a signal during a mid-run evaluation does (one process): the evaluation ends after the batch in hand
+    and returns nothing to record."""
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    from leantrain.config import Config
+    from leantrain.engine.evaluate import evaluate
+    from leantrain.modeling.tasks import get_task
+
+    model = AutoModelForCausalLM.from_pretrained(lm[0])
+    ids = torch.arange(2, 18).reshape(2, 8)
+    batches = [{"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)}] * 4
+    seen = []
+
+    def stop() -> bool:
+        seen.append(1)
+        return len(seen) >= 2
+
+    task = get_task("causal-lm").configured(Config())
+    assert evaluate(model, batches, Accelerator(cpu=True), 0, task, None, stop) is None
+    assert len(seen) == 2  # two batches computed, not four
+    assert evaluate(model, batches, Accelerator(cpu=True), 0, task)["loss"] > 0
