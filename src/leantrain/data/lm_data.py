@@ -52,8 +52,8 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
                                              split=cfg.eval_split if key == "data.eval" else cfg.train_split,
                                              quoting=cfg.quoting, eval_split=key == "data.eval")
         except SourceError as e:
-            problems.append(str(e))
-            break  # the eval source is read as the train source is; a broken train source says nothing of it
+            if not (problems and "data.text_column" in str(e)):  # a broken train source may be instruction data
+                problems.append(str(e))  # (undetectable): the eval source's column is no problem of its own then
     if problems:
         raise data_error(problems)
     notes: list[str] = []
