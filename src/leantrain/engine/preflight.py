@@ -105,8 +105,8 @@ def _check_block_size(cfg, limit: int, source: str):  # noqa: ANN001, ANN202 - l
 
 def check_model_plan(cfg, config=None) -> None:  # noqa: ANN001 - leantrain Config, transformers config
     """Before any weight loads, on the model built on the meta device (``meta_model``): ``model.config_overrides``
-    through the number checks, LoRA's target modules and rank (``peft.*``), and the memory the weights, gradients and
-    optimizer state need at the least, against this machine's (exit 2 naming the keys)."""
+    through the number checks, LoRA's target modules and rank (``peft.*``), and the memory the weights and gradients
+    need at the least, against this machine's (exit 2 naming the keys)."""
     task = resolve_task(cfg)
     config = config if config is not None else load_config(cfg.model)
     check_config_overrides(config, cfg.model.config_overrides)
@@ -123,12 +123,13 @@ def check_model_plan(cfg, config=None) -> None:  # noqa: ANN001 - leantrain Conf
 
 
 def check_planned_memory(cfg, total: int, trainable: int) -> None:  # noqa: ANN001 - leantrain Config
-    """Weights (fp32; QLoRA's base 4-bit), gradients and Adam's two moments of the trainable parameters: exit 2 when
-    that alone is more than the machine's memory (the GPU's, else the RAM). Skipped when FSDP / DeepSpeed shard it."""
+    """Weights (fp32; QLoRA's base 4-bit) and the gradients of the trainable parameters (any optimizer's state and
+    the activations come on top): exit 2 when that alone is more than the machine's memory (the GPU's, else the
+    RAM). Skipped when FSDP / DeepSpeed shard it."""
     if cfg.distributed.strategy in ("fsdp", "deepspeed"):
         return
     base = total * (0.5 if cfg.peft.method == "qlora" else 4)
-    planned = int(base + trainable * (4 + 4 + 8 if cfg.peft.method != "none" else 4 + 8))
+    planned = int(base + trainable * (4 + 4 if cfg.peft.method != "none" else 4))  # LoRA: its weights + gradients
     if device_type() == "cuda":
         import torch
 
@@ -139,8 +140,8 @@ def check_planned_memory(cfg, total: int, trainable: int) -> None:  # noqa: ANN0
         budget, where = psutil.virtual_memory().total, "this machine's RAM"
     if planned > budget:
         keys = "peft.r, peft.target_modules" if cfg.peft.method != "none" else "the model (model.name / config_overrides)"
-        raise ConfigError(f"the model needs at least {format_bytes(planned)} for its weights, gradients and optimizer "
-                          f"state ({total:,} parameters, {trainable:,} trained), more than {where} "
+        raise ConfigError(f"the model needs at least {format_bytes(planned)} for its weights and gradients alone "
+                          f"({total:,} parameters, {trainable:,} trained), more than {where} "
                           f"({format_bytes(budget)}); choose a smaller {keys}")
 
 
