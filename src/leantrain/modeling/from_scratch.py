@@ -89,11 +89,11 @@ def _value_problems(key: str, value: Any, default: Any) -> list[str]:
         check_number(value)
     except ValueError as e:
         return [f"{name}: {e}"]
-    if isinstance(default, float) and not isinstance(value, (int, float)) and value is not None:
+    if isinstance(default, float) and isinstance(value, str):
         return [f"{name}: the config holds a number here (e.g. {default}); give one"]
     if isinstance(default, bool) or not isinstance(default, int):
         return []
-    if isinstance(value, float) or (not isinstance(value, int) and value is not None):
+    if isinstance(value, (float, str)):  # (a list stays allowed: e.g. several eos_token_id)
         return [f"{name}: the config holds a whole number here (e.g. {default}); give one"]
     count = key.startswith(COUNT_PREFIXES) or key.endswith(COUNT_SUFFIXES)
     if count and default > 0 and isinstance(value, int) and value <= 0:
