@@ -115,10 +115,13 @@ def _division_problems(config, overrides: dict[str, Any]) -> list[str]:
     kv = getattr(new, "num_key_value_heads", None)
     problems = []
     if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads and "head_dim" not in overrides:
-        problems.append(f"model.config_overrides: hidden_size={hidden} is not divisible by num_attention_heads={heads} "
-                        f"(each head gets hidden_size / heads dimensions); e.g. hidden_size={hidden // heads * heads or heads}")
+        key = "hidden_size" if "hidden_size" in overrides or "num_attention_heads" not in overrides else "num_attention_heads"
+        problems.append(f"model.config_overrides.{key}: hidden_size={hidden} is not divisible by num_attention_heads="
+                        f"{heads} (each head gets hidden_size / heads dimensions); e.g. hidden_size="
+                        f"{hidden // heads * heads or heads}")
     if isinstance(kv, int) and isinstance(heads, int) and kv > 0 and heads % kv:
-        problems.append(f"model.config_overrides: num_attention_heads={heads} is not divisible by "
+        key = "num_key_value_heads" if "num_key_value_heads" in overrides else "num_attention_heads"
+        problems.append(f"model.config_overrides.{key}: num_attention_heads={heads} is not divisible by "
                         f"num_key_value_heads={kv} (each key/value head serves a whole group of heads)")
     return problems
 
