@@ -176,14 +176,15 @@ def lm_documents(n: int, seed: int = 0, *, min_words: int = 3, max_words: int = 
     return [" ".join(r.choice(LM_WORDS) for _ in range(r.randint(min_words, max_words))) for _ in range(n)]
 
 
-def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32) -> Path:
+def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32,
+                    positions: int = 512) -> Path:
     """A 2-layer, hidden-32 Llama with random weights (fp32, seed 0) and the tokenizer of ``tokenizer_folder``."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_folder)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
                          eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)

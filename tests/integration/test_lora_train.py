@@ -75,7 +75,7 @@ def test_adapter_only_run_says_how_to_load_it(root):
     assert r.returncode == 0, r.stderr[-3000:]
     run = folder / "run"
     assert not (run / "model").exists()
-    assert "adapter only (peft.merge=false): load it with peft" in r.stderr
+    assert "adapter only (peft.merge=false): leantrain eval / predict / generate load it over its base" in r.stderr
     adapter = run / "adapter"
     assert f"peft.PeftModel.from_pretrained(transformers.BertForSequenceClassification.from_pretrained('{root / 'bert'}'"\
            f", config=transformers.AutoConfig.from_pretrained('{adapter}')), '{adapter}')" in r.stderr

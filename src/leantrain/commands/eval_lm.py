@@ -10,7 +10,7 @@ from leantrain.config import Config
 from leantrain.data.loaders import eval_loader
 from leantrain.engine.accelerator import has_accelerator, setup_logging
 from leantrain.engine.evaluate import evaluate
-from leantrain.engine.preflight import check_weights
+from leantrain.engine.preflight import check_max_length, check_weights
 from leantrain.engine.efficiency import ACCELERATE_PRECISION
 from leantrain.engine.run_settings import eval_precision, with_run_settings
 from leantrain.engine.training_data import data_side
@@ -31,6 +31,7 @@ def evaluate_language_model(model_dir: str, task: str, cfg: Config, output_path:
 
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
     cfg = with_run_settings(model_dir, cfg, None)  # the run's data.block_size unless set here
+    cfg = check_max_length(cfg.model_copy(update={"model": mcfg}))  # data.block_size within the model's positions
     AcceleratorState._reset_state()  # a training run earlier in this process must not leave its autocast behind
     precision, why = eval_precision(model_dir, cfg)  # the run's own, so that both report the same loss
     accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision=ACCELERATE_PRECISION[precision])

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from leantrain.config import resolve
 from leantrain.engine.accelerator import device_type, setup_logging
-from leantrain.engine.preflight import check_weights
+from leantrain.engine.preflight import check_weights, position_limit
 from leantrain.errors import UserError
-from leantrain.modeling.generation import continuations
+from leantrain.modeling.generation import check_room, check_settings, continuations, prompt_lengths, prompt_texts
+from leantrain.modeling.load import is_adapter_folder, load_adapter_model
 from leantrain.modeling.hubcheck import check_model_name
 from leantrain.modeling.names import resolve_model_name
 from leantrain.modeling.pad_token import ensure_pad_token
@@ -35,46 +36,77 @@ def model_folder(name: str, revision: str | None = None) -> str:
     return resolved
 
 
-def load_causal_lm(name: str, *, revision: str | None = None, trust_remote_code: bool = False,
-                   allow_pickle: bool = False):
-    """(model, tokenizer) of a causal LM folder or Hub id, on the accelerator when there is one, in eval mode."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def causal_lm_config(name: str, *, revision: str | None = None, trust_remote_code: bool = False,
+                     allow_pickle: bool = False):
+    """The config of a causal LM folder or Hub id (exit 2 when it is none, or has weights leantrain won't load)."""
     from transformers import AutoConfig
 
     check_weights(name, allow_pickle)
     kwargs = {"revision": revision, "trust_remote_code": trust_remote_code}
     try:
-        archs = getattr(AutoConfig.from_pretrained(name, **kwargs), "architectures", None) or []
+        config = AutoConfig.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as e:
         raise UserError(f"could not read the config of {name!r}: {str(e).splitlines()[0] if str(e) else e}") from None
+    archs = getattr(config, "architectures", None) or []
     if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in archs):
         raise UserError(f"{name} is a {', '.join(archs)}, not a causal language model; leantrain generate needs one "
                         "(e.g. a run of model.task=causal-lm, or smollm2-135m)")
+    return config
+
+
+def load_causal_lm_tokenizer(name: str, *, revision: str | None = None, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(name, use_safetensors=None if allow_pickle else True, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(name, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise UserError(f"could not load the tokenizer of {name!r}: "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    ensure_pad_token(tokenizer, name)
+    return tokenizer
+
+
+def load_causal_lm_model(name: str, *, revision: str | None = None, trust_remote_code: bool = False,
+                         allow_pickle: bool = False):
+    """The model of a causal LM folder, Hub id or LoRA adapter folder (loaded over its base), on the accelerator
+    when there is one, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"revision": revision, "trust_remote_code": trust_remote_code,
+              "use_safetensors": None if allow_pickle else True}
+    try:
+        if is_adapter_folder(name):
+            model = load_adapter_model(name, AutoModelForCausalLM, kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as e:
         raise UserError(f"could not load {name!r} as a causal language model (AutoModelForCausalLM): "
                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    ensure_pad_token(tokenizer, name)
-    return model.to(torch.device(device_type())).eval(), tokenizer
+    return model.to(torch.device(device_type())).eval()
 
 
 def generate(model_name: str, prompts: list[str], *, max_new_tokens: int, temperature: float = 0.0,
              top_p: float = 1.0, seed: int | None = None, chat: bool | None = None,
              overrides: list[str] = ()) -> dict:
     """Load the model and return {"model", "chat", "temperature", "top_p", "seed", "max_new_tokens",
-    "seconds", "continuations": [{"prompt", "text"}, ...]}."""
+    "seconds", "continuations": [{"prompt", "text"}, ...]}. The settings, the prompts and their room in the model's
+    positions are checked before the model loads."""
     if not prompts:
         raise UserError("leantrain generate needs at least one --prompt")
+    blank = [i for i, p in enumerate(prompts, 1) if not p.strip()]
+    if blank:
+        raise UserError(f"--prompt {blank[0]} is empty: give each prompt some text")
+    check_settings(max_new_tokens, temperature, top_p, seed, prefix="--")
     cfg = resolve(None, list(overrides))  # model.revision, model.trust_remote_code, model.allow_pickle
     setup_logging(True)
     folder = model_folder(model_name, cfg.model.revision)
-    model, tokenizer = load_causal_lm(folder, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code,
-                                      allow_pickle=cfg.model.allow_pickle)
-    templated = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+    hub = {"revision": cfg.model.revision, "trust_remote_code": cfg.model.trust_remote_code}
+    config = causal_lm_config(folder, allow_pickle=cfg.model.allow_pickle, **hub)
+    tokenizer = load_causal_lm_tokenizer(folder, **hub)
+    texts, templated = prompt_texts(tokenizer, prompts, chat)
+    check_room(prompt_lengths(tokenizer, texts, templated), max_new_tokens, position_limit(config), "--max-new-tokens")
+    model = load_causal_lm_model(folder, allow_pickle=cfg.model.allow_pickle, **hub)
     log.info("generate: %s (%s, %s), %s, %s", folder, type(model).__name__, model.dtype,
              "chat template" if templated else "raw prompts",
              f"sampling (temperature {temperature}, top_p {top_p}, seed {seed})" if temperature > 0 else "greedy")

@@ -13,7 +13,7 @@ MAX_MAGNITUDE = 1e9  # no float key means anything beyond this (train.epochs=1e3
 MAX_INT = 2**53  # integers beyond exact float range are typos too (and overflow numpy / torch)
 
 
-def _check_number(v: Any) -> None:
+def check_number(v: Any) -> None:
     if isinstance(v, bool):
         return
     if isinstance(v, float):
@@ -25,7 +25,7 @@ def _check_number(v: Any) -> None:
         raise ValueError(f"{v} is out of range: at most 2**53 in magnitude")
     elif isinstance(v, (tuple, list)):
         for item in v:
-            _check_number(item)
+            check_number(item)
 
 
 class Section(BaseModel):
@@ -35,5 +35,5 @@ class Section(BaseModel):
     @classmethod
     def _finite(cls, v: Any) -> Any:
         """Every number of every section (not the free-form model.config_overrides): finite, sane magnitude."""
-        _check_number(v)
+        check_number(v)
         return v

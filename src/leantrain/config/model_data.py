@@ -10,6 +10,19 @@ from leantrain.config.base import Section
 from leantrain.config.tasks import task_names
 
 
+ESCAPES = {"\\n": "\n", "\\t": "\t", "\\r": "\r"}
+
+
+def unescape_text(value: Any) -> Any:
+    """A text key's ``\\n``, ``\\t``, ``\\r`` (as a command line or a single-quoted YAML string writes them) mean
+    the characters, the same for every such key (data.template, data.document_separator)."""
+    if not isinstance(value, str) or "\\" not in value:
+        return value
+    for escaped, char in ESCAPES.items():
+        value = value.replace(escaped, char)
+    return value
+
+
 class ModelConfig(Section):
     """Which model to train: a pretrained folder or Hub id, or a config to build one from scratch; the task."""
 
@@ -168,6 +181,11 @@ class DataConfig(Section):
         None, gt=0, description="causal LM: processes that tokenise the corpus into token shards; unset = one per "
         "CPU but one, at most 8, for corpora over 16 MB, else 1 (in-process)"
     )
+
+    @field_validator("template", "document_separator")
+    @classmethod
+    def _escapes(cls, v: Any) -> Any:
+        return unescape_text(v)
 
     @field_validator("label_column")
     @classmethod

@@ -158,8 +158,16 @@ def choose_rendering(tokenizer, template: str, fmt: str) -> Rendering:
     return Rendering("plain", template)
 
 
+PLACEHOLDERS = ("system", "prompt", "response")
+_PLACEHOLDER = re.compile(r"\{(\w*)\}")
+
+
 def check_template(template: str) -> None:
-    """A custom data.template: {prompt} once, ending in {response}; {system} optional."""
+    """A custom data.template: {prompt} once, ending in {response}; {system} optional; no other placeholder."""
+    unknown = sorted({f"{{{p}}}" for p in _PLACEHOLDER.findall(template) if p not in PLACEHOLDERS})
+    if unknown:
+        raise DataError(f"data.template={template!r}: unknown placeholder{'s' if len(unknown) > 1 else ''} "
+                        f"{', '.join(unknown)}; a template knows {{system}}, {{prompt}} and {{response}}")
     if template.count("{prompt}") != 1 or template.count("{response}") != 1 or not template.endswith("{response}"):
         raise DataError(f"data.template={template!r}: a custom template holds {{prompt}} once and ends with "
                         "{response} (optionally {system}), or is one of auto, chat, plain")
@@ -282,13 +290,29 @@ def labelled(ids: list[int], mask: list[bool], *, train_on_prompt: bool, block_s
     return {"input_ids": ids, "labels": labels, "length": len(ids), "targets": targets, "truncated": truncated}
 
 
-def _encode(batch: dict[str, list], tokenizer, fmt: str, rendering: Rendering, train_on_prompt: bool,
-            block_size: int, system_prompt: str | None = None) -> dict[str, list]:
+def template_error(err: Exception, tokenizer, where: str) -> DataError:  # noqa: ANN001
+    """A Jinja error of the tokenizer's chat template (a syntax error, a ``raise_exception`` call) as exit 2 naming
+    the template and ``where`` (the row)."""
+    name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+    line = getattr(err, "lineno", None)
+    at = f" (template line {line})" if line else ""
+    return DataError(f"{where}: the chat template of {name}{at} fails: {type(err).__name__}: {err}; fix the "
+                     "template (chat_template in tokenizer_config.json / chat_template.jinja) or set data.template=plain")
+
+
+def _encode(batch: dict[str, list], indices: list[int], tokenizer, fmt: str, rendering: Rendering,
+            train_on_prompt: bool, block_size: int, where: str = "data.train",
+            system_prompt: str | None = None) -> dict[str, list]:
+    from jinja2 import TemplateError
+
     out: dict[str, list] = {"input_ids": [], "labels": [], "length": [], "targets": [], "truncated": []}
     n = len(next(iter(batch.values())))
     for i in range(n):
         row = {k: v[i] for k, v in batch.items()}
-        ids, mask = render(to_messages(row, fmt, system_prompt), tokenizer, rendering, row_tools(row))
+        try:
+            ids, mask = render(to_messages(row, fmt, system_prompt), tokenizer, rendering, row_tools(row))
+        except TemplateError as e:
+            raise template_error(e, tokenizer, f"{where}: row {indices[i] + 1}") from None
         one = labelled(ids, mask, train_on_prompt=train_on_prompt, block_size=block_size)
         if one is None:
             one = {"input_ids": ids[:block_size], "labels": [IGNORE] * min(len(ids), block_size),
@@ -330,6 +354,15 @@ def check_rows(ds: datasets.Dataset, fmt: str, where: str, limit: int = 5, name_
     return problems
 
 
+def blank_responses(ds: datasets.Dataset, fmt: str) -> list[int]:
+    """Indices of the rows whose every assistant turn is empty or whitespace (the rows are checked already)."""
+    out = []
+    for i, row in enumerate(ds):
+        if all(not m["content"].strip() for m in to_messages(row, fmt) if m["role"] == "assistant"):
+            out.append(i)
+    return out
+
+
 def process(ds: datasets.Dataset, tokenizer, *, block_size: int, template: str = "auto",
             train_on_prompt: bool = False, where: str = "data.train", desc: str = "Rendering",
             system_prompt: str | None = None) -> SftData:
@@ -341,9 +374,9 @@ def process(ds: datasets.Dataset, tokenizer, *, block_size: int, template: str =
     if problems:
         raise problems_error(problems)
     rendering = choose_rendering(tokenizer, template, fmt)
-    out = ds.map(_encode, batched=True, batch_size=256, remove_columns=ds.column_names, desc=desc,
+    out = ds.map(_encode, batched=True, batch_size=256, remove_columns=ds.column_names, desc=desc, with_indices=True,
                  fn_kwargs={"tokenizer": tokenizer, "fmt": fmt, "rendering": rendering,
-                            "train_on_prompt": train_on_prompt, "block_size": block_size,
+                            "train_on_prompt": train_on_prompt, "block_size": block_size, "where": where,
                             "system_prompt": system_prompt})
     truncated = int(np.sum(out.with_format("numpy")["truncated"])) if len(out) else 0
     targets = np.asarray(out["targets"])

@@ -52,10 +52,16 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
                                              split=cfg.eval_split if key == "data.eval" else cfg.train_split,
                                              quoting=cfg.quoting, eval_split=key == "data.eval")
         except SourceError as e:
-            problems.append(str(e))
+            if not (problems and "data.text_column" in str(e)):  # a broken train source may be instruction data
+                problems.append(str(e))  # (undetectable): the eval source's column is no problem of its own then
     if problems:
         raise data_error(problems)
     notes: list[str] = []
+    for src in sources.values():
+        if src.skipped:
+            notes.append(f"{src.where}: reading its {len(src.files)} .txt file(s); skipped (a folder is read for "
+                         f".txt files, not subfolders): {', '.join(src.skipped[:10])}"
+                         + (f" and {len(src.skipped) - 10} more" if len(src.skipped) > 10 else ""))
     train_src = sources["data.train"]
     if "data.eval" in sources:
         train, evaluation = LMSplit(train_src), LMSplit(sources["data.eval"])

@@ -145,6 +145,12 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
             ds = ds.select(range(n))
             train_ds, eval_ds = (ds, eval_ds) if name == "train" else (train_ds, ds)
     warnings = source_warnings(parts) + [w for p in parts if (w := placeholder_warning(p.ds, p.where))]
+    for part in parts:
+        blank = ins.blank_responses(part.ds, fmts[id(part)])
+        if blank:
+            warnings.append(f"{part.where}: {len(blank)} of {len(part.ds)} examples have an empty response "
+                            f"({part.rows(blank)}): the model learns to answer them with nothing; fill them in or "
+                            "drop them")
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training examples, fewer than one batch (train.batch_size={batch_size})")
     return PreparedData(train_ds, eval_ds, [], {"format": fmt}, notes, warnings)

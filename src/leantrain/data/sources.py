@@ -139,6 +139,8 @@ def _open_file(path: Path, fmt: str, key: str | None, quoting: str = "auto") -> 
                   "quoting": csv.QUOTE_MINIMAL if quotes_on(quoting, delimiter) else csv.QUOTE_NONE}
     elif fmt == "json" and _first_char(path) != "[":
         fmt = "jsonl"  # a .json file of JSON lines
+    if fmt in ("json", "jsonl"):
+        check_utf8(path, where)  # pyarrow's JSON reader passes bad bytes on, to fail when a row is read
     builder = {"tsv": "csv", "jsonl": "json"}.get(fmt, fmt)
     try:
         with quiet():
@@ -275,6 +277,21 @@ def _describe_bad_rows(where: str, bad: list[tuple[int, int, int]], width: int, 
         more = ", ".join(str(b[0]) for b in bad[1:6]) + (", ..." if len(bad) > 6 else "")
         text += f"; {len(bad) - 1} more malformed line{'s' if len(bad) > 2 else ''} ({more})"
     return text
+
+
+def check_utf8(path: Path, where: str, chunk: int = 1 << 22) -> None:
+    """SourceError naming the first line that is not UTF-8 (the file read once, in pieces)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        with open(path, "rb") as f:
+            while piece := f.read(chunk):
+                decoder.decode(piece)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise SourceError(f"{where} line {_bad_utf8_line(path)}: not valid UTF-8 text; save the file as UTF-8"
+                          ) from None
 
 
 def _bad_utf8_line(path: Path) -> int:

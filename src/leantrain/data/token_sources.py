@@ -31,6 +31,7 @@ class TokenSource:
     text_column: str | None = None  # table: the column read
     folder: Path | None = None  # prepared: the folder
     fingerprint: str = ""
+    skipped: list[str] = field(default_factory=list)  # a folder's entries that are not .txt files (subfolders too)
 
     @property
     def where(self) -> str:
@@ -95,6 +96,7 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
         raise SourceError(f"{key}: no source given")
     texts: list[Path] = []
     others: list[str] = []
+    skipped: list[str] = []  # what a folder of .txt files holds besides them
     for spec in specs:
         path = Path(spec).expanduser()
         if _is_glob(spec) and not path.exists():
@@ -113,6 +115,8 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
                               "finish (killed?); run leantrain prepare again")
         elif path.is_dir() and sorted(path.glob("*.txt")):
             texts += sorted(path.glob("*.txt"))
+            skipped += sorted(f"{p.name}/" if p.is_dir() else p.name for p in path.iterdir()
+                              if p.suffix.lower() != ".txt" or not p.is_file())
         elif path.suffix.lower() in TEXT_SUFFIXES:
             if not path.is_file():
                 raise SourceError(f"{key}: file not found: {path}")
@@ -124,12 +128,11 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
     if len(others) > 1:
         raise SourceError(f"{key}: several tabular sources ({', '.join(others[:3])}); give one (or .txt files)")
     if texts:
-        separator = unescape_separator(separator)
         if separator == "":
             raise SourceError("data.document_separator: an empty separator; unset it for one document per file")
         stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in texts]
         fp = sha256_json({"kind": "txt", "files": stats, "separator": separator})
-        return TokenSource(key, specs, "txt", files=texts, separator=separator, fingerprint=fp)
+        return TokenSource(key, specs, "txt", files=texts, separator=separator, fingerprint=fp, skipped=skipped)
     source = open_source(others[0], key, quoting=quoting)
     if eval_split:
         wanted, setting = ([split], "data.eval_split") if split else (["validation", "test"], None)
@@ -140,7 +143,7 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
         raise SourceError(f"{key}: {others[0]} has several splits ({', '.join(source.data)}) and none is named "
                           "validation or test; set data.eval_split")
     ds = part.ds
-    column = _text_column(ds, text_column, part.where)
+    column = _text_column(part, text_column)
     if source.path is not None and source.path.is_file():
         st = source.path.stat()
         content = [str(source.path.resolve()), st.st_size, st.st_mtime_ns]
@@ -150,26 +153,34 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
     return TokenSource(key, specs, "table", dataset=ds, text_column=column, fingerprint=fp)
 
 
-def unescape_separator(separator: str | None) -> str | None:
-    """``\\n``, ``\\t``, ``\\r`` written on a command line (data.document_separator='\\n\\n') mean the characters."""
-    if separator is None or "\\" not in separator:
-        return separator
-    return separator.replace("\\n", "\n").replace("\\t", "\t").replace("\\r", "\r")
-
-
-def _text_column(ds, wanted: str | None, where: str) -> str:  # noqa: ANN001
+def _text_column(part, wanted: str | None) -> str:  # noqa: ANN001 - a sources.Part
+    """The column holding the documents: ``wanted`` (data.text_column), else ``text``, else the only text column.
+    A column meant as text that holds another value names the first such row and its value."""
     import datasets
 
+    ds, where = part.ds, part.where
     strings = [c for c, f in ds.features.items() if isinstance(f, datasets.Value) and f.dtype in ("string", "large_string")]
-    if wanted is not None:
-        if wanted not in ds.column_names:
-            raise SourceError(f"{where}: no column {wanted!r} (data.text_column); columns: {', '.join(ds.column_names)}")
-        if wanted not in strings:
-            raise SourceError(f"{where}: column {wanted!r} (data.text_column) holds {ds.features[wanted]}, not text")
-        return wanted
-    if "text" in strings:
-        return "text"
+    if wanted is not None and wanted not in ds.column_names:
+        raise SourceError(f"{where}: no column {wanted!r} (data.text_column); columns: {', '.join(ds.column_names)}")
+    meant = wanted or ("text" if "text" in ds.column_names else None)
+    if meant is not None and meant not in strings:
+        _not_text(part, meant, "(data.text_column)" if wanted else "")
+    if meant is not None:
+        return meant
     if len(strings) == 1:
         return strings[0]
     raise SourceError(f"{where}: set data.text_column to the column holding the documents (text columns: "
                       f"{', '.join(strings) or 'none'}; columns: {', '.join(ds.column_names)})")
+
+
+def _not_text(part, column: str, key: str) -> None:  # noqa: ANN001 - a sources.Part
+    """SourceError naming the first row of ``column`` that is not a string, and its value."""
+    where, label = part.where, f"column {column!r}{' ' + key if key else ''}"
+    for start in range(0, len(part.ds), READ_ROWS):
+        values = part.ds[start:start + READ_ROWS][column]
+        bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+        if bad is not None:
+            value = values[bad]
+            raise SourceError(f"{where} {part.rows([start + bad])}: {label} holds {value!r} ({type(value).__name__}), "
+                              "not text; every document must be a string (quote it)")
+    raise SourceError(f"{where}: {label} holds {part.ds.features[column]}, not text")

@@ -50,9 +50,12 @@ def eval_outputs(model: nn.Module, loader: DataLoader, accelerator: Accelerator,
 
 
 def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, num_labels: int, task: Task,
-             label_names: list[str] | None = None) -> dict:
+             label_names: list[str] | None = None, stop=None) -> dict | None:  # noqa: ANN001 - stop: () -> bool
+    """The task's metrics over the loader; None when ``stop()`` turns true between batches (a signal)."""
     values: dict[str, list[torch.Tensor]] = {}
     for gathered in eval_outputs(model, loader, accelerator, task):
+        if stop is not None and stop():
+            return None
         for key, value in task.eval_batch(*gathered).items():
             values.setdefault(key, []).append(value.cpu())
     if not values:

@@ -36,7 +36,8 @@ from leantrain.engine.lock import hold as hold_lock, release as release_lock
 from leantrain.engine.nonfinite import NonFiniteGuard
 from leantrain.engine.preempt import Preemption, stop_if_signalled
 from leantrain.engine.preflight import check_stop_when, check_train
-from leantrain.engine.resume import Decision, LoopState, apply_rng, decide, prior_records, restore
+from leantrain.engine.resume import (Decision, LoopState, apply_rng, decide, prior_records, restore,
+                                     resume_problems)
 from leantrain.engine.samples import check_sample_prompts, write_samples
 from leantrain.engine.step import train_step
 from leantrain.engine.training_data import TrainingData, prepare_training_data
@@ -164,12 +165,13 @@ def build_run(start: RunStart) -> Run:
     set_seed(cfg.train.seed)
     data = prepare_training_data(cfg, accelerator)
     check_stop_when(cfg, len(data.label_names), data.task)  # the task's metrics; eval.mcc is for 2 classes
-    check_sample_prompts(cfg, data.task)
+    check_sample_prompts(cfg, data.task, data)  # and their room in the model's positions
     layout = batch_layout(cfg, len(data.train), accelerator.num_processes)
     if cfg.train.micro_batch_size != "auto":  # with auto, the batch line comes once the micro-batch is chosen
         for note in layout.notes:
             log.info(note)
 
+    resume_problems(start.decision, cfg, accelerator, layout, data_fingerprint(data.train))  # refused: no model yet
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
     model = build_model(cfg.model, data.label_names, data.task,  # qlora: 4-bit on this process's GPU
                         extra=qlora_load_kwargs(cfg.peft.method, accelerator.local_process_index))
@@ -311,8 +313,10 @@ def _target_met(stop_when: str | None, metrics: dict) -> bool:
 
 
 def _evaluate(model: nn.Module, eval_dl: DataLoader, accelerator: Accelerator, data: TrainingData, step: int,
-              metrics_log: MetricsLog, progress: Progress | None, meter: Throughput) -> dict:
-    metrics = evaluate(model, eval_dl, accelerator, len(data.label_names), data.task_object, data.label_names)
+              metrics_log: MetricsLog, progress: Progress | None, meter: Throughput, stop=None) -> dict | None:
+    metrics = evaluate(model, eval_dl, accelerator, len(data.label_names), data.task_object, data.label_names, stop)
+    if metrics is None:
+        return None
     record = {"type": "eval", "step": step, "loop_seconds": meter.all_time, **{f"eval.{k}": v for k, v in metrics.items()}}
     metrics_log.write(record)
     write_samples(model, accelerator, data, step, metrics_log, progress)  # report.sample_prompts (causal LM)
@@ -361,6 +365,9 @@ class Loop:
         self.profiler = profiler
         self.preempt.install()
         try:
+            if self.state.resumed_from and self.eval_step != self.step and _eval_due(
+                    self.cfg.train.eval_every_steps, self.step, self.layout):
+                self.evaluate_at(self.step)  # stopped by a signal before the checkpoint: made now
             while not self.done:
                 self.run_epoch(lsgd)
                 self.epoch += 1
@@ -427,16 +434,24 @@ class Loop:
         speed = "tokens_per_second" if self.data.task_object.unit == "tokens" else "samples_per_second"
         self.progress.update(step, {k: logged[k] for k in ("loss", "lr", speed)} if logged else None)
         if _eval_due(cfg.train.eval_every_steps, step, self.layout):
-            self.last_eval = _evaluate(self.model, self.eval_dl, self.accelerator, self.data, step,
-                                       self.metrics_log, self.progress, self.meter)
-            self.eval_step = step
-            self.best.update(self.last_eval, step, self.model)
-            self.stopped = _target_met(cfg.train.stop_when, self.last_eval)
-            if self.stopped:
-                log.info("stopping at step %d: %s", step, cfg.train.stop_when)
+            self.evaluate_at(step)
         if self.ckpt.due(step):
             self.save_checkpoint()
         self.faults.after_step(step)
+
+    def evaluate_at(self, step: int) -> None:
+        """The evaluation due at ``step``; one process stops it at the next batch on a signal, recording nothing
+        (the checkpoint keeps the earlier eval_step: the resumed run makes it first); several processes finish it."""
+        stop = (lambda: self.preempt.signum != 0) if self.accelerator.num_processes == 1 else None
+        metrics = _evaluate(self.model, self.eval_dl, self.accelerator, self.data, step, self.metrics_log,
+                            self.progress, self.meter, stop)
+        if metrics is None:
+            return
+        self.last_eval, self.eval_step = metrics, step
+        self.best.update(metrics, step, self.model)
+        self.stopped = _target_met(self.cfg.train.stop_when, metrics)
+        if self.stopped:
+            log.info("stopping at step %d: %s", step, self.cfg.train.stop_when)
 
     def save_checkpoint(self) -> Path:
         self.guard.check()  # a checkpoint is always a finite state

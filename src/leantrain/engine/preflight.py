@@ -18,7 +18,11 @@ from leantrain.engine.accelerator import device_type
 from leantrain.engine.batch_layout import batch_layout
 from leantrain.engine.training_data import run_task
 from leantrain.errors import ConfigError, UserError
+from leantrain.units import format_bytes
 from leantrain.modeling import load_config, resolve_task
+from leantrain.modeling.from_scratch import check_config_overrides
+from leantrain.modeling.load import meta_model
+from leantrain.modeling.lora import check_rank, lora_parameters, lora_targets
 from leantrain.modeling.qlora import check_qlora
 from leantrain.modeling.tasks import get_task
 
@@ -44,6 +48,19 @@ def position_limit(config) -> tuple[int, str] | None:  # noqa: ANN001 - a transf
     return None
 
 
+def model_position_limit(cfg, config=None) -> tuple[int, str] | None:  # noqa: ANN001 - Config, transformers config
+    """``position_limit`` of the run's model (its config, or ``config``), lowered by a
+    ``model.config_overrides.max_position_embeddings``."""
+    found = position_limit(config if config is not None else load_config(cfg.model))
+    if found is None:
+        return None
+    limit, source = found
+    override = cfg.model.config_overrides.get("max_position_embeddings")
+    if isinstance(override, int) and 0 < override < limit:
+        return override, f"model.config_overrides.max_position_embeddings={override}"
+    return limit, source
+
+
 def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, transformers config
     """``cfg`` with ``data.max_length`` within the model's position limit (text models only).
 
@@ -52,13 +69,10 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
     task = get_task(resolve_task(cfg))
     if task.processor != "tokenizer":  # a position limit is in tokens
         return cfg
-    if config is None:
-        config = load_config(cfg.model)
-    found = position_limit(config)
+    found = model_position_limit(cfg, config)
     if found is None:
         return cfg
     limit, source = found
-    limit = min(limit, cfg.model.config_overrides.get("max_position_embeddings", limit))
     if task.modality == "tokens":  # language models: the rows are blocks of data.block_size tokens
         return _check_block_size(cfg, limit, source)
     asked = cfg.data.max_length
@@ -87,6 +101,48 @@ def _check_block_size(cfg, limit: int, source: str):  # noqa: ANN001, ANN202 - l
         print(f"leantrain: note: data.block_size: {limit} tokens per block, the model's limit ({source}); the default "
               f"{asked} is more than it takes", file=sys.stderr)
     return cfg.model_copy(update={"data": cfg.data.model_copy(update={"block_size": limit})})
+
+
+def check_model_plan(cfg, config=None) -> None:  # noqa: ANN001 - leantrain Config, transformers config
+    """Before any weight loads, on the model built on the meta device (``meta_model``): ``model.config_overrides``
+    through the number checks, LoRA's target modules and rank (``peft.*``), and the memory the weights and gradients
+    need at the least, against this machine's (exit 2 naming the keys)."""
+    task = resolve_task(cfg)
+    config = config if config is not None else load_config(cfg.model)
+    check_config_overrides(config, cfg.model.config_overrides)
+    model = meta_model(cfg.model, task, config)
+    if model is None:
+        return
+    total = sum(p.numel() for p in model.parameters())
+    trainable = total
+    if cfg.peft.method != "none":
+        targets, _ = lora_targets(model, cfg.peft)
+        check_rank(model, targets, cfg.peft.r)
+        trainable = lora_parameters(model, targets, cfg.peft.r)
+    check_planned_memory(cfg, total, trainable)
+
+
+def check_planned_memory(cfg, total: int, trainable: int) -> None:  # noqa: ANN001 - leantrain Config
+    """Weights (fp32; QLoRA's base 4-bit) and the gradients of the trainable parameters (any optimizer's state and
+    the activations come on top): exit 2 when that alone is more than the machine's memory (the GPU's, else the
+    RAM). Skipped when FSDP / DeepSpeed shard it."""
+    if cfg.distributed.strategy in ("fsdp", "deepspeed"):
+        return
+    base = total * (0.5 if cfg.peft.method == "qlora" else 4)
+    planned = int(base + trainable * (4 + 4 if cfg.peft.method != "none" else 4))  # LoRA: its weights + gradients
+    if device_type() == "cuda":
+        import torch
+
+        budget, where = torch.cuda.get_device_properties(0).total_memory, "the GPU's memory"
+    else:
+        import psutil
+
+        budget, where = psutil.virtual_memory().total, "this machine's RAM"
+    if planned > budget:
+        keys = "peft.r, peft.target_modules" if cfg.peft.method != "none" else "the model (model.name / config_overrides)"
+        raise ConfigError(f"the model needs at least {format_bytes(planned)} for its weights and gradients alone "
+                          f"({total:,} parameters, {trainable:,} trained), more than {where} "
+                          f"({format_bytes(budget)}); choose a smaller {keys}")
 
 
 def check_stop_when(cfg, num_labels: int, task: str | None = None) -> None:  # noqa: ANN001
@@ -159,6 +215,7 @@ def check_train(cfg, data=None, world_size: int = 1):  # noqa: ANN001 - Config, 
     else:
         check_writable_dir("runs", "output_dir (unset: runs/<date-time>)")
     cfg = check_max_length(cfg)
+    check_model_plan(cfg)
     if data is not None:
         check_stop_when(cfg, len(data.label_names))
         if world_size > 1 and hasattr(data.train, "__len__"):  # batch arithmetic over the processes (rows known:

@@ -197,11 +197,7 @@ def restore(decision: Decision, cfg: Config, accelerator: Accelerator, layout: B
     path = decision.path
     try:
         trainer = load_state(path, "trainer_state")
-        problems = _inexact(decision, trainer, accelerator, layout, fingerprint, path)
-        if problems and not cfg.checkpoint.allow_inexact_resume:
-            raise UserError(f"cannot resume exactly from {path}; pass checkpoint.allow_inexact_resume=true to "
-                            "resume anyway:", problems)
-        for p in problems:
+        for p in resume_problems(decision, cfg, accelerator, layout, fingerprint):
             log.warning("warning: inexact resume: %s", p)
         _load_model(path, accelerator.unwrap_model(model))
         optimizer.load_state_dict(load_state(path, "optimizer"))
@@ -219,6 +215,25 @@ def restore(decision: Decision, cfg: Config, accelerator: Accelerator, layout: B
                      running=running, running_count=rank.get("running_count", 0), rng=rank.get("rng"),
                      best=trainer.get("best"), eval_step=int(trainer.get("eval_step", -1)),
                      last_eval=trainer.get("last_eval") or {}, resumed_from=path)
+
+
+def resume_problems(decision: Decision, cfg: Config, accelerator: Accelerator, layout: BatchLayout,
+                    fingerprint: str) -> list[str]:
+    """What makes resuming ``decision`` inexact (changed data, world size, global batch, missing RNG state): exit 2
+    unless ``checkpoint.allow_inexact_resume``, else the list to warn about. Needs no model: the run calls it before
+    building one."""
+    if decision.kind != "resume":
+        return []
+    path = decision.path
+    try:
+        trainer = load_state(path, "trainer_state")
+    except StateFormatError as e:
+        raise UserError(f"cannot resume from {path}: {e}") from None
+    problems = _inexact(decision, trainer, accelerator, layout, fingerprint, path)
+    if problems and not cfg.checkpoint.allow_inexact_resume:
+        raise UserError(f"cannot resume exactly from {path}; pass checkpoint.allow_inexact_resume=true to resume "
+                        "anyway:", problems)
+    return problems
 
 
 def _inexact(decision: Decision, trainer: dict, accelerator: Accelerator, layout: BatchLayout, fingerprint: str,

@@ -15,7 +15,7 @@ import logging
 
 from leantrain.data.sft import sample_inputs
 from leantrain.errors import ConfigError
-from leantrain.modeling.generation import continuations
+from leantrain.modeling.generation import check_room, continuations, prompt_lengths, prompt_texts
 from leantrain.modeling.tasks import get_task
 
 log = logging.getLogger("leantrain")
@@ -26,8 +26,10 @@ def generates(task: str) -> bool:
     return get_task(task).spec.pipeline_task == "text-generation"
 
 
-def check_sample_prompts(cfg, task: str) -> None:  # noqa: ANN001 - leantrain Config
-    """``report.sample_prompts`` needs a model that generates text, and prompts that are not empty (exit 2)."""
+def check_sample_prompts(cfg, task: str, data=None) -> None:  # noqa: ANN001 - leantrain Config, TrainingData
+    """``report.sample_prompts`` needs a model that generates text, and prompts that are not empty; with the run's
+    ``data`` (its tokenizer), each prompt plus ``report.sample_max_new_tokens`` must fit the model's positions
+    (exit 2, before the model loads)."""
     prompts = cfg.report.sample_prompts
     if not prompts:
         return
@@ -37,6 +39,12 @@ def check_sample_prompts(cfg, task: str) -> None:  # noqa: ANN001 - leantrain Co
     empty = [i for i, p in enumerate(prompts) if not p.strip()]
     if empty:
         raise ConfigError(f"report.sample_prompts[{empty[0]}] is empty: give each prompt some text")
+    if data is not None and data.processor is not None:  # the prompts as generation sees them, and their room
+        from leantrain.engine.preflight import model_position_limit  # lazy: preflight imports this module's users
+        inputs, chat = sample_inputs(prompts, data.processor, cfg.data, data.columns)
+        texts, templated = prompt_texts(data.processor, inputs, chat)
+        check_room(prompt_lengths(data.processor, texts, templated), cfg.report.sample_max_new_tokens,
+                   model_position_limit(cfg), "report.sample_max_new_tokens")
 
 
 def write_samples(model, accelerator, data, step: int, metrics_log, progress=None) -> list[dict] | None:  # noqa: ANN001

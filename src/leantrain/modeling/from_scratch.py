@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from leantrain.config import ModelConfig
+from leantrain.config.base import check_number
 from leantrain.errors import ConfigError
 
 
@@ -58,16 +59,71 @@ def config_from_spec(cfg: ModelConfig):
 
 
 def check_config_overrides(config, overrides: dict[str, Any]) -> None:
-    """Every key of ``model.config_overrides`` must be a field of the model's config (with a did-you-mean)."""
-    known = set(config.to_dict())
-    bad = [k for k in overrides if k not in known]
-    if bad:
-        problems = []
-        for k in bad:
+    """Every key of ``model.config_overrides`` must be a field of the model's config (with a did-you-mean), and
+    its value pass the number checks every config key passes (finite, a sane magnitude), a count stay a positive
+    whole number, and the heads divide the hidden size (``_value_problems``)."""
+    known = config.to_dict()
+    problems = []
+    for k, v in overrides.items():
+        if k not in known:
             hint = difflib.get_close_matches(k, sorted(known), n=1)
             problems.append(f"model.config_overrides.{k}: not a field of {type(config).__name__}"
                             + (f" — did you mean {hint[0]!r}?" if hint else ""))
+        else:
+            problems += _value_problems(k, v, known[k])
+    if not problems:
+        problems = _division_problems(config, overrides)
+    if problems:
         raise ConfigError("bad model.config_overrides:", problems)
+
+
+COUNT_PREFIXES, COUNT_SUFFIXES = ("num_", "n_"), ("_size", "_dim", "_positions", "_position_embeddings", "_layers",
+                                                    "_heads", "_ctx")
+
+
+def _value_problems(key: str, value: Any, default: Any) -> list[str]:
+    """A value of ``model.config_overrides``: finite and of sane magnitude (``config.base``); where the config holds
+    a whole number, a whole number; where that number is a positive count (sizes, layers, heads, positions), > 0."""
+    name = f"model.config_overrides.{key}={value!r}"
+    try:
+        check_number(value)
+    except ValueError as e:
+        return [f"{name}: {e}"]
+    if isinstance(default, float) and isinstance(value, str):
+        return [f"{name}: the config holds a number here (e.g. {default}); give one"]
+    if isinstance(default, bool) or not isinstance(default, int):
+        return []
+    if isinstance(value, (float, str)):  # (a list stays allowed: e.g. several eos_token_id)
+        return [f"{name}: the config holds a whole number here (e.g. {default}); give one"]
+    count = key.startswith(COUNT_PREFIXES) or key.endswith(COUNT_SUFFIXES)
+    if count and default > 0 and isinstance(value, int) and value <= 0:
+        return [f"{name}: a count, so at least 1"]
+    return []
+
+
+def _division_problems(config, overrides: dict[str, Any]) -> list[str]:
+    """With the hidden size or the heads overridden: the attention heads divide the hidden size (unless head_dim is
+    given too), and the key/value heads divide the attention heads."""
+    import copy
+
+    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads")
+    if not any(config.attribute_map.get(k, k) in overrides or k in overrides for k in keys):
+        return []
+    new = copy.deepcopy(config)
+    new.update(overrides)
+    hidden, heads = getattr(new, "hidden_size", None), getattr(new, "num_attention_heads", None)
+    kv = getattr(new, "num_key_value_heads", None)
+    problems = []
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads and "head_dim" not in overrides:
+        key = "hidden_size" if "hidden_size" in overrides or "num_attention_heads" not in overrides else "num_attention_heads"
+        problems.append(f"model.config_overrides.{key}: hidden_size={hidden} is not divisible by num_attention_heads="
+                        f"{heads} (each head gets hidden_size / heads dimensions); e.g. hidden_size="
+                        f"{hidden // heads * heads or heads}")
+    if isinstance(kv, int) and isinstance(heads, int) and kv > 0 and heads % kv:
+        key = "num_key_value_heads" if "num_key_value_heads" in overrides else "num_attention_heads"
+        problems.append(f"model.config_overrides.{key}: num_attention_heads={heads} is not divisible by "
+                        f"num_key_value_heads={kv} (each key/value head serves a whole group of heads)")
+    return problems
 
 
 def build_processor(config, kind: str):

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -40,8 +41,17 @@ def prompt_texts(tokenizer, prompts: Sequence[str], chat: bool | None = None) ->
         raise TypeError("prompts is a list of strings, not one string")
     if not uses_chat(tokenizer, chat):
         return list(prompts), False
-    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                          add_generation_prompt=True) for p in prompts], True
+    from jinja2 import TemplateError
+
+    out = []
+    for n, p in enumerate(prompts, 1):
+        try:
+            out.append(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                     add_generation_prompt=True))
+        except TemplateError as e:
+            raise UserError(f"prompt {n}: the tokenizer's chat template fails: {type(e).__name__}: {e}; fix the "
+                            "template or send the raw prompt (--no-chat)") from None
+    return out, True
 
 
 def _generation_config(model, tokenizer, max_new_tokens: int, temperature: float, top_p: float):
@@ -66,20 +76,54 @@ def _generation_config(model, tokenizer, max_new_tokens: int, temperature: float
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
 
 
-def _check(max_new_tokens: int, temperature: float, top_p: float) -> None:
+SEED_RANGE = 2**64  # torch.manual_seed takes 0 .. 2**64 - 1
+
+
+def check_settings(max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+                   prefix: str = "") -> None:
+    """The generation settings, before any model loads: UserError naming the setting (``prefix`` + its name, e.g.
+    ``--`` for the command line's ``--max-new-tokens``)."""
+    def name(key: str) -> str:
+        return prefix + (key.replace("_", "-") if prefix == "--" else key)
+
     if max_new_tokens < 1:
-        raise UserError(f"max_new_tokens must be at least 1 (got {max_new_tokens})")
+        raise UserError(f"{name('max_new_tokens')} must be at least 1 (got {max_new_tokens})")
+    for key, value in (("temperature", temperature), ("top_p", top_p)):
+        if not math.isfinite(value):
+            raise UserError(f"{name(key)} must be a finite number (got {value})")
     if temperature < 0:
-        raise UserError(f"temperature must be 0 (greedy) or more (got {temperature})")
+        raise UserError(f"{name('temperature')} must be 0 (greedy) or more (got {temperature})")
     if not 0 < top_p <= 1:
-        raise UserError(f"top_p must be in (0, 1] (got {top_p})")
+        raise UserError(f"{name('top_p')} must be in (0, 1] (got {top_p})")
+    if seed is not None and not 0 <= seed < SEED_RANGE:
+        raise UserError(f"{name('seed')} {seed} is out of range: give a whole number from 0 to 2**64 - 1")
+
+
+def check_room(lengths: Sequence[int], max_new_tokens: int, limit: tuple[int, str] | None,
+               key: str = "max_new_tokens") -> None:
+    """The longest prompt plus ``max_new_tokens`` must fit the model's positions (``limit``: (positions, where the
+    number comes from), None when the config has none): UserError naming ``key`` and the most it can be."""
+    if limit is None:
+        return
+    positions, source = limit
+    longest = max(lengths, default=0)
+    if longest + max_new_tokens > positions:
+        room = positions - longest
+        most = f"so at most {room} new tokens" if room > 0 else "so no room for new tokens: shorten the prompt"
+        raise UserError(f"{key}={max_new_tokens} is more than the model takes: its config has {source}, and the "
+                        f"longest prompt is {longest} tokens, {most}")
+
+
+def prompt_lengths(tokenizer, texts: Sequence[str], templated: bool) -> list[int]:
+    """Tokens of each prompt text as ``continuations`` encodes it."""
+    return [len(ids) for ids in tokenizer(list(texts), add_special_tokens=not templated)["input_ids"]]
 
 
 def continuations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, chat: bool | None = None,
                   temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                   batch_size: int = 16) -> list[str]:
     """The new text the model writes after each prompt (see the module docstring), in the prompts' order."""
-    _check(max_new_tokens, temperature, top_p)
+    check_settings(max_new_tokens, temperature, top_p, seed)
     texts, templated = prompt_texts(tokenizer, prompts, chat)
     if tokenizer.pad_token is None and tokenizer.eos_token is None and len(texts) > 1:
         raise UserError("the tokenizer has neither a pad token nor an EOS token, so several prompts cannot be "

@@ -163,6 +163,22 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-clas
     return _with_pad_token(model, cfg, task)
 
 
+def meta_model(cfg: ModelConfig, task: str, config=None):  # noqa: ANN001 - a transformers config
+    """The task's model on the meta device (shapes, no weights, milliseconds), from its config with
+    ``model.config_overrides``: what the preflight checks measure before any weight loads. None when the
+    architecture cannot be built so (remote code, a model that computes in its constructor)."""
+    import copy
+
+    config = copy.deepcopy(config if config is not None else load_config(cfg))
+    if not from_scratch(cfg):
+        config.update(cfg.config_overrides)
+    try:
+        with torch.device("meta"):
+            return auto_model_class(task).from_config(config, trust_remote_code=cfg.trust_remote_code)
+    except Exception:  # noqa: BLE001 - a best-effort look: the real build reports its own errors
+        return None
+
+
 def check_tokenizer_key(cfg: ModelConfig, task: str) -> None:
     """A causal LM built from a config needs ``model.tokenizer`` (the vocabulary it is trained on): exit 2 naming it."""
     if from_scratch(cfg) and get_task(task).scratch_needs_tokenizer and not cfg.tokenizer:
@@ -234,9 +250,53 @@ def flop_parameters(model, counts: dict[str, int]) -> int:
 
 def load_trained_model(model_dir: str, task: str, cfg: ModelConfig):
     """A trained model folder for eval / predict: the task's AutoModelFor..., fp32 weights (``WEIGHTS_DTYPE``),
-    safetensors unless ``model.allow_pickle``."""
-    return auto_model_class(task).from_pretrained(
-        model_dir, dtype=WEIGHTS_DTYPE, **_weights_kwargs(cfg))
+    safetensors unless ``model.allow_pickle``. A LoRA adapter folder (``peft.merge=false``) is loaded over its base
+    and merged."""
+    kwargs = {"dtype": WEIGHTS_DTYPE, **_weights_kwargs(cfg)}
+    if is_adapter_folder(model_dir):
+        return load_adapter_model(model_dir, auto_model_class(task), kwargs)
+    return auto_model_class(task).from_pretrained(model_dir, **kwargs)
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter_folder(folder: str) -> bool:
+    """A peft adapter folder (``adapter_config.json``), such as a run's ``adapter/`` with ``peft.merge=false``."""
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(folder: str) -> str:
+    """The base model an adapter folder was trained over (its ``base_model_name_or_path``), checked: exit 2 when
+    it was not recorded (a base built from a config: its random weights were not saved) or cannot be found."""
+    import json
+
+    try:
+        base = json.loads((Path(folder) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as e:
+        raise UserError(f"{folder}: {ADAPTER_CONFIG} cannot be read ({e})") from None
+    if not base:
+        raise UserError(f"{folder} is a LoRA adapter over a model built from a config (model.config / "
+                        "model.config_type), whose random initial weights were not saved, so it cannot be loaded "
+                        "again; train with peft.merge=true to keep the whole model in model/")
+    check_model_name(base)
+    return base
+
+
+def load_adapter_model(folder: str, auto, kwargs: dict):  # noqa: ANN001 - an AutoModelFor... class
+    """The base of an adapter folder (``adapter_base``) loaded with ``auto`` and the folder's config (the task's
+    label maps), the adapter put over it and merged (peft's ``merge_and_unload``): a plain transformers model."""
+    from transformers import AutoConfig
+
+    from leantrain.modeling.lora import import_peft  # lazy: lora imports this module
+
+    base = adapter_base(folder)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=kwargs.get("trust_remote_code", False))
+    try:
+        model = auto.from_pretrained(base, config=config, **kwargs)
+    except (OSError, ValueError) as e:
+        raise _load_error(base, e) from None
+    return import_peft().PeftModel.from_pretrained(model, folder).merge_and_unload()
 
 
 def inspect_model(cfg: ModelConfig) -> dict[str, Any]:

@@ -130,15 +130,57 @@ def short_names(names: list[str]) -> list[str]:
     return list(dict.fromkeys(n.rsplit(".", 1)[-1] for n in names))
 
 
+def lora_targets(model: nn.Module, peft_cfg: PeftConfig) -> tuple[list[str], list[str]]:
+    """(the full names of the modules LoRA adapts, as shown in the log). ``auto``: ``auto_target_modules``; a list:
+    each name matches a module named so or ending in ``.name`` (peft's rule), and must match a Linear / Conv1D /
+    Embedding module: ConfigError naming the ones that match nothing, with the model's Linear modules."""
+    if peft_cfg.target_modules == "auto":
+        targets = auto_target_modules(model)
+        return targets, short_names(targets)
+    wanted = list(peft_cfg.target_modules)
+    found, unmatched = [], []
+    for key in wanted:
+        hits = [n for n, m in model.named_modules() if n and (n == key or n.endswith("." + key))
+                and (_is_linear(m) or isinstance(m, nn.Embedding))]
+        (found.extend(hits) if hits else unmatched.append(key))
+    if unmatched:
+        raise ConfigError(f"peft.target_modules: no Linear or Embedding module of {type(model).__name__} is named "
+                          f"{' or '.join(map(repr, unmatched))}",
+                          [f"the model's Linear modules: {', '.join(short_names(linear_names(model)))}"])
+    return list(dict.fromkeys(found)), wanted
+
+
+def check_rank(model: nn.Module, targets: list[str], r: int) -> None:
+    """``peft.r`` at most the largest rank a target's update can have (min of its input and output sizes): a larger
+    rank adds parameters and memory, never expressiveness. ConfigError naming the sizes."""
+    modules = dict(model.named_modules())
+    ranks = {name: min(_shape(modules[name])) for name in targets if _shape(modules[name])}
+    if ranks and r > max(ranks.values()):
+        widest = max(ranks, key=ranks.get)
+        raise ConfigError(f"peft.r={r} is more than the target layers' rank allows: the largest, {widest} "
+                          f"({' x '.join(map(str, _shape(modules[widest])))}), has rank at most {ranks[widest]}; "
+                          f"set peft.r={ranks[widest]} or less (8-64 is usual)")
+
+
+def _shape(module: nn.Module) -> tuple[int, int] | None:
+    """(input size, output size) of a Linear, Conv1D or Embedding module."""
+    weight = getattr(module, "weight", None)
+    if weight is None or weight.dim() != 2:
+        return None
+    rows, cols = weight.shape
+    return (int(rows), int(cols)) if type(module).__name__ == "Conv1D" else (int(cols), int(rows))
+
+
+def lora_parameters(model: nn.Module, targets: list[str], r: int) -> int:
+    """Trainable parameters LoRA adds: r x (input + output size) per target."""
+    modules = dict(model.named_modules())
+    return sum(r * sum(_shape(modules[n])) for n in targets if _shape(modules[n]))
+
+
 def apply_lora(model: nn.Module, peft_cfg: PeftConfig) -> tuple[nn.Module, Trainable]:
     """``peft.get_peft_model`` with the configured LoRA; the base frozen, the adapters and the task head trained."""
     peft = import_peft(peft_cfg.method)
-    if peft_cfg.target_modules == "auto":
-        targets = auto_target_modules(model)
-        shown = short_names(targets)
-    else:
-        targets = list(peft_cfg.target_modules)
-        shown = targets
+    targets, shown = lora_targets(model, peft_cfg)
     heads = head_modules(model)
     lora = peft.LoraConfig(r=peft_cfg.r, lora_alpha=peft_cfg.alpha, lora_dropout=peft_cfg.dropout,
                            target_modules=targets, modules_to_save=heads or None, bias="none")
@@ -302,7 +344,10 @@ def save_adapter_only(model: nn.Module, folder: Path) -> str:
     base = model.get_base_model()
     arch = type(base).__name__
     base.config.architectures = [arch]  # as save_pretrained of the model would record it
-    source = model.peft_config[model.active_adapter].base_model_name_or_path or "<base model>"
+    peft_config = model.peft_config[model.active_adapter]
+    if peft_config.base_model_name_or_path and Path(peft_config.base_model_name_or_path).is_dir():
+        peft_config.base_model_name_or_path = str(Path(peft_config.base_model_name_or_path).resolve())  # any cwd
+    source = peft_config.base_model_name_or_path or "<base model>"
     save_adapter(model, folder)
     base.config.save_pretrained(folder)
     if qlora.is_quantized(base):  # the config of the full-precision base: the 4-bit load was this run's choice
@@ -310,6 +355,9 @@ def save_adapter_only(model: nn.Module, folder: Path) -> str:
         saved = json.loads(cfg_file.read_text())
         saved.pop("quantization_config", None)
         cfg_file.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
-    return (f"adapter only (peft.merge=false): load it with peft: peft.PeftModel.from_pretrained(transformers.{arch}"
+    if source == "<base model>":
+        log.warning("warning: peft.merge=false on a model built from a config: its random initial weights are not "
+                    "saved, so %s cannot be loaded again (peft.merge=true keeps the whole model)", folder)
+    return (f"adapter only (peft.merge=false): leantrain eval / predict / generate load it over its base; with peft: peft.PeftModel.from_pretrained(transformers.{arch}"
             f".from_pretrained('{source}', config=transformers.AutoConfig.from_pretrained('{folder}')), '{folder}'); "
             "model.merge_and_unload() gives a plain transformers model")
