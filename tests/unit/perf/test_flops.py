@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from leantrain.modeling.load import flop_parameters, parameter_counts
-from leantrain.perf.flops import flops_per_token
+from leantrain.perf.flops import MfuMeter, flops_per_token, gpu_peak_flops, mfu
 
 
 def llama(tied: bool):
@@ -34,3 +34,67 @@ def test_a_classifier_counts_its_non_embedding_parameters(tmp_path):
     bert = AutoModelForSequenceClassification.from_pretrained(make_tiny_bert(tmp_path / "bert"))
     counts = parameter_counts(bert)
     assert flop_parameters(bert, counts) == counts["non_embedding"]
+
+
+def test_bert_classifier_flops_per_token_by_hand():
+    """6 N + 12 L h s for a BERT classifier, N counted by hand from the config's dimensions."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    v, h, i, layers, labels, s = 100, 32, 64, 2, 3, 40
+    config = BertConfig(vocab_size=v, hidden_size=h, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=i, max_position_embeddings=64, num_labels=labels)
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(config)
+    per_layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h  # q k v o, LayerNorm, FFN, LayerNorm
+    by_hand = 2 * h + layers * per_layer + (h * h + h) + (h * labels + labels)  # + embedding LN, pooler, classifier
+    n = flop_parameters(model, parameter_counts(model))
+    assert n == by_hand
+    assert flops_per_token(model.config, n, s) == 6 * by_hand + 12 * layers * h * s
+
+
+@pytest.mark.parametrize("name, precision, peak", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
+    ("NVIDIA H100 PCIe", "bf16", 756e12),   # the PCIe part, not the SXM one whose name it contains
+    ("NVIDIA A100-SXM4-80GB", "fp32", 19.5e12),  # A100, not A10
+    ("NVIDIA A10G", "bf16", 70e12),         # A10G, not A10
+    ("NVIDIA L40S", "fp8", 733e12),         # L40S, not L4
+    ("Tesla V100-SXM2-16GB", "bf16", None),  # no bf16 on a V100
+    ("Some Future GPU", "bf16", None),
+])
+def test_gpu_peak_flops_picks_the_most_specific_name(name, precision, peak):
+    assert gpu_peak_flops(name, precision) == peak
+
+
+def test_mfu_formula_and_when_there_is_none():
+    assert mfu(1e6, 2e3, 4e9, processes=2) == pytest.approx(1e6 * 2e3 / (4e9 * 2))
+    assert mfu(1e6, 2e3, None) is None and mfu(1e6, 0.0, 4e9) is None and mfu(1e6, 2e3, 0.0) is None
+
+
+def test_cpu_peak_flops_reads_its_cache_and_writes_a_new_entry(tmp_path, monkeypatch):
+    import json
+
+    import torch
+
+    from leantrain.perf.flops import cpu_model, cpu_peak_flops
+
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
+    key = f"{cpu_model()}|threads={torch.get_num_threads()}|fp32|torch={torch.__version__}"
+    (tmp_path / "peak_flops.json").write_text(json.dumps({key: 1234.0}))
+    assert cpu_peak_flops("fp32") == 1234.0  # the cached figure, no probe
+    assert cpu_peak_flops("fp8") is None  # no CPU dtype for it
+    (tmp_path / "peak_flops.json").write_text("{half a file")
+    probed = cpu_peak_flops("fp32")  # a broken cache is measured again and rewritten whole
+    assert probed > 0 and json.loads((tmp_path / "peak_flops.json").read_text()) == {key: probed}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_mfu_meter_on_a_device_without_a_peak():
+    import torch
+    from transformers import BertConfig
+
+    meter = MfuMeter(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2), 1000, 10.0,
+                     torch.device("meta"), "fp32", processes=1)
+    assert meter.flops_per_token == 6 * 1000 + 12 * 2 * 32 * 10
+    assert meter.summary(500.0) == {"mfu": None, "peak_flops": None, "peak_flops_source": "no peak FLOP/s known for meta",
+                                    "flops_per_token": meter.flops_per_token}
