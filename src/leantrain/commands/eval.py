@@ -31,7 +31,7 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
     task_name = resolve_task(cfg.model_copy(update={"model": mcfg}))
-    if get_task(task_name).spec.labels == "none":  # a language model: loss and perplexity over the text's tokens
+    if not get_task(task_name).labelled:  # a language model: loss and perplexity over the text's tokens
         return evaluate_language_model(model_dir, task_name, cfg, output_path, batch_size)
     precision = eval_precision(model_dir, cfg)  # the run's own, so that both report the same metrics
     accelerator, model, side, labels, task = load_trained(model_dir, cfg, precision)
@@ -45,7 +45,7 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     values = {k: v.numpy() for k, v in task.eval_batch(logits, y).items()}
     y = y.numpy()
     metrics = task.all_metrics(values, labels)
-    classes = task.spec.labels == "classes"  # per class and a confusion matrix: for class labels
+    classes = task.class_labels  # per class and a confusion matrix: for class labels
     preds = values.get("preds")  # multi-label has probabilities instead
     if classes:
         metrics["per_class"] = per_class(preds, y, labels)

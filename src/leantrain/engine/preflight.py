@@ -67,13 +67,13 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
     Set explicitly above the limit: ConfigError naming both numbers. Left at its default (128) above a small
     model's limit: lowered to the limit, with a log note. Returns the (possibly updated) config."""
     task = get_task(resolve_task(cfg))
-    if task.processor != "tokenizer":  # a position limit is in tokens
+    if not task.tokenized:  # a position limit is in tokens
         return cfg
     found = model_position_limit(cfg, config)
     if found is None:
         return cfg
     limit, source = found
-    if task.modality == "tokens":  # language models: the rows are blocks of data.block_size tokens
+    if task.token_blocks:  # language models: the rows are blocks of data.block_size tokens
         return _check_block_size(cfg, limit, source)
     asked = cfg.data.max_length
     if asked <= limit:

@@ -31,7 +31,7 @@ def run_settings(cfg: Config, task: str, columns: dict, precision: str | None = 
     the precision the run trained and evaluated in}."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
-    if get_task(task).modality == "tokens":  # a language model's eval cuts the text as the run did
+    if get_task(task).token_blocks:  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
     return {"task": task, "data": data, **({"precision": precision} if precision else {})}
 
