@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import partial
 
 import torch
 
@@ -55,16 +56,28 @@ def warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
     """One scheduler step per optimizer step (never per micro-batch). linear / cosine decay to 0 after warm-up;
-    constant after warm-up; inverse_sqrt: lr x sqrt(warm-up / step) after warm-up (transformers' definitions)."""
-    from transformers import get_scheduler
-    from transformers.optimization import AdafactorSchedule
-
+    constant after warm-up; inverse_sqrt: lr x sqrt(warm-up / step) after warm-up (transformers' definitions, written
+    here: importing ``transformers.optimization`` imports peft and through it bitsandbytes, whose CPU kernel probe
+    prints an unrelated error into every run)."""
     if cfg.name == "adafactor" and cfg.adafactor_relative_step:
+        from transformers.optimization import AdafactorSchedule  # the run asked for Adafactor: transformers' own
+
         log.info("optim.adafactor_relative_step: Adafactor sets its own step size; optim.scheduler and train.lr unused")
         return AdafactorSchedule(optimizer)
-    warmup = warmup_steps(cfg, total_steps)
-    name = {"constant": "constant_with_warmup"}.get(cfg.scheduler, cfg.scheduler)
-    if name == "inverse_sqrt":  # transformers' default timescale without warm-up is 10,000 steps
-        return get_scheduler(name, optimizer, num_warmup_steps=warmup,
-                             scheduler_specific_kwargs={"timescale": max(warmup, 1)})
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, cfg.scheduler, warmup_steps(cfg, total_steps),
+                                                                total_steps))
+
+
+def lr_factor(kind: str, warmup: int, total: int, step: int) -> float:
+    """The learning rate's multiplier at ``step``: linear warm-up from 0 over ``warmup`` steps, then ``kind``."""
+    if step < warmup:
+        return step / max(1, warmup)
+    if kind == "constant":
+        return 1.0
+    if kind == "inverse_sqrt":  # transformers' timescale: the warm-up (1 without one)
+        timescale = max(warmup, 1)
+        return 1.0 / math.sqrt((step + timescale - warmup) / timescale)
+    progress = (step - warmup) / max(1, total - warmup)
+    if kind == "cosine":
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return max(0.0, 1.0 - progress)  # linear
