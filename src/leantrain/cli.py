@@ -70,7 +70,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     keys = "config keys (defaults < YAML file < key=value):\n" + describe_keys()
     t = sub.add_parser("train", help="fine-tune a model (the default: packaged MiniLM on built-in demo data)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES + "\n" + keys,
-                       description="Fine-tune a text, image or audio classifier. Positional arguments: an optional YAML "
+                       description="Train or fine-tune a model: a classifier or regressor of text, images or audio, a "
+                       "token tagger, or a language model (plain text or instruction/chat data; LoRA with peft.*). "
+                       "Positional arguments: an optional YAML "
                        "config file and any number of dotted key=value overrides, e.g. train.lr=3e-5.")
     t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     t.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
