@@ -53,6 +53,11 @@ class ModelConfig(Section):
         "(the packaged MiniLM's does; re-initialising it measured worse). The saved model loads as a plain "
         "transformers model"
     )
+    save_dtype: Literal["auto", "float32"] = Field(
+        "auto", description="dtype of the saved model/ (training keeps fp32 weights either way): auto = the "
+        "checkpoint's (bf16 for SmolLM2: half the size on disk; float32 for an fp32 checkpoint or a model built from a "
+        "config); float32 = the trained fp32 weights"
+    )
 
     @field_validator("task")
     @classmethod
