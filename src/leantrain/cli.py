@@ -139,14 +139,21 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     pl = sub.add_parser("plan", help="predicted peak memory of a config on this device, and the fastest settings "
                         "that fit a budget", formatter_class=argparse.RawDescriptionHelpFormatter,
                         epilog=EXAMPLES + "\n" + keys,
-                        description="Prepares the data and builds the model as train does, measures a few short "
-                        "forward/backward passes, and prints the peak memory line by line (bytes and human units) "
-                        "and the fastest micro-batch / precision / checkpointing / optimizer settings that fit.")
+                        description="Prepares the data and builds the model as train does, estimates the peak memory "
+                        "line by line (bytes and human units) from a forward/backward on fake tensors (no arithmetic), "
+                        "measures it with real passes where the estimate is close to the budget (or with --calibrate), "
+                        "and with --search ranks the micro-batch / precision / checkpointing / optimizer settings "
+                        "that fit by measured speed.")
     pl.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     pl.add_argument("--memory", default=None, help="budget per process, e.g. 8GiB (default: this device)")
     pl.add_argument("--nproc", type=int, default=1, help="processes sharing the global batch (DDP/FSDP per device)")
     pl.add_argument("--json", action="store_true", help="print JSON on stdout (total under peak_bytes)")
-    pl.add_argument("--breakdown-only", action="store_true", help="only this config's lines (no search; faster)")
+    pl.add_argument("--search", action="store_true", help="also calibrate and time every micro-batch x precision x "
+                    "checkpointing x optimizer and rank the fitting ones by speed (minutes on a CPU)")
+    pl.add_argument("--calibrate", action="store_true", help="measure this config's lines with real forward/backward "
+                    "passes (done anyway where the estimate is close to the budget)")
+    pl.add_argument("--breakdown-only", action="store_true", help="only this config's lines (the default; kept for "
+                    "scripts)")
     pp = sub.add_parser(
         "prepare", help="tokenise a causal LM's text into token shards ahead of time (train takes the folder as "
         "data.train)", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -224,7 +231,8 @@ def _cmd_plan(ns) -> int:
     from leantrain.commands.plan import run_plan  # lazy: torch and transformers load for the command only
 
     source, overrides = _split_positionals(ns.args)
-    run_plan(source, overrides, memory=ns.memory, nproc=ns.nproc, as_json=ns.json, recommend=not ns.breakdown_only)
+    run_plan(source, overrides, memory=ns.memory, nproc=ns.nproc, as_json=ns.json,
+             search=ns.search and not ns.breakdown_only, calibrate=ns.calibrate)
     return 0
 
 
