@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten
 
 from leantrain.modeling.switches import is_checkpointing, set_checkpointing
 from leantrain.perf.flops import peak_flops
-from leantrain.perf.memory_model import Calibration, SavedBytes, _storage_key, autocast_for, forward_backward
+from leantrain.perf.memory_model import Calibration, SavedBytes, storage_key, autocast_for, forward_backward
 
 EFFICIENCY = 0.3  # share of the matmul probe's FLOP/s a whole forward/backward reaches (CPU, eager)
 
@@ -48,7 +48,7 @@ class LiveBytes(TorchDispatchMode):
         return out
 
     def _track(self, t: torch.Tensor) -> None:
-        key, storage = _storage_key(t), t.untyped_storage()
+        key, storage = storage_key(t), t.untyped_storage()
         if key in self.alive:
             return
         n = storage.nbytes()

@@ -137,13 +137,13 @@ class SavedBytes:
     """Bytes of the distinct storages autograd saves for backward (the model's parameters left out)."""
 
     def __init__(self, model, params=None):
-        self.params = {_storage_key(p) for p in (model.parameters() if params is None else params)}
+        self.params = {storage_key(p) for p in (model.parameters() if params is None else params)}
         self.storages: dict[tuple[bool, int], int] = {}
 
     def hooks(self):
         def pack(t: torch.Tensor):
             s = t.untyped_storage()
-            self.storages[_storage_key(t)] = s.nbytes()
+            self.storages[storage_key(t)] = s.nbytes()
             return t
 
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
@@ -152,7 +152,7 @@ class SavedBytes:
         return sum(n for k, n in self.storages.items() if k not in self.params)
 
 
-def _storage_key(t: torch.Tensor) -> tuple[bool, int]:
+def storage_key(t: torch.Tensor) -> tuple[bool, int]:
     """A storage's identity: its data pointer (real tensors), its C object's address (fake tensors have no data)."""
     s = t.untyped_storage()
     return (True, s._cdata) if isinstance(t, FakeTensor) else (False, s.data_ptr())
