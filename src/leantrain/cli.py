@@ -150,8 +150,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     pl.add_argument("--json", action="store_true", help="print JSON on stdout (total under peak_bytes)")
     pl.add_argument("--search", action="store_true", help="also calibrate and time every micro-batch x precision x "
                     "checkpointing x optimizer and rank the fitting ones by speed (minutes on a CPU)")
-    pl.add_argument("--calibrate", action="store_true", help="measure this config's lines with real forward/backward "
-                    "passes (done anyway where the estimate is close to the budget)")
+    pl.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=None, help="measure this config's "
+                    "lines with real forward/backward passes (default: where they are cheap here); --no-calibrate: "
+                    "the fake-tensor estimate only")
     pl.add_argument("--breakdown-only", action="store_true", help="only this config's lines (the default; kept for "
                     "scripts)")
     pp = sub.add_parser(

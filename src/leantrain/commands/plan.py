@@ -5,9 +5,10 @@ It prepares the data and builds the model exactly as ``leantrain train`` does (s
 process's own, measured), then prices the config in stages, cheapest first:
 
 1. an estimate with no arithmetic: the model's forward/backward on fake tensors (``leantrain.perf.estimate``);
-2. real forward/backward passes at the config's micro-batch (``leantrain.perf.memory_model``), only where the
-   estimate is within ``CLOSE`` of the budget (whether it fits could flip) and the passes are cheap
-   (``CHEAP_SECONDS``; else the plan says so), or with ``--calibrate``, with progress and the time left;
+2. real forward/backward passes at the config's micro-batch (``leantrain.perf.memory_model``) where they are cheap
+   (``CHEAP_SECONDS`` by a FLOPs estimate that counts the machine's load) or with ``--calibrate``, with progress and
+   the time left; where they are not and the estimate is within ``CLOSE`` of the budget (the fit could flip), the
+   plan says so and what ``--calibrate`` would cost;
 3. with ``--search``: every micro-batch x precision x checkpointing x optimizer calibrated and timed (minutes on a
    CPU for a 100M-parameter model), ranked by predicted speed.
 """
@@ -42,8 +43,8 @@ from leantrain.perf.noise import rank_by_speed
 
 log = logging.getLogger("leantrain")
 TOP = 5
-CLOSE = 0.10  # the estimate's error allowed for: where the fit could flip within it, real passes decide
-CHEAP_SECONDS = 20.0  # ... by themselves when they take about this long at most (else the plan says --calibrate)
+CLOSE = 0.10  # the estimate's error allowed for: where the fit could flip within it, the plan says to calibrate
+CHEAP_SECONDS = 20.0  # real passes that take about this long at most run by themselves (the allocator's share)
 
 
 def available_optimizers() -> list[str]:
@@ -136,10 +137,10 @@ class Search:
 
 
 def run_plan(source: str | None, overrides: list[str], memory: str | None = None, nproc: int = 1,
-             as_json: bool = False, search: bool = False, calibrate: bool = False) -> dict:
+             as_json: bool = False, search: bool = False, calibrate: bool | None = None) -> dict:
     """Prepare the data and build the model as ``leantrain train`` does, price this config's setting (estimated;
-    measured where close to the budget or with ``calibrate``) and with ``search`` every micro-batch x precision x
-    checkpointing x optimizer, measured and timed; print and return the result."""
+    measured where cheap with ``calibrate`` None, always with True, never with False) and with ``search`` every
+    micro-batch x precision x checkpointing x optimizer, measured and timed; print and return the result."""
     cfg = check_max_length(resolve(source, overrides))  # data.max_length within the model's position limit
     if nproc < 1:
         raise UserError(f"--nproc must be at least 1 (got {nproc})")
@@ -175,15 +176,14 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
         result.update(_recommendations(rows, (micro, precision, ckpt, cfg.optim.name), bool(facts.vocab)))
     else:
         row = plan.option(precision, ckpt, cfg.optim.name, micro)
-        if calibrate or _near_budget(row["lines"], budget):
-            cost = estimate.pass_seconds(model, (2 + micro) * plan.seq_len, precision)  # passes at 1, 1 and micro
-            what = f"real forward/backward passes ({'about ' + format_duration(cost) if cost else 'time unknown'} here)"
-            if calibrate or (cost is not None and cost <= CHEAP_SECONDS):
-                log.info("%s: measuring with %s", "--calibrate" if calibrate else "close to the budget", what)
-                plan.calibration(precision, ckpt, size=micro)
-                row = plan.option(precision, ckpt, cfg.optim.name, micro)
-            else:
-                row["advice"] = f"the estimate is within {CLOSE:.0%} of the budget: --calibrate measures it with {what}"
+        cost = estimate.pass_seconds(model, (2 + micro) * plan.seq_len, precision)  # passes at 1, 1 and micro
+        what = f"real forward/backward passes ({'about ' + format_duration(cost) if cost else 'time unknown'} here)"
+        if calibrate or (calibrate is None and cost is not None and cost <= CHEAP_SECONDS):
+            log.info("%s: measuring with %s", "--calibrate" if calibrate else "cheap here", what)
+            plan.calibration(precision, ckpt, size=micro)
+            row = plan.option(precision, ckpt, cfg.optim.name, micro)
+        elif _near_budget(row["lines"], budget):
+            row["advice"] = f"the estimate is within {CLOSE:.0%} of the budget: --calibrate measures it with {what}"
         result.update(row)
         if not row["fits"]:
             result["fits_at"] = _largest_fitting(plan, precision, ckpt, cfg.optim.name)
