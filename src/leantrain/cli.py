@@ -72,7 +72,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     keys = "config keys (defaults < YAML file < key=value):\n" + describe_keys()
     t = sub.add_parser("train", help="fine-tune a model (the default: packaged MiniLM on built-in demo data)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES + "\n" + keys,
-                       description="Fine-tune a text, image or audio classifier. Positional arguments: an optional YAML "
+                       description="Train or fine-tune a model: a classifier or regressor of text, images or audio, a "
+                       "token tagger, or a language model (plain text or instruction/chat data; LoRA with peft.*). "
+                       "Positional arguments: an optional YAML "
                        "config file and any number of dotted key=value overrides, e.g. train.lr=3e-5.")
     t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     t.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
@@ -139,14 +141,22 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     pl = sub.add_parser("plan", help="predicted peak memory of a config on this device, and the fastest settings "
                         "that fit a budget", formatter_class=argparse.RawDescriptionHelpFormatter,
                         epilog=EXAMPLES + "\n" + keys,
-                        description="Prepares the data and builds the model as train does, measures a few short "
-                        "forward/backward passes, and prints the peak memory line by line (bytes and human units) "
-                        "and the fastest micro-batch / precision / checkpointing / optimizer settings that fit.")
+                        description="Prepares the data and builds the model as train does, estimates the peak memory "
+                        "line by line (bytes and human units) from a forward/backward on fake tensors (no arithmetic), "
+                        "measures it with real passes where the estimate is close to the budget (or with --calibrate), "
+                        "and with --search ranks the micro-batch / precision / checkpointing / optimizer settings "
+                        "that fit by measured speed.")
     pl.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     pl.add_argument("--memory", default=None, help="budget per process, e.g. 8GiB (default: this device)")
     pl.add_argument("--nproc", type=int, default=1, help="processes sharing the global batch (DDP/FSDP per device)")
     pl.add_argument("--json", action="store_true", help="print JSON on stdout (total under peak_bytes)")
-    pl.add_argument("--breakdown-only", action="store_true", help="only this config's lines (no search; faster)")
+    pl.add_argument("--search", action="store_true", help="also calibrate and time every micro-batch x precision x "
+                    "checkpointing x optimizer and rank the fitting ones by speed (minutes on a CPU)")
+    pl.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=None, help="measure this config's "
+                    "lines with real forward/backward passes (default: where they are cheap here); --no-calibrate: "
+                    "the fake-tensor estimate only")
+    pl.add_argument("--breakdown-only", action="store_true", help="only this config's lines (the default; kept for "
+                    "scripts)")
     pp = sub.add_parser(
         "prepare", help="tokenise a causal LM's text into token shards ahead of time (train takes the folder as "
         "data.train)", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -224,7 +234,8 @@ def _cmd_plan(ns) -> int:
     from leantrain.commands.plan import run_plan  # lazy: torch and transformers load for the command only
 
     source, overrides = _split_positionals(ns.args)
-    run_plan(source, overrides, memory=ns.memory, nproc=ns.nproc, as_json=ns.json, recommend=not ns.breakdown_only)
+    run_plan(source, overrides, memory=ns.memory, nproc=ns.nproc, as_json=ns.json,
+             search=ns.search and not ns.breakdown_only, calibrate=ns.calibrate)
     return 0
 
 

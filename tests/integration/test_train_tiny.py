@@ -96,6 +96,8 @@ def test_inspect_counts(tiny_bert, capsys):
 def test_module_entry_point_help():
     r = subprocess.run([sys.executable, "-m", "leantrain", "train", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "train.micro_batch_size" in r.stdout and "examples:" in r.stdout
+    description = r.stdout.split("\n\n")[1]  # after the usage line: what train does, languages models included
+    assert description.startswith("Train or fine-tune a model") and "language model" in description
 
 
 def test_text_pairs_autodetected(tmp_path, tiny_bert):

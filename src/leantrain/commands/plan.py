@@ -2,7 +2,15 @@
 that fit a budget (micro-batch x precision x gradient checkpointing x optimizer, keeping the global batch).
 
 It prepares the data and builds the model exactly as ``leantrain train`` does (so the framework overhead is this
-process's own, measured), then calibrates with a few short forward/backward passes (``leantrain.perf.memory_model``).
+process's own, measured), then prices the config in stages, cheapest first:
+
+1. an estimate with no arithmetic: the model's forward/backward on fake tensors (``leantrain.perf.estimate``);
+2. real forward/backward passes at the config's micro-batch (``leantrain.perf.memory_model``) where they are cheap
+   (``CHEAP_SECONDS`` by a FLOPs estimate that counts the machine's load) or with ``--calibrate``, with progress and
+   the time left; where they are not and the estimate is within ``CLOSE`` of the budget (the fit could flip), the
+   plan says so and what ``--calibrate`` would cost;
+3. with ``--search``: every micro-batch x precision x checkpointing x optimizer calibrated and timed (minutes on a
+   CPU for a 100M-parameter model), ranked by predicted speed.
 """
 
 from __future__ import annotations
@@ -28,14 +36,16 @@ from leantrain.modeling import build_model
 from leantrain.modeling.chunked_loss import apply_chunked_loss
 from leantrain.modeling.lora import apply_trainable
 from leantrain.modeling.tasks import Task
-from leantrain.perf import memory_model
-from leantrain.units import format_bytes
+from leantrain.perf import estimate, memory_model
+from leantrain.units import format_bytes, format_duration, format_rate
 from leantrain.perf.auto_micro_batch import (MARGIN, RUN_ALLOWANCE, default_budget, divisors_desc, framework_bytes,
                                              longest_sequence, need_bytes, parse_bytes)
 from leantrain.perf.noise import rank_by_speed
 
 log = logging.getLogger("leantrain")
 TOP = 5
+CLOSE = 0.10  # the estimate's error allowed for: where the fit could flip within it, the plan says to calibrate
+CHEAP_SECONDS = 20.0  # real passes that take about this long at most run by themselves (the allocator's share)
 
 
 def available_optimizers() -> list[str]:
@@ -67,16 +77,30 @@ class Search:
     strategy: str
     budget: int
     calibrations: dict[tuple[str, bool], memory_model.Calibration] = field(default_factory=dict)
+    estimates: dict[tuple[str, bool], memory_model.Calibration] = field(default_factory=dict)
 
-    def calibration(self, precision: str, ckpt: bool) -> memory_model.Calibration:
-        if (precision, ckpt) not in self.calibrations:
+    def estimate(self, precision: str, ckpt: bool) -> memory_model.Calibration:
+        """Stage 1: fake-tensor passes (no arithmetic; seconds even for a 100M-parameter model)."""
+        if (precision, ckpt) not in self.estimates:
+            self.estimates[precision, ckpt] = estimate.estimate(self.model, self.seq_len, precision, ckpt,
+                                                                task=self.task)
+        return self.estimates[precision, ckpt]
+
+    def calibration(self, precision: str, ckpt: bool, size: int | None = None) -> memory_model.Calibration:
+        """Real forward/backward passes (at ``size`` when given, replacing an earlier calibration), with progress."""
+        if (precision, ckpt) not in self.calibrations or size:
+            what = f"{precision}, gradient checkpointing {'on' if ckpt else 'off'}"
             cal = memory_model.calibrate(self.model, self.seq_len, precision, ckpt, self.per_process, timing=False,
-                                         task=self.task)
-            log.info("calibrated: %s, gradient checkpointing %s, micro-batches %s x %d tokens", precision,
-                     "on" if ckpt else "off", cal.sizes, self.seq_len)
+                                         size=size, task=self.task,
+                                         progress=lambda text: log.info("calibrating %s: %s", what, text))
+            log.info("calibrated: %s, micro-batches %s x %d tokens", what, cal.sizes, self.seq_len)
             self.facts.warmup_bytes = max(self.facts.warmup_bytes, cal.warmup_bytes)
             self.calibrations[precision, ckpt] = cal
         return self.calibrations[precision, ckpt]
+
+    def best(self, precision: str, ckpt: bool) -> memory_model.Calibration:
+        """The measured calibration where there is one, else the estimate."""
+        return self.calibrations.get((precision, ckpt)) or self.estimate(precision, ckpt)
 
     def state_bytes(self, name: str) -> int:
         if name not in self.facts.state_bytes:
@@ -93,15 +117,16 @@ class Search:
         return self.cfg.optim.model_copy(update={"name": name})
 
     def option(self, precision: str, ckpt: bool, name: str, micro: int) -> dict:
-        """One setting, priced: its memory lines, whether it fits the budget, and its samples/s when measured."""
-        cal = self.calibration(precision, ckpt)
+        """One setting, priced: its memory lines, whether it fits the budget, and its samples/s when measured (a
+        causal LM's tokens/s too: samples are blocks of ``seq_len`` tokens)."""
+        cal = self.best(precision, ckpt)
         lines = memory_model.lines(self.facts, cal, micro, self.state_bytes(name), strategy=self.strategy,
                                    nproc=self.nproc)
         accum = self.per_process // micro
         row = {"micro_batch_size": micro, "accumulation_steps": accum, "precision": precision,
                "gradient_checkpointing": ckpt, "optimizer": name, "lines": lines, "peak_bytes": lines["total"],
-               "need_bytes": need_bytes(lines), "fits": need_bytes(lines) <= self.budget}
-        if name in self.facts.step_seconds:
+               "need_bytes": need_bytes(lines), "fits": need_bytes(lines) <= self.budget, "method": cal.method}
+        if name in self.facts.step_seconds and cal.method == "measured":
             step = accum * cal.seconds_at(micro) + self.facts.step_seconds[name]
             fast, slow = cal.seconds_range_at(micro)
             one = self.facts.step_seconds[name]
@@ -109,13 +134,17 @@ class Search:
             batch = self.cfg.train.batch_size
             row["samples_per_second"] = batch / step
             row["samples_per_second_range"] = [batch / (accum * slow + step_hi), batch / (accum * fast + step_lo)]
+            if self.facts.vocab:
+                row["tokens_per_second"] = row["samples_per_second"] * self.seq_len
+                row["tokens_per_second_range"] = [v * self.seq_len for v in row["samples_per_second_range"]]
         return row
 
 
 def run_plan(source: str | None, overrides: list[str], memory: str | None = None, nproc: int = 1,
-             as_json: bool = False, recommend: bool = True) -> dict:
-    """Prepare the data and build the model as ``leantrain train`` does, price this config's setting and (with
-    ``recommend``) every micro-batch x precision x checkpointing x optimizer; print and return the result."""
+             as_json: bool = False, search: bool = False, calibrate: bool | None = None) -> dict:
+    """Prepare the data and build the model as ``leantrain train`` does, price this config's setting (estimated;
+    measured where cheap with ``calibrate`` None, always with True, never with False) and with ``search`` every
+    micro-batch x precision x checkpointing x optimizer, measured and timed; print and return the result."""
     cfg = check_max_length(resolve(source, overrides))  # data.max_length within the model's position limit
     if nproc < 1:
         raise UserError(f"--nproc must be at least 1 (got {nproc})")
@@ -138,19 +167,31 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     budget, budget_source = ((parse_bytes(memory), "--memory") if memory is not None else
                              default_budget(device, local=nproc) if device.type == "cpu" else default_budget(device))
-    search = Search(cfg, model, data.task_object, facts, longest_sequence(cfg, data), per_process, nproc, strategy_name(cfg, nproc),
-                    budget)
+    plan = Search(cfg, model, data.task_object, facts, longest_sequence(cfg, data), per_process, nproc,
+                  strategy_name(cfg, nproc), budget)
     ckpt = cfg.efficiency.gradient_checkpointing
-    result = {"device": str(device), "nproc": nproc, "strategy": search.strategy, "seq_len": search.seq_len,
+    result = {"device": str(device), "nproc": nproc, "strategy": plan.strategy, "seq_len": plan.seq_len,
               "global_batch": cfg.train.batch_size, "budget_bytes": budget, "budget_source": budget_source,
               "margin": MARGIN}
-    _calibrate_at(search, precision, ckpt, micro)
-    settings = _settings(search, device) if recommend else []
-    result.update(search.option(precision, ckpt, cfg.optim.name, micro))
-    if recommend:
-        current = (micro, precision, ckpt, cfg.optim.name)
-        result.update(_recommendations([search.option(*setting) for setting in settings], current))
-    result["calibration"] = [c.__dict__ for c in search.calibrations.values()]
+    if search:
+        _calibrate_at(plan, precision, ckpt, micro)
+        rows = [plan.option(*setting) for setting in _settings(plan, device)]
+        result.update(plan.option(precision, ckpt, cfg.optim.name, micro))  # with its speed, now timed
+        result.update(_recommendations(rows, (micro, precision, ckpt, cfg.optim.name), bool(facts.vocab)))
+    else:
+        row = plan.option(precision, ckpt, cfg.optim.name, micro)
+        cost = estimate.pass_seconds(model, (2 + micro) * plan.seq_len, precision)  # passes at 1, 1 and micro
+        what = f"real forward/backward passes ({'about ' + format_duration(cost) if cost else 'time unknown'} here)"
+        if calibrate or (calibrate is None and cost is not None and cost <= CHEAP_SECONDS):
+            log.info("%s: measuring with %s", "--calibrate" if calibrate else "cheap here", what)
+            plan.calibration(precision, ckpt, size=micro)
+            row = plan.option(precision, ckpt, cfg.optim.name, micro)
+        elif _near_budget(row["lines"], budget):
+            row["advice"] = f"the estimate is within {CLOSE:.0%} of the budget: --calibrate measures it with {what}"
+        result.update(row)
+        if not row["fits"]:
+            result["fits_at"] = _largest_fitting(plan, precision, ckpt, cfg.optim.name)
+    result["calibration"] = [c.__dict__ for c in [*plan.calibrations.values(), *plan.estimates.values()]]
     result["parameters"] = sum(p.numel() for p in model.parameters())
     result["trainable_parameters"] = trainable.trainable or result["parameters"]
     if trainable.method != "none" or trainable.frozen:
@@ -160,6 +201,25 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     else:
         print_plan(cfg, result)
     return result
+
+
+def _near_budget(lines: dict[str, int], budget: int) -> bool:
+    """Whether the fit could flip if the predicted training part (all but the measured framework overhead) were
+    off by ``CLOSE`` either way."""
+    def fits(scale: float) -> bool:
+        base = lines["framework_overhead"]
+        return need_bytes({**lines, "total": base + int((lines["total"] - base) * scale)}) <= budget
+
+    return fits(1 - CLOSE) != fits(1 + CLOSE)
+
+
+def _largest_fitting(plan: Search, precision: str, ckpt: bool, optimizer: str) -> dict | None:
+    """The largest micro-batch that fits at the same settings (from what is already priced: nothing is run)."""
+    for m in divisors_desc(plan.per_process):
+        row = plan.option(precision, ckpt, optimizer, m)
+        if row["fits"]:
+            return {"micro_batch_size": m, "need_bytes": row["need_bytes"], "overrides": overrides_for(row)}
+    return None
 
 
 def _calibrate_at(search: Search, precision: str, ckpt: bool, micro: int) -> None:
@@ -173,9 +233,7 @@ def _calibrate_at(search: Search, precision: str, ckpt: bool, micro: int) -> Non
     lines = memory_model.lines(search.facts, cal, micro, search.state_bytes(search.cfg.optim.name),
                                strategy=search.strategy, nproc=search.nproc)
     if need_bytes(lines) <= search.budget:
-        search.calibrations[precision, ckpt] = memory_model.calibrate(
-            search.model, search.seq_len, precision, ckpt, search.per_process, timing=False, size=micro,
-            task=search.task)
+        search.calibration(precision, ckpt, size=micro)
         log.info("calibrated again at micro-batch %d (the size this config runs)", micro)
 
 
@@ -186,7 +244,8 @@ def _settings(search: Search, device: torch.device) -> list[tuple[str, bool, str
     for p in precisions(device, cfg.efficiency.precision):
         for c in can_ckpt:
             search.calibration(p, c)
-    memory_model.time_calibrations(search.model, list(search.calibrations.values()), task=search.task)  # interleaved timing rounds
+    memory_model.time_calibrations(search.model, list(search.calibrations.values()),  # interleaved timing rounds
+                                   task=search.task)
     for name in {cfg.optim.name, *available_optimizers()}:
         search.measure_step(name)
     return [(p, c, name, m) for p in precisions(device, cfg.efficiency.precision) for c in can_ckpt
@@ -199,22 +258,42 @@ def _changes(row: dict, current: tuple) -> int:
     return sum(a != b for a, b in zip(mine, current))
 
 
-def _recommendations(rows: list[dict], current: tuple) -> dict:
-    """The fitting settings ranked by predicted speed, but only where the measured ranges separate them
-    (``perf.noise.rank_by_speed``: 'within noise' otherwise, fewest changes first)."""
-    fits = rank_by_speed([r for r in rows if r["fits"]], prefer=lambda r: _changes(r, current))
+def _recommendations(rows: list[dict], current: tuple, tokens: bool) -> dict:
+    """The fitting settings ranked by predicted speed (a causal LM's in tokens/s), but only where the measured
+    ranges separate them (``perf.noise.rank_by_speed``: 'within noise' otherwise, fewest changes first)."""
+    key = speed_key(tokens)
+    fits = rank_by_speed([r for r in rows if r["fits"]], key=key, prefer=lambda r: _changes(r, current))
     return {"recommendations": [{**r, "overrides": overrides_for(r)} for r in fits[:TOP]],
             "within_noise_of_fastest": sum(r["speed"] == "within noise" for r in fits),
-            "options_considered": len(rows), "options_fitting": len(fits),
+            "options_considered": len(rows), "options_fitting": len(fits), "speed_unit": key,
             "options": [{"overrides": overrides_for(r), "need_bytes": r["need_bytes"], "fits": r["fits"],
-                         "samples_per_second": r["samples_per_second"],
-                         "samples_per_second_range": r["samples_per_second_range"]} for r in rows]}
+                         **{k: r[k] for k in r if k.startswith(("samples_per", "tokens_per"))}} for r in rows]}
+
+
+def speed_key(tokens: bool) -> str:
+    """What the ranking compares: tokens/s for a causal LM (its samples are blocks), samples/s otherwise."""
+    return "tokens_per_second" if tokens else "samples_per_second"
 
 
 def overrides_for(row: dict) -> list[str]:
     return [f"train.micro_batch_size={row['micro_batch_size']}", f"efficiency.precision={row['precision']}",
             f"efficiency.gradient_checkpointing={str(row['gradient_checkpointing']).lower()}",
             f"optim.name={row['optimizer']}"]
+
+
+def _print_stage(r: dict, w) -> None:
+    """How the lines were priced, and what a deeper stage would add."""
+    if r.get("method", "measured") == "estimated":
+        w("  estimated: the model's forward/backward on fake tensors (no arithmetic; the CPU allocator's slack and "
+          "the runtime's caches are not in it); --calibrate measures with real passes\n")
+    if "advice" in r:
+        w(f"  {r['advice']}\n")
+    if "fits_at" in r:
+        fit = r["fits_at"]
+        w(f"  fits at micro-batch {fit['micro_batch_size']} ({format_bytes(fit['need_bytes'])}): "
+          f"{fit['overrides'][0]}\n" if fit else "  no micro-batch fits at these settings: try --search\n")
+    if "recommendations" not in r:
+        w("  speed ranking of micro-batch x precision x checkpointing x optimizer: --search (real passes, timed)\n")
 
 
 def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
@@ -232,13 +311,16 @@ def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
       f"{'fits' if r['fits'] else 'does NOT fit'} (with {MARGIN:.0%} margin on the training part and "
       f"{RUN_ALLOWANCE // 2**20} MiB for evaluation and saving: "
       f"{format_bytes(r['need_bytes'])})\n")
+    _print_stage(r, w)
     if "recommendations" not in r:
         return
+    key = r.get("speed_unit", "samples_per_second")
+    unit = key.split("_")[0] + "/s"
     w(f"\nfastest of {r['options_fitting']} fitting settings (of {r['options_considered']}; global batch "
-      f"{r['global_batch']} kept; predicted samples/s with the range its timed passes spanned):\n")
+      f"{r['global_batch']} kept; predicted {unit} with the range its timed passes spanned):\n")
     for i, rec in enumerate(r["recommendations"], 1):
-        lo, hi = rec["samples_per_second_range"]
-        w(f"  {i}. {rec['samples_per_second']:8.1f} samples/s ({lo:.1f}-{hi:.1f})  {rec['speed']:<12}  peak "
+        lo, hi = rec[f"{key}_range"]
+        w(f"  {i}. {format_rate(rec[key]):>8} {unit} ({format_rate(lo)}-{format_rate(hi)})  {rec['speed']:<12}  peak "
           f"{format_bytes(rec['peak_bytes']):>11}   {' '.join(rec['overrides'])}\n")
     if not r["recommendations"]:
         w("  none fits: lower data.max_length or train.batch_size, or raise --memory\n")

@@ -66,6 +66,11 @@ class ModelConfig(Section):
         "packaged MiniLM's does): then cls for multi-label, kept for the other tasks (logged). The saved model loads "
         "as a plain transformers model"
     )
+    save_dtype: Literal["auto", "float32"] = Field(
+        "auto", description="dtype of the saved model/ (training keeps fp32 weights either way): auto = the "
+        "checkpoint's (bf16 for SmolLM2: half the size on disk; float32 for an fp32 checkpoint or a model built from a "
+        "config); float32 = the trained fp32 weights"
+    )
 
     @field_validator("task")
     @classmethod

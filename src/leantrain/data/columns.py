@@ -1,7 +1,9 @@
 """Which columns hold the text, the second text of a pair and the label.
 
 Explicit settings (data.text_column, data.text_pair_column, data.label_column) win; otherwise the usual names
-are tried, pairs first. Every automatic choice is reported as a note, so the user sees it and can change it.
+are tried, pairs first; a label column with another name is taken when it is the one column besides the texts, or
+the one that holds numbers or label lists. Every automatic choice is reported as a note, so the user sees it and
+can change it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from leantrain.data.sources import Part
 PAIRS = [("sentence1", "sentence2"), ("question1", "question2"), ("premise", "hypothesis"),
          ("question", "sentence"), ("text", "text_pair")]
 TEXTS = ["sentence", "text", "review", "content", "document", "utterance", "question"]
-LABELS = ["label", "labels", "class", "category", "target", "y"]
+LABELS = ["label", "labels", "class", "category", "target", "y", "score", "rating", "sentiment", "gold_label", "stars"]
 SETTINGS = {"text": "data.text_column", "text_pair": "data.text_pair_column", "label": "data.label_column"}
 ROLE_NAMES = {"text": "text", "text_pair": "text pair", "label": "label", "image": "image", "audio": "audio"}
 
@@ -76,6 +78,10 @@ def detect(cfg: DataConfig, part: Part, *, need_label: bool) -> tuple[Columns, l
         if partner:
             notes["text_pair"] = (f"no text pair column: single texts from {chosen['text']!r} "
                                   f"(set data.text_pair_column={partner} to use pairs)")
+    if chosen["label"] is None and cfg.label_column is None and need_label and chosen["text"] is not None:
+        auto("label", *(_label_by_content(part, chosen) or (None,)))
+        if chosen["label"] is not None:
+            problems = [p for p in problems if "no label column found" not in p]
     problems += _same_column_twice(chosen)
     return chosen, [notes[r] for r in SETTINGS if r in notes], problems
 
@@ -101,6 +107,26 @@ def _detect_text(cfg: DataConfig, part: Part, chosen: Columns, auto) -> None:  #
     strings = [c for c in columns if is_text(part.ds.features[c])]
     if len(strings) == 1:
         auto("text", strings[0], "the only text column")
+
+
+def _label_by_content(part: Part, chosen: Columns) -> tuple[str, str] | None:
+    """(column, why) when the label column is clear without its name: the only column besides the text columns,
+    or the only one of them holding numbers, booleans, class labels or lists (multi-label)."""
+    rest = [c for c in part.ds.column_names if c not in (chosen["text"], chosen["text_pair"])]
+    if len(rest) == 1:
+        return rest[0], "the only column besides the text"
+    labels = [c for c in rest if _holds_labels(part.ds.features[c])]
+    if len(labels) == 1:
+        return labels[0], "the only column of numbers or labels besides the text"
+    return None
+
+
+def _holds_labels(feature: object) -> bool:
+    if isinstance(feature, datasets.ClassLabel):
+        return True
+    if isinstance(feature, datasets.Value):
+        return feature.dtype == "bool" or feature.dtype.startswith(("int", "uint", "float"))
+    return type(feature).__name__ in ("List", "Sequence", "LargeList")
 
 
 def _same_column_twice(chosen: Columns) -> list[str]:

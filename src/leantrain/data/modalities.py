@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from leantrain.config import DataConfig
 from leantrain.data import audio, image, lm_data, preference, text_loader, token_loader
 from leantrain.data.sft import with_instructions
@@ -26,6 +28,16 @@ class Modality:
     counts_tokens: bool  # `length` counts tokens (tokens/s is reported for text only)
     label_kind: Callable = lambda cfg: "classes"  # (DataConfig) -> "classes" | "scores" | "label_sets" | "tags" |
     # "none" | "pairs" | "feedback": what auto reads
+    describe: Callable = lambda train, evals, labels: (  # the run's one line about its processed data
+        f"{len(train)} train / {len(evals)} eval rows, {len(labels)} labels {labels[:10]}")
+
+
+def _sequences_and_tokens(train, evals, labels) -> str:
+    """A language model's data: sequences (blocks, or examples unpacked) and the tokens in them; no labels."""
+    def tokens(ds) -> int:
+        return int(np.asarray(ds["length"], dtype=np.int64).sum()) if len(ds) else 0
+
+    return f"{len(train)} train / {len(evals)} eval sequences, {tokens(train):,} / {tokens(evals):,} tokens"
 
 
 def _text_process(dataset, tokenizer, cfg: DataConfig, desc: str = "Tokenizing"):
@@ -46,7 +58,7 @@ MODALITIES = {
                        token_loader.collator, True, lambda cfg: "tags"),
     "tokens": with_instructions(  # instruction/chat data (data/sft.py) or plain text (data/lm_data.py), by its columns
         Modality("tokens", lm_data.load_and_validate, lm_data.load_rows, lm_data.process, lm_data.collator, True,
-                 lm_data.label_kind)),
+                 lm_data.label_kind, _sequences_and_tokens)),
     **{side: Modality(side, **preference.side_functions(side))  # preference data (data/preference.py)
        for side in preference.SIDES},
 }

@@ -23,6 +23,7 @@ from leantrain.engine.efficiency import compile_seconds
 from leantrain.engine.training_data import TrainingData
 from leantrain.errors import UserError
 from leantrain.files import disk_full, disk_of
+from leantrain.modeling.load import save_dtype
 from leantrain.modeling.lora import is_peft_model, merged_for_saving, save_adapter, save_adapter_only
 from leantrain.modeling.names import display_name
 from leantrain.modeling.qlora import is_quantized, merged_full_precision
@@ -196,8 +197,13 @@ def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | Non
     model in model/ (loads without peft); else the adapter folder is the run's model folder. Returns that folder.
     QLoRA: the merged model is the base reloaded bf16 on CPU with the adapter merged (no 4-bit weights saved)."""
     processor = data.processor
+    dtype = save_dtype(cfg.model)
     if not is_peft_model(model):
+        model.to(dtype)  # the end of the run: nothing trains on (a sharded model's gathered state dict is cast)
+        state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()} \
+            if state_dict is not None else None
         model.save_pretrained(out / "model", state_dict=state_dict, safe_serialization=True)
+        _say_dtype(dtype)
         return out / "model"
     if not cfg.peft.merge:
         log.info(save_adapter_only(model, out / "adapter"))
@@ -210,7 +216,8 @@ def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | Non
                                        data.task_object.saved_config(None))
     else:
         merged = _checked_merge(model, data)
-    merged.save_pretrained(out / "model", safe_serialization=True)
+    merged.to(dtype).save_pretrained(out / "model", safe_serialization=True)
+    _say_dtype(dtype)
     log.info("LoRA: adapter in %s, merged model in %s (loads without peft)", out / "adapter", out / "model")
     return out / "model"
 
@@ -249,6 +256,12 @@ def _loss_of(model: nn.Module, batch: dict, data: TrainingData) -> float:
             return float(data.task_object.forward_loss(model, batch)[0])
     finally:
         model.train(was_training)
+
+
+def _say_dtype(dtype: torch.dtype) -> None:
+    if dtype != torch.float32:
+        log.info("model/: saved in %s, the checkpoint's dtype (model.save_dtype=auto; float32 keeps the trained fp32 "
+                 "weights)", str(dtype).removeprefix("torch."))
 
 
 def _report_files(cfg: Config, out: Path, model_dir: Path, data: TrainingData, summary: dict, records: list) -> None:

@@ -143,8 +143,7 @@ def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData
     with accelerator.main_process_first():
         train = modality.process(data.train, processor, cfg.data, desc="Processing train")
         evals = modality.process(data.eval, processor, cfg.data, desc="Processing eval")
-    log.info("data: %d train / %d eval rows, %d labels %s", len(train), len(evals), len(data.label_names),
-             data.label_names[:10])
+    log.info("data: %s", modality.describe(train, evals, data.label_names))
     device = accelerator.device.type
     collator = modality.collator(processor, cfg.data, train=True, seed=cfg.train.seed, device_type=device)
     eval_collator = modality.collator(processor, cfg.data, train=False, seed=cfg.train.seed, device_type=device)

@@ -247,6 +247,16 @@ def flop_parameters(model, counts: dict[str, int]) -> int:
     return n
 
 
+def save_dtype(cfg: ModelConfig) -> torch.dtype:
+    """The dtype model/ is saved in: ``model.save_dtype=float32``, or (``auto``) the checkpoint's own as its config
+    records it (a 16-bit one: bf16 / fp16), float32 for an fp32 checkpoint or a model built from a config."""
+    if cfg.save_dtype == "float32" or from_scratch(cfg):
+        return torch.float32
+    dtype = getattr(load_config(cfg), "dtype", None)
+    dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
 def load_trained_model(model_dir: str, task: str, cfg: ModelConfig):
     """A trained model folder for eval / predict: the task's AutoModelFor..., fp32 weights (``WEIGHTS_DTYPE``),
     safetensors unless ``model.allow_pickle``. A LoRA adapter folder (``peft.merge=false``) is loaded over its base

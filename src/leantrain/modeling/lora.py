@@ -185,7 +185,9 @@ def apply_lora(model: nn.Module, peft_cfg: PeftConfig) -> tuple[nn.Module, Train
     lora = peft.LoraConfig(r=peft_cfg.r, lora_alpha=peft_cfg.alpha, lora_dropout=peft_cfg.dropout,
                            target_modules=targets, modules_to_save=heads or None, bias="none")
     try:
-        model = peft.get_peft_model(model, lora)
+        with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing (FutureWarning)
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            model = peft.get_peft_model(model, lora)
     except ValueError as e:
         available = short_names(linear_names(model))
         raise ConfigError(f"peft.target_modules={shown}: {e}", [f"the model's Linear modules: "

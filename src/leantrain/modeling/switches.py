@@ -42,10 +42,12 @@ def input_grads_for_frozen_embeddings(model: nn.Module) -> None:
 
 
 def is_checkpointing(model: nn.Module) -> bool:
-    """Whether gradient checkpointing is on (transformers' old and new attribute names)."""
-    flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+    """Whether gradient checkpointing is on (transformers' old and new attribute names; a peft model's base model is
+    asked, whose class has them: the wrapper forwards the old, deprecated one)."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    flag = "is_activation_checkpointing" if hasattr(type(base), "is_activation_checkpointing") else \
         "is_gradient_checkpointing"
-    return bool(getattr(model, flag, False))
+    return bool(getattr(base, flag, False))
 
 
 def set_checkpointing(model: nn.Module, on: bool) -> None:

@@ -67,32 +67,30 @@ def warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
     """One scheduler step per optimizer step (never per micro-batch). linear / cosine decay to 0 after warm-up;
-    constant after warm-up; inverse_sqrt: lr x sqrt(warm-up / step) after warm-up (transformers' definitions)."""
-    from transformers import get_scheduler
-    from transformers.optimization import AdafactorSchedule
-
+    constant after warm-up; inverse_sqrt: lr x sqrt(warm-up / step) after warm-up (transformers' definitions, written
+    here: importing ``transformers.optimization`` imports peft and through it bitsandbytes, whose CPU kernel probe
+    prints an unrelated error into every run)."""
     if cfg.name == "adafactor" and cfg.adafactor_relative_step:
+        from transformers.optimization import AdafactorSchedule  # the run asked for Adafactor: transformers' own
+
         log.info("optim.adafactor_relative_step: Adafactor sets its own step size; optim.scheduler and train.lr unused")
         return AdafactorSchedule(optimizer)
-    warmup = warmup_steps(cfg, total_steps)
-    name = {"constant": "constant_with_warmup"}.get(cfg.scheduler, cfg.scheduler)
-    if name == "inverse_sqrt":  # transformers' default timescale without warm-up is 10,000 steps
-        shape = get_scheduler(name, optimizer, num_warmup_steps=warmup,
-                              scheduler_specific_kwargs={"timescale": max(warmup, 1)})
-    else:
-        shape = get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
-    return _first_step_learns(optimizer, shape, warmup)
+    factor = functools.partial(lr_factor, cfg.scheduler, warmup_steps(cfg, total_steps), total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _first_step_learns(optimizer: torch.optim.Optimizer, shape, warmup: int):
-    """transformers' schedules with the warm-up shifted by one step: step s < warmup runs at (s + 1) / (warmup + 1)
-    of the peak (transformers': s / warmup, so step 0 runs at lr 0 and ``train.max_steps=1`` trains nothing); the
-    rest of the schedule is theirs."""
-    from torch.optim.lr_scheduler import LambdaLR
-
-    after = shape.lr_lambdas[0]  # each group's base lr stays its initial_lr (the peak)
-
-    def factor(step: int) -> float:
-        return (step + 1) / (warmup + 1) if step < warmup else after(step)
-
-    return LambdaLR(optimizer, factor)
+def lr_factor(kind: str, warmup: int, total: int, step: int) -> float:
+    """The learning rate's multiplier at ``step``: linear warm-up over ``warmup`` steps, then ``kind``
+    (transformers' definitions). Warm-up step s runs at (s + 1) / (warmup + 1) of the peak (transformers': s / warmup,
+    so its step 0 runs at lr 0 and ``train.max_steps=1`` trains nothing)."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if kind == "constant":
+        return 1.0
+    if kind == "inverse_sqrt":  # transformers' timescale: the warm-up (1 without one)
+        timescale = max(warmup, 1)
+        return 1.0 / math.sqrt((step + timescale - warmup) / timescale)
+    progress = (step - warmup) / max(1, total - warmup)
+    if kind == "cosine":
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return max(0.0, 1.0 - progress)  # linear

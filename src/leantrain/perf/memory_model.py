@@ -32,12 +32,14 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from leantrain.modeling.chunked_loss import chunk_tokens_of, chunked_layer, is_causal_lm, output_layer
 from leantrain.modeling.switches import is_checkpointing, repeated_blocks, set_checkpointing
 from leantrain.optim import build_optimizer
 from leantrain.optim.state import state_tensors
 from leantrain.perf import memory
+from leantrain.units import format_duration
 
 FALLBACK_STATE_BYTES = {"adamw": 8, "adafactor": 0.1, "adamw8bit": 2.1, "sgd": 4, "lion": 4, "muon": 6}
 CALIBRATION_SECONDS = 4.0  # the larger calibration pass takes about this long (a micro-batch of 1 is the other)
@@ -59,6 +61,7 @@ class Calibration:
     warmup_bytes: int = 0  # left resident by the first pass (runtime caches), counted once in the framework line
     big_seconds: tuple[float, ...] = ()  # every timed run of the larger timing pass (its median is seconds[1])
     time_sizes: tuple[int, int] | None = None  # the micro-batches ``seconds`` were timed at (None: ``sizes``)
+    method: str = "measured"  # or "estimated": fake-tensor passes (``perf.estimate``), bytes only
 
     def _at(self, pair, m: int, sizes=None) -> float:
         (a, b), (ya, yb) = sizes or self.sizes, pair
@@ -122,24 +125,13 @@ def _pass(model, task, m: int, seq_len: int, autocast, memory_too: bool = True) 
     ``memory_too=False``: timing only, in the steady state a training loop runs in (no heap trim before it, whose
     fresh pages cost first-touch faults that a running loop does not pay; no saved-tensor hooks); bytes are 0."""
     device = next(model.parameters()).device
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        s = t.untyped_storage()
-        storages[s.data_ptr()] = s.nbytes()
-        return t
-
-    batch = calibration_batch(model, task, m, seq_len, low=1000)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = SavedBytes(model)
     start = _memory_start(device) if memory_too else 0
-    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if memory_too else nullcontext()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        with hooks, autocast():
-            loss, outputs = task.forward_loss(model, batch)
-        loss.backward()
+        forward_backward(model, task, m, seq_len, autocast, saved.hooks() if memory_too else nullcontext())
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
@@ -148,8 +140,41 @@ def _pass(model, task, m: int, seq_len: int, autocast, memory_too: bool = True) 
         return 0, 0, seconds
     peak = _memory_peak(device) - start
     model.zero_grad(set_to_none=True)
-    del outputs, loss
-    return sum(n for p, n in storages.items() if p not in params), peak, seconds
+    return saved.total(), peak, seconds
+
+
+class SavedBytes:
+    """Bytes of the distinct storages autograd saves for backward (the model's parameters left out)."""
+
+    def __init__(self, model, params=None):
+        self.params = {storage_key(p) for p in (model.parameters() if params is None else params)}
+        self.storages: dict[tuple[bool, int], int] = {}
+
+    def hooks(self):
+        def pack(t: torch.Tensor):
+            s = t.untyped_storage()
+            self.storages[storage_key(t)] = s.nbytes()
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    def total(self) -> int:
+        return sum(n for k, n in self.storages.items() if k not in self.params)
+
+
+def storage_key(t: torch.Tensor) -> tuple[bool, int]:
+    """A storage's identity: its data pointer (real tensors), its C object's address (fake tensors have no data)."""
+    s = t.untyped_storage()
+    return (True, s._cdata) if isinstance(t, FakeTensor) else (False, s.data_ptr())
+
+
+def forward_backward(model, task, m: int, seq_len: int, autocast, hooks) -> None:
+    """One training forward/backward of ``model`` on random token ids (m x seq_len) through the task's own
+    ``forward_loss`` (a causal LM's over every token, chunked where installed); ``hooks`` around the forward."""
+    batch = calibration_batch(model, task, m, seq_len, low=1000)
+    with hooks, autocast():
+        loss, _ = task.forward_loss(model, batch)
+    loss.backward()
 
 
 def _memory_start(device: torch.device) -> int:
@@ -175,24 +200,29 @@ def resident_bytes(device: torch.device) -> int:
 
 
 def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_process: int,
-              seconds: float = CALIBRATION_SECONDS, timing: bool = True, size: int | None = None, *,
-              task) -> Calibration:
+              seconds: float = CALIBRATION_SECONDS, timing: bool = True, size: int | None = None,
+              progress=None, *, task) -> Calibration:
     """Memory: forward/backward passes at a micro-batch of 1 and at the largest size (<= ``per_process``) that
     takes about ``seconds`` (or at ``size``), after one warm-up pass at 1 (its residue is the runtime's one-time
     caches). Time (``timing``; else call :func:`time_calibrations` on several calibrations at once, interleaved):
     steady-state passes at 1 and at a quarter of the larger size, ``TIME_REPEATS`` times (their spread is the
-    noise). ``task``: whose ``forward_loss`` the passes run."""
+    noise). ``progress(text)``: told before each pass, with the time left once a pass has been timed. ``task``: whose
+    ``forward_loss`` the passes run."""
     device = next(model.parameters()).device
     was_training, was_ckpt = model.training, is_checkpointing(model)
     model.train()
     set_checkpointing(model, checkpointing)
     autocast = autocast_for(precision, device)
+    tell = _Eta(progress, seq_len)
     try:
         before = resident_bytes(device)
+        tell(1, [1, 1] + ([size] if size else []))
         _pass(model, task, 1, seq_len, autocast)
         warmup = max(0, resident_bytes(device) - before)
+        tell(1, [1] + ([size] if size else []))
         one = _pass(model, task, 1, seq_len, autocast)
         big = size or min(per_process, max(2, int(seconds / max(one[2], 1e-3))))  # size: measure there, exactly
+        tell(big, [big])
         many = _pass(model, task, big, seq_len, autocast)
     finally:
         set_checkpointing(model, was_ckpt)
@@ -203,6 +233,23 @@ def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_proc
     if timing:
         time_calibrations(model, [cal], task=task)
     return cal
+
+
+class _Eta:
+    """Progress of the calibration passes: before each, what it is and (from the examples timed so far) how long the
+    passes still to run will take."""
+
+    def __init__(self, progress, seq_len: int):
+        self.progress, self.seq_len = progress, seq_len
+        self.t0, self.done = time.perf_counter(), 0
+
+    def __call__(self, m: int, todo: list[int]) -> None:
+        if self.progress is None:
+            return
+        elapsed = time.perf_counter() - self.t0
+        left = f", about {format_duration(elapsed / self.done * sum(todo))} left" if self.done else ""
+        self.progress(f"pass at micro-batch {m} x {self.seq_len} tokens{left}")
+        self.done += m
 
 
 def time_calibrations(model, cals: list[Calibration], rounds: int = TIME_REPEATS, *, task) -> None:

@@ -6,6 +6,8 @@ import logging
 import sys
 import time
 
+from leantrain.units import format_duration
+
 log = logging.getLogger("leantrain")
 
 
@@ -48,7 +50,7 @@ class Progress:
             done = step - self.initial
             elapsed = time.perf_counter() - self.t0
             eta = elapsed / max(done, 1) * (self.total - step)
-            log.info("step %d/%d %s eta=%s", step, self.total, _fmt(metrics), _duration(eta))
+            log.info("step %d/%d %s eta=%s", step, self.total, _fmt(metrics), format_duration(eta))
 
     def write(self, text: str) -> None:
         if not self.enabled:
@@ -61,10 +63,3 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

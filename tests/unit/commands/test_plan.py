@@ -84,7 +84,7 @@ def _base(tiny_bert, texts):
 
 @pytest.fixture(scope="module")
 def full_plan(tiny_bert, texts):
-    return json.loads(_leantrain("plan", *_base(tiny_bert, texts), "--json").stdout)  # stdout: the JSON alone
+    return json.loads(_leantrain("plan", *_base(tiny_bert, texts), "--json", "--search").stdout)  # stdout: the JSON
 
 
 def test_plan_json_ranks_and_its_overrides_resolve(tiny_bert, texts, full_plan):
@@ -111,7 +111,7 @@ def test_plan_memory_drops_what_does_not_fit(tiny_bert, texts, full_plan):
     # holds every setting of the tiny model, a 1 MiB budget none (the exact split in between moves with RSS noise).
     assert all(o["fits"] == (o["need_bytes"] <= full_plan["budget_bytes"]) for o in full_plan["options"])
     assert full_plan["options_fitting"] == full_plan["options_considered"]
-    text = _leantrain("plan", *_base(tiny_bert, texts), "--memory=1MiB").stdout
+    text = _leantrain("plan", *_base(tiny_bert, texts), "--memory=1MiB", "--search").stdout
     for line in ("framework overhead", "optimizer state", "activations", "predicted peak (per process)",
                  "budget 1.00 MiB (--memory): does NOT fit"):
         assert line in text

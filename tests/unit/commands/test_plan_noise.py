@@ -51,6 +51,28 @@ def test_plan_text_says_within_noise_instead_of_fastest():
     assert "none of them is shown to be the fastest" in text
 
 
+def test_a_language_models_ranking_is_in_tokens_per_second_with_its_digits():
+    from leantrain.commands.plan import _recommendations, print_plan
+
+    def lm_row(micro, blocks_per_s, lo, hi):  # SmolLM2-like speeds on a CPU: a tenth of a 512-token block a second
+        return {**_row(micro, blocks_per_s, lo, hi), "tokens_per_second": blocks_per_s * 512,
+                "tokens_per_second_range": [lo * 512, hi * 512], "micro_batch_size": micro, "precision": "bf16",
+                "optimizer": "adamw", "fits": True, "need_bytes": 1, "peak_bytes": 2**30}
+
+    rows = [lm_row(8, 0.0625, 0.06, 0.065), lm_row(4, 0.1171875, 0.11, 0.12), lm_row(2, 0.0976, 0.09, 0.1)]
+    result = {"parameters": 1e6, "device": "cpu", "nproc": 1, "strategy": "none", "micro_batch_size": 8,
+              "accumulation_steps": 1, "seq_len": 512, "precision": "bf16", "gradient_checkpointing": False,
+              "optimizer": "adamw", "lines": {"total": 100}, "budget_bytes": 2**31, "budget_source": "--memory",
+              "fits": True, "need_bytes": 120, "global_batch": 8,
+              **_recommendations(rows, (8, "bf16", False, "adamw"), tokens=True)}
+    assert [r["micro_batch_size"] for r in result["recommendations"]] == [4, 2, 8]
+    out = io.StringIO()
+    print_plan(None, result, out)
+    text = out.getvalue()
+    assert "60 tokens/s (56.3-61.4)  fastest" in text and "50 tokens/s (46.1-51.2)" in text
+    assert "32 tokens/s (30.7-33.3)" in text and "samples/s" not in text
+
+
 def test_optimizer_step_is_timed_repeatedly_on_one_block(tiny_bert, monkeypatch):
     import transformers
 

@@ -181,3 +181,13 @@ def test_document_mask_losses_equal_documents_alone(tmp_path, tok, corpus):
                 assert not torch.allclose(unmasked[r, a: b - 1], alone, atol=1e-3)  # attention crossed documents
             checked += 1
     assert checked >= 6
+
+
+def test_the_data_line_of_a_language_model_counts_sequences_and_tokens_not_labels():
+    import datasets
+
+    from leantrain.data.modalities import for_modality
+
+    train, evals = datasets.Dataset.from_dict({"length": [32, 32, 20]}), datasets.Dataset.from_dict({"length": [32]})
+    assert for_modality("tokens").describe(train, evals, []) == "3 train / 1 eval sequences, 84 / 32 tokens"
+    assert for_modality("text").describe(train, evals, ["neg", "pos"]) == "3 train / 1 eval rows, 2 labels ['neg', 'pos']"

@@ -72,6 +72,24 @@ def test_missing_column_lists_columns_and_suggests(tmp_path):
     assert found[1] == "data.train: g.csv: no text column found (columns: a, b); set data.text_column"
 
 
+def test_a_label_column_with_another_name_is_taken_when_it_is_clear_and_said(tmp_path):
+    stsb = csv_file(tmp_path, "stsb.csv", "sentence1,sentence2,score", [f"a {i},b {i},{i % 5}" for i in range(6)])
+    data = prepare(train=stsb)  # STS-B's own header: a dataset name for the label
+    assert data.columns == {"text": "sentence1", "text_pair": "sentence2", "label": "score"}
+    assert "label column: 'score' (auto-detected; set data.label_column to change)" in data.notes
+    only = csv_file(tmp_path, "only.csv", "review,verdict", [f"words {i},{'yes' if i % 2 else 'no'}" for i in range(6)])
+    assert prepare(train=only).columns["label"] == "verdict"
+    assert "label column: 'verdict' (the only column besides the text; set data.label_column to change)" in \
+        prepare(train=only).notes
+    numbers = csv_file(tmp_path, "n.csv", "review,source,votes", [f"words {i},site,{i % 3}" for i in range(6)])
+    data = prepare(train=numbers)
+    assert data.columns["label"] == "votes" and "label column: 'votes' (the only column of numbers or labels besides " \
+        "the text; set data.label_column to change)" in data.notes
+    two = csv_file(tmp_path, "two.csv", "review,idx,votes", [f"words {i},{i},{i % 3}" for i in range(6)])
+    assert problems(train=two) == ["data.train: two.csv: no label column found (columns: review, idx, votes); "
+                                   "set data.label_column"]  # two columns of numbers: which one is not clear
+
+
 def test_eval_must_have_the_training_columns(tmp_path):
     t = csv_file(tmp_path, "t.csv", "sentence,label", ["a,0", "b,1"])
     e = csv_file(tmp_path, "e.csv", "sentences,labels", ["a,0"])

@@ -12,7 +12,7 @@ import torch
 from leantrain.config import resolve
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling.lora import apply_trainable, auto_target_modules, head_modules, short_names
-from leantrain.modeling.switches import enable_checkpointing
+from leantrain.modeling.switches import enable_checkpointing, is_checkpointing, set_checkpointing
 from leantrain.optim import build_optimizer
 from leantrain.optim.builders import BUILDERS
 from leantrain.optim.state import state_tensors
@@ -130,6 +130,20 @@ def test_gradient_checkpointing_reaches_the_adapters():
     model(input_ids=ids, labels=ids).loss.backward()
     grads = [p.grad for n, p in model.named_parameters() if "lora_B" in n and "layers.0." in n]  # A: zero grad while B is 0
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_lora_and_checkpointing_switches_print_no_deprecation_warning():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, _ = lora(tiny_llama())
+        assert not is_checkpointing(model)
+        set_checkpointing(model, True)
+        assert is_checkpointing(model)
+        set_checkpointing(model, False)
+        assert not is_checkpointing(model)
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
 
 
 def test_bf16_autocast_trains_fp32_adapters():

@@ -39,3 +39,30 @@ def test_eval_and_predict_load_a_bf16_checkpoint_in_fp32(tmp_path):
     folder, _ = bf16_checkpoint(tmp_path)
     model = load_trained_model(str(folder), "causal-lm", resolve(None, []).model)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_the_fine_tune_of_a_bf16_checkpoint_is_saved_in_bf16_unless_float32_is_asked(tmp_path):
+    import json
+
+    from safetensors import safe_open
+
+    from leantrain.engine.loop import train
+    from tests.helpers import lm_documents
+
+    import shutil
+
+    folder, _ = bf16_checkpoint(tmp_path)
+    for f in (tmp_path / "tok").iterdir():  # the checkpoint with its tokenizer, as a Hub folder has it
+        shutil.copy(f, folder / f.name)
+    (tmp_path / "train.txt").write_text("\n\n".join(lm_documents(20, 0)))
+    base = [f"model.name={folder}", "model.task=causal-lm", f"data.train={tmp_path / 'train.txt'}",
+            "data.block_size=16", "train.batch_size=2", "train.max_steps=1", "checkpoint.every_steps=0",
+            "report.plots=false"]
+    for save, dtype in (("auto", "bfloat16"), ("float32", "float32")):
+        out = tmp_path / save
+        train(resolve(None, [*base, f"model.save_dtype={save}", f"output_dir={out}"]))
+        with safe_open(str(out / "model" / "model.safetensors"), "pt") as f:
+            assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"BF16" if save == "auto" else "F32"}
+        assert json.loads((out / "model" / "config.json").read_text())["dtype"] == dtype
+        reloaded = load_trained_model(str(out / "model"), "causal-lm", resolve(None, []).model)
+        assert {p.dtype for p in reloaded.parameters()} == {torch.float32}  # eval / predict still compute in fp32

@@ -192,6 +192,30 @@ def test_schedules(kind, expected):
     assert seen == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("kind", ["linear", "cosine", "constant", "inverse_sqrt"])
+@pytest.mark.parametrize("warmup,total", [(0, 7), (3, 10)])
+def test_schedules_equal_transformers_definitions(kind, warmup, total):
+    from transformers import get_scheduler
+
+    def lrs(sched, opt):
+        seen = [sched.get_last_lr()[0]]
+        for _ in range(total + 2):
+            opt.step()
+            sched.step()
+            seen.append(sched.get_last_lr()[0])
+        return seen
+
+    ours_opt, theirs_opt = (torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0) for _ in range(2))
+    ours = build_scheduler(ours_opt, OptimConfig(scheduler=kind, warmup_steps=warmup), total)
+    name = {"constant": "constant_with_warmup"}.get(kind, kind)
+    extra = {"scheduler_specific_kwargs": {"timescale": max(warmup, 1)}} if kind == "inverse_sqrt" else \
+        {"num_training_steps": total}
+    theirs = get_scheduler(name, theirs_opt, num_warmup_steps=warmup, **extra)
+    ours, theirs = lrs(ours, ours_opt), lrs(theirs, theirs_opt)
+    assert ours[warmup:] == pytest.approx(theirs[warmup:], abs=1e-12)  # after warm-up: transformers' shapes
+    assert ours[:warmup] == pytest.approx([(s + 1) / (warmup + 1) for s in range(warmup)])  # step 0 learns
+
+
 def test_warmup_ratio_rounds_up():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = build_scheduler(opt, OptimConfig(scheduler="constant", warmup_ratio=0.1), 25)  # ceil(2.5) = 3 steps

@@ -53,7 +53,7 @@ def test_plan_of_a_causal_lm_shows_its_logits(tmp_path, chunked, capsys):
     plan = run_plan(None, [*TINY_LLAMA, "model.task=causal-lm", f"model.tokenizer={tok}",
                            f"data.train={tmp_path / 'train.txt'}", "data.block_size=32", "train.batch_size=4",
                            "efficiency.precision=fp32", f"efficiency.chunked_loss={chunked}",
-                           f"output_dir={tmp_path / 'out'}"], as_json=True, recommend=False)
+                           f"output_dir={tmp_path / 'out'}"], as_json=True)
     lines = plan["lines"]
     assert plan["seq_len"] == 32 and lines["logits"] > 0
     assert lines["total"] == sum(v for k, v in lines.items() if k != "total")
