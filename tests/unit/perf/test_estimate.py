@@ -9,6 +9,7 @@ import copy
 import pytest
 
 from leantrain.modeling.chunked_loss import install_chunked_loss
+from leantrain.modeling.tasks import get_task
 from leantrain.perf import estimate, memory_model
 
 
@@ -27,8 +28,9 @@ def test_fake_passes_count_the_bytes_real_passes_save(llama, precision, ckpt, ch
     if chunked:
         assert install_chunked_loss(model, chunk_tokens=8)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    real = memory_model.calibrate(model, 32, precision, ckpt, per_process=2, timing=False, size=2)
-    est = estimate.estimate(model, 32, precision, ckpt)
+    task = get_task("causal-lm")
+    real = memory_model.calibrate(model, 32, precision, ckpt, per_process=2, timing=False, size=2, task=task)
+    est = estimate.estimate(model, 32, precision, ckpt, task=task)
     assert est.method == "estimated" and est.sizes == real.sizes == (1, 2)
     # the fake pass counts each saved storage once by identity, the real one by its address: within a block's worth
     for fake, measured in zip(est.saved, real.saved):
