@@ -28,7 +28,7 @@ from leantrain.engine.distributed import (CommStats, apply_fsdp, count_fsdp_traf
                                           replica_spread, strategy_name, time_allreduce)
 from leantrain.engine.dropout import resolve_dropout
 from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, compile_seconds,
-                                         resolve_precision)
+                                         output_loss_sizes, resolve_precision)
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.host_allocator import host_memory
@@ -181,7 +181,9 @@ def build_run(start: RunStart) -> Run:
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
-    notes = apply_model_switches(model, cfg.efficiency, accelerator.device.type)
+    sizes = output_loss_sizes(model, cfg.efficiency, accelerator.device, cfg.train.micro_batch_size,
+                              cfg.data.block_size)
+    notes = apply_model_switches(model, cfg.efficiency, accelerator.device.type, *sizes)
     if cfg.train.micro_batch_size == "auto":
         layout = batch_layout(cfg, len(data.train), accelerator.num_processes,
                               auto_micro_batch(cfg, model, data, accelerator, layout, start.precision))
