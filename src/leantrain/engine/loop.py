@@ -181,8 +181,8 @@ def build_run(start: RunStart) -> Run:
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
-    sizes = output_loss_sizes(model, cfg.efficiency, accelerator.device, cfg.train.micro_batch_size,
-                              cfg.data.block_size)
+    micro = "auto" if cfg.train.micro_batch_size == "auto" else layout.micro_batch_size
+    sizes = output_loss_sizes(model, cfg.efficiency, accelerator.device, micro, cfg.data.block_size)
     notes = apply_model_switches(model, cfg.efficiency, accelerator.device.type, *sizes)
     if cfg.train.micro_batch_size == "auto":
         layout = batch_layout(cfg, len(data.train), accelerator.num_processes,
