@@ -12,8 +12,10 @@ one from Liger-Kernel.
 
 Liger's ``reduction="none"`` computes the gradients in its forward pass and, in releases before its fix
 (linkedin/Liger-Kernel#1298), scales all of them by the first token's incoming gradient. leantrain's loss gives every
-token of a row the row's ``loss_weight``: uniform unless the rows' weights differ. :func:`liger_token_losses` checks
-the incoming gradient is uniform and stops the run (naming why) if it is not, rather than train on wrong gradients.
+token of a row the row's ``loss_weight`` (rows of weight 0, which only keep processes in step, have their targets
+masked by the task: no gradient reaches them): uniform unless a loss weighs tokens differently (preference losses).
+:func:`liger_token_losses` checks the incoming gradient is uniform over the tokens with a target and stops the run
+(naming the way out) if it is not, rather than train on wrong gradients.
 """
 
 from __future__ import annotations
@@ -59,12 +61,21 @@ def choose_output_loss(device_type: str, liger: bool, logits_bytes: int | None,
                        f"GiB) exceed {PLAIN_SHARE:.0%} of the budget ({budget / gib:.1f} GiB): the chunked loss")
 
 
-def _uniform(grad: torch.Tensor) -> torch.Tensor:
-    if grad.numel() and not torch.all(grad == grad.reshape(-1)[0]):
-        raise RuntimeError("efficiency.chunked_loss: Liger's fused linear cross-entropy (reduction='none') gets a "
-                           "different gradient per token (rows with different loss weights), which releases before "
-                           "linkedin/Liger-Kernel#1298 get wrong; set efficiency.chunked_loss=true (the chunked loss)")
-    return grad
+def _check_uniform(keep: torch.Tensor):
+    """A gradient hook: the incoming gradient of the per-token losses is the same on every token that has a target
+    (-100 tokens get none from Liger whatever their incoming gradient), else a RuntimeError naming the way out."""
+
+    def check(grad: torch.Tensor) -> torch.Tensor:
+        real = grad[keep]
+        if real.numel() and not torch.all(real == real[0]):
+            raise RuntimeError(
+                "efficiency.chunked_loss=auto chose Liger's fused linear cross-entropy, whose reduction='none' gradient "
+                "is right only when every token's loss gets the same incoming gradient (releases before "
+                "linkedin/Liger-Kernel#1298); this loss weighs tokens differently (a preference loss, or rows with "
+                "different loss weights): set efficiency.chunked_loss=true (the chunked loss)")
+        return grad
+
+    return check
 
 
 def liger_token_losses(hidden: torch.Tensor, layer: nn.Module, labels: torch.Tensor) -> torch.Tensor:
@@ -88,5 +99,5 @@ def liger_token_losses(hidden: torch.Tensor, layer: nn.Module, labels: torch.Ten
         raise RuntimeError(f"liger_kernel returned losses of shape {tuple(losses.shape)} for reduction='none' "
                            f"(expected {tuple(targets.shape)}); upgrade liger-kernel or set efficiency.chunked_loss=true")
     if losses.requires_grad:
-        losses.register_hook(_uniform)
+        losses.register_hook(_check_uniform(targets != IGNORE))
     return losses.float().view(b, t - 1)
