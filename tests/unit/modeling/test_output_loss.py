@@ -79,3 +79,14 @@ def test_liger_loss_and_gradients_equal_the_plain_computation():
         task.forward_loss(model, batch_)[0].backward()
     for (name, p), q in zip(fused.named_parameters(), plain.parameters()):
         assert_close(p.grad, q.grad, name)
+
+
+def test_the_sizes_auto_decides_from():
+    from leantrain.config import resolve
+    from leantrain.engine.efficiency import output_loss_sizes
+
+    model, cuda = tiny_llama(vocab=8192), torch.device("cuda")  # a device object only: nothing runs on it
+    eff = resolve(None, ["efficiency.memory_budget=8GiB"]).efficiency
+    assert output_loss_sizes(model, eff, cuda, 4, 512) == (plain_logits_bytes(4 * 512, 8192), 8 * GIB)
+    assert output_loss_sizes(model, eff, cuda, "auto", 512) == (None, 8 * GIB)  # the micro-batch is not known yet
+    assert output_loss_sizes(model, eff, torch.device("cpu"), 4, 512) == (None, None)  # CPU: chunked, no sizes
