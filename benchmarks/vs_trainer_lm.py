@@ -18,7 +18,8 @@ Contenders:
   leantrain_plain   leantrain at its default precision with efficiency.chunked_loss=false (what the chunked loss saves)
 
 On a CUDA GPU (`--size gpt2`: a GPT-2-small-sized Llama, 12 x 768, blocks of 1,024) the peak is CUDA's max allocated
-memory of the process instead of the RSS, and the Trainer runs on the GPU (trainer_best: bf16).
+memory of the process instead of the RSS, and the Trainer runs on the GPU (trainer_best: bf16, with
+`use_liger_kernel=True` where liger-kernel is installed; leantrain then picks Liger's fused loss too).
 
 Measured: tokens/s = blocks/s x block size over the steps after --warmup (the same count for every contender); peak RSS of
 the process up to the end of training; eval loss = token-mean cross-entropy (fp32) of the trained model on the first
@@ -28,6 +29,7 @@ the process up to the end of training; eval loss = token-mean cross-entropy (fp3
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import statistics
@@ -164,6 +166,8 @@ def run_trainer(args, best: bool) -> dict:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32) if folder else \
         LlamaForCausalLM(LlamaConfig.from_json_file(llama_config(work / "llama", args.size)))
     times: list[float] = []
+    # trainer_best on a GPU: Liger's kernels (its fused linear cross-entropy among them) where liger-kernel installs
+    liger = best and device_type() == "cuda" and importlib.util.find_spec("liger_kernel") is not None
 
     class Clock(TrainerCallback):
         def on_step_end(self, a, state, control, **kw):
@@ -173,11 +177,11 @@ def run_trainer(args, best: bool) -> dict:
         output_dir=str(work / "trainer_out"), per_device_train_batch_size=BATCH, learning_rate=LR,
         max_steps=args.steps, warmup_steps=0, lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0,
         seed=0, use_cpu=device_type() == "cpu", report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
-        bf16=best and default_precision() == "bf16", dataloader_num_workers=0)
+        bf16=best and default_precision() == "bf16", dataloader_num_workers=0, use_liger_kernel=liger)
     Trainer(model=model, args=targs, train_dataset=train, data_collator=default_data_collator,
             callbacks=[Clock()]).train()
     peak = peak_bytes()
-    return {**throughput(times, args.warmup), "peak_rss_bytes": peak,
+    return {**throughput(times, args.warmup), "peak_rss_bytes": peak, "liger": liger,
             "eval_loss": eval_loss(model, eval_blocks(args, tok))}
 
 

@@ -59,8 +59,10 @@ class EfficiencyConfig(Section):
     )
     chunked_loss: Literal["auto"] | bool = Field(
         "auto", description="causal LMs: the loss computed against the output layer a chunk of tokens at a time, so "
-        "the fp32 tokens x vocab logits never exist (same loss and gradients, one more output-layer matmul); auto: "
-        "on for a vocabulary of 8192 or more; true on a model that post-processes its logits fails (exit 2)"
+        "the fp32 tokens x vocab logits never exist (same loss and gradients, one more output-layer matmul); auto "
+        "(vocabulary of 8192 or more): Liger's fused linear cross-entropy on CUDA with liger-kernel installed "
+        "(leantrain[liger]), else on CUDA the plain logits when they fit 25% of the memory budget, else (and on CPU) "
+        "the chunked loss, and the log says why; true on a model that post-processes its logits fails (exit 2)"
     )
     cpu_allocator: Literal["auto", "reuse", "system"] = Field(
         "auto", description="reuse: freed host memory stays in the process for the next step instead of being "

@@ -64,6 +64,8 @@ class Config(Section):
                                  "use efficiency.precision=bf16 (or auto)")
         if d.local_sgd_steps > 1 and d.strategy in ("fsdp", "deepspeed"):
             raise ValueError(f"distributed.local_sgd_steps works with DDP only, not distributed.strategy={d.strategy}")
+        if d.strategy == "deepspeed" and (refused := deepspeed_refusals(self)):
+            raise ValueError("distributed.strategy=deepspeed cannot be combined with " + "; ".join(refused))
         return self
 
     @model_validator(mode="after")
@@ -93,3 +95,22 @@ class Config(Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def deepspeed_refusals(cfg: "Config") -> list[str]:
+    """The keys of ``cfg`` that DeepSpeed ZeRO (as leantrain drives it through Accelerate) cannot combine with, each
+    with why ("key=value: why"); empty when none."""
+    refused = []
+    if cfg.efficiency.compile:
+        refused.append("efficiency.compile=true: leantrain compiles the model in place before DeepSpeed wraps it in "
+                       "its engine, whose ZeRO hooks that compiled graph would bypass; set efficiency.compile=false")
+    if cfg.efficiency.precision == "fp8":
+        refused.append("efficiency.precision=fp8: DeepSpeed runs its own mixed precision (the bf16 / fp16 sections of "
+                       "distributed.deepspeed_config); use efficiency.precision=bf16")
+    if cfg.train.micro_batch_size == "auto":
+        refused.append("train.micro_batch_size=auto: the memory model measures an unsharded model, not ZeRO's "
+                       "partitioned parameters, gradients and optimizer state; set train.micro_batch_size")
+    if cfg.optim.name in ("muon", "adafactor"):
+        refused.append(f"optim.name={cfg.optim.name}: it needs each weight matrix's 2-D shape, and ZeRO hands the "
+                       "optimizer flat 1-D partitions; use optim.name=adamw")
+    return refused

@@ -3,6 +3,7 @@ trackers, the default run folder."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -130,9 +131,27 @@ def deepspeed_plugin(cfg: Config):
     from accelerate.utils import DeepSpeedPlugin
 
     path = Path(cfg.distributed.deepspeed_config)
+    check_deepspeed_json(path)
+    return DeepSpeedPlugin(hf_ds_config=str(path))
+
+
+def check_deepspeed_json(path: Path) -> dict:
+    """The DeepSpeed config at ``path``, or a ConfigError naming the file and what is wrong: missing, not a JSON
+    object, or an ``optimizer`` / ``scheduler`` section (leantrain's ``optim.*`` and ``train.*`` build both; Accelerate
+    would then expect placeholder objects leantrain does not pass)."""
     if not path.is_file():
         raise ConfigError(f"distributed.deepspeed_config: file not found: {path}")
-    return DeepSpeedPlugin(hf_ds_config=str(path))
+    try:
+        config = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"distributed.deepspeed_config: {path} is not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"distributed.deepspeed_config: {path} must hold a JSON object, not {type(config).__name__}")
+    owned = [key for key in ("optimizer", "scheduler") if key in config]
+    if owned:
+        raise ConfigError(f"distributed.deepspeed_config: {path} has {' and '.join(repr(k) for k in owned)}, which "
+                          "leantrain builds itself from optim.* and train.*; remove them from the file")
+    return config
 
 
 def default_output_dir() -> str:

@@ -14,8 +14,10 @@ from torch import nn
 from leantrain.config import EfficiencyConfig
 from leantrain.engine.dropout import resolve_dropout, use_fast_dropout
 from leantrain.errors import ConfigError
-from leantrain.modeling.chunked_loss import apply_chunked_loss
+from leantrain.modeling.chunked_loss import apply_chunked_loss, output_layer
+from leantrain.modeling.output_loss import plain_logits_bytes
 from leantrain.modeling.switches import enable_checkpointing
+from leantrain.perf.auto_micro_batch import default_budget, parse_bytes
 
 log = logging.getLogger("leantrain")
 
@@ -79,9 +81,25 @@ def resolve_precision(requested: str, device_type: str) -> tuple[str, str]:
     return requested, "as configured"
 
 
-def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: str) -> list[str]:
-    """Dropout, the chunked loss (causal LMs) and gradient checkpointing on the (unwrapped) model, before the memory model measures it. Returns notes for
-    the log.
+def output_loss_sizes(model: nn.Module, eff: EfficiencyConfig, device: torch.device, micro_batch: int | str,
+                      block_size: int | None) -> tuple[int | None, int | None]:
+    """(bytes of a micro-batch's fp32 logits with their gradient, the memory budget) for
+    ``efficiency.chunked_loss=auto`` on a CUDA ``device``; (None, None) elsewhere or where not known yet (an auto
+    micro-batch, no block size, no plain output layer)."""
+    layer = output_layer(model)
+    if device.type != "cuda" or eff.chunked_loss != "auto" or layer is None:
+        return None, None
+    budget = (parse_bytes(eff.memory_budget) if eff.memory_budget is not None else default_budget(device)[0])
+    if not isinstance(micro_batch, int) or not block_size:
+        return None, budget
+    return plain_logits_bytes(micro_batch * block_size, layer.weight.shape[0]), budget
+
+
+def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: str,
+                         logits_bytes: int | None = None, budget: int | None = None) -> list[str]:
+    """Dropout, the output layer's loss (causal LMs: ``efficiency.chunked_loss``; auto decides from
+    ``logits_bytes`` and ``budget``: :func:`output_loss_sizes`) and gradient checkpointing on the (unwrapped) model,
+    before the memory model measures it. Returns notes for the log.
 
     Attention: transformers 5 picks PyTorch SDPA by default where the model supports it (BERT, MiniLM, ...);
     the note says what the model uses.
@@ -91,7 +109,7 @@ def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: s
         swapped = use_fast_dropout(model)
         if swapped:
             notes.append(f"dropout: fast ({swapped} nn.Dropout modules; masks 4 elements per random draw)")
-    chunked = apply_chunked_loss(model, eff.chunked_loss)  # causal LMs only: None for other models
+    chunked = apply_chunked_loss(model, eff.chunked_loss, device_type, logits_bytes, budget)  # causal LMs only
     if chunked:
         notes.append(chunked)
     if eff.gradient_checkpointing:

@@ -26,7 +26,8 @@ from leantrain.engine.best import BestModel
 from leantrain.engine.checkpoint import Checkpointer, data_fingerprint
 from leantrain.engine.distributed import (CommStats, apply_fsdp, count_fsdp_traffic, distributed_summary, local_sgd,
                                           replica_spread, strategy_name, time_allreduce)
-from leantrain.engine.efficiency import ACCELERATE_PRECISION, apply_model_switches, compile_model, resolve_precision
+from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, output_loss_sizes,
+                                         resolve_precision)
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.host_allocator import host_memory
@@ -181,7 +182,9 @@ def build_run(start: RunStart) -> Run:
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
-    notes = apply_model_switches(model, cfg.efficiency, accelerator.device.type)
+    micro = "auto" if cfg.train.micro_batch_size == "auto" else layout.micro_batch_size
+    sizes = output_loss_sizes(model, cfg.efficiency, accelerator.device, micro, cfg.data.block_size)
+    notes = apply_model_switches(model, cfg.efficiency, accelerator.device.type, *sizes)
     if cfg.train.micro_batch_size == "auto":
         layout = batch_layout(cfg, len(data.train), accelerator.num_processes,
                               auto_micro_batch(cfg, model, data, accelerator, layout, start.precision))

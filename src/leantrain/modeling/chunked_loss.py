@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from leantrain.errors import ConfigError
+from leantrain.modeling.output_loss import choose_output_loss, liger_available, liger_token_losses
 
 IGNORE = -100
 # one chunk's logits: about this many fp32 values, whatever the vocabulary: 64 MiB on CPU; 256 MiB on GPUs, where
@@ -50,6 +51,7 @@ POSTPROCESSING = {"final_logit_softcapping": (None, 0, 0.0), "logit_scale": (Non
                   "logits_scaling": (None, 1, 1.0), "logit_softcapping": (None, 0, 0.0),
                   "output_logits_scaling": (None, 1, 1.0)}
 MARK = "leantrain_chunked_loss"  # attribute on the output layer: its chunk size, set by install_chunked_loss
+KERNEL = "leantrain_loss_kernel"  # attribute on the output layer: "chunked" (here) or "liger" (output_loss)
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
@@ -219,13 +221,16 @@ def chunk_tokens_of(layer: nn.Module, device_type: str) -> int:
     return getattr(layer, MARK) or default_chunk_tokens(layer.weight.shape[0], device_type)
 
 
-def install_chunked_loss(model: nn.Module, chunk_tokens: int | None = None) -> bool:
+def install_chunked_loss(model: nn.Module, chunk_tokens: int | None = None, kernel: str = "chunked") -> bool:
     """Patch the output layer's ``forward`` on the instance (see the module doc). False (and nothing changed) when
     the model cannot have it (:func:`why_not_chunked` says why); True when installed (or already installed).
-    ``chunk_tokens`` None: :func:`default_chunk_tokens` of the vocabulary on the device the forward runs on."""
+    ``chunk_tokens`` None: :func:`default_chunk_tokens` of the vocabulary on the device the forward runs on.
+    ``kernel``: ``chunked`` (:class:`ChunkedCrossEntropy`) or ``liger`` (Liger's fused kernel, CUDA:
+    ``leantrain.modeling.output_loss``)."""
     layer = output_layer(model)
     if layer is not None and hasattr(layer, MARK):
         setattr(layer, MARK, int(chunk_tokens or 0))
+        setattr(layer, KERNEL, kernel)
         return True
     if why_not_chunked(model) is not None:
         return False
@@ -235,10 +240,13 @@ def install_chunked_loss(model: nn.Module, chunk_tokens: int | None = None) -> b
         labels = getattr(self, "leantrain_loss_labels", None)
         if labels is None or hidden_states.dim() != 3 or hidden_states.shape[:2] != labels.shape:
             return plain(hidden_states, *args, **kwargs)
+        if getattr(self, KERNEL) == "liger":
+            return liger_token_losses(hidden_states, self, labels)
         return chunked_token_losses(hidden_states, self, labels, chunk_tokens_of(self, hidden_states.device.type))
 
     layer.forward = types.MethodType(forward, layer)
     setattr(layer, MARK, int(chunk_tokens or 0))  # 0: the device's default
+    setattr(layer, KERNEL, kernel)
     layer.leantrain_loss_labels = None
     return True
 
@@ -295,13 +303,17 @@ def per_token_losses(outputs, labels: torch.Tensor) -> torch.Tensor:
     return losses.view(b, t - 1)
 
 
-def apply_chunked_loss(model: nn.Module, setting: bool | str) -> str | None:
+def apply_chunked_loss(model: nn.Module, setting: bool | str, device_type: str = "cpu",
+                       logits_bytes: int | None = None, budget: int | None = None) -> str | None:
     """``efficiency.chunked_loss`` on a built model: a note for the log (None for a model it does not concern).
-    auto: on for a causal LM with a vocabulary of at least ``AUTO_MIN_VOCAB`` that can have it; true: on, or a
+    auto: for a causal LM with a vocabulary of at least ``AUTO_MIN_VOCAB`` that can have it, what
+    :func:`~leantrain.modeling.output_loss.choose_output_loss` picks on ``device_type`` (Liger's fused kernel, the
+    plain logits when ``logits_bytes`` fit the ``budget``, or the chunked loss); true: the chunked loss, or a
     ConfigError naming why not; false: off."""
     if setting is False or setting == "false":
         return "chunked loss: off (efficiency.chunked_loss=false)" if is_causal_lm(model) else None
-    if setting == "auto":
+    auto = setting == "auto"
+    if auto:
         if not is_causal_lm(model):
             return None
         layer = output_layer(model)
@@ -310,11 +322,17 @@ def apply_chunked_loss(model: nn.Module, setting: bool | str) -> str | None:
             return f"chunked loss: off (auto: vocabulary {vocab} < {AUTO_MIN_VOCAB}, its logits are small)"
     why = why_not_chunked(model)
     if why is not None:
-        if setting == "auto":
+        if auto:
             return f"chunked loss: off (auto: {why})"
         raise ConfigError(f"efficiency.chunked_loss=true: {why}; set efficiency.chunked_loss=false (or auto)")
-    install_chunked_loss(model)
+    kernel, reason = (choose_output_loss(device_type, liger_available(), logits_bytes, budget) if auto
+                      else ("chunked", "as configured"))
+    if kernel == "plain":
+        return f"output loss: plain logits (auto: {reason})"
+    install_chunked_loss(model, kernel=kernel)
     vocab = chunked_layer(model).weight.shape[0]
-    return (f"chunked loss: on ({'auto' if setting == 'auto' else 'as configured'}: vocabulary {vocab}, chunks of "
+    if kernel == "liger":
+        return f"output loss: Liger fused linear cross-entropy (auto: {reason}; vocabulary {vocab})"
+    return (f"chunked loss: on ({'auto: ' + reason if auto else reason}; vocabulary {vocab}, chunks of "
             f"{default_chunk_tokens(vocab, 'cpu')} tokens on CPU, {default_chunk_tokens(vocab, 'cuda')} on GPUs; the "
             "fp32 tokens x vocab logits never exist in training)")

@@ -31,13 +31,14 @@ from pathlib import Path
 
 import torch
 
-# Dense peak FLOP/s from the vendors' data sheets (SXM parts unless named). fp32 is plain fp32 (no TF32).
+# Dense peak FLOP/s from the vendors' data sheets (SXM parts unless named; sources in docs/measurements.md). fp32 is
+# plain fp32 (no TF32). H100/H200 SXM: 989.4 TFLOP/s dense bf16 (the data sheets' 1,979 is with 2:4 sparsity).
 GPU_PEAK_FLOPS: dict[str, dict[str, float]] = {
     "B200": {"fp32": 80e12, "bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12},
-    "H200": {"fp32": 67e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12},
+    "H200": {"fp32": 67e12, "bf16": 989.4e12, "fp16": 989.4e12, "fp8": 1978.9e12},
     "H100 PCIe": {"fp32": 51e12, "bf16": 756e12, "fp16": 756e12, "fp8": 1513e12},
     "H100 NVL": {"fp32": 60e12, "bf16": 835e12, "fp16": 835e12, "fp8": 1671e12},
-    "H100": {"fp32": 67e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12},
+    "H100": {"fp32": 67e12, "bf16": 989.4e12, "fp16": 989.4e12, "fp8": 1978.9e12},
     "A100": {"fp32": 19.5e12, "bf16": 312e12, "fp16": 312e12},
     "A10G": {"fp32": 31.2e12, "bf16": 70e12, "fp16": 70e12},
     "A10": {"fp32": 31.2e12, "bf16": 125e12, "fp16": 125e12},
@@ -62,6 +63,17 @@ def gpu_peak_flops(name: str, precision: str) -> float | None:
         if key.lower() in name.lower():
             return table.get(precision)
     return None
+
+
+def gpu_peak(name: str, precision: str) -> tuple[float | None, str]:
+    """(dense peak FLOP/s, where it comes from) of the GPU named ``name`` (``torch.cuda.get_device_name``) in
+    ``precision``; None, saying so, for a GPU or precision the table does not have (no MFU is reported then)."""
+    peak = gpu_peak_flops(name, precision)
+    if peak:
+        return peak, f"data sheet ({name}, {precision})"
+    known = any(key.lower() in name.lower() for key in GPU_PEAK_FLOPS)
+    return None, (f"no {precision} peak for {name!r} in the table: no MFU" if known
+                  else f"unknown GPU {name!r}: no MFU (perf/flops.py GPU_PEAK_FLOPS)")
 
 
 def cache_dir() -> Path:
@@ -116,9 +128,7 @@ def cpu_peak_flops(precision: str) -> float | None:
 def peak_flops(device: torch.device, precision: str) -> tuple[float | None, str]:
     """(peak FLOP/s of one device in this precision, where the number comes from)."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        peak = gpu_peak_flops(name, precision)
-        return peak, f"data sheet ({name}, {precision})" if peak else f"unknown GPU {name!r}: no MFU"
+        return gpu_peak(torch.cuda.get_device_name(device), precision)
     if device.type == "cpu":
         return cpu_peak_flops(precision), f"matmul probe ({cpu_model()}, {torch.get_num_threads()} threads, {precision})"
     return None, f"no peak FLOP/s known for {device.type}"

@@ -213,7 +213,7 @@ def test_the_setting():
     assert "off (auto: vocabulary 300 < 8192" in apply_chunked_loss(small, "auto") and not is_installed(small)
     assert "on (as configured" in apply_chunked_loss(small, True) and is_installed(small)
     big = tiny_llama(vocab=8192)
-    assert "on (auto: vocabulary 8192, chunks of 2048 tokens on CPU, 4096 on GPUs" in apply_chunked_loss(big, "auto")
+    assert "on (auto: cpu has no fused kernel; vocabulary 8192, chunks of 2048 tokens on CPU, 4096 on GPUs" in apply_chunked_loss(big, "auto")
     off = tiny_llama(vocab=8192)
     assert "off (efficiency.chunked_loss=false)" in apply_chunked_loss(off, False) and not is_installed(off)
     assert default_chunk_tokens(50257) == 256 and default_chunk_tokens(151936) == 64

@@ -1,11 +1,12 @@
-"""Model FLOPs per token of a causal LM (6 N + 12 L h s), against a count by hand from the config's dimensions."""
+"""Model FLOPs per token of a causal LM (6 N + 12 L h s), against a count by hand from the config's dimensions; the
+GPUs' peak FLOP/s the MFU is computed against."""
 
 from __future__ import annotations
 
 import pytest
 
 from leantrain.modeling.load import flop_parameters, parameter_counts
-from leantrain.perf.flops import MfuMeter, flops_per_token, gpu_peak_flops, mfu
+from leantrain.perf.flops import MfuMeter, flops_per_token, gpu_peak, gpu_peak_flops, mfu
 
 
 def llama(tied: bool):
@@ -98,3 +99,20 @@ def test_mfu_meter_on_a_device_without_a_peak():
     assert meter.flops_per_token == 6 * 1000 + 12 * 2 * 32 * 10
     assert meter.summary(500.0) == {"mfu": None, "peak_flops": None, "peak_flops_source": "no peak FLOP/s known for meta",
                                     "flops_per_token": meter.flops_per_token}
+
+
+@pytest.mark.parametrize("name, precision, peak", [
+    ("NVIDIA H200", "bf16", 989.4e12), ("NVIDIA H100 80GB HBM3", "bf16", 989.4e12),
+    ("NVIDIA H100 PCIe", "bf16", 756e12), ("NVIDIA A100-SXM4-80GB", "bf16", 312e12), ("NVIDIA H200", "fp8", 1978.9e12)])
+def test_gpu_peak_by_device_name(name, precision, peak):
+    found, source = gpu_peak(name, precision)
+    assert found == peak and source == f"data sheet ({name}, {precision})"
+    assert mfu(1e9, 0.4 * peak / 1e9, found) == pytest.approx(0.4)
+
+
+def test_an_unknown_gpu_or_precision_has_no_mfu_and_says_so():
+    peak, source = gpu_peak("Some Future GPU 9000", "bf16")
+    assert peak is None and source.startswith("unknown GPU 'Some Future GPU 9000': no MFU")
+    assert mfu(1e9, 1000.0, peak) is None
+    peak, source = gpu_peak("NVIDIA A100-SXM4-80GB", "fp8")  # no fp8 tensor cores
+    assert peak is None and "no fp8 peak for 'NVIDIA A100-SXM4-80GB'" in source

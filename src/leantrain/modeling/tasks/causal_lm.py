@@ -71,6 +71,12 @@ class CausalLM(Task):
         return self.forward_token_losses(model, batch)[0]
 
     def forward_loss(self, model, batch: dict) -> tuple[torch.Tensor, object]:
+        """The weighted sum of the token losses. Rows of weight 0 (they only keep processes in step) have their
+        targets masked: the sum is the same, and every token with a target gets the same incoming gradient in a batch
+        of equal weights (what Liger's fused kernel needs: ``leantrain.modeling.output_loss``)."""
+        labels = batch["labels"]
+        idle = (batch["loss_weight"] == 0).to(labels.device)[:, None]  # no sync: a where, not an if
+        batch = {**batch, "labels": torch.where(idle, torch.full_like(labels, -100), labels)}
         losses, outputs = self.forward_token_losses(model, batch)
         return (losses.sum(-1) * batch["loss_weight"]).sum(), outputs
 
