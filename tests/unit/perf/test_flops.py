@@ -55,7 +55,7 @@ def test_bert_classifier_flops_per_token_by_hand():
 
 
 @pytest.mark.parametrize("name, precision, peak", [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4e12),
     ("NVIDIA H100 PCIe", "bf16", 756e12),   # the PCIe part, not the SXM one whose name it contains
     ("NVIDIA A100-SXM4-80GB", "fp32", 19.5e12),  # A100, not A10
     ("NVIDIA A10G", "bf16", 70e12),         # A10G, not A10
