@@ -11,6 +11,7 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from leantrain.config.model_data import DataConfig, ModelConfig
+from leantrain.config.preference import PreferenceConfig, check_preference
 from leantrain.config.problem_type import check_problem_type
 from leantrain.config.run_options import (CheckpointConfig, DistributedConfig, EfficiencyConfig, EvalConfig,
                                           PeftConfig, ReportConfig)
@@ -29,6 +30,7 @@ class Config(Section):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     peft: PeftConfig = Field(default_factory=PeftConfig)
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     output_dir: str | None = Field(None, description="run folder; unset = runs/<date-time>")
 
     @field_validator("output_dir")
@@ -64,6 +66,11 @@ class Config(Section):
                                  "use efficiency.precision=bf16 (or auto)")
         if d.local_sgd_steps > 1 and d.strategy in ("fsdp", "deepspeed"):
             raise ValueError(f"distributed.local_sgd_steps works with DDP only, not distributed.strategy={d.strategy}")
+        return self
+
+    @model_validator(mode="after")
+    def _preference(self) -> "Config":
+        check_preference(self.preference, self.peft.method)
         return self
 
     @model_validator(mode="after")

@@ -1,0 +1,230 @@
+"""Preference tuning of a causal LM (``model.task=preference``): DPO, IPO, SimPO, ORPO on chosen/rejected pairs, KTO
+on unpaired desirable / undesirable feedback (``preference.*``; the losses: ``preference_losses``).
+
+Batches (the ``pairs`` data side): ``input_ids`` / ``attention_mask`` / ``labels`` ``(2B, T)``, rows 0..B-1 the
+chosen (or, KTO, the feedback rows), rows B..2B-1 the rejected (KTO: the KL rows, each prompt with another row's
+completion), labels -100 on the prompt and padding; KTO adds ``desirable (B,)``; ``ref_logps (B, 2)`` when the
+reference log-probs were precomputed. Both halves go through one forward, and the per-token log-probs come from the
+chunked output layer (``CausalLM.token_losses``): no ``tokens x vocab`` fp32 logits.
+
+The unit is the pair (or feedback row): ``loss_sum`` is the sum of the per-pair losses, the engine divides by the
+global batch's pairs, so the loss is the mean over the pairs of the global batch whatever the layout.
+
+The reference (``preference.reference``, resolved in ``configured``): ``adapter``, the same model with its LoRA
+adapters switched off (peft's ``disable_adapter``), no copy; ``precompute``, the log-probs read from the batch
+(computed once before training by the engine, ``precomputed_columns``); ``live``, a frozen copy made by
+``with_model`` before training; ``none``, no reference (simpo, orpo). The reference runs in eval mode under
+``torch.no_grad``: it draws no random numbers, so a resumed run is bitwise the same.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import torch
+
+from leantrain.config.preference import REFERENCE_FREE
+from leantrain.config.tasks import PREFERENCE, task_spec
+from leantrain.modeling.chunked_loss import labels_for_loss, per_token_losses
+from leantrain.modeling.tasks import preference_losses as L
+from leantrain.modeling.tasks.causal_lm import CausalLM
+from leantrain.modeling.tasks.registry import CardText, register
+
+MODEL_KEYS = ("input_ids", "attention_mask", "position_ids")
+REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")  # pairs; feedback: ref_logps / ref_kl_logps
+RECORD = "preference"  # model/leantrain.json's and config.json's field: method, beta, reference
+
+
+def token_losses(model, batch: dict) -> torch.Tensor:
+    """(rows, T-1) fp32 per-token losses of the shifted targets (0 where the label is -100), through the chunked
+    output layer when installed."""
+    labels = batch["labels"]
+    with labels_for_loss(model, labels):
+        outputs = model(**{k: batch[k] for k in MODEL_KEYS if k in batch}, use_cache=False)
+    return per_token_losses(outputs, labels)
+
+
+def unwrapped(model):
+    """The model inside DDP / compile wrappers."""
+    while isinstance(getattr(model, "module", None) or getattr(model, "_orig_mod", None), torch.nn.Module):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model
+
+
+@contextmanager
+def frozen_forward(model):
+    """No gradients, eval mode (no dropout, no random draws), the mode restored after."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preference(CausalLM):
+    """Pairs (or feedback rows) -> one loss each, summed; the count of pairs."""
+
+    loss: str = "dpo"
+    beta: float = 0.1
+    gamma: float = 0.5
+    label_smoothing: float = 0.0
+    desirable_weight: float = 1.0
+    undesirable_weight: float = 1.0
+    reference: str = "precompute"
+    reference_name: str | None = None  # what the reference is (the base model's name), recorded with the model
+    _frozen: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # live: [the frozen copy]
+
+    def configured(self, cfg, model_config=None) -> "Preference":
+        """The run's ``preference.*`` (``loss`` auto: dpo here; the feedback data side sets kto), or, with
+        ``model_config``, what a trained model recorded (``leantrain eval``)."""
+        if model_config is not None:
+            rec = getattr(model_config, RECORD, None) or {}
+            return dataclasses.replace(self, loss=rec.get("loss", "dpo"), beta=float(rec.get("beta", 0.1)),
+                                       gamma=float(rec.get("gamma", 0.5)), reference="live",
+                                       reference_name=rec.get("reference_model"))
+        p = cfg.preference
+        loss = p.resolved_loss(feedback=self.loss == "kto")
+        return dataclasses.replace(
+            self, loss=loss, beta=p.resolved_beta(loss), gamma=p.gamma, label_smoothing=p.label_smoothing,
+            desirable_weight=p.desirable_weight, undesirable_weight=p.undesirable_weight,
+            reference=p.resolved_reference(loss, cfg.peft.method != "none"), reference_name=cfg.model.name)
+
+    def saved_config(self, ev: dict | None) -> dict:
+        return {RECORD: {"loss": self.loss, "beta": self.beta, "gamma": self.gamma, "reference": self.reference,
+                         "reference_model": self.reference_name}}
+
+    def card_notes(self, model_config: dict) -> list[str]:
+        rec = model_config.get(RECORD) or {}
+        if not rec:
+            return []
+        ref = "none (reference-free)" if rec.get("reference") == "none" else \
+            f"{rec.get('reference_model')} ({rec.get('reference')})"
+        return ["## Preference tuning", "", f"Method: {rec.get('loss')}, beta {rec.get('beta')}; reference: {ref}.",
+                ""]
+
+    # -- the reference
+    def with_model(self, model) -> "Preference":
+        """live: a frozen copy of the model as it starts training (before any resume restores trained weights)."""
+        if self.reference == "live" and not self._frozen:
+            ref = copy.deepcopy(unwrapped(model)).eval()
+            ref.requires_grad_(False)
+            self._frozen.append(ref)
+        return self
+
+    def precomputed_columns(self) -> tuple[str, ...]:
+        """The per-row columns the engine computes once before training with ``reference_logps`` (precompute)."""
+        if self.reference != "precompute":
+            return ()
+        return ("ref_logps", "ref_kl_logps") if self.loss == "kto" else REF_COLUMNS
+
+    def reference_logps(self, model, batch: dict) -> torch.Tensor:
+        """(B, 2) fp32: the reference log-probs of each pair's two rows (chosen, rejected; KTO: row, KL row)."""
+        if "ref_logps" in batch:
+            return batch["ref_logps"].float()
+        if self.reference == "none":
+            raise ValueError(f"preference.loss={self.loss} needs a reference")
+        if self.reference == "live" and self._frozen:
+            ref = self._frozen[0]
+            ref.to(batch["input_ids"].device)
+            off = nullcontext()
+        else:  # adapter, or precompute's own pass: the model itself, adapters off when it has them
+            ref = unwrapped(model)
+            off = ref.disable_adapter() if hasattr(ref, "disable_adapter") and hasattr(ref, "peft_config") \
+                else nullcontext()
+        with off, frozen_forward(ref):
+            logps, _ = L.sequence_logps(token_losses(ref, batch), batch["labels"])
+        first, second = L.split_pairs(logps)
+        return torch.stack([first, second], dim=-1)
+
+    # -- training
+    def pair_values(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
+        """The per-pair losses (B,) and what evaluation reports of them (rewards, log-probs, KL)."""
+        logps, lengths = L.sequence_logps(token_losses(model, batch), batch["labels"])
+        first, second = L.split_pairs(logps)
+        first_len, second_len = L.split_pairs(lengths)
+        ref = None if self.loss in REFERENCE_FREE else self.reference_logps(model, batch)
+        if self.loss == "kto":
+            good = batch["desirable"].to(first.device)
+            losses = L.kto(first, ref[:, 0], second, ref[:, 1], good, self.beta, self.desirable_weight,
+                           self.undesirable_weight)
+            reward = self.beta * (first - ref[:, 0])
+            return losses, {"loss": losses, "reward": reward, "logps": first, "desirable": good.float(),
+                            "kl": (second - ref[:, 1])}
+        p = L.PairLogps(first, second, first_len, second_len,
+                        *((ref[:, 0], ref[:, 1]) if ref is not None else ()))
+        losses = L.pair_loss(self.loss, p, beta=self.beta, gamma=self.gamma, label_smoothing=self.label_smoothing)
+        chosen, rejected = L.rewards(p, self.beta)
+        return losses, {"loss": losses, "chosen_reward": chosen, "rejected_reward": rejected, "chosen_logps": first,
+                        "rejected_logps": second}
+
+    def forward_loss(self, model, batch: dict):
+        losses, values = self.pair_values(model, batch)
+        weight = batch.get("loss_weight")
+        weight = torch.ones_like(losses) if weight is None else weight[: losses.shape[0]].to(losses)
+        return (losses * weight).sum(), values
+
+    def count(self, dataset, indices) -> int:
+        """Pairs (feedback rows) in these rows; padding indices (negative) hold none."""
+        return int((np.asarray(indices) >= 0).sum())
+
+    def throughput_tokens(self, dataset, indices) -> int | None:
+        return None  # the data side's input tokens
+
+    # -- evaluation
+    def eval_outputs(self, model, batch: dict) -> tuple:
+        """Per pair: its loss, then (pairs) chosen reward, rejected reward, chosen and rejected log-probs, or (KTO)
+        reward, log-prob, desirable, KL log-ratio; fp64."""
+        _, values = self.pair_values(model, batch)
+        keys = [k for k in values if k != "loss"]
+        return (torch.stack([values["loss"]] + [values[k] for k in keys], dim=-1).double(),)
+
+    def eval_batch(self, values: torch.Tensor, labels=None) -> dict:
+        keys = ("loss", "reward", "logps", "desirable", "kl") if self.loss == "kto" else \
+            ("loss", "chosen_reward", "rejected_reward", "chosen_logps", "rejected_logps")
+        return {k: values[:, i] for i, k in enumerate(keys)}
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        n = len(values["loss"])
+        if not n:
+            return {"loss": math.nan, "samples": 0}
+        out = {"loss": float(values["loss"].mean()), "samples": int(n)}
+        if self.loss == "kto":
+            good = values["desirable"] > 0.5
+            out.update(kl=float(max(0.0, values["kl"].mean())),
+                       chosen_reward=float(values["reward"][good].mean()) if good.any() else math.nan,
+                       rejected_reward=float(values["reward"][~good].mean()) if (~good).any() else math.nan,
+                       chosen_logps=float(values["logps"][good].mean()) if good.any() else math.nan,
+                       rejected_logps=float(values["logps"][~good].mean()) if (~good).any() else math.nan)
+            out["reward_margin"] = out["chosen_reward"] - out["rejected_reward"]
+            return out
+        margin = values["chosen_reward"] - values["rejected_reward"]
+        out.update(reward_accuracy=float((margin > 0).mean()), reward_margin=float(margin.mean()),
+                   **{k: float(values[k].mean()) for k in ("chosen_reward", "rejected_reward", "chosen_logps",
+                                                           "rejected_logps")})
+        return out
+
+    def headline(self, ev: dict) -> str:
+        if "reward_accuracy" not in ev:
+            return f"eval loss: {ev.get('loss', math.nan):.4f}  reward margin: {ev.get('reward_margin', math.nan):.4f}"
+        return (f"eval reward accuracy: {ev['reward_accuracy']:.4f}  reward margin: {ev['reward_margin']:.4f}  "
+                f"loss: {ev['loss']:.4f} ({ev.get('samples', 0)} pairs)")
+
+    def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
+        data, ev = config.get("data") or {}, summary.get("eval") or {}
+        rows = [("preference data", data.get("train")), ("eval data", data.get("eval")),
+                ("final eval reward accuracy", ev.get("reward_accuracy")),
+                ("final eval reward margin", ev.get("reward_margin"))]
+        return [(k, v) for k, v in rows if v is not None]
+
+
+PREFERENCE_TASK = register(Preference(
+    task_spec(PREFERENCE), "AutoModelForCausalLM", None, "tokenizer",
+    CardText("preference tuning", "preference-tuned language model", '"Once upon a time", max_new_tokens=40'),
+    unit="pairs"))
