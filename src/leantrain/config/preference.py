@@ -42,10 +42,6 @@ class PreferenceConfig(Section):
         "(TRL's center_rewards_coefficient; 0.01 in Eisenstein et al.); 0 = off"
     )
 
-    def resolved_loss(self, feedback: bool) -> str:
-        """The loss: as set, or auto's (kto for unpaired feedback, dpo for pairs)."""
-        return self.loss if self.loss != "auto" else ("kto" if feedback else "dpo")
-
     def resolved_beta(self, loss: str) -> float:
         return self.beta if self.beta is not None else (2.0 if loss == "simpo" else 0.1)
 

@@ -16,6 +16,7 @@ from leantrain.config import Config
 from leantrain.errors import ConfigError
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
+from leantrain.engine.precompute import with_precomputed
 from leantrain.engine.samples import check_sample_prompts
 from leantrain.modeling import load_processor, model_name, resolve_task_reason
 from leantrain.modeling.load import check_tokenizer_key
@@ -58,6 +59,20 @@ class TrainingData:
                 task = weighted_task(task, self.class_weights, self.train["labels"])
             self._task = task
         return self._task
+
+    def bind_model(self, model, accelerator: Accelerator, batch_size: int) -> None:
+        """Before training, with the model as it starts: the task bound to it (``Task.with_model``: a frozen copy
+        where the task keeps one) and the task's precomputed columns added to both splits (``engine.precompute``:
+        the reference log-probs, computed once and cached on disk)."""
+        task = self.task_object.with_model(model)
+        self._task = task
+        if not any(task.precomputed_columns(list(ds.column_names)) for ds in (self.train, self.eval) if ds is not None):
+            return
+        if not getattr(model, "is_loaded_in_4bit", False):  # a 4-bit model is on its GPU already
+            model.to(accelerator.device)
+        collator = self.eval_collator or self.collator
+        self.train = with_precomputed(task, model, self.train, collator, accelerator, batch_size, "train data")
+        self.eval = with_precomputed(task, model, self.eval, collator, accelerator, batch_size, "eval data")
 
     def units_in(self, indices) -> int:
         """The task's loss units (examples, labels, tokens) in these training examples: the loss's denominator."""

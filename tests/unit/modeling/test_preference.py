@@ -7,7 +7,6 @@ micro-batches."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 
 import numpy as np
@@ -213,7 +212,9 @@ def test_reference_resolves_per_loss_and_lora():
     assert task_for("dpo", "peft.method=lora").reference == "adapter"
     assert task_for("simpo").reference == "none" and task_for("simpo").beta == 2.0
     assert task_for("orpo").reference == "none"
-    assert dataclasses.replace(task_for("kto")).precomputed_columns() == ("ref_logps", "ref_kl_logps")
+    assert task_for("kto").precomputed_columns(["input_ids", "desirable"]) == ("ref_logps", "ref_kl_logps")
+    assert task_for("dpo").precomputed_columns(["chosen_input_ids"]) == ("ref_chosen_logps", "ref_rejected_logps")
+    assert task_for("dpo", "preference.reference=live").precomputed_columns(["chosen_input_ids"]) == ()
     from leantrain.errors import ConfigError
 
     with pytest.raises(ConfigError, match="preference.reference=none"):

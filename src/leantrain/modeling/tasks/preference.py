@@ -35,7 +35,10 @@ from leantrain.modeling.tasks.causal_lm import CausalLM
 from leantrain.modeling.tasks.registry import CardText, register
 
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids")
-REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")  # pairs; feedback: ref_logps / ref_kl_logps
+REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")  # pairs
+FEEDBACK_REF_COLUMNS = ("ref_logps", "ref_kl_logps")  # feedback: the row's, its KL row's
+PAIR_VALUES = ("loss", "chosen_reward", "rejected_reward", "chosen_logps", "rejected_logps")
+KTO_VALUES = ("loss", "reward", "logps", "kl")
 RECORD = "preference"  # model/leantrain.json's and config.json's field: method, beta, reference
 
 
@@ -82,22 +85,26 @@ class Preference(CausalLM):
     _frozen: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # live: [the frozen copy]
 
     def configured(self, cfg, model_config=None) -> "Preference":
-        """The run's ``preference.*`` (``loss`` auto: dpo here; the feedback data side sets kto), or, with
-        ``model_config``, what a trained model recorded (``leantrain eval``)."""
+        """The run's ``preference.*`` (``loss`` auto stays auto: kto for a batch of feedback rows, else dpo), or,
+        with ``model_config``, what a trained model recorded (``leantrain eval``: against a live reference)."""
         if model_config is not None:
             rec = getattr(model_config, RECORD, None) or {}
             return dataclasses.replace(self, loss=rec.get("loss", "dpo"), beta=float(rec.get("beta", 0.1)),
                                        gamma=float(rec.get("gamma", 0.5)), reference="live",
                                        reference_name=rec.get("reference_model"))
         p = cfg.preference
-        loss = p.resolved_loss(feedback=self.loss == "kto")
         return dataclasses.replace(
-            self, loss=loss, beta=p.resolved_beta(loss), gamma=p.gamma, label_smoothing=p.label_smoothing,
+            self, loss=p.loss, beta=p.resolved_beta(p.loss), gamma=p.gamma, label_smoothing=p.label_smoothing,
             desirable_weight=p.desirable_weight, undesirable_weight=p.undesirable_weight,
-            reference=p.resolved_reference(loss, cfg.peft.method != "none"), reference_name=cfg.model.name)
+            reference=p.resolved_reference(p.loss, cfg.peft.method != "none"), reference_name=cfg.model.name)
+
+    def loss_for(self, batch: dict) -> str:
+        """The loss of this batch: as configured; auto: kto for feedback rows (``desirable``), else dpo."""
+        return self.loss if self.loss != "auto" else ("kto" if "desirable" in batch else "dpo")
 
     def saved_config(self, ev: dict | None) -> dict:
-        return {RECORD: {"loss": self.loss, "beta": self.beta, "gamma": self.gamma, "reference": self.reference,
+        loss = self.loss if self.loss != "auto" else ("kto" if ev and "kl" in ev else "dpo")
+        return {RECORD: {"loss": loss, "beta": self.beta, "gamma": self.gamma, "reference": self.reference,
                          "reference_model": self.reference_name}}
 
     def card_notes(self, model_config: dict) -> list[str]:
@@ -118,11 +125,15 @@ class Preference(CausalLM):
             self._frozen.append(ref)
         return self
 
-    def precomputed_columns(self) -> tuple[str, ...]:
-        """The per-row columns the engine computes once before training with ``reference_logps`` (precompute)."""
+    def precomputed_columns(self, columns: list[str]) -> tuple[str, ...]:
+        """The per-row columns the engine computes once before training with ``precompute`` (reference=precompute)
+        for a processed dataset with these ``columns`` (feedback rows: row and KL row; pairs: chosen, rejected)."""
         if self.reference != "precompute":
             return ()
-        return ("ref_logps", "ref_kl_logps") if self.loss == "kto" else REF_COLUMNS
+        return FEEDBACK_REF_COLUMNS if "desirable" in columns else REF_COLUMNS
+
+    def precompute(self, model, batch: dict) -> torch.Tensor:
+        return self.reference_logps(model, batch)
 
     def reference_logps(self, model, batch: dict) -> torch.Tensor:
         """(B, 2) fp32: the reference log-probs of each pair's two rows (chosen, rejected; KTO: row, KL row)."""
@@ -149,17 +160,18 @@ class Preference(CausalLM):
         logps, lengths = L.sequence_logps(token_losses(model, batch), batch["labels"])
         first, second = L.split_pairs(logps)
         first_len, second_len = L.split_pairs(lengths)
-        ref = None if self.loss in REFERENCE_FREE else self.reference_logps(model, batch)
-        if self.loss == "kto":
+        loss = self.loss_for(batch)
+        ref = None if loss in REFERENCE_FREE else self.reference_logps(model, batch)
+        if loss == "kto":
             good = batch["desirable"].to(first.device)
             losses = L.kto(first, ref[:, 0], second, ref[:, 1], good, self.beta, self.desirable_weight,
                            self.undesirable_weight)
             reward = self.beta * (first - ref[:, 0])
-            return losses, {"loss": losses, "reward": reward, "logps": first, "desirable": good.float(),
-                            "kl": (second - ref[:, 1])}
+            return losses, {"loss": losses, "reward": reward, "logps": first, "kl": second - ref[:, 1],
+                            "desirable": good}
         p = L.PairLogps(first, second, first_len, second_len,
                         *((ref[:, 0], ref[:, 1]) if ref is not None else ()))
-        losses = L.pair_loss(self.loss, p, beta=self.beta, gamma=self.gamma, label_smoothing=self.label_smoothing)
+        losses = L.pair_loss(loss, p, beta=self.beta, gamma=self.gamma, label_smoothing=self.label_smoothing)
         chosen, rejected = L.rewards(p, self.beta)
         return losses, {"loss": losses, "chosen_reward": chosen, "rejected_reward": rejected, "chosen_logps": first,
                         "rejected_logps": second}
@@ -179,23 +191,24 @@ class Preference(CausalLM):
 
     # -- evaluation
     def eval_outputs(self, model, batch: dict) -> tuple:
-        """Per pair: its loss, then (pairs) chosen reward, rejected reward, chosen and rejected log-probs, or (KTO)
-        reward, log-prob, desirable, KL log-ratio; fp64."""
+        """Per pair: its loss, chosen and rejected rewards, chosen and rejected log-probs (fp64); KTO rows: their
+        loss, reward, log-prob and KL log-ratio, and ``desirable`` (their label) as a second tensor."""
         _, values = self.pair_values(model, batch)
-        keys = [k for k in values if k != "loss"]
-        return (torch.stack([values["loss"]] + [values[k] for k in keys], dim=-1).double(),)
+        keys = KTO_VALUES if "desirable" in values else PAIR_VALUES
+        stacked = torch.stack([values[k] for k in keys], dim=-1).double()
+        return (stacked, values["desirable"]) if "desirable" in values else (stacked,)
 
-    def eval_batch(self, values: torch.Tensor, labels=None) -> dict:
-        keys = ("loss", "reward", "logps", "desirable", "kl") if self.loss == "kto" else \
-            ("loss", "chosen_reward", "rejected_reward", "chosen_logps", "rejected_logps")
-        return {k: values[:, i] for i, k in enumerate(keys)}
+    def eval_batch(self, values: torch.Tensor, desirable=None) -> dict:
+        keys = PAIR_VALUES if desirable is None else KTO_VALUES
+        out = {k: values[:, i] for i, k in enumerate(keys)}
+        return out if desirable is None else {**out, "desirable": desirable.double()}
 
     def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
         n = len(values["loss"])
         if not n:
             return {"loss": math.nan, "samples": 0}
         out = {"loss": float(values["loss"].mean()), "samples": int(n)}
-        if self.loss == "kto":
+        if "desirable" in values:
             good = values["desirable"] > 0.5
             out.update(kl=float(max(0.0, values["kl"].mean())),
                        chosen_reward=float(values["reward"][good].mean()) if good.any() else math.nan,

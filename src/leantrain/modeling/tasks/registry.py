@@ -115,6 +115,21 @@ class Task:
         tokens (causal LM: its target tokens)."""
         return None
 
+    def with_model(self, model) -> "Task":
+        """This task bound to the built model, before training and before a resume restores trained weights (the
+        preference task's ``live`` reference: a frozen copy made here). Itself by default."""
+        return self
+
+    def precomputed_columns(self, columns: list[str]) -> tuple[str, ...]:
+        """Float columns of a processed dataset (with these ``columns``) that the engine computes once with
+        ``precompute`` on the model as it starts training, caches on disk and adds to the rows, so that batches
+        carry them (the preference task's reference log-probs); none by default."""
+        return ()
+
+    def precompute(self, model, batch: dict):
+        """The ``precomputed_columns`` of a batch, a ``(rows, columns)`` fp32 tensor (called under no_grad)."""
+        raise NotImplementedError
+
     # -- evaluation and prediction
     def eval_outputs(self, outputs, batch: dict) -> tuple:
         """What one eval batch gathers over the processes (``gather_for_metrics``), then handed to ``eval_batch``:
