@@ -28,9 +28,15 @@ def run_settings(cfg: Config, task: str, columns: dict) -> dict:
     """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}}."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
-    if get_task(task).modality == "tokens":  # a language model's eval cuts the text as the run did
+    if get_task(task).modality in ("tokens", "pairs"):  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
-    return {"task": task, "data": data}
+    return {"task": task, "data": data, **get_task(task).configured(cfg).saved_config(None)}  # preference: reference
+
+
+def stored_task(model_dir: str | Path) -> str | None:
+    """The task the run recorded in ``model/leantrain.json``, or None."""
+    stored = read_run_settings(model_dir) or {}
+    return stored.get("task")
 
 
 def write_run_settings(model_dir: Path, cfg: Config, task: str, columns: dict) -> None:

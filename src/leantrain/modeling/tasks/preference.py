@@ -29,6 +29,7 @@ import torch
 
 from leantrain.config.preference import REFERENCE_FREE
 from leantrain.config.tasks import PREFERENCE, task_spec
+from leantrain.errors import UserError
 from leantrain.modeling.chunked_loss import labels_for_loss, per_token_losses
 from leantrain.modeling.tasks import preference_losses as L
 from leantrain.modeling.tasks.causal_lm import CausalLM
@@ -96,7 +97,8 @@ class Preference(CausalLM):
         return dataclasses.replace(
             self, loss=p.loss, beta=p.resolved_beta(p.loss), gamma=p.gamma, label_smoothing=p.label_smoothing,
             desirable_weight=p.desirable_weight, undesirable_weight=p.undesirable_weight,
-            reference=p.resolved_reference(p.loss, cfg.peft.method != "none"), reference_name=cfg.model.name)
+            reference=p.resolved_reference(p.loss, cfg.peft.method != "none"),
+            reference_name=None if cfg.model.config or cfg.model.config_type else cfg.model.name)
 
     def loss_for(self, batch: dict) -> str:
         """The loss of this batch: as configured; auto: kto for feedback rows (``desirable``), else dpo."""
@@ -120,10 +122,17 @@ class Preference(CausalLM):
     def with_model(self, model) -> "Preference":
         """live: a frozen copy of the model as it starts training (before any resume restores trained weights)."""
         if self.reference == "live" and not self._frozen:
-            ref = copy.deepcopy(unwrapped(model)).eval()
-            ref.requires_grad_(False)
-            self._frozen.append(ref)
+            return self.with_reference(copy.deepcopy(unwrapped(model)))
         return self
+
+    def with_reference(self, model) -> "Preference":
+        """This task with ``model`` as its reference (live), frozen, in eval mode."""
+        model.eval().requires_grad_(False)
+        return dataclasses.replace(self, reference="live", _frozen=[model])
+
+    def reference_model_name(self) -> str | None:
+        """``leantrain eval``: the recorded reference model (none for the reference-free losses)."""
+        return None if self.loss in REFERENCE_FREE else self.reference_name
 
     def precomputed_columns(self, columns: list[str]) -> tuple[str, ...]:
         """The per-row columns the engine computes once before training with ``precompute`` (reference=precompute)
@@ -131,6 +140,24 @@ class Preference(CausalLM):
         if self.reference != "precompute":
             return ()
         return FEEDBACK_REF_COLUMNS if "desirable" in columns else REF_COLUMNS
+
+    def plan(self, model) -> dict:
+        """Each reference choice with what it costs beside the policy: memory (a frozen copy's weights) and time."""
+        inner = unwrapped(model)
+        copy_bytes = sum(p.numel() * p.element_size() for n, p in inner.named_parameters() if "lora_" not in n)
+        lora = hasattr(inner, "peft_config")
+        options = {
+            "adapter": {"extra_bytes": 0, "fits_this_run": lora,
+                        "cost": "the same model with its LoRA adapters off: one no-grad forward per step, no copy"},
+            "precompute": {"extra_bytes": 0, "fits_this_run": True,
+                           "cost": "one no-grad pass over the data before training (cached on disk, 8 bytes a "
+                                   "pair), none during training"},
+            "live": {"extra_bytes": copy_bytes, "fits_this_run": True,
+                     "cost": "a frozen copy of the weights in memory and one no-grad forward per step"},
+            "none": {"extra_bytes": 0, "fits_this_run": self.loss in REFERENCE_FREE,
+                     "cost": "no reference: the reference-free losses (simpo, orpo) only"},
+        }
+        return {"preference": {"loss": self.loss, "reference": self.reference, "reference_options": options}}
 
     def precompute(self, model, batch: dict) -> torch.Tensor:
         return self.reference_logps(model, batch)
@@ -141,9 +168,12 @@ class Preference(CausalLM):
             return batch["ref_logps"].float()
         if self.reference == "none":
             raise ValueError(f"preference.loss={self.loss} needs a reference")
-        if self.reference == "live" and self._frozen:
-            ref = self._frozen[0]
-            ref.to(batch["input_ids"].device)
+        if self.reference == "live":
+            if not self._frozen:
+                raise UserError(f"preference.loss={self.loss} compares with a reference model and none is known "
+                                "(a model trained from model.config records none): evaluate against one with "
+                                "model.name=<the reference> is not supported yet")
+            ref = self._frozen[0].to(batch["input_ids"].device)  # a no-op once there
             off = nullcontext()
         else:  # adapter, or precompute's own pass: the model itself, adapters off when it has them
             ref = unwrapped(model)

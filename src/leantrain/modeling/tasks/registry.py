@@ -120,11 +120,25 @@ class Task:
         preference task's ``live`` reference: a frozen copy made here). Itself by default."""
         return self
 
+    def reference_model_name(self) -> str | None:
+        """A model ``leantrain eval`` loads beside a trained one of this task (the preference task: the reference
+        it was tuned against, as recorded), then hands to ``with_reference``; None by default."""
+        return None
+
+    def with_reference(self, model) -> "Task":
+        """This task evaluating against ``model`` (frozen); itself by default."""
+        return self
+
     def precomputed_columns(self, columns: list[str]) -> tuple[str, ...]:
         """Float columns of a processed dataset (with these ``columns``) that the engine computes once with
         ``precompute`` on the model as it starts training, caches on disk and adds to the rows, so that batches
         carry them (the preference task's reference log-probs); none by default."""
         return ()
+
+    def plan(self, model) -> dict:
+        """What ``leantrain plan`` adds for this task and model (the preference task: the memory and time of each
+        reference choice); nothing by default."""
+        return {}
 
     def precompute(self, model, batch: dict):
         """The ``precomputed_columns`` of a batch, a ``(rows, columns)`` fp32 tensor (called under no_grad)."""
