@@ -147,6 +147,10 @@ class DataConfig(Section):
         512, gt=1, description="causal LM: tokens per training block, cut from the token stream of all documents "
         "(packed across documents; the short tail is dropped)"
     )
+    max_prompt_length: int | None = Field(
+        None, gt=0, description="preference data: a prompt longer than this many tokens keeps its end (its last "
+        "tokens); unset = half of data.block_size; the response fills the rest of data.block_size"
+    )
     document_separator: str | None = Field(
         None, description="causal LM, .txt sources: split each file into documents at this string (e.g. '\\n\\n' "
         "for blank lines); unset = one document per file"

@@ -297,13 +297,16 @@ class SftData:
     notes: list[str] = field(default_factory=list)
 
 
-def check_rows(ds: datasets.Dataset, fmt: str, where: str, limit: int = 5, name_row=None) -> list[str]:  # noqa: ANN001
+def check_rows(ds: datasets.Dataset, fmt: str, where: str, limit: int = 5, name_row=None,  # noqa: ANN001
+               convert=None) -> list[str]:  # noqa: ANN001
     """Problems of the rows of a detected format, at most ``limit`` listed; ``name_row(i)`` names row i (a file line:
-    ``Part.rows([i])``), else ``row i+1``."""
+    ``Part.rows([i])``), else ``row i+1``. ``convert(row, fmt)`` reads a row, raising ValueError (``to_messages``
+    by default; preference rows: ``preference_formats.to_example``)."""
+    convert = convert or to_messages
     problems, bad = [], 0
     for i, row in enumerate(ds):
         try:
-            to_messages(row, fmt)
+            convert(row, fmt)
         except ValueError as e:
             bad += 1
             if len(problems) < limit:

@@ -1,4 +1,5 @@
-"""One data side per modality (text, image, audio; tagged: words with a tag each, token classification): load +
+"""One data side per modality (text, image, audio; tagged: words with a tag each, token classification; tokens:
+causal-LM text and instruction data; pairs, feedback, scored-pairs: preference data, ``data/preference.py``): load +
 validate, process with the model's processor, collate.
 The engine picks one through the task's modality (``leantrain.modeling.tasks``: ``Task.modality``, and
 ``Task.data_side`` may adapt it) and stays free of task and modality branches."""
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from leantrain.config import DataConfig
-from leantrain.data import audio, image, lm_data, text_loader, token_loader
+from leantrain.data import audio, image, lm_data, preference, text_loader, token_loader
 from leantrain.data.sft import with_instructions
 from leantrain.data.loaders import make_collator
 from leantrain.data.text import tokenize
@@ -45,11 +46,14 @@ MODALITIES = {
     "tokens": with_instructions(  # instruction/chat data (data/sft.py) or plain text (data/lm_data.py), by its columns
         Modality("tokens", lm_data.load_and_validate, lm_data.load_rows, lm_data.process, lm_data.collator, True,
                  lm_data.label_kind)),
+    **{side: Modality(side, **preference.side_functions(side))  # preference data (data/preference.py)
+       for side in preference.SIDES},
 }
 
 
 def for_modality(name: str) -> Modality:
-    """The data side of a modality: ``text``, ``image``, ``audio`` or ``tokens`` (causal LMs)."""
+    """The data side of a modality: ``text``, ``image``, ``audio``, ``tagged``, ``tokens`` (causal LMs), ``pairs``,
+    ``feedback`` or ``scored-pairs`` (preference data)."""
     try:
         return MODALITIES[name]
     except KeyError:

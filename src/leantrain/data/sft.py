@@ -13,6 +13,7 @@ import datasets
 
 from leantrain.config import DataConfig
 from leantrain.data import instructions as ins
+from leantrain.data import preference_formats as pf
 from leantrain.data.caches import using_cache_dir
 from leantrain.data.demo import demo_files
 from leantrain.data.sources import Part, SourceError, quiet
@@ -22,16 +23,38 @@ from leantrain.errors import DataError
 log = logging.getLogger("leantrain")
 
 
-def is_instruction_data(cfg: DataConfig) -> bool:
-    """Whether data.train holds instruction/chat rows (read from its columns; a missing file is the other side's to
-    report)."""
+def _train_part(cfg: DataConfig) -> Part | None:
+    """data.train opened, or None (a missing file is the other side's to report)."""
     if cfg.train is None or cfg.text_column is not None:  # data.text_column set: language modelling of that column
-        return False
+        return None
     try:
-        train, _ = open_parts(cfg, cfg.train, None, [])
+        return open_parts(cfg, cfg.train, None, [])[0]
     except DataError:
-        return False
-    return ins.looks_like_instructions(train.ds.column_names)
+        return None
+
+
+def refuse_preference(columns, first_row: dict | None, where: str) -> None:  # noqa: ANN001
+    """Preference data, or a chosen / rejected / label column beside instruction data, is not for supervised
+    fine-tuning (it would learn every answer as a good one): a DataError saying what the data is."""
+    fmt = pf.detect_format(columns, first_row)
+    if fmt == "feedback":
+        raise DataError(f"{where}: unpaired feedback data (format {pf.describe(fmt)}): supervised fine-tuning would "
+                        "learn every answer, those labelled false too; it trains with model.task=preference (KTO)")
+    if fmt is not None:
+        raise DataError(f"{where}: preference data (format {pf.describe(fmt)}), not instruction data: it trains with "
+                        "model.task=preference (DPO and its variants) or, on a sequence classifier, "
+                        "model.task=reward-model")
+    extra = [c for c in pf.PREFERENCE_COLUMNS if c in columns]
+    if extra and ins.looks_like_instructions(columns):
+        raise DataError(f"{where}: a {extra[0]!r} column beside instruction data (format "
+                        f"{ins.FORMATS[ins.detect_format(columns)][2]}): supervised fine-tuning would ignore it and "
+                        f"learn every answer as a good one; drop the column, or give preference data in one of these "
+                        f"formats:", pf.accepted())
+
+
+def _refuse_part(part: Part | None) -> None:
+    if part is not None:
+        refuse_preference(part.ds.column_names, part.ds[0] if len(part.ds) else None, part.where)
 
 
 def with_formats(err: DataError) -> DataError:
@@ -59,6 +82,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
     parts = [p for p in (train, evaluation) if p is not None]
     fmts = {}
     for part in parts:
+        _refuse_part(part)
         fmt = ins.detect_format(part.ds.column_names)
         if fmt is None:
             found = ", ".join(part.ds.column_names)
@@ -142,9 +166,12 @@ def sample_inputs(prompts: list[str], tokenizer, cfg: DataConfig,  # noqa: ANN00
     """``report.sample_prompts`` as the model was trained to see them: (texts, chat) for
     ``generation.continuations``. Instruction data rendered with the chat template: the prompts and chat=True (each
     one a user turn with the generation prompt); with the plain template: each prompt wrapped in it, chat=False;
-    prompt/completion rows: the prompts as they are, chat=False. Plain text (no instruction format): the prompts and
-    chat=None (the generation default: the chat template where the tokenizer has one)."""
+    prompt/completion rows: the prompts as they are, chat=False; preference data as its prompts were rendered
+    (``columns["prompt"]``: text as prompt/completion rows, messages as chat rows). Plain text (no instruction
+    format): the prompts and chat=None (the generation default: the chat template where the tokenizer has one)."""
     fmt = (columns or {}).get("format")
+    if fmt in pf.FORMATS:  # preference data: prompts rendered as prompt / completion texts or as chat messages
+        fmt = "prompt_completion" if columns.get("prompt") == "text" else "messages"
     if fmt not in ins.FORMATS:
         return list(prompts), None
     rendering = ins.choose_rendering(tokenizer, cfg.template, fmt)
@@ -157,7 +184,9 @@ def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modaliti
     """``side`` (the causal-LM ``tokens`` data side), with instruction/chat data handled here."""
 
     def load_and_validate_(cfg: DataConfig, **kw):
-        if is_instruction_data(cfg):
+        train = _train_part(cfg)
+        _refuse_part(train)
+        if train is not None and ins.looks_like_instructions(train.ds.column_names):
             with using_cache_dir(cfg.cache_dir):
                 return load_and_validate(cfg, **kw)
         try:
@@ -170,6 +199,8 @@ def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modaliti
             part = open_rows(path, cfg)
         except (DataError, SourceError):
             part = None
+        if part is not None and cfg.text_column is None:
+            _refuse_part(part)
         if part is not None and cfg.text_column is None and ins.looks_like_instructions(part.ds.column_names):
             return load_rows(path, cfg, **kw)
         return side.load_rows(path, cfg, **kw)

@@ -1,0 +1,219 @@
+"""Preference and feedback rows: which format a table is in (``detect_format``) and each row as a prompt with its
+responses (``to_pair``, ``to_feedback``), checked row by row (``check_rows``) with the problem named.
+
+A prompt is either text (TRL's standard form: rendered as it is, like SFT's prompt / completion rows) or a list of
+``{role, content}`` messages (conversational: rendered with the chat template, as SFT renders chat data); a response
+is always the text of the assistant's reply. See ``leantrain.data.preference`` for the data contract.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from leantrain.data import instructions as ins
+
+HH_ASSISTANT, HH_HUMAN = "\n\nAssistant:", "\n\nHuman:"
+FORMATS = {  # name -> (required columns, optional columns, what the user calls it)
+    "sharegpt": (("conversations", "chosen", "rejected"), (),
+                 "conversations: [{from, value}] + chosen / rejected: {from, value} (ShareGPT)"),
+    "alpaca": (("instruction", "chosen", "rejected"), ("input",), "instruction / input / chosen / rejected (Alpaca)"),
+    "explicit": (("prompt", "chosen", "rejected"), (),
+                 "prompt / chosen / rejected, texts or message lists (TRL's explicit prompt)"),
+    "implicit": (("chosen", "rejected"), (),
+                 "chosen / rejected full transcripts sharing their prompt (HH-RLHF '\\n\\nHuman: ... \\n\\nAssistant:'"
+                 " texts, or message lists)"),
+    "feedback": (("label",), ("prompt", "completion", "messages"),
+                 "prompt / completion / label (true/false), or messages / label (unpaired feedback, KTO)"),
+}
+PAIRED = ("sharegpt", "alpaca", "explicit", "implicit")
+PREFERENCE_COLUMNS = ("chosen", "rejected", "label")  # beside instruction data: what says it is preference data
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt and its response(s): ``prompt`` text or messages; ``chosen`` / ``rejected`` (pairs) or
+    ``completion`` + ``desirable`` (feedback)."""
+
+    prompt: str | list[dict[str, str]]
+    chosen: str = ""
+    rejected: str = ""
+    desirable: bool | None = None
+
+    @property
+    def textual(self) -> bool:
+        return isinstance(self.prompt, str)
+
+
+def _bool_label(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    return None
+
+
+def detect_format(columns: Sequence[str], first_row: dict | None = None) -> str | None:
+    """The preference format of a table with these columns (its first row shows whether a ``label`` is KTO
+    feedback: true/false or 1/0), or None when it is not preference data: ``sharegpt``, ``alpaca``, ``explicit``,
+    ``implicit`` (pairs), ``feedback`` (unpaired)."""
+    cols = set(columns)
+    for name in PAIRED:
+        if set(FORMATS[name][0]) <= cols:
+            return name
+    if "label" in cols and ({"prompt", "completion"} <= cols or "messages" in cols):
+        if first_row is None or _bool_label(first_row.get("label")) is not None:
+            return "feedback"
+    return None
+
+
+def describe(fmt: str) -> str:
+    return FORMATS[fmt][2]
+
+
+def accepted() -> list[str]:
+    return [desc for *_, desc in FORMATS.values()]
+
+
+def keep_columns(fmt: str, columns: Sequence[str]) -> list[str]:
+    required, optional, _ = FORMATS[fmt]
+    return [c for c in (*required, *optional) if c in columns]
+
+
+# ------------------------------------------------------------------------------------------ rows
+
+
+def to_example(row: dict[str, Any], fmt: str) -> Example:
+    """One row of a detected format as an Example; raises ValueError saying what is wrong."""
+    if fmt == "feedback":
+        return to_feedback(row)
+    return to_pair(row, fmt)
+
+
+def to_pair(row: dict[str, Any], fmt: str) -> Example:
+    chosen, rejected = row.get("chosen"), row.get("rejected")
+    if fmt == "implicit" or (fmt == "explicit" and _full_conversations(chosen, rejected)):
+        return _implicit(chosen, rejected)
+    if fmt == "sharegpt":
+        conversation = row.get("conversations")
+        prompt = _messages([*_list(conversation, "conversations"), _turn(chosen, "chosen")], "from", "value",
+                           ins.SHAREGPT_ROLES)
+        answer = _messages([*_list(conversation, "conversations"), _turn(rejected, "rejected")], "from", "value",
+                           ins.SHAREGPT_ROLES)
+        return Example(prompt[:-1], _reply(prompt, "chosen"), _reply(answer, "rejected"))
+    if fmt == "alpaca":
+        prompt = ins.to_messages({**row, "output": ""}, "alpaca")[:1]
+        return Example(prompt, ins._text(chosen, "chosen", blank_ok=True), ins._text(rejected, "rejected", blank_ok=True))
+    if fmt == "explicit":
+        prompt = row.get("prompt")
+        if isinstance(prompt, str):
+            return Example(ins._text(prompt, "prompt", blank_ok=True), _response(chosen, "chosen"),
+                           _response(rejected, "rejected"))
+        full = _messages([*_list(prompt, "prompt"), _as_turn(chosen, "chosen")], "role", "content", None)
+        other = _messages([*_list(prompt, "prompt"), _as_turn(rejected, "rejected")], "role", "content", None)
+        return Example(full[:-1], _reply(full, "chosen"), _reply(other, "rejected"))
+    raise ValueError(f"unknown preference format {fmt!r}")
+
+
+def to_feedback(row: dict[str, Any]) -> Example:
+    desirable = _bool_label(row.get("label"))
+    if desirable is None:
+        raise ValueError(f"'label' is {row.get('label')!r}; feedback labels are true / false (or 1 / 0)")
+    if row.get("messages") is not None and row.get("completion") is None:
+        full = _messages(_list(row["messages"], "messages"), "role", "content", None)
+        return Example(full[:-1], _reply(full, "the last turn of messages"), desirable=desirable)
+    prompt, completion = row.get("prompt"), row.get("completion")
+    if isinstance(prompt, str):
+        return Example(ins._text(prompt, "prompt", blank_ok=True), _response(completion, "completion"),
+                       desirable=desirable)
+    full = _messages([*_list(prompt, "prompt"), _as_turn(completion, "completion")], "role", "content", None)
+    return Example(full[:-1], _reply(full, "completion"), desirable=desirable)
+
+
+def _full_conversations(chosen: Any, rejected: Any) -> bool:
+    """Explicit-prompt rows whose chosen / rejected hold the whole conversation again (UltraFeedback's layout)."""
+    return all(isinstance(v, list) and any(isinstance(t, dict) and t.get("role") != "assistant" for t in v)
+               for v in (chosen, rejected))
+
+
+def _implicit(chosen: Any, rejected: Any) -> Example:
+    """The prompt of two full transcripts: their common prefix, cut at its last assistant turn."""
+    if isinstance(chosen, str) and isinstance(rejected, str):
+        common = os.path.commonprefix([chosen, rejected])
+        k = common.rfind(HH_ASSISTANT)
+        if k < 0:
+            raise ValueError(f"chosen and rejected share no prompt ending in {HH_ASSISTANT!r} (the prompt is the "
+                             "common beginning of the two transcripts, cut after its last assistant turn)")
+        k += len(HH_ASSISTANT)
+        return Example(chosen[:k], chosen[k:], rejected[k:])
+    if not isinstance(chosen, list) or not isinstance(rejected, list):
+        raise ValueError(f"chosen and rejected are {type(chosen).__name__} and {type(rejected).__name__}; "
+                         "expected two texts or two message lists")
+    a = _messages(chosen, "role", "content", None)
+    b = _messages(rejected, "role", "content", None)
+    p = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    if a == b:  # the same conversation twice: a tie, cut at its last assistant turn
+        p = max(i for i, m in enumerate(a) if m["role"] == "assistant")
+    for name, conv in (("chosen", a), ("rejected", b)):
+        rest = conv[p:]
+        if len(rest) != 1 or rest[0]["role"] != "assistant":
+            raise ValueError(f"no common prompt: {name} differs from the other at turn {p + 1}, which is not its "
+                             "last turn and reply (the prompt is the common beginning, cut at the last assistant "
+                             "turn)")
+    return Example(a[:p], a[p]["content"], b[p]["content"])
+
+
+def _list(value: Any, name: str) -> list:
+    if not isinstance(value, list):
+        raise ValueError(f"{name!r} is {'missing' if value is None else type(value).__name__}, not a list of turns")
+    return value
+
+
+def _turn(value: Any, name: str, keys: str = "{from, value}") -> dict:
+    """A response turn: one dict (or a list holding one); a text is the assistant's turn ({role, content} rows)."""
+    if isinstance(value, str) and keys == "{role, content}":
+        return {"role": "assistant", "content": value}
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, dict):
+        raise ValueError(f"{name!r} is {'missing' if value is None else type(value).__name__}, not one {keys} turn"
+                         + (" or a text" if keys == "{role, content}" else ""))
+    return value
+
+
+def _as_turn(value: Any, name: str) -> dict:
+    return _turn(value, name, "{role, content}")
+
+
+def _response(value: Any, name: str) -> str:
+    if isinstance(value, str) or value is None:
+        return ins._text(value, name, blank_ok=True)
+    return _reply(_messages([_as_turn(value, name)], "role", "content", None), name)
+
+
+def _messages(turns: list, role_key: str, content_key: str, mapping: dict | None) -> list[dict[str, str]]:
+    return ins._chat(turns, role_key, content_key, mapping)
+
+
+def _reply(messages: list[dict[str, str]], name: str) -> str:
+    if messages[-1]["role"] != "assistant":
+        raise ValueError(f"{name} is a {messages[-1]['role']} turn, not the assistant's reply")
+    return messages[-1]["content"]
+
+
+def hh_messages(text: str) -> list[dict[str, str]] | None:
+    """An HH-RLHF transcript ('\\n\\nHuman: ... \\n\\nAssistant: ...') as messages (the last assistant turn may be
+    empty: the prompt), or None when the text is not one."""
+    if not text.startswith(HH_HUMAN):
+        return None
+    parts = re.split(r"\n\n(Human|Assistant):", text)[1:]
+    out = [{"role": "user" if who == "Human" else "assistant", "content": said.strip()}
+           for who, said in zip(parts[::2], parts[1::2])]
+    return out[:-1] if out and out[-1]["role"] == "assistant" and not out[-1]["content"] else out
+
+
+def check_rows(ds, fmt: str, where: str, limit: int = 5, name_row=None) -> list[str]:  # noqa: ANN001
+    """Problems of the rows of a detected format, at most ``limit`` listed (``name_row(i)``: a file line)."""
+    return ins.check_rows(ds, fmt, where, limit, name_row, convert=to_example)
