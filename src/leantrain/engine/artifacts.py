@@ -126,10 +126,11 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
     summary = build_summary(cfg, accelerator, model, data, result, memory)
     if accelerator.is_main_process:
         (out / "config.yaml").write_text(cfg.to_yaml())
-        accelerator.unwrap_model(model).config.update(data.task_object.saved_config(summary["eval"]))
+        saved = data.task_object.saved_config(summary["eval"])
+        accelerator.unwrap_model(model).config.update(saved)
         model_dir = _save_model(cfg, accelerator.unwrap_model(model), out, state_dict, data)
         data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
-        write_run_settings(model_dir, cfg, data.task, data.columns)  # predict / eval default to them
+        write_run_settings(model_dir, cfg, data.task, data.columns, saved)  # predict / eval default to them
         write_json(out / "summary.json", summary)
         _report_files(cfg, out, model_dir, data, summary, result.records)
         log.info("saved %s (model/, summary.json, metrics.jsonl, config.yaml)", out)

@@ -21,16 +21,18 @@ log = logging.getLogger("leantrain")
 FILE = "leantrain.json"
 COLUMN_KEYS = ("text_column", "text_pair_column", "label_column", "image_column", "audio_column")
 TOKEN_KEYS = ("block_size", "document_separator", "document_mask",  # language models: how text becomes blocks
-              "template", "train_on_prompt")  # instruction data: how it is rendered and which tokens are targets
+              "template", "train_on_prompt",  # instruction data: how it is rendered and which tokens are targets
+              "max_prompt_length")  # preference data: how much of a long prompt is kept
 
 
-def run_settings(cfg: Config, task: str, columns: dict) -> dict:
-    """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}}."""
+def run_settings(cfg: Config, task: str, columns: dict, saved: dict | None = None) -> dict:
+    """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}}, and the
+    task's ``saved`` record (``Task.saved_config``: a preference-tuned policy's method, beta and reference)."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
-    if get_task(task).modality in ("tokens", "pairs"):  # a language model's eval cuts the text as the run did
+    if get_task(task).modality in ("tokens", "preference", "scored-pairs"):  # eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
-    return {"task": task, "data": data, **get_task(task).configured(cfg).saved_config(None)}  # preference: reference
+    return {"task": task, "data": data, **(saved or {})}
 
 
 def stored_task(model_dir: str | Path) -> str | None:
@@ -39,8 +41,8 @@ def stored_task(model_dir: str | Path) -> str | None:
     return stored.get("task")
 
 
-def write_run_settings(model_dir: Path, cfg: Config, task: str, columns: dict) -> None:
-    (Path(model_dir) / FILE).write_text(json.dumps(run_settings(cfg, task, columns), indent=2) + "\n")
+def write_run_settings(model_dir: Path, cfg: Config, task: str, columns: dict, saved: dict | None = None) -> None:
+    (Path(model_dir) / FILE).write_text(json.dumps(run_settings(cfg, task, columns, saved), indent=2) + "\n")
 
 
 def read_run_settings(model_dir: str | Path) -> dict | None:

@@ -106,7 +106,7 @@ def run_task(cfg: Config) -> str:
 def run_task_reason(cfg: Config) -> tuple[str, str]:
     """``run_task`` and why ``model.task=auto`` chose it ("" when set)."""
     task, why = resolve_task_reason(cfg)
-    if cfg.model.task != "auto" or get_task(task).spec.labels == "none":
+    if cfg.model.task != "auto":
         return task, why
     labelled = task_for_labels(task, for_modality(get_task(task).modality).label_kind(cfg.data))
     return labelled, why if labelled == task else f"{why}, and the labels"

@@ -207,7 +207,7 @@ class Preference(CausalLM):
                         "rejected_logps": second}
 
     def forward_loss(self, model, batch: dict):
-        losses, values = self.pair_values(model, batch)
+        losses, values = self.pair_values(model, L.as_pairs(batch))
         weight = batch.get("loss_weight")
         weight = torch.ones_like(losses) if weight is None else weight[: losses.shape[0]].to(losses)
         return (losses * weight).sum(), values

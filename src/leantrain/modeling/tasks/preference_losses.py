@@ -32,6 +32,15 @@ def split_pairs(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values[:half], values[half:]
 
 
+def as_pairs(batch: dict) -> dict:
+    """``batch`` as pairs: as it is when it holds two rows per weight (the data side's), else (the memory model's
+    synthetic rows, one weight per row) each row twice, so that m synthetic examples are m pairs."""
+    weight = batch.get("loss_weight")
+    if weight is None or weight.shape[0] * 2 == batch["input_ids"].shape[0]:
+        return batch
+    return {k: torch.cat([v, v]) if k != "loss_weight" else v for k, v in batch.items()}
+
+
 @dataclass(frozen=True)
 class PairLogps:
     """The policy's (and, when there is one, the reference's) log-probs of the chosen and rejected completions of B

@@ -230,11 +230,13 @@ def default_task(modality: str) -> str:
 
 def task_for_labels(task: str, kind: str) -> str:
     """``task``, or the task of the same modality whose labels are of ``kind`` (``model.task=auto``: float labels
-    make a text task a regression)."""
+    make a text task a regression), else of the same model class (chosen / rejected pairs make a causal LM a
+    preference task and a sequence classifier a reward model)."""
     here = get_task(task)
     if here.spec.labels == kind:
         return task
     found = [t.name for t in TASKS.values() if t.modality == here.modality and t.spec.labels == kind]
+    found = found or [t.name for t in TASKS.values() if t.auto_model == here.auto_model and t.spec.labels == kind]
     found = found or [t.name for t in TASKS.values() if t.processor == here.processor and t.spec.labels == kind]
     return found[0] if found else task  # words with tags (a data side of their own) make a text task NER
 

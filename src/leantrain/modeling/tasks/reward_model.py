@@ -57,7 +57,7 @@ class RewardModel(Task):
         return L.split_pairs(logits)
 
     def forward_loss(self, model, batch: dict):
-        chosen, rejected = self.scores(model, batch)
+        chosen, rejected = self.scores(model, L.as_pairs(batch))
         losses = L.bradley_terry(chosen, rejected, self.center)
         weight = batch.get("loss_weight")
         weight = torch.ones_like(losses) if weight is None else weight[: losses.shape[0]].to(losses)
