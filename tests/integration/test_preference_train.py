@@ -74,6 +74,7 @@ def test_dpo_with_lora_via_the_cli_then_eval_and_a_merged_model_without_peft(roo
         assert key in ev, key
     assert ev["samples"] == 6 and 0 <= ev["reward_accuracy"] <= 1
     assert 0 < s["model"]["trainable_parameters"] < s["model"]["total_parameters"]
+    assert s["train"]["tokens_per_second"] > 0 and s["train"]["peak_memory_bytes"] > 0
     recorded = json.loads((run / "model" / "leantrain.json").read_text())
     assert recorded["task"] == "preference"
     assert recorded["preference"] == {"loss": "dpo", "beta": 0.1, "gamma": 0.5, "reference": "adapter",

@@ -36,6 +36,7 @@ from leantrain.modeling.tasks.causal_lm import CausalLM
 from leantrain.modeling.tasks.registry import CardText, register
 
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids")
+INPUT_COLUMNS = (("chosen_input_ids", "rejected_input_ids"), ("input_ids", "kl_input_ids"))  # pairs; feedback
 REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")  # pairs
 FEEDBACK_REF_COLUMNS = ("ref_logps", "ref_kl_logps")  # feedback: the row's, its KL row's
 PAIR_VALUES = ("loss", "chosen_reward", "rejected_reward", "chosen_logps", "rejected_logps")
@@ -101,8 +102,11 @@ class Preference(CausalLM):
             reference_name=None if cfg.model.config or cfg.model.config_type else cfg.model.name)
 
     def loss_for(self, batch: dict) -> str:
-        """The loss of this batch: as configured; auto: kto for feedback rows (``desirable``), else dpo."""
-        return self.loss if self.loss != "auto" else ("kto" if "desirable" in batch else "dpo")
+        """The loss of this batch: as configured; auto: kto for feedback rows (``desirable``), else dpo; a KTO
+        policy evaluated on pairs: dpo's (its rewards are the same log-ratios)."""
+        if self.loss in ("auto", "kto"):
+            return "kto" if "desirable" in batch else "dpo"
+        return self.loss
 
     def saved_config(self, ev: dict | None) -> dict:
         loss = self.loss if self.loss != "auto" else ("kto" if ev and "kl" in ev else "dpo")
@@ -217,7 +221,10 @@ class Preference(CausalLM):
         return int((np.asarray(indices) >= 0).sum())
 
     def throughput_tokens(self, dataset, indices) -> int | None:
-        return None  # the data side's input tokens
+        """tokens/s counts every non-padding token of both sequences of a pair (or a row and its KL row)."""
+        names = INPUT_COLUMNS[1] if "kl_input_ids" in dataset.column_names else INPUT_COLUMNS[0]
+        indices = np.asarray(indices, dtype=np.int64)
+        return int(self._counts.lengths(dataset, names)[indices[indices >= 0]].sum())
 
     # -- evaluation
     def eval_outputs(self, model, batch: dict) -> tuple:

@@ -111,14 +111,14 @@ def rewards(p: PairLogps, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
     return beta * (p.chosen - p.ref_chosen), beta * (p.rejected - p.ref_rejected)
 
 
+PAIR_LOSSES = {  # name -> per-pair loss of (PairLogps, beta, gamma, label_smoothing)
+    "dpo": lambda p, beta, gamma, eps: dpo(p, beta, eps),
+    "ipo": lambda p, beta, gamma, eps: ipo(p, beta),
+    "simpo": lambda p, beta, gamma, eps: simpo(p, beta, gamma),
+    "orpo": lambda p, beta, gamma, eps: orpo(p, beta),
+}
+
+
 def pair_loss(name: str, p: PairLogps, *, beta: float, gamma: float = 0.5, label_smoothing: float = 0.0) -> torch.Tensor:
     """The per-pair loss of ``name`` (dpo, ipo, simpo, orpo)."""
-    if name == "dpo":
-        return dpo(p, beta, label_smoothing)
-    if name == "ipo":
-        return ipo(p, beta)
-    if name == "simpo":
-        return simpo(p, beta, gamma)
-    if name == "orpo":
-        return orpo(p, beta)
-    raise ValueError(f"unknown pair loss {name!r}")
+    return PAIR_LOSSES[name](p, beta, gamma, label_smoothing)
