@@ -25,7 +25,8 @@ def child(chunked: str, precision: str, batch: int, seq: int, vocab: int) -> dic
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from leantrain.modeling.chunked_loss import apply_chunked_loss, labels_for_loss, per_token_losses
+    from leantrain.modeling.chunked_loss import apply_chunked_loss
+    from leantrain.modeling.tasks.causal_lm import CAUSAL_LM_TASK
     from leantrain.perf import memory
 
     torch.manual_seed(0)
@@ -37,9 +38,9 @@ def child(chunked: str, precision: str, batch: int, seq: int, vocab: int) -> dic
     cast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
 
     def step():
-        with cast, labels_for_loss(model, ids):
-            out = model(input_ids=ids)
-        per_token_losses(out, ids).sum().backward()
+        with cast:
+            losses = CAUSAL_LM_TASK.token_losses(model, {"input_ids": ids, "labels": ids})
+        losses.sum().backward()
         model.zero_grad(set_to_none=False)  # the gradients stay allocated, as in training between steps
 
     step()  # warm-up: gradients, runtime caches

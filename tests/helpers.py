@@ -113,11 +113,11 @@ def text_batch(n: int = 6, seed: int = 0):
 
 
 def gradients(model, batch) -> dict:
-    """The gradients of the step's weighted loss sum on one batch, by parameter name."""
-    from leantrain.engine.step import weighted_loss_sum
+    """The gradients of the step's loss sum (text classification's ``forward_loss``) on one batch, by parameter name."""
+    from leantrain.modeling.tasks import TEXT, get_task
 
     model.zero_grad(set_to_none=True)
-    weighted_loss_sum(model, batch).backward()
+    get_task(TEXT).forward_loss(model, batch)[0].backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

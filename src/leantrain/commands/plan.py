@@ -27,6 +27,7 @@ from leantrain.errors import UserError
 from leantrain.modeling import build_model
 from leantrain.modeling.chunked_loss import apply_chunked_loss
 from leantrain.modeling.lora import apply_trainable
+from leantrain.modeling.tasks import Task
 from leantrain.perf import memory_model
 from leantrain.units import format_bytes
 from leantrain.perf.auto_micro_batch import (MARGIN, RUN_ALLOWANCE, default_budget, divisors_desc, framework_bytes,
@@ -58,6 +59,7 @@ class Search:
 
     cfg: Config
     model: nn.Module
+    task: Task  # whose forward_loss the calibration passes run
     facts: memory_model.ModelFacts
     seq_len: int
     per_process: int
@@ -68,7 +70,8 @@ class Search:
 
     def calibration(self, precision: str, ckpt: bool) -> memory_model.Calibration:
         if (precision, ckpt) not in self.calibrations:
-            cal = memory_model.calibrate(self.model, self.seq_len, precision, ckpt, self.per_process, timing=False)
+            cal = memory_model.calibrate(self.model, self.seq_len, precision, ckpt, self.per_process, timing=False,
+                                         task=self.task)
             log.info("calibrated: %s, gradient checkpointing %s, micro-batches %s x %d tokens", precision,
                      "on" if ckpt else "off", cal.sizes, self.seq_len)
             self.facts.warmup_bytes = max(self.facts.warmup_bytes, cal.warmup_bytes)
@@ -135,7 +138,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     budget, budget_source = ((parse_bytes(memory), "--memory") if memory is not None else
                              default_budget(device, local=nproc) if device.type == "cpu" else default_budget(device))
-    search = Search(cfg, model, facts, longest_sequence(cfg, data), per_process, nproc, strategy_name(cfg, nproc),
+    search = Search(cfg, model, data.task_object, facts, longest_sequence(cfg, data), per_process, nproc, strategy_name(cfg, nproc),
                     budget)
     ckpt = cfg.efficiency.gradient_checkpointing
     result = {"device": str(device), "nproc": nproc, "strategy": search.strategy, "seq_len": search.seq_len,
@@ -172,7 +175,8 @@ def _calibrate_at(search: Search, precision: str, ckpt: bool, micro: int) -> Non
                                strategy=search.strategy, nproc=search.nproc)
     if need_bytes(lines) <= search.budget:
         search.calibrations[precision, ckpt] = memory_model.calibrate(
-            search.model, search.seq_len, precision, ckpt, search.per_process, timing=False, size=micro)
+            search.model, search.seq_len, precision, ckpt, search.per_process, timing=False, size=micro,
+            task=search.task)
         log.info("calibrated again at micro-batch %d (the size this config runs)", micro)
 
 
@@ -183,7 +187,7 @@ def _settings(search: Search, device: torch.device) -> list[tuple[str, bool, str
     for p in precisions(device, cfg.efficiency.precision):
         for c in can_ckpt:
             search.calibration(p, c)
-    memory_model.time_calibrations(search.model, list(search.calibrations.values()))  # interleaved timing rounds
+    memory_model.time_calibrations(search.model, list(search.calibrations.values()), task=search.task)  # interleaved timing rounds
     for name in {cfg.optim.name, *available_optimizers()}:
         search.measure_step(name)
     return [(p, c, name, m) for p in precisions(device, cfg.efficiency.precision) for c in can_ckpt

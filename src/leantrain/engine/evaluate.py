@@ -10,9 +10,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader
 
-from leantrain.engine.step import model_inputs
-from leantrain.modeling.chunked_loss import labels_for_loss
-from leantrain.modeling.tasks import Task
+from leantrain.modeling.tasks import Task, model_inputs
 
 
 def _same_width(accelerator: Accelerator, values: torch.Tensor, labels: torch.Tensor | None = None) -> tuple:
@@ -40,15 +38,13 @@ def predict_logits(model: nn.Module, loader: DataLoader, accelerator: Accelerato
 
 @torch.no_grad()
 def eval_outputs(model: nn.Module, loader: DataLoader, accelerator: Accelerator, task: Task):
-    """Yield what the task gathers of each eval batch (``Task.eval_outputs``: logits and labels by default), from
-    every process's shard, duplicates dropped."""
+    """Yield what the task gathers of each eval batch (``Task.eval_outputs``, which runs the forward: logits and
+    labels by default), from every process's shard, duplicates dropped."""
     was_training = model.training
     model.eval()
     try:
         for batch in loader:
-            with labels_for_loss(model, batch.get("labels")):  # chunked loss (causal LMs): per-token losses, no logits
-                outputs = model(**model_inputs(batch))
-            yield accelerator.gather_for_metrics(_same_width(accelerator, *task.eval_outputs(outputs, batch)))
+            yield accelerator.gather_for_metrics(_same_width(accelerator, *task.eval_outputs(model, batch)))
     finally:
         model.train(was_training)
 

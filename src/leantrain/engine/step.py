@@ -2,8 +2,8 @@
 
 step = micro-batches -> forward -> the task's per-unit losses, summed / global count -> backward -> clip -> step.
 
-The task (``leantrain.modeling.tasks``) gives the loss sum of a micro-batch and says what a unit is (an example, a
-label, a token); the denominator is the number of units in the *global* batch (all micro-batches, all processes),
+The task (``leantrain.modeling.tasks``) runs the forward of a micro-batch and gives its loss sum
+(``Task.forward_loss``), and says what a unit is (an example, a label, a token); the denominator is the number of units in the *global* batch (all micro-batches, all processes),
 known on the host from the batch, so no collective and no host sync is needed to normalise. DDP averages
 gradients over processes, so each process scales its loss by the world size: the all-reduced gradient is then
 exactly d(sum of losses / global count). Gradients are all-reduced once, on the last micro-batch.
@@ -19,27 +19,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from leantrain.engine.distributed import clip_gradients, grad_sync
-from leantrain.modeling.chunked_loss import labels_for_loss
-from leantrain.modeling.tasks import TEXT, Task, get_task
-
-
-def model_inputs(batch: dict[str, torch.Tensor]) -> dict:
-    """The model's keyword arguments of a batch. With ``position_ids`` (packed rows: positions restart per document or
-    example) also ``use_cache=False``: transformers builds the block-diagonal mask from restarting positions only when
-    there is no cache, and a causal LM's forward makes one by default (config.use_cache), even in training."""
-    inputs = {k: v for k, v in batch.items() if k not in ("labels", "loss_weight", "length")}
-    if "position_ids" in inputs:
-        inputs["use_cache"] = False
-    return inputs
-
-
-def weighted_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor], task: Task | None = None) -> torch.Tensor:
-    """The task's sum of per-unit losses of the batch (padding weighs 0); ``task`` unset: text classification.
-    With the chunked loss installed (``efficiency.chunked_loss``), the labels are set on the output layer for the
-    forward, whose ``logits`` are then the per-token losses (``chunked_loss.per_token_losses`` reads both)."""
-    with labels_for_loss(model, batch.get("labels")):  # a no-op unless the chunked loss is installed (causal LMs)
-        outputs = model(**model_inputs(batch))
-    return (task or get_task(TEXT)).loss_sum(outputs, batch)
+from leantrain.modeling.tasks import Task
 
 
 def train_step(
@@ -47,7 +27,7 @@ def train_step(
     micro_batches: Iterable[dict[str, torch.Tensor]],
     *,
     global_count: float,
-    task: Task | None = None,
+    task: Task,
     accelerator: Accelerator,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
@@ -57,8 +37,8 @@ def train_step(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step over this process's micro-batches. Returns this process's loss sum (a device tensor,
     not yet divided by anything) and the gradient norm before clipping (a tensor, or None). No host sync.
-    ``global_count``: the task's units (``task.count``) in the global batch, the loss's denominator; ``task``
-    unset: text classification.
+    ``global_count``: the task's units (``task.count``) in the global batch, the loss's denominator; ``task``: whose
+    ``forward_loss`` runs each micro-batch.
     ``guard(loss_sum, grad_norm)`` (optional): the non-finite check, on the device, between the clip and the update.
     ``on_phase(name)`` (optional) is called when the compute and the optimizer phases end, for timing."""
     micro_batches = list(micro_batches)
@@ -68,7 +48,7 @@ def train_step(
         last = i == len(micro_batches) - 1
         with grad_sync(model, accelerator, enabled=last):
             with record_function("forward"):
-                loss = weighted_loss_sum(model, batch, task)
+                loss, _ = task.forward_loss(model, batch)
             with record_function("backward"):
                 accelerator.backward(loss * scale)
         loss_sum += loss.detach()

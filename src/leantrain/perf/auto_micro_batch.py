@@ -93,20 +93,22 @@ def longest_sequence(cfg: Config, data) -> int:
     return cfg.data.max_length if cfg.data.batching == "padded" else int(max(data.train["length"]))
 
 
-def fit_micro_batch(cfg: Config, model, per_process: int, seq_len: int, budget: int, precision: str = "fp32",
+def fit_micro_batch(cfg: Config, model, task, per_process: int, seq_len: int, budget: int, precision: str = "fp32",
                     calibration=None, facts=None) -> tuple[int, str]:
     """The largest divisor of the per-process batch whose predicted peak (``leantrain plan``'s lines, with the
-    margin) fits the budget. ``calibration`` / ``facts``: already measured (else measured here)."""
+    margin) fits the budget, measured through ``task.forward_loss``. ``calibration`` / ``facts``: already measured
+    (else measured here)."""
     facts = facts or memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     ckpt = cfg.efficiency.gradient_checkpointing
-    cal = calibration or memory_model.calibrate(model, seq_len, precision, ckpt, per_process, timing=False)
+    cal = calibration or memory_model.calibrate(model, seq_len, precision, ckpt, per_process, timing=False, task=task)
     state = memory_model.meta_state_bytes(model, cfg.optim)
     need = {m: need_bytes(memory_model.lines(facts, cal, m, state)) for m in divisors_desc(per_process)}
     for m in divisors_desc(per_process):
         if need[m] <= budget and m > cal.sizes[1] and calibration is None:
             # extrapolated beyond the measured size (a short pass on a busy machine): measure at m itself before
             # trusting it, since the extrapolation is what under-predicts (benchmarks/RESULTS.md, Memory planner)
-            exact = memory_model.calibrate(model, seq_len, precision, ckpt, per_process, timing=False, size=m)
+            exact = memory_model.calibrate(model, seq_len, precision, ckpt, per_process, timing=False, size=m,
+                                               task=task)
             need[m] = need_bytes(memory_model.lines(facts, exact, m, state))
         if need[m] <= budget:
             bigger = [d for d in divisors_desc(per_process) if d > m]
@@ -124,18 +126,18 @@ def fit_micro_batch(cfg: Config, model, per_process: int, seq_len: int, budget: 
     )
 
 
-def probe_micro_batch(model, per_process: int, seq_len: int, budget: int, autocast=None) -> tuple[int, str]:
-    """CUDA: a real forward/backward at each divisor, largest first; the first that neither raises an
-    out-of-memory nor passes the budget wins."""
+def probe_micro_batch(model, task, per_process: int, seq_len: int, budget: int, autocast=None) -> tuple[int, str]:
+    """CUDA: a real forward/backward (``task.forward_loss``) at each divisor, largest first; the first that neither
+    raises an out-of-memory nor passes the budget wins."""
     device = next(model.parameters()).device
-    vocab = getattr(model.config, "vocab_size", 1000) or 1000
     for m in divisors_desc(per_process):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         try:
-            ids = torch.randint(0, vocab, (m, seq_len), device=device)
+            batch = memory_model.calibration_batch(model, task, m, seq_len)
             with torch.random.fork_rng(devices=[device]), (autocast or nullcontext)():
-                model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().sum().backward()
+                loss, _ = task.forward_loss(model, batch)
+            loss.backward()
             peak = torch.cuda.max_memory_allocated(device)
         except torch.cuda.OutOfMemoryError:
             peak = None
@@ -159,9 +161,10 @@ def auto_micro_batch(cfg: Config, model: nn.Module, data, accelerator: Accelerat
         seq_len = longest_sequence(cfg, data)
         model.to(accelerator.device)
         if accelerator.device.type == "cuda":
-            micro, why = probe_micro_batch(model, per_process, seq_len, budget, autocast=accelerator.autocast)
+            micro, why = probe_micro_batch(model, data.task_object, per_process, seq_len, budget,
+                                          autocast=accelerator.autocast)
         else:
-            micro, why = fit_micro_batch(cfg, model, per_process, seq_len, budget, precision)
+            micro, why = fit_micro_batch(cfg, model, data.task_object, per_process, seq_len, budget, precision)
         log.info("micro batch auto: %d of %d per process (%s; budget %s from %s)", micro, per_process, why,
                  format_bytes(budget), source)
         choice = [micro]

@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from leantrain.modeling.chunked_loss import (chunk_tokens_of, chunked_layer, is_causal_lm, labels_for_loss,
-                                             output_layer, per_token_losses)
+from leantrain.modeling.chunked_loss import chunk_tokens_of, chunked_layer, is_causal_lm, output_layer
 from leantrain.modeling.switches import is_checkpointing, repeated_blocks, set_checkpointing
 from leantrain.optim import build_optimizer
 from leantrain.optim.state import state_tensors
@@ -107,8 +106,19 @@ def autocast_for(precision: str, device: torch.device):
     return (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
 
 
-def _pass(model, m: int, seq_len: int, autocast, memory_too: bool = True) -> tuple[int, int, float]:
-    """One forward/backward at (m, seq_len): (saved-for-backward bytes, peak bytes above the start, seconds).
+def calibration_batch(model, task, m: int, seq_len: int, low: int = 0) -> dict:
+    """A synthetic batch of ``m`` rows of ``seq_len`` random token ids (from ``low``, below the vocabulary), all
+    attended, weighing 1, with the task's labels for them (``Task.calibration_labels``)."""
+    device = next(model.parameters()).device
+    vocab = getattr(model.config, "vocab_size", 1000) or 1000
+    ids = torch.randint(min(low, vocab - 1), vocab, (m, seq_len), device=device)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": task.calibration_labels(model, ids),
+            "loss_weight": torch.ones(m, device=device)}
+
+
+def _pass(model, task, m: int, seq_len: int, autocast, memory_too: bool = True) -> tuple[int, int, float]:
+    """One forward/backward at (m, seq_len) through ``task.forward_loss`` (the loss a run computes: a causal LM's
+    over every token, chunked where installed): (saved-for-backward bytes, peak bytes above the start, seconds).
     ``memory_too=False``: timing only, in the steady state a training loop runs in (no heap trim before it, whose
     fresh pages cost first-touch faults that a running loop does not pay; no saved-tensor hooks); bytes are 0."""
     device = next(model.parameters()).device
@@ -119,10 +129,7 @@ def _pass(model, m: int, seq_len: int, autocast, memory_too: bool = True) -> tup
         storages[s.data_ptr()] = s.nbytes()
         return t
 
-    vocab = getattr(model.config, "vocab_size", 1000) or 1000
-    ids = torch.randint(min(1000, vocab - 1), vocab, (m, seq_len), device=device)
-    causal = is_causal_lm(model)  # the loss over every token (chunked where installed), else one label per row
-    labels = ids if causal else torch.zeros(m, dtype=torch.long, device=device)
+    batch = calibration_batch(model, task, m, seq_len, low=1000)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     start = _memory_start(device) if memory_too else 0
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if memory_too else nullcontext()
@@ -130,14 +137,8 @@ def _pass(model, m: int, seq_len: int, autocast, memory_too: bool = True) -> tup
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        with hooks, autocast(), labels_for_loss(model, labels if causal else None):
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        if causal:
-            loss = per_token_losses(logits, labels).sum()
-        else:  # one label per row, or per token (token classification: logits (m, seq_len, labels))
-            flat = logits.float().reshape(-1, logits.shape[-1])
-            labels = labels if flat.shape[0] == m else torch.zeros(flat.shape[0], dtype=torch.long, device=device)
-            loss = torch.nn.functional.cross_entropy(flat, labels, reduction="sum")
+        with hooks, autocast():
+            loss, outputs = task.forward_loss(model, batch)
         loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -147,7 +148,7 @@ def _pass(model, m: int, seq_len: int, autocast, memory_too: bool = True) -> tup
         return 0, 0, seconds
     peak = _memory_peak(device) - start
     model.zero_grad(set_to_none=True)
-    del logits, loss
+    del outputs, loss
     return sum(n for p, n in storages.items() if p not in params), peak, seconds
 
 
@@ -174,12 +175,13 @@ def resident_bytes(device: torch.device) -> int:
 
 
 def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_process: int,
-              seconds: float = CALIBRATION_SECONDS, timing: bool = True, size: int | None = None) -> Calibration:
+              seconds: float = CALIBRATION_SECONDS, timing: bool = True, size: int | None = None, *,
+              task) -> Calibration:
     """Memory: forward/backward passes at a micro-batch of 1 and at the largest size (<= ``per_process``) that
     takes about ``seconds`` (or at ``size``), after one warm-up pass at 1 (its residue is the runtime's one-time
     caches). Time (``timing``; else call :func:`time_calibrations` on several calibrations at once, interleaved):
     steady-state passes at 1 and at a quarter of the larger size, ``TIME_REPEATS`` times (their spread is the
-    noise)."""
+    noise). ``task``: whose ``forward_loss`` the passes run."""
     device = next(model.parameters()).device
     was_training, was_ckpt = model.training, is_checkpointing(model)
     model.train()
@@ -187,11 +189,11 @@ def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_proc
     autocast = autocast_for(precision, device)
     try:
         before = resident_bytes(device)
-        _pass(model, 1, seq_len, autocast)
+        _pass(model, task, 1, seq_len, autocast)
         warmup = max(0, resident_bytes(device) - before)
-        one = _pass(model, 1, seq_len, autocast)
+        one = _pass(model, task, 1, seq_len, autocast)
         big = size or min(per_process, max(2, int(seconds / max(one[2], 1e-3))))  # size: measure there, exactly
-        many = _pass(model, big, seq_len, autocast)
+        many = _pass(model, task, big, seq_len, autocast)
     finally:
         set_checkpointing(model, was_ckpt)
         model.train(was_training)
@@ -199,11 +201,11 @@ def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_proc
     cal = Calibration(precision, checkpointing, seq_len, (1, big), (one[0], many[0]), (one[1], many[1]),
                       (one[2], many[2] * timed / big), warmup, (), (1, timed))
     if timing:
-        time_calibrations(model, [cal])
+        time_calibrations(model, [cal], task=task)
     return cal
 
 
-def time_calibrations(model, cals: list[Calibration], rounds: int = TIME_REPEATS) -> None:
+def time_calibrations(model, cals: list[Calibration], rounds: int = TIME_REPEATS, *, task) -> None:
     """Steady-state timing of each calibration's two sizes (1 once, the larger in every round), in interleaved
     rounds (A, B, C, A, B, C, ...) so that a busy moment on a shared machine lands on every setting alike rather
     than on one; sets ``seconds`` (medians) and ``big_seconds`` (each round's time at the larger size: the spread)."""
@@ -219,8 +221,8 @@ def time_calibrations(model, cals: list[Calibration], rounds: int = TIME_REPEATS
                 autocast = autocast_for(c.precision, device)
                 m = (c.time_sizes or c.sizes)[1]
                 if r == 0:  # the intercept (per-pass overhead) once; the spread comes from the larger size
-                    small[i].append(_pass(model, 1, c.seq_len, autocast, memory_too=False)[2])
-                large[i].append(_pass(model, m, c.seq_len, autocast, memory_too=False)[2])
+                    small[i].append(_pass(model, task, 1, c.seq_len, autocast, memory_too=False)[2])
+                large[i].append(_pass(model, task, m, c.seq_len, autocast, memory_too=False)[2])
     finally:
         set_checkpointing(model, was_ckpt)
         model.train(was_training)

@@ -82,7 +82,8 @@ def test_auto_micro_batch_measures_the_size_it_would_extrapolate_to(monkeypatch)
                                cast_bytes=0, largest_block_bytes=10 * MiB, framework_bytes=500 * MiB)
     calls = []
 
-    def fake_calibrate(model, seq_len, precision, ckpt, per_process, seconds=None, timing=True, size=None):
+    def fake_calibrate(model, seq_len, precision, ckpt, per_process, seconds=None, timing=True, size=None, *,
+                       task=None):
         calls.append(size)
         per_example = 20 * MiB if size is None else 60 * MiB  # the real growth is 3x the short passes' slope
         big = size or 2
@@ -92,7 +93,7 @@ def test_auto_micro_batch_measures_the_size_it_would_extrapolate_to(monkeypatch)
     monkeypatch.setattr(planner, "calibrate", fake_calibrate)
     monkeypatch.setattr(planner, "meta_state_bytes", lambda model, optim: 200 * MiB)
     cfg = resolve(None, ["train.batch_size=16"])
-    micro, why = plan.fit_micro_batch(cfg, None, 16, 64, budget=2000 * MiB, facts=facts)
+    micro, why = plan.fit_micro_batch(cfg, None, None, 16, 64, budget=2000 * MiB, facts=facts)
     assert calls[0] is None and 16 in calls  # extrapolated 16 fitted on paper, so 16 was measured
     lines = planner.lines(facts, fake_calibrate(None, 64, "fp32", False, 16, size=micro), micro, 200 * MiB)
     assert plan.need_bytes(lines) <= 2000 * MiB and micro < 16

@@ -11,6 +11,7 @@ from leantrain import train
 from leantrain.config import resolve
 from leantrain.engine.batch_layout import batch_layout
 from leantrain.errors import ConfigError
+from leantrain.modeling.tasks import TEXT, get_task
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert):
 def test_loss_is_fp32_under_bf16_autocast(tiny_bert):
     from transformers import AutoModelForSequenceClassification
 
-    from leantrain.engine.step import model_inputs, weighted_loss_sum
+    from leantrain.modeling.tasks import model_inputs
     from leantrain.modeling.tasks.classification import per_example_loss
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2)
@@ -95,7 +96,7 @@ def test_loss_is_fp32_under_bf16_autocast(tiny_bert):
         logits = model(**model_inputs(batch)).logits
         assert logits.dtype == torch.bfloat16  # the autocast is real ...
         assert per_example_loss(logits, batch["labels"]).dtype == torch.float32  # ... and the loss is not in it
-        assert weighted_loss_sum(model, batch).dtype == torch.float32
+        assert get_task(TEXT).forward_loss(model, batch)[0].dtype == torch.float32
 
 
 def test_precision_choice_on_cpu():
@@ -156,7 +157,7 @@ def classifier(tiny_bert):
 def test_planner_lines_and_measured_activations(classifier):
     from leantrain.perf import memory_model
 
-    cal = memory_model.calibrate(classifier, 34, "fp32", False, per_process=8)
+    cal = memory_model.calibrate(classifier, 34, "fp32", False, per_process=8, task=get_task(TEXT))
     assert cal.sizes[0] == 1 and 2 <= cal.sizes[1] <= 8 and cal.saved_at(16) > cal.saved_at(8) > 0
     facts = memory_model.model_facts(classifier, framework_bytes=100 * 2**20)
     lines = memory_model.lines(facts, cal, 8, state_bytes=123)
@@ -164,7 +165,7 @@ def test_planner_lines_and_measured_activations(classifier):
     assert lines["parameters"] == lines["gradients"] == 4 * n and lines["optimizer_state"] == 123
     assert lines["framework_overhead"] >= 100 * 2**20 and lines["activations"] == cal.saved_at(8)
     assert lines["total"] == sum(v for k, v in lines.items() if k != "total")
-    ckpt = memory_model.calibrate(classifier, 34, "fp32", True, per_process=8)
+    ckpt = memory_model.calibrate(classifier, 34, "fp32", True, per_process=8, task=get_task(TEXT))
     assert not memory_model.is_checkpointing(classifier)  # calibration leaves the model as it was
     per_example = lambda c: (c.saved[1] - c.saved[0]) / (c.sizes[1] - c.sizes[0])  # noqa: E731
     assert per_example(ckpt) < per_example(cal) / 2  # checkpointing keeps layer inputs only
@@ -176,12 +177,12 @@ def test_planner_picks_the_largest_divisor_that_fits(classifier):
     from leantrain.perf.auto_micro_batch import need_bytes, fit_micro_batch
 
     cfg = resolve(None, [])
-    cal = memory_model.calibrate(classifier, 34, "fp32", False, per_process=24)
+    cal = memory_model.calibrate(classifier, 34, "fp32", False, per_process=24, task=get_task(TEXT))
     facts = memory_model.model_facts(classifier, framework_bytes=50 * 2**20)
     state = memory_model.meta_state_bytes(classifier, cfg.optim)
     need = {m: need_bytes(memory_model.lines(facts, cal, m, state)) for m in (1, 4, 6, 8)}
     assert need[1] < need[4] < need[6] < need[8]
-    pick = lambda budget: fit_micro_batch(cfg, classifier, 24, 34, budget, calibration=cal, facts=facts)[0]  # noqa: E731
+    pick = lambda budget: fit_micro_batch(cfg, classifier, get_task(TEXT), 24, 34, budget, calibration=cal, facts=facts)[0]  # noqa: E731
     assert pick(need[4] + 1) == 4  # 6 does not fit, 5 does not divide
     assert pick(10**12) == 24
     with pytest.raises(UserError, match="even a micro-batch of 1.*efficiency.memory_budget"):

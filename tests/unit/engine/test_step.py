@@ -9,6 +9,7 @@ import torch
 from leantrain.data.batching import split_global_batch
 from leantrain.data.text import TextCollator
 from leantrain.engine.step import train_step
+from leantrain.modeling.tasks import TEXT, get_task
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def _run(accelerator, model, rows, parts, steps=2):
         for idx in split_global_batch(np.arange(len(rows)), parts):
             picked = [dict(rows[i if i >= 0 else -1 - i], loss_weight=0.0 if i < 0 else 1.0) for i in idx]
             micro.append(collate(picked))
-        loss_sum, norm = train_step(model, micro, global_count=len(rows), accelerator=accelerator,
+        loss_sum, norm = train_step(model, micro, global_count=len(rows), task=get_task(TEXT), accelerator=accelerator,
                                     optimizer=opt, scheduler=sched, max_grad_norm=1.0)
         losses.append(loss_sum.item() / len(rows))
     return model, losses

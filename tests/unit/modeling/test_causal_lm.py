@@ -74,6 +74,39 @@ def test_loss_sum_is_the_weighted_sum_of_shifted_token_losses(model):
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_forward_loss_is_the_plain_computation_with_and_without_the_chunked_layer(model, chunked):
+    """Task.forward_loss (the step's one call) == the weighted sum of the textbook shifted token losses, value and
+    gradients, through the plain logits and through the chunked output layer (3 tokens per chunk); the outputs it
+    returns are logits (plain) or None (chunked), never per-token losses; eval_outputs gives the same per-row sums."""
+    import copy
+
+    from leantrain.modeling.chunked_loss import install_chunked_loss
+
+    task = get_task("causal-lm")
+    batch = collate(rows(5, seed=6), weights=[1.0, 0.0, 1.0, 1.0, 0.5])
+    plain, tried = copy.deepcopy(model), copy.deepcopy(model)
+    if chunked:
+        assert install_chunked_loss(tried, chunk_tokens=3)
+    got, outputs = task.forward_loss(tried, batch)
+    want = (plain_token_losses(plain, batch) * batch["loss_weight"]).sum()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    got.backward()
+    want.backward()
+    for (name, p), q in zip(tried.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+    if chunked:
+        assert outputs is None
+    else:
+        assert outputs.logits.shape == (*batch["input_ids"].shape, tried.config.vocab_size)
+    with torch.no_grad():
+        (per_row,) = task.eval_outputs(tried, batch)
+        torch.testing.assert_close(per_row[:, 0].float(), plain_token_losses(plain, batch), rtol=1e-6, atol=1e-6)
+        assert per_row[:, 1].tolist() == [float((r[1:] != IGNORE).sum()) for r in batch["labels"]]
+        assert task.token_losses(tried, batch).shape == (5, batch["input_ids"].shape[1] - 1)
+
+
 def test_count_sums_targets_of_real_rows():
     import datasets
 

@@ -95,11 +95,12 @@ def test_a_registered_task_is_a_config_value_and_its_metrics_are_checked(toy_tas
 def test_the_step_asks_the_task_for_its_loss(tiny_bert, toy_task):
     from transformers import AutoModelForSequenceClassification
 
-    from leantrain.engine.step import weighted_loss_sum
     from tests.helpers import text_batch
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=1)
     batch = text_batch()
     expected = ((model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.squeeze(-1)
                  - batch["labels"].float()).square() * batch["loss_weight"]).sum()
-    torch.testing.assert_close(weighted_loss_sum(model, batch, toy_task), expected)
+    loss, outputs = toy_task.forward_loss(model, batch)  # what train_step calls: the default forward, then loss_sum
+    torch.testing.assert_close(loss, expected)
+    assert outputs.logits.shape == (len(batch["labels"]), 1)

@@ -15,6 +15,8 @@ import torch
 from leantrain.cli import main
 from leantrain.config import DataConfig, resolve
 from leantrain.errors import DataError
+from leantrain.config.tasks import TOKEN_CLASSIFICATION
+from leantrain.modeling.tasks import get_task
 from tests.helpers import tiny_run_args, write_jsonl
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
@@ -261,7 +263,7 @@ def test_plan_calibrates_a_token_classifier(tiny_bert):
     from leantrain.perf import memory_model
 
     model = AutoModelForTokenClassification.from_pretrained(tiny_bert, num_labels=5)
-    cal = memory_model.calibrate(model, 8, "fp32", False, 1, timing=False)
+    cal = memory_model.calibrate(model, 8, "fp32", False, 1, timing=False, task=get_task(TOKEN_CLASSIFICATION))
     assert cal is not None
 
 

@@ -8,6 +8,7 @@ import copy
 import pytest
 
 from leantrain.modeling.chunked_loss import install_chunked_loss
+from leantrain.modeling.tasks.causal_lm import CAUSAL_LM_TASK
 from leantrain.perf import memory_model
 
 
@@ -24,7 +25,7 @@ def test_calibration_runs_the_causal_lm_loss_and_lines_show_the_logits(llama, ch
     model = copy.deepcopy(llama)
     if chunked:
         assert install_chunked_loss(model, chunk_tokens=8)
-    cal = memory_model.calibrate(model, 32, "fp32", False, per_process=4, timing=False, size=4)
+    cal = memory_model.calibrate(model, 32, "fp32", False, per_process=4, timing=False, size=4, task=CAUSAL_LM_TASK)
     assert cal.saved[1] > cal.saved[0] > 0
     facts = memory_model.model_facts(model, framework_bytes=0)
     assert (facts.vocab, facts.chunk_tokens) == (400, 8 if chunked else 0)

@@ -2,9 +2,13 @@
 data side: rows of ``input_ids``, unshifted ``labels`` with -100 where there is no target, ``targets`` = how many
 shifted targets a row holds).
 
-The unit is the target token. ``loss_sum`` is the sum over rows of ``loss_weight`` x the summed fp32 cross-entropy
-of the row's shifted targets (position i predicts ``labels[i + 1]``; -100 is ignored), from
-``leantrain.modeling.chunked_loss.per_token_losses`` (the plain logits or the chunked path); ``count`` is the sum of
+The unit is the target token. The task owns its labels and the chunked output layer: ``token_losses(model, batch)``
+runs the forward and returns the fp32 cross-entropy of each shifted target (position i predicts ``labels[i + 1]``;
+-100 is ignored), through the chunked output layer when ``efficiency.chunked_loss`` installed it (the labels are
+set on the layer for that forward: ``leantrain.modeling.chunked_loss``; the ``tokens x vocab`` logits never exist)
+or from the plain logits; it reads nothing but the batch (input columns and ``labels``), so a task that compares
+sequences (two per row, a frozen reference model) calls it on its own batches and models. ``forward_loss`` is the
+sum over rows of ``loss_weight`` x the row's summed token losses; ``count`` is the sum of
 the rows' ``targets``, read from an array in memory. The engine divides the sum over all micro-batches and processes
 by that count of the global batch, so the loss is the mean over the global batch's target tokens, whatever the
 accumulation and the number of processes.
@@ -23,7 +27,7 @@ import numpy as np
 import torch
 
 from leantrain.config.tasks import CAUSAL_LM, task_spec
-from leantrain.modeling.chunked_loss import per_token_losses
+from leantrain.modeling.chunked_loss import chunked_layer, labels_for_loss, per_token_losses
 from leantrain.modeling.tasks.registry import CardText, Task, register
 from leantrain.modeling.tasks.row_counts import RowCounts
 
@@ -50,9 +54,32 @@ class CausalLM(Task):
         return fields
 
     # -- training
+    def forward_token_losses(self, model, batch: dict) -> tuple[torch.Tensor, object]:
+        """(per-token losses, outputs): ``token_losses`` and the forward's outputs when they are the model's own
+        (plain logits), None when the chunked layer computed the losses instead of the logits."""
+        labels = batch["labels"]
+        if chunked_layer(model) is None:
+            outputs = self.forward(model, batch)
+            return per_token_losses(outputs, labels), outputs
+        with labels_for_loss(model, labels):  # the output layer returns per-token losses for this forward
+            return per_token_losses(self.forward(model, batch), labels), None
+
+    def token_losses(self, model, batch: dict) -> torch.Tensor:
+        """Per-token losses ``[B, T-1]`` (fp32, 0 where the shifted label is -100) of ``model`` on ``batch``
+        (``input_ids``, ``attention_mask``, ..., unshifted ``labels [B, T]``): through the chunked output layer when
+        installed, else from the plain logits."""
+        return self.forward_token_losses(model, batch)[0]
+
+    def forward_loss(self, model, batch: dict) -> tuple[torch.Tensor, object]:
+        losses, outputs = self.forward_token_losses(model, batch)
+        return (losses.sum(-1) * batch["loss_weight"]).sum(), outputs
+
     def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
-        per_row = per_token_losses(outputs, batch["labels"]).sum(-1)
-        return (per_row * batch["loss_weight"]).sum()
+        """The loss sum from plain outputs (logits ``[B, T, V]``)."""
+        return (per_token_losses(outputs, batch["labels"]).sum(-1) * batch["loss_weight"]).sum()
+
+    def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
+        return input_ids  # every next token is a target
 
     def count(self, dataset, indices) -> int:
         """Target tokens in the rows ``indices`` (padding indices, negative, hold none), from the ``targets`` column
@@ -64,10 +91,10 @@ class CausalLM(Task):
         return self.count(dataset, indices)
 
     # -- evaluation
-    def eval_outputs(self, outputs, batch: dict) -> tuple:
+    def eval_outputs(self, model, batch: dict) -> tuple:
         """Per row: (summed loss of its targets, its target count), fp64: two numbers gathered instead of logits."""
         labels = batch["labels"]
-        losses = per_token_losses(outputs, labels).double().sum(-1)
+        losses = self.token_losses(model, batch).double().sum(-1)
         counts = (labels[:, 1:] != -100).sum(-1).double()
         return (torch.stack([losses, counts], dim=-1),)
 

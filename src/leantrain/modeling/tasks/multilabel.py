@@ -159,6 +159,9 @@ class MultiLabel(Task):
         per_label = bce_per_label(logits, batch["labels"], self._weights_on(logits.device))
         return (per_label.sum(-1) * batch["loss_weight"]).sum()
 
+    def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(input_ids.shape[0], model.config.num_labels, device=input_ids.device)  # 0/1 per label
+
     def count(self, dataset, indices) -> int:
         """Examples x labels: the real examples of ``indices`` (padding indices are negative) times the labels
         (``num_labels``, held since ``for_training``; without it, read from one row)."""

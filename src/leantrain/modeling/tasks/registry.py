@@ -6,7 +6,24 @@ which processor its inputs need, the data side it reads with (a modality of ``le
 ``leantrain.engine.training_data`` looks up and hands to ``Task.data_side`` to adapt: labels, collator), the loss
 summed over the batch's units and how many units a set of examples holds (the engine divides by that count over
 the global batch, known on the host), evaluation (per-batch values, then metrics), predictions, and the model
-card's lines. Its names and metric names live in its ``TaskSpec`` (``leantrain.config.tasks``), which the config
+card's lines.
+
+The seam every training and evaluation path calls (the engine's step and evaluation, the memory model):
+
+- ``Task.forward(model, batch) -> outputs``: the model's forward on a batch (``model(**model_inputs(batch))`` by
+  default);
+- ``Task.forward_loss(model, batch) -> (loss_sum, outputs)``: the forward and the sum of the batch's per-unit
+  losses (an fp32 device tensor; padding units, ``loss_weight`` 0, weigh 0), with what the forward returned (may be
+  None: a task whose forward returns no logits says so rather than returning something else under that name);
+  ``self.loss_sum(outputs, batch)`` after ``forward`` by default;
+- ``Task.eval_outputs(model, batch) -> tuple of tensors``: what one eval batch gathers over the processes (the
+  forward happens inside; ``(logits.float(), labels)`` by default), handed to ``eval_batch``;
+- ``Task.calibration_labels(model, input_ids)``: the labels of a synthetic batch of these ids (the memory model's
+  calibration passes run ``forward_loss`` on it).
+
+A task that needs more than one forward (two sequences per row, a frozen reference) overrides ``forward_loss`` and
+``eval_outputs``; the engine does not change. The causal LM's ``token_losses(model, batch)`` (per-token losses of the
+shifted targets, through the chunked output layer when installed) is the building block such a task reuses. Its names and metric names live in its ``TaskSpec`` (``leantrain.config.tasks``), which the config
 checks before any work; ``register`` records both.
 
 ``model.task=auto`` (``leantrain.modeling.load.resolve_task``): the model's config decides when its model type
@@ -21,6 +38,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from leantrain.config.tasks import AUDIO, IMAGE, TEXT, TEXT_REGRESSION, TaskSpec, register_spec, task_spec  # noqa: F401
+
+NOT_MODEL_INPUTS = ("labels", "loss_weight", "length")  # batch columns the loss or the batching reads, not the model
+
+
+def model_inputs(batch: dict) -> dict:
+    """The model's keyword arguments of a batch. With ``position_ids`` (packed rows: positions restart per document or
+    example) also ``use_cache=False``: transformers builds the block-diagonal mask from restarting positions only when
+    there is no cache, and a causal LM's forward makes one by default (config.use_cache), even in training."""
+    inputs = {k: v for k, v in batch.items() if k not in NOT_MODEL_INPUTS}
+    if "position_ids" in inputs:
+        inputs["use_cache"] = False
+    return inputs
 
 
 @dataclass(frozen=True)
@@ -102,9 +131,27 @@ class Task:
         return side
 
     # -- training
+    def forward(self, model, batch: dict):
+        """The model's forward on ``batch``: its outputs (``model(**model_inputs(batch))``)."""
+        return model(**model_inputs(batch))
+
+    def forward_loss(self, model, batch: dict) -> tuple:
+        """(loss_sum, outputs): the sum of the per-unit losses of ``batch`` (an fp32 device tensor, padding units
+        weigh 0) and what the forward returned (may be None). ``forward`` then ``loss_sum`` by default."""
+        outputs = self.forward(model, batch)
+        return self.loss_sum(outputs, batch), outputs
+
     def loss_sum(self, outputs, batch: dict):
-        """The sum of the per-unit losses of ``batch`` (a device tensor, fp32; padding units weigh 0)."""
+        """The sum of the per-unit losses of ``batch`` from the forward's ``outputs`` (a device tensor, fp32;
+        padding units weigh 0)."""
         raise NotImplementedError
+
+    def calibration_labels(self, model, input_ids):
+        """The labels of a synthetic batch of ``input_ids [m, T]`` (the memory model's calibration passes run
+        ``forward_loss`` on it): one class per row (0) by default."""
+        import torch  # lazy: heavy
+
+        return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
 
     def count(self, dataset, indices) -> int:
         """How many units the examples ``indices`` of the processed training ``dataset`` hold (on the host)."""
@@ -145,11 +192,11 @@ class Task:
         raise NotImplementedError
 
     # -- evaluation and prediction
-    def eval_outputs(self, outputs, batch: dict) -> tuple:
-        """What one eval batch gathers over the processes (``gather_for_metrics``), then handed to ``eval_batch``:
-        the fp32 logits and the labels by default; a task may gather less (causal LM: per-row loss sums and
-        counts)."""
-        return outputs.logits.float(), batch["labels"]
+    def eval_outputs(self, model, batch: dict) -> tuple:
+        """What one eval batch gathers over the processes (``gather_for_metrics``), then handed to ``eval_batch``;
+        the forward happens here (the engine calls this under ``no_grad``): the fp32 logits and the labels by
+        default; a task may gather less (causal LM: per-row loss sums and counts)."""
+        return self.forward(model, batch).logits.float(), batch["labels"]
 
     def eval_batch(self, logits, labels) -> dict:
         """Per-unit values of one gathered eval batch (tensors), concatenated over the eval set for ``metrics``."""

@@ -126,6 +126,9 @@ class Regression(Task):
     def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
         return (self.per_example_loss(outputs.logits, batch["labels"]) * batch["loss_weight"]).sum()
 
+    def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(input_ids.shape[0], device=input_ids.device)  # one score per row
+
     def eval_batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
         values = {"preds": self.to_scale(logits), "labels": labels.float()}
         if self.loss != "mse" or self.standardize:  # else the loss is the MSE, computed from these in float64

@@ -91,6 +91,9 @@ class TokenClassification(Task):
     def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
         return (token_losses(outputs.logits, batch["labels"]).sum(-1) * batch["loss_weight"]).sum()
 
+    def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(input_ids)  # a tag per sub-token
+
     def count(self, dataset, indices) -> int:
         """Labelled sub-tokens of the real examples of ``indices`` (padding indices are negative), from the per-row
         counts made at processing time (read from Arrow once per dataset, then numpy)."""
