@@ -143,31 +143,42 @@ def test_gradient_through_the_chunked_layer_equals_autograd_of_the_plain_formula
 
 
 def test_loss_is_the_mean_over_the_global_batch_whatever_the_micro_batches(model):
-    """1 x 4 == 2 x 2 == 4 x 1: the loss sums of the micro-batches over the global count of pairs, and their
-    gradients, equal the one big batch's."""
+    """1 x 4 == 2 x 2 == 4 x 1 through the engine's step: the loss sums of the micro-batches over the global count
+    of pairs, and the parameters after the step, equal the one big batch's; a padding pair (weight 0) adds nothing."""
+    from accelerate import Accelerator
+
+    from leantrain.engine.step import train_step
+
     task = task_for("dpo")
     batch = pairs(4, seed=3)
     with torch.no_grad():
         batch["ref_logps"] = torch.stack((plain_logps(model, batch) + 0.1).chunk(2), -1)
+    batch["loss_weight"] = torch.ones(4)
 
-    def grads(parts: int):
-        m = copy.deepcopy(model)
-        total = 0.0
-        for idx in np.array_split(np.arange(4), parts):
-            rows = np.concatenate([idx, idx + 4])
-            micro = {k: v[rows] for k, v in batch.items() if k != "ref_logps"}
-            micro["ref_logps"] = batch["ref_logps"][idx]
-            loss = task.forward_loss(m, micro)[0] / 4
-            loss.backward()
-            total += loss.item()
-        return total, [p.grad for p in m.parameters()]
+    def micro(idx) -> dict:
+        idx = np.asarray(idx)
+        rows = np.concatenate([idx, idx + 4])
+        out = {k: v[rows] for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
+        return {**out, "ref_logps": batch["ref_logps"][idx], "loss_weight": batch["loss_weight"][idx]}
 
-    big_loss, big = grads(1)
-    for parts in (2, 4):
-        loss, g = grads(parts)
+    def step(parts: list):
+        m = copy.deepcopy(model).train()
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        loss, _ = train_step(m, [micro(p) for p in parts], global_count=4, task=task, accelerator=Accelerator(cpu=True),
+                             optimizer=opt, scheduler=sched, max_grad_norm=None)
+        return loss.item() / 4, list(m.parameters())
+
+    big_loss, big = step([[0, 1, 2, 3]])
+    padded = micro([3])
+    padded["loss_weight"] = torch.zeros(1)
+    for parts in ([[0, 1], [2, 3]], [[0], [1], [2], [3]]):
+        loss, params = step(parts)
         assert loss == pytest.approx(big_loss, rel=1e-6)
-        for a, b in zip(g, big):
+        for a, b in zip(params, big):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        assert task.forward_loss(model, padded)[0].item() == 0.0
 
 
 def test_eval_metrics_have_trl_meanings(model):

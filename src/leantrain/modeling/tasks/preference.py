@@ -30,7 +30,6 @@ import torch
 from leantrain.config.preference import REFERENCE_FREE
 from leantrain.config.tasks import PREFERENCE, task_spec
 from leantrain.errors import UserError
-from leantrain.modeling.chunked_loss import labels_for_loss, per_token_losses
 from leantrain.modeling.tasks import preference_losses as L
 from leantrain.modeling.tasks.causal_lm import CausalLM
 from leantrain.modeling.tasks.registry import CardText, register
@@ -44,13 +43,9 @@ KTO_VALUES = ("loss", "reward", "logps", "kl")
 RECORD = "preference"  # model/leantrain.json's and config.json's field: method, beta, reference
 
 
-def token_losses(model, batch: dict) -> torch.Tensor:
-    """(rows, T-1) fp32 per-token losses of the shifted targets (0 where the label is -100), through the chunked
-    output layer when installed."""
-    labels = batch["labels"]
-    with labels_for_loss(model, labels):
-        outputs = model(**{k: batch[k] for k in MODEL_KEYS if k in batch}, use_cache=False)
-    return per_token_losses(outputs, labels)
+def lm_batch(batch: dict) -> dict:
+    """The columns of a preference batch the causal LM's forward reads (not ``ref_logps``, ``desirable``)."""
+    return {k: batch[k] for k in (*MODEL_KEYS, "labels") if k in batch}
 
 
 def unwrapped(model):
@@ -184,14 +179,14 @@ class Preference(CausalLM):
             off = ref.disable_adapter() if hasattr(ref, "disable_adapter") and hasattr(ref, "peft_config") \
                 else nullcontext()
         with off, frozen_forward(ref):
-            logps, _ = L.sequence_logps(token_losses(ref, batch), batch["labels"])
+            logps, _ = L.sequence_logps(self.token_losses(ref, lm_batch(batch)), batch["labels"])
         first, second = L.split_pairs(logps)
         return torch.stack([first, second], dim=-1)
 
     # -- training
     def pair_values(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
         """The per-pair losses (B,) and what evaluation reports of them (rewards, log-probs, KL)."""
-        logps, lengths = L.sequence_logps(token_losses(model, batch), batch["labels"])
+        logps, lengths = L.sequence_logps(self.token_losses(model, lm_batch(batch)), batch["labels"])
         first, second = L.split_pairs(logps)
         first_len, second_len = L.split_pairs(lengths)
         loss = self.loss_for(batch)
