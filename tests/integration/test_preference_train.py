@@ -132,3 +132,16 @@ def test_reward_model_on_pairs_pairwise_accuracy_pipeline_and_predict(root, tmp_
     lines = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert len(lines) == len(WORDS) and all(isinstance(x["score"], float) for x in lines)
     assert lines[0]["score"] == pytest.approx(score[0]["score"], abs=1e-4)
+
+
+def test_plan_prices_each_reference_choice(root, capsys):
+    from leantrain.commands.plan import run_plan
+
+    r = run_plan(None, [f"model.name={root / 'llama'}", f"data.train={root / 'prefs.jsonl'}", "data.block_size=64",
+                        "train.batch_size=4"], recommend=False)
+    pref = r["preference"]
+    assert pref["reference"] == "precompute" and set(pref["reference_options"]) == {"adapter", "precompute", "live",
+                                                                                     "none"}
+    assert pref["reference_options"]["live"]["extra_bytes"] == 4 * r["parameters"]  # a frozen fp32 copy
+    assert pref["reference_options"]["precompute"]["extra_bytes"] == 0
+    assert "* precompute" in capsys.readouterr().out
