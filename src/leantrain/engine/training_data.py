@@ -123,8 +123,10 @@ def validate_data(cfg: Config):
     if cfg.train.class_weights is not None:
         resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
     check_regression_keys(cfg, task)
+    check_preference_keys(cfg, task)
     check_pos_weight_task(cfg.train.pos_weight, get_task(task))
     get_task(task).configured(cfg).for_training(lambda: data.train["label"], data.label_names)  # pos_weight
+    get_task(task).configured(cfg).check_data(data.columns)  # e.g. preference.loss=kto on pairs
     return data
 
 
@@ -139,14 +141,25 @@ def check_regression_keys(cfg: Config, task: str) -> None:
                               "(model.task=text-regression, or a label column of numbers that are not all whole)")
 
 
+def check_preference_keys(cfg: Config, task: str) -> None:
+    """preference.* keys are for preference tuning and reward models (chosen / rejected data) only."""
+    given = sorted(cfg.preference.model_fields_set)
+    if given and get_task(task).spec.labels != "pairs":
+        raise ConfigError(f"preference.{given[0]}: for preference tuning and reward models only; this run's task is "
+                          f"{task} (chosen / rejected or prompt / completion / label data make model.task=auto choose "
+                          "preference, or reward-model on a sequence classifier)")
+
+
 def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData:
     """Validate (main process first), load the processor, process and cache the data, build the collators."""
     with accelerator.main_process_first(), using_cache_dir(cfg.data.cache_dir):
         task, why = run_task_reason(cfg)
         check_tokenizer_key(cfg.model, task)
         check_regression_keys(cfg, task)
+        check_preference_keys(cfg, task)
         modality = data_side(task)
         data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+        get_task(task).configured(cfg).check_data(data.columns)  # before the model: e.g. preference.loss=kto on pairs
     log.info("task: %s%s", task, f" (model.task=auto: {why})" if why else "")
     for note in data.notes:
         log.info(note)

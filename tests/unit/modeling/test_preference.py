@@ -255,3 +255,17 @@ def test_reward_model_loss_is_bradley_terry_with_centring_and_pairwise_accuracy(
         m = task.metrics({k: v.numpy() for k, v in task.eval_batch(*task.eval_outputs(model, batch)).items()}, 0)
     assert m["accuracy"] == pytest.approx(sum(r[i] > r[3 + i] for i in range(3)) / 3)
     assert m["loss"] == pytest.approx(expected / 3, rel=1e-5) and m["samples"] == 3
+
+
+def test_loss_and_data_that_contradict_each_other_exit_2_before_the_model():
+    from leantrain.engine.training_data import check_preference_keys
+    from leantrain.errors import UserError
+
+    with pytest.raises(UserError, match="preference.loss=kto is for unpaired feedback"):
+        task_for("kto").check_data({"format": "explicit"})
+    with pytest.raises(UserError, match="preference.loss=ipo compares a chosen and a rejected"):
+        task_for("ipo").check_data({"format": "feedback"})
+    task_for("auto").check_data({"format": "feedback"})
+    with pytest.raises(UserError, match="preference.beta: for preference tuning and reward models only"):
+        check_preference_keys(resolve(None, ["preference.beta=0.2"]), "text-classification")
+    check_preference_keys(resolve(None, ["preference.beta=0.2"]), "preference")

@@ -96,6 +96,16 @@ class Preference(CausalLM):
             reference=p.resolved_reference(p.loss, cfg.peft.method != "none"),
             reference_name=None if cfg.model.config or cfg.model.config_type else cfg.model.name)
 
+    def check_data(self, columns: dict) -> None:
+        """kto reads unpaired feedback, the other losses pairs."""
+        feedback = columns.get("format") == "feedback"
+        if self.loss == "kto" and not feedback:
+            raise UserError("preference.loss=kto is for unpaired feedback (prompt / completion / label, or messages / "
+                            "label); this data is chosen / rejected pairs: use preference.loss=dpo (or auto)")
+        if self.loss not in ("auto", "kto") and feedback:
+            raise UserError(f"preference.loss={self.loss} compares a chosen and a rejected answer; this data is "
+                            "unpaired feedback (prompt / completion / label): use preference.loss=kto (or auto)")
+
     def loss_for(self, batch: dict) -> str:
         """The loss of this batch: as configured; auto: kto for feedback rows (``desirable``), else dpo; a KTO
         policy evaluated on pairs: dpo's (its rewards are the same log-ratios)."""

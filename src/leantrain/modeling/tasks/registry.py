@@ -92,6 +92,10 @@ class Task:
         UserError for settings the data contradicts (exit 2). Itself by default."""
         return self
 
+    def check_data(self, columns: dict) -> None:
+        """Raise a UserError (exit 2, before any model loads) for settings the loaded data contradicts (``columns``:
+        what the data side detected, e.g. ``{"format": ...}``; preference.loss=kto on pairs). Nothing by default."""
+
     def summary(self, label_names: list[str]) -> dict:
         """Entries of summary.json's ``train`` section (multi-label: ``pos_weight``); none by default."""
         return {}
