@@ -94,14 +94,26 @@ def test_dpo_with_lora_via_the_cli_then_eval_and_a_merged_model_without_peft(roo
     assert p.stdout.strip() == "generated True"
 
 
-def test_dpo_without_lora_precomputes_the_reference_once(root, capfd):
-    assert main(args(root, "dpo-pre-1")) == 0
+@pytest.mark.distributed
+def test_dpo_without_lora_precomputes_the_reference_once_and_two_processes_train_the_same(root, capfd):
+    """Reference log-probs computed by the first run and read by the second, which runs as 2 processes x
+    accumulation 1 and trains the same model as 1 process x accumulation 2 (parameters, per-step losses, eval over
+    5 pairs, uneven over the processes)."""
+    from tests.integration.test_distributed import BIN, assert_same_training, run
+
+    write_jsonl(root / "prefs_5.jsonl", pair_rows(5, 2))
+    common = [a for a in args(root, "x", "train.log_every_steps=1", f"data.eval={root / 'prefs_5.jsonl'}",
+                              f"data.cache_dir={root / 'datasets-cache'}")[1:] if not a.startswith("output_dir=")]
+    assert main(["train", *common, f"output_dir={root / 'one'}"]) == 0
     assert "train data: ref_chosen_logps, ref_rejected_logps computed for 16 rows" in capfd.readouterr().err
-    assert main(args(root, "dpo-pre-2")) == 0
-    assert "train data: ref_chosen_logps, ref_rejected_logps read from" in capfd.readouterr().err
-    first, second = summary(root / "dpo-pre-1"), summary(root / "dpo-pre-2")
-    assert first["eval"]["reward_margin"] == second["eval"]["reward_margin"]  # the same run, from the cache
-    assert json.loads((root / "dpo-pre-1" / "model" / "leantrain.json").read_text())["preference"]["reference"] \
+    r = run([str(BIN / "leantrain"), "train", "--nproc", "2", *common, f"output_dir={root / 'two'}"], timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "train data: ref_chosen_logps, ref_rejected_logps read from" in r.stderr
+    assert_same_training(root / "one", root / "two")
+    one, two = summary(root / "one"), summary(root / "two")
+    assert one["eval"]["samples"] == two["eval"]["samples"] == 5
+    assert one["eval"]["reward_margin"] == pytest.approx(two["eval"]["reward_margin"], rel=1e-4, abs=1e-6)
+    assert json.loads((root / "one" / "model" / "leantrain.json").read_text())["preference"]["reference"] \
         == "precompute"
 
 

@@ -51,8 +51,10 @@ def evaluate_language_model(model_dir: str, task: str, cfg: Config, output_path:
     reference = configured.reference_model_name()
     if reference:  # against the reference the policy was tuned from, frozen
         log.info("reference: %s", reference)
-        configured = configured.with_reference(load_trained_model(reference, task, mcfg.model_copy(
-            update={"name": resolve_model_name(reference, None)})).to(accelerator.device))
+        folder = resolve_model_name(reference, None)  # a short name (smollm2-135m) or a folder
+        check_weights(folder, mcfg.allow_pickle)
+        configured = configured.with_reference(load_trained_model(folder, task, mcfg.model_copy(
+            update={"name": folder})).to(accelerator.device))
     model, loader = accelerator.prepare(model, eval_loader(blocks, batch_size, collator))
     metrics = evaluate(model, loader, accelerator, 0, configured, [])
     result = {"model": model_dir, "data": cfg.data.eval, "block_size": cfg.data.block_size, "eval": metrics}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from pathlib import Path
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
@@ -41,6 +42,11 @@ FEEDBACK_REF_COLUMNS = ("ref_logps", "ref_kl_logps")  # feedback: the row's, its
 PAIR_VALUES = ("loss", "chosen_reward", "rejected_reward", "chosen_logps", "rejected_logps")
 KTO_VALUES = ("loss", "reward", "logps", "kl")
 RECORD = "preference"  # model/leantrain.json's and config.json's field: method, beta, reference
+
+
+def local_or_hub(name: str) -> str:
+    """A model folder as an absolute path (``leantrain eval`` may run elsewhere), else the name as given."""
+    return str(Path(name).resolve()) if Path(name).exists() else name
 
 
 def lm_batch(batch: dict) -> dict:
@@ -94,7 +100,7 @@ class Preference(CausalLM):
             self, loss=p.loss, beta=p.resolved_beta(p.loss), gamma=p.gamma, label_smoothing=p.label_smoothing,
             desirable_weight=p.desirable_weight, undesirable_weight=p.undesirable_weight,
             reference=p.resolved_reference(p.loss, cfg.peft.method != "none"),
-            reference_name=None if cfg.model.config or cfg.model.config_type else cfg.model.name)
+            reference_name=None if cfg.model.config or cfg.model.config_type else local_or_hub(cfg.model.name))
 
     def check_data(self, columns: dict) -> None:
         """kto reads unpaired feedback, the other losses pairs."""
