@@ -131,10 +131,11 @@ def test_reward_model_on_pairs_pairwise_accuracy_pipeline_and_predict(root, tmp_
     bert = make_tiny_bert(tmp_path / "bert", layers=1, hidden=16)
     assert main(["train", f"model.name={bert}", f"data.train={root / 'prefs.jsonl'}",
                  f"data.eval={root / 'prefs_dev.jsonl'}", "train.batch_size=4", "train.max_steps=3",
-                 "preference.center_rewards=0.01", "report.plots=false", "report.progress=none",
+                 "preference.center_rewards=0.01", "efficiency.precision=fp32", "report.plots=false",
+                 "report.progress=none",
                  "checkpoint.every_steps=0", f"output_dir={tmp_path / 'rm'}"]) == 0
     s = summary(tmp_path / "rm")
-    assert s["task"] == "reward-model" if "task" in s else True
+    assert json.loads((tmp_path / "rm" / "model" / "leantrain.json").read_text())["task"] == "reward-model"
     assert {"accuracy", "margin", "loss"} <= set(s["eval"]) and s["eval"]["samples"] == 6
     model_dir = tmp_path / "rm" / "model"
     score = pipeline("text-classification", model=str(model_dir), function_to_apply="none")("Hello world.")
@@ -144,6 +145,10 @@ def test_reward_model_on_pairs_pairwise_accuracy_pipeline_and_predict(root, tmp_
     lines = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
     assert len(lines) == len(WORDS) and all(isinstance(x["score"], float) for x in lines)
     assert lines[0]["score"] == pytest.approx(score[0]["score"], abs=1e-4)
+    assert main(["eval", str(model_dir), f"data.eval={root / 'prefs_dev.jsonl'}", "--output",
+                 str(tmp_path / "m.json")]) == 0
+    got = json.loads((tmp_path / "m.json").read_text())["eval"]
+    assert got["accuracy"] == pytest.approx(s["eval"]["accuracy"]) and got["samples"] == 6
 
 
 def test_plan_prices_each_reference_choice(root, capsys):
