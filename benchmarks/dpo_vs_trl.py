@@ -23,6 +23,7 @@ rounds; medians.
 Contenders:
   trl_lora   DPOTrainer + peft, its defaults otherwise (gradient checkpointing on, dropout disabled)
   lora       leantrain peft.method=lora, its defaults (reference: adapters off; chunked loss; no checkpointing)
+  lora_ckpt  the same with efficiency.gradient_checkpointing=true (TRL's default)
   trl_full   DPOTrainer, the whole model trained, precompute_ref_log_probs=True (a frozen copy is not loaded)
   full       leantrain, the whole model trained (reference: precomputed once and cached; the cache is cleared before
              each run, so the one pass is in the wall time, not in the loop)
@@ -51,11 +52,11 @@ from pathlib import Path
 START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
 HH = REPO.parent / "shared" / "data" / "hh_rlhf"
-CONTENDERS = ["trl_lora", "lora", "trl_full", "full"]
+CONTENDERS = ["trl_lora", "lora", "lora_ckpt", "trl_full", "full"]
 MODEL, MICRO, SEED, BETA = "smollm2-135m", 4, 0, 0.1
 LORA = {"r": 16, "alpha": 32, "dropout": 0.05,
         "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
-LR = {"trl_lora": 5e-5, "lora": 5e-5, "trl_full": 5e-6, "full": 5e-6}
+LR = {"trl_lora": 5e-5, "lora": 5e-5, "lora_ckpt": 5e-5, "trl_full": 5e-6, "full": 5e-6}
 
 
 def short_pairs(src: Path, rows: int, max_length: int, out: Path) -> Path:
@@ -163,7 +164,8 @@ def run_trl(args, full: bool, out: Path) -> dict:
 def run_leantrain(args, name: str, out: Path) -> dict:
     train, held_out = data_files(args)
     lora = ["peft.method=lora", f"peft.r={LORA['r']}", f"peft.alpha={LORA['alpha']}", f"peft.dropout={LORA['dropout']}",
-            f"peft.target_modules=[{','.join(LORA['targets'])}]"] if name == "lora" else []
+            f"peft.target_modules=[{','.join(LORA['targets'])}]"] if name.startswith("lora") else []
+    lora += ["efficiency.gradient_checkpointing=true"] if name == "lora_ckpt" else []
     cache = out / "datasets-cache"  # a fresh datasets cache: the reference pass is in every full run
     cmd = [sys.executable, "-m", "leantrain.cli", "train", f"model.name={MODEL}", f"data.train={train}",
            f"data.eval={held_out}", "data.max_eval_samples=4", f"data.block_size={args.max_length}",
@@ -256,11 +258,11 @@ def table(results: dict[str, list[dict]]) -> str:
         if med(name, "tokens_per_second") is None:
             continue
         base = "trl_full" if "full" in name else "trl_lora"
-        per_round = ", ".join(f"{r['tokens_per_second']:.0f}" for r in results[name])
+        per_round = ", ".join(f"{r['tokens_per_second']:.1f}" for r in results[name])
         acc, margin = med(name, "reward_accuracy"), med(name, "reward_margin")
         rows.append(
             f"| {name} | {med(name, 'trainable_parameters'):,.0f} | {med(name, 'peak_memory_bytes') / 2**30:.2f} | "
-            f"{med(name, 'tokens_per_second'):.0f} ({per_round}) | {med(name, 'pairs_per_second'):.2f} | "
+            f"{med(name, 'tokens_per_second'):.1f} ({per_round}) | {med(name, 'pairs_per_second'):.3f} | "
             f"{ratio(name, 'tokens_per_second', base)} | {ratio(name, 'peak_memory_bytes', base)} | "
             f"{med(name, 'wall_seconds'):.0f} | {med(name, 'steps'):.0f} | "
             + (f"{acc:.3f} | {margin:.4f} |" if acc is not None else " | |"))
