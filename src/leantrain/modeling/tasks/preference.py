@@ -44,9 +44,9 @@ KTO_VALUES = ("loss", "reward", "logps", "kl")
 RECORD = "preference"  # model/leantrain.json's and config.json's field: method, beta, reference
 
 
-def local_or_hub(name: str) -> str:
+def local_or_hub(name: str | None) -> str | None:
     """A model folder as an absolute path (``leantrain eval`` may run elsewhere), else the name as given."""
-    return str(Path(name).resolve()) if Path(name).exists() else name
+    return str(Path(name).resolve()) if name and Path(name).exists() else name
 
 
 def lm_batch(batch: dict) -> dict:
