@@ -24,7 +24,8 @@ class Modality:
     process: Callable  # (canonical Dataset, processor, DataConfig, desc) -> Dataset with [labels], length
     collator: Callable  # (processor, DataConfig, *, train, seed, device_type) -> rows -> tensors
     counts_tokens: bool  # `length` counts tokens (tokens/s is reported for text only)
-    label_kind: Callable = lambda cfg: "classes"  # (DataConfig) -> "classes" | "scores" | "label_sets": what auto reads
+    label_kind: Callable = lambda cfg: "classes"  # (DataConfig) -> "classes" | "scores" | "label_sets" | "tags" |
+    # "none" | "pairs" | "feedback": what auto reads
 
 
 def _text_process(dataset, tokenizer, cfg: DataConfig, desc: str = "Tokenizing"):

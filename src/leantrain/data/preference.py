@@ -11,7 +11,8 @@ DATA CONTRACT (what the preference tasks read; the names are stable)
 ``pairs`` data side (pairs on a causal LM). Processed rows: ``chosen_input_ids``, ``chosen_labels``,
 ``rejected_input_ids``, ``rejected_labels`` (lists of int; labels = the input ids on response tokens, -100 on the
 prompt and the template's text, and on the first token; unshifted, like the causal LM's labels) and ``length`` (the
-longer of the two). Both sequences start with the same prompt tokens. Collated (B rows): ``input_ids`` (2B, T), rows
+longer of the two). Each sequence is SFT's rendering; both start with the same prompt tokens (those their
+renderings share: a prompt token a tokenizer merges differently into one answer goes with it, unlabelled). Collated (B rows): ``input_ids`` (2B, T), rows
 0..B-1 the chosen and B..2B-1 the rejected sequences, right-padded with the pad id; ``attention_mask`` (2B, T);
 ``labels`` (2B, T), -100 on padding; ``loss_weight`` (B,) (0 for the padding rows that keep ranks in step);
 ``ref_logps`` (B, 2) float32 (chosen, rejected) when the dataset has the float columns ``ref_chosen_logps`` /
@@ -25,7 +26,7 @@ row) when the columns ``ref_logps`` / ``ref_kl_logps`` exist.
 
 ``scored-pairs`` data side (pairs on a sequence classifier: a reward model). Rows: ``chosen_input_ids``,
 ``rejected_input_ids`` (prompt + response through the tokenizer's chat template when it has one, else the plain
-text, with the tokenizer's special tokens), ``length``. Collated: ``input_ids`` (2B, T), ``attention_mask`` (2B, T),
+text, with the tokenizer's special tokens; cut at the tokenizer's ``model_max_length`` too), ``length``. Collated: ``input_ids`` (2B, T), ``attention_mask`` (2B, T),
 ``loss_weight`` (B,); no labels.
 
 Lengths: a prompt longer than ``data.max_prompt_length`` tokens (unset: half of ``data.block_size``) keeps its end;
@@ -51,6 +52,7 @@ from leantrain.data.lm_collate import pad_id_of
 from leantrain.data.preference_collate import FeedbackCollator, PairCollator
 from leantrain.data.sources import Part, quiet
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
+from leantrain.data.text_loader import first_rows
 from leantrain.errors import DataError
 
 log = logging.getLogger("leantrain")
@@ -123,11 +125,8 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     eval_ds = _keep(evaluation, fmts[id(evaluation)]) if evaluation is not None else None
     if eval_ds is None:
         train_ds, eval_ds = _hold_out(train_ds, cfg.eval_fraction, seed, notes)
-    for name, n in (("train", cfg.max_train_samples), ("eval", cfg.max_eval_samples)):
-        ds = train_ds if name == "train" else eval_ds
-        if n is not None and len(ds) > n:
-            notes.append(f"data.max_{name}_samples: using the first {n} of {len(ds)} {name} rows")
-            train_ds, eval_ds = (ds.select(range(n)), eval_ds) if name == "train" else (train_ds, ds.select(range(n)))
+    train_ds = first_rows(train_ds, cfg.max_train_samples, "data.max_train_samples", "training", notes)
+    eval_ds = first_rows(eval_ds, cfg.max_eval_samples, "data.max_eval_samples", "eval", notes)
     warnings = source_warnings(parts)
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training rows, fewer than one batch (train.batch_size={batch_size})")
@@ -165,6 +164,11 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
     if fmt is None:
         raise DataError(f"{where}: not preference data; columns found: {', '.join(dataset.column_names)}")
     budget, cap, n = prompt_budget(cfg), cfg.block_size, len(dataset)
+    limit = getattr(tokenizer, "model_max_length", None) or cap
+    if side == "scored-pairs" and limit < cap:  # a classifier's position embeddings end there (MiniLM: 512)
+        log.info("%s: sequences cut to the tokenizer's model_max_length=%d (below data.block_size=%d)", where, limit,
+                 cap)
+        cap = limit
     common = {"batched": True, "batch_size": 256, "remove_columns": dataset.column_names, "desc": desc}
     if side == "feedback":
         raw = dataset.map(render.encode_feedback, **common,

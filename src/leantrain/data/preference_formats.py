@@ -8,6 +8,7 @@ is always the text of the assistant's reply. See ``leantrain.data.preference`` f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ FORMATS = {  # name -> (required columns, optional columns, what the user calls 
                  "prompt / completion / label (true/false), or messages / label (unpaired feedback, KTO)"),
 }
 PAIRED = ("sharegpt", "alpaca", "explicit", "implicit")
-PREFERENCE_COLUMNS = ("chosen", "rejected", "label")  # beside instruction data: what says it is preference data
+PREFERENCE_COLUMNS = ("chosen", "rejected", "label")
+CHAT = "{role, content}"  # beside instruction data: what says it is preference data
 
 
 @dataclass(frozen=True)
@@ -97,23 +99,18 @@ def to_pair(row: dict[str, Any], fmt: str) -> Example:
     if fmt == "implicit" or (fmt == "explicit" and _full_conversations(chosen, rejected)):
         return _implicit(chosen, rejected)
     if fmt == "sharegpt":
-        conversation = row.get("conversations")
-        prompt = _messages([*_list(conversation, "conversations"), _turn(chosen, "chosen")], "from", "value",
-                           ins.SHAREGPT_ROLES)
-        answer = _messages([*_list(conversation, "conversations"), _turn(rejected, "rejected")], "from", "value",
-                           ins.SHAREGPT_ROLES)
-        return Example(prompt[:-1], _reply(prompt, "chosen"), _reply(answer, "rejected"))
-    if fmt == "alpaca":
-        prompt = ins.to_messages({**row, "output": ""}, "alpaca")[:1]
-        return Example(prompt, ins._text(chosen, "chosen", blank_ok=True), ins._text(rejected, "rejected", blank_ok=True))
+        turns = _list(row.get("conversations"), "conversations")
+        return _conversational("sharegpt", turns, _turn(chosen, "chosen"), _turn(rejected, "rejected"))
+    if fmt == "alpaca":  # the prompt as SFT's Alpaca rows (instruction + input)
+        a = ins.to_messages({**row, "output": _text(chosen, "chosen")}, "alpaca")
+        b = ins.to_messages({**row, "output": _text(rejected, "rejected")}, "alpaca")
+        return Example(a[:-1], a[-1]["content"], b[-1]["content"])
     if fmt == "explicit":
         prompt = row.get("prompt")
         if isinstance(prompt, str):
-            return Example(ins._text(prompt, "prompt", blank_ok=True), _response(chosen, "chosen"),
-                           _response(rejected, "rejected"))
-        full = _messages([*_list(prompt, "prompt"), _as_turn(chosen, "chosen")], "role", "content", None)
-        other = _messages([*_list(prompt, "prompt"), _as_turn(rejected, "rejected")], "role", "content", None)
-        return Example(full[:-1], _reply(full, "chosen"), _reply(other, "rejected"))
+            return _textual(prompt, chosen, rejected)
+        return _conversational("messages", _list(prompt, "prompt"), _turn(chosen, "chosen", CHAT),
+                               _turn(rejected, "rejected", CHAT))
     raise ValueError(f"unknown preference format {fmt!r}")
 
 
@@ -122,14 +119,29 @@ def to_feedback(row: dict[str, Any]) -> Example:
     if desirable is None:
         raise ValueError(f"'label' is {row.get('label')!r}; feedback labels are true / false (or 1 / 0)")
     if row.get("messages") is not None and row.get("completion") is None:
-        full = _messages(_list(row["messages"], "messages"), "role", "content", None)
+        full = _chat("messages", _list(row["messages"], "messages"))
         return Example(full[:-1], _reply(full, "the last turn of messages"), desirable=desirable)
     prompt, completion = row.get("prompt"), row.get("completion")
     if isinstance(prompt, str):
-        return Example(ins._text(prompt, "prompt", blank_ok=True), _response(completion, "completion"),
-                       desirable=desirable)
-    full = _messages([*_list(prompt, "prompt"), _as_turn(completion, "completion")], "role", "content", None)
+        return dataclasses.replace(_textual(prompt, completion), desirable=desirable)
+    full = _chat("messages", [*_list(prompt, "prompt"), _turn(completion, "completion", CHAT)])
     return Example(full[:-1], _reply(full, "completion"), desirable=desirable)
+
+
+def _textual(prompt: str, *responses: Any) -> Example:
+    """A text prompt and its responses (texts, or one assistant turn each), checked as SFT's prompt / completion."""
+    texts = [r if isinstance(r, str) else _reply(_chat("messages", [_turn(r, name, CHAT)]), name)
+             for r, name in zip(responses, ("chosen", "rejected") if len(responses) == 2 else ("completion",))]
+    for text in texts:
+        ins.to_messages({"prompt": prompt, "completion": text}, "prompt_completion")
+    return Example(prompt, *texts)
+
+
+def _conversational(fmt: str, turns: list, chosen: dict, rejected: dict) -> Example:
+    """A prompt of turns and the two reply turns, each conversation read as SFT reads ``fmt`` rows."""
+    a = _chat(fmt, [*turns, chosen])
+    b = _chat(fmt, [*turns, rejected])
+    return Example(a[:-1], _reply(a, "chosen"), _reply(b, "rejected"))
 
 
 def _full_conversations(chosen: Any, rejected: Any) -> bool:
@@ -151,8 +163,7 @@ def _implicit(chosen: Any, rejected: Any) -> Example:
     if not isinstance(chosen, list) or not isinstance(rejected, list):
         raise ValueError(f"chosen and rejected are {type(chosen).__name__} and {type(rejected).__name__}; "
                          "expected two texts or two message lists")
-    a = _messages(chosen, "role", "content", None)
-    b = _messages(rejected, "role", "content", None)
+    a, b = _chat("messages", chosen), _chat("messages", rejected)
     p = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     if a == b:  # the same conversation twice: a tie, cut at its last assistant turn
         p = max(i for i, m in enumerate(a) if m["role"] == "assistant")
@@ -165,36 +176,33 @@ def _implicit(chosen: Any, rejected: Any) -> Example:
     return Example(a[:p], a[p]["content"], b[p]["content"])
 
 
+def _chat(fmt: str, turns: list) -> list[dict[str, str]]:
+    """Turns checked and mapped as SFT's ``messages`` / ``sharegpt`` rows (roles, contents)."""
+    return ins.to_messages({"messages" if fmt == "messages" else "conversations": turns}, fmt)
+
+
 def _list(value: Any, name: str) -> list:
     if not isinstance(value, list):
         raise ValueError(f"{name!r} is {'missing' if value is None else type(value).__name__}, not a list of turns")
     return value
 
 
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name!r} is {'missing' if value is None else type(value).__name__}, not text")
+    return value
+
+
 def _turn(value: Any, name: str, keys: str = "{from, value}") -> dict:
     """A response turn: one dict (or a list holding one); a text is the assistant's turn ({role, content} rows)."""
-    if isinstance(value, str) and keys == "{role, content}":
+    if isinstance(value, str) and keys == CHAT:
         return {"role": "assistant", "content": value}
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if not isinstance(value, dict):
         raise ValueError(f"{name!r} is {'missing' if value is None else type(value).__name__}, not one {keys} turn"
-                         + (" or a text" if keys == "{role, content}" else ""))
+                         + (" or a text" if keys == CHAT else ""))
     return value
-
-
-def _as_turn(value: Any, name: str) -> dict:
-    return _turn(value, name, "{role, content}")
-
-
-def _response(value: Any, name: str) -> str:
-    if isinstance(value, str) or value is None:
-        return ins._text(value, name, blank_ok=True)
-    return _reply(_messages([_as_turn(value, name)], "role", "content", None), name)
-
-
-def _messages(turns: list, role_key: str, content_key: str, mapping: dict | None) -> list[dict[str, str]]:
-    return ins._chat(turns, role_key, content_key, mapping)
 
 
 def _reply(messages: list[dict[str, str]], name: str) -> str:

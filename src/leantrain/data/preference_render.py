@@ -1,10 +1,12 @@
 """Preference rows -> token rows of the data contract (``leantrain.data.preference``).
 
-The text is SFT's rendering (``leantrain.data.instructions``): a prompt of messages goes through the chat template
-(or the plain template when the tokenizer has none), a text prompt is joined to its response as it is (SFT's
-prompt / completion rows); the response is the final assistant turn with what the template closes it with (its
-end-of-turn, or EOS). The prompt and the response are tokenised apart (as TRL does), so the chosen and rejected
-sequences of a pair start with exactly the same prompt tokens.
+Each prompt + response is rendered and tokenised by SFT's own ``instructions.render`` (the policy sees exactly what
+SFT renders): a prompt of messages through the chat template (or the plain template when the tokenizer has none), a
+text prompt joined to its response as it is (SFT's prompt / completion rows). The response is the final assistant
+turn with what the template closes it with (its end-of-turn, or EOS): the last run of SFT's response mask; what the
+template writes after it is left out. The prompt is the tokens the chosen and rejected renderings share before
+their responses, so both sequences start with exactly the same prompt tokens (where a tokenizer merges across the
+prompt's end differently for the two, those prompt tokens go with each response, unlabelled).
 
 Lengths: a prompt longer than ``max_prompt`` tokens keeps its end; a sequence longer than ``cap`` tokens is cut at
 the end of its response. Labels are the input ids on response tokens and -100 elsewhere (the prompt, the template's
@@ -13,13 +15,14 @@ text before the reply, and always the first token, which nothing predicts).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from leantrain.data import instructions as ins
 from leantrain.data import preference_formats as pf
-from leantrain.errors import DataError
 
 IGNORE = -100
+Response = tuple[list[int], int]  # a response's tokens after the shared prompt, how many of them lead unlabelled
 
 
 def affixes(tokenizer) -> tuple[list[int], list[int]]:  # noqa: ANN001
@@ -33,10 +36,8 @@ def affixes(tokenizer) -> tuple[list[int], list[int]]:  # noqa: ANN001
 
 
 def policy_rendering(tokenizer, template: str, textual: bool) -> ins.Rendering:  # noqa: ANN001
-    """SFT's rendering choice for these rows (text prompts: as prompt / completion rows; messages: as chat rows).
-    A template with {% generation %} marks renders the same text; its spans come from the text here."""
-    rendering = ins.choose_rendering(tokenizer, template, "prompt_completion" if textual else "messages")
-    return ins.Rendering("chat") if rendering.mode == "generation" else rendering
+    """SFT's rendering choice for these rows: text prompts as prompt / completion rows, messages as chat rows."""
+    return ins.choose_rendering(tokenizer, template, "prompt_completion" if textual else "messages")
 
 
 def as_messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
@@ -46,34 +47,36 @@ def as_messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
     return pf.hh_messages(prompt) or [{"role": "user", "content": prompt}]
 
 
-def texts(prompt, response: str, tokenizer, rendering: ins.Rendering) -> tuple[str, str, bool]:  # noqa: ANN001
-    """(prompt text, response text, whether the tokenizer's special tokens go first) of one prompt and reply."""
+def conversation(prompt, response: str, rendering: ins.Rendering) -> list[dict[str, str]]:  # noqa: ANN001
+    """The conversation SFT renders for a prompt and its reply (raw: the two texts as they are)."""
     if rendering.mode == "raw":
-        return prompt, response + (tokenizer.eos_token or ""), True
-    reply = response.strip() if isinstance(prompt, str) else response  # HH replies start with a space
-    messages = [*as_messages(prompt), {"role": "assistant", "content": reply}]
-    text, spans, special = ins._text_spans(messages, tokenizer, rendering)
-    a, b = spans[-1]
-    return text[:a], text[a:b], special
+        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+    hh = isinstance(prompt, str) and pf.hh_messages(prompt) is not None
+    reply = response.strip() if hh else response  # an HH reply starts with the space after "Assistant:"
+    return [*as_messages(prompt), {"role": "assistant", "content": reply}]
 
 
-def _ids(tokenizer, text: str) -> list[int]:  # noqa: ANN001
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+def last_run(mask: list[bool]) -> tuple[int, int]:
+    """(start, end) of the last run of True in ``mask`` (the final response); (n, n) when there is none."""
+    end = len(mask)
+    while end and not mask[end - 1]:
+        end -= 1
+    start = end
+    while start and mask[start - 1]:
+        start -= 1
+    return (start, end) if end else (len(mask), len(mask))
 
 
 def encode(example: pf.Example, tokenizer, rendering: ins.Rendering,  # noqa: ANN001
-           responses: tuple[str, ...]) -> tuple[list[int], list[list[int]]]:
-    """(prompt ids, the ids of each response) for the policy; the prompt is rendered once for all responses."""
-    prompt_text, outs, special = None, [], True
+           responses: tuple[str, ...]) -> tuple[list[int], list[Response]]:
+    """(the shared prompt's ids, each response's) of one prompt and its responses, as SFT renders them."""
+    rendered = []
     for response in responses:
-        head, tail, special = texts(example.prompt, response, tokenizer, rendering)
-        if prompt_text is not None and head != prompt_text:
-            raise DataError("the chat template renders a prompt differently depending on its reply, so the chosen "
-                            "and rejected sequences cannot share their prompt; set data.template=plain")
-        prompt_text = head
-        outs.append(_ids(tokenizer, tail))
-    prefix = affixes(tokenizer)[0] if special else []
-    return prefix + _ids(tokenizer, prompt_text or ""), outs
+        ids, mask = ins.render(conversation(example.prompt, response, rendering), tokenizer, rendering)
+        rendered.append((ids, *last_run(mask)))
+    first = rendered[0][0]
+    shared = len(os.path.commonprefix([ids[:start] for ids, start, _ in rendered]))
+    return first[:shared], [(ids[shared:end], start - shared) for ids, start, end in rendered]
 
 
 def fit(prompt: list[int], response: list[int], max_prompt: int, cap: int) -> tuple[list[int], list[int], bool, bool]:
@@ -85,10 +88,11 @@ def fit(prompt: list[int], response: list[int], max_prompt: int, cap: int) -> tu
     return prompt, response[:room], trimmed, len(response) > room
 
 
-def labelled(prompt: list[int], response: list[int]) -> tuple[list[int], list[int]]:
-    """(input ids, labels): the response's tokens are their own labels, the rest -100, the first token always."""
+def labelled(prompt: list[int], response: list[int], lead: int = 0) -> tuple[list[int], list[int]]:
+    """(input ids, labels): the response's tokens past ``lead`` are their own labels, the rest -100, the first
+    token always."""
     ids = prompt + response
-    labels = [IGNORE] * len(prompt) + list(response)
+    labels = [IGNORE] * (len(prompt) + min(lead, len(response))) + list(response[lead:])
     if labels:
         labels[0] = IGNORE
     return ids, labels
@@ -99,26 +103,30 @@ def _rows(batch: dict[str, list]) -> list[dict[str, Any]]:
     return [{k: v[i] for k, v in batch.items()} for i in range(n)]
 
 
+def _appended(out: dict[str, list], values) -> None:  # noqa: ANN001
+    for k, v in zip(out, values):
+        out[k].append(v)
+
+
 # ------------------------------------------------------------------------------------------ batched map functions
 
 
-def encode_pairs(batch, tokenizer, fmt: str, template: str, max_prompt: int, cap: int) -> dict[str, list]:  # noqa: ANN001
+def encode_pairs(batch, tokenizer, fmt: str, template: str, max_prompt: int,  # noqa: ANN001
+                 cap: int) -> dict[str, list]:
     """Pair rows -> chosen/rejected input ids and labels, length; flags trimmed / cut / tie / empty for the counts."""
-    keys = ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels", "length", "trimmed", "cut",
-            "tie", "empty")
-    out: dict[str, list] = {k: [] for k in keys}
+    out: dict[str, list] = {k: [] for k in ("chosen_input_ids", "chosen_labels", "rejected_input_ids",
+                                            "rejected_labels", "length", "trimmed", "cut", "tie", "empty")}
     for row in _rows(batch):
         ex = pf.to_pair(row, fmt)
-        prompt, (chosen, rejected) = encode(ex, tokenizer, policy_rendering(tokenizer, template, ex.textual),
-                                            (ex.chosen, ex.rejected))
+        prompt, [(chosen, c_lead), (rejected, r_lead)] = encode(
+            ex, tokenizer, policy_rendering(tokenizer, template, ex.textual), (ex.chosen, ex.rejected))
         p, c, trimmed, cut_c = fit(prompt, chosen, max_prompt, cap)
         _, r, _, cut_r = fit(prompt, rejected, max_prompt, cap)
-        c_ids, c_labels = labelled(p, c)
-        r_ids, r_labels = labelled(p, r)
-        values = (c_ids, c_labels, r_ids, r_labels, max(len(c_ids), len(r_ids)), trimmed, cut_c or cut_r,
-                  c_ids == r_ids, not (any(y != IGNORE for y in c_labels) and any(y != IGNORE for y in r_labels)))
-        for k, v in zip(keys, values):
-            out[k].append(v)
+        c_ids, c_labels = labelled(p, c, c_lead)
+        r_ids, r_labels = labelled(p, r, r_lead)
+        empty = not (any(y != IGNORE for y in c_labels) and any(y != IGNORE for y in r_labels))
+        _appended(out, (c_ids, c_labels, r_ids, r_labels, max(len(c_ids), len(r_ids)), trimmed, cut_c or cut_r,
+                        c_ids == r_ids, empty))
     return out
 
 
@@ -127,41 +135,43 @@ def encode_feedback(batch, tokenizer, template: str) -> dict[str, list]:  # noqa
     out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "desirable": []}
     for row in _rows(batch):
         ex = pf.to_feedback(row)
-        prompt, (completion,) = encode(ex, tokenizer, policy_rendering(tokenizer, template, ex.textual), (ex.chosen,))
-        out["prompt_ids"].append(prompt)
-        out["completion_ids"].append(completion)
-        out["desirable"].append(int(ex.desirable))
+        prompt, [(completion, _)] = encode(ex, tokenizer, policy_rendering(tokenizer, template, ex.textual),
+                                           (ex.chosen,))  # one response: no lead
+        _appended(out, (prompt, completion, int(ex.desirable)))
     return out
 
 
-def scored_texts(prompt, response: str, tokenizer) -> tuple[str, str]:  # noqa: ANN001
-    """A reward model's text of one prompt and reply: the chat template when the tokenizer has one, else the plain
-    text (a text prompt and its reply as they are; messages' contents one per paragraph)."""
+def scored_tokens(prompt, response: str, tokenizer  # noqa: ANN001
+                  ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """A reward model's (specials before, prompt, response, specials after): through the chat template when the
+    tokenizer has one (its own special tokens), else the plain text (a text prompt and its reply as they are,
+    messages' contents one per paragraph) between the tokenizer's special tokens ([CLS] ... [SEP])."""
     if getattr(tokenizer, "chat_template", None):
-        head, tail, _ = texts(prompt, response, tokenizer, ins.Rendering("chat"))
-        return head, tail
-    if isinstance(prompt, str):
-        return prompt, response
-    return "\n\n".join(m["content"] for m in prompt), "\n\n" + response
+        rendering = ins.Rendering("chat")
+        ids, mask = ins.render(conversation(prompt, response, rendering), tokenizer, rendering)
+        start, end = last_run(mask)
+        return [], ids[:start], ids[start:end], []
+    if not isinstance(prompt, str):
+        prompt, response = "\n\n".join(m["content"] for m in prompt), "\n\n" + response
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] if t else [] for t in (prompt, response)]
+    before, after = affixes(tokenizer)
+    return before, list(ids[0]), list(ids[1]), after
 
 
 def encode_scored(batch, tokenizer, fmt: str, max_prompt: int, cap: int) -> dict[str, list]:  # noqa: ANN001
-    """Pair rows -> a reward model's chosen/rejected input ids (the tokenizer's special tokens around each), length."""
-    keys = ("chosen_input_ids", "rejected_input_ids", "length", "trimmed", "cut", "tie", "empty")
-    out: dict[str, list] = {k: [] for k in keys}
-    prefix, suffix = affixes(tokenizer)
-    room = cap - len(prefix) - len(suffix)
+    """Pair rows -> a reward model's chosen/rejected input ids, length; flags as ``encode_pairs``."""
+    out: dict[str, list] = {k: [] for k in ("chosen_input_ids", "rejected_input_ids", "length", "trimmed", "cut",
+                                            "tie", "empty")}
     for row in _rows(batch):
         ex = pf.to_pair(row, fmt)
         seqs, trimmed, cut = [], False, False
         for response in (ex.chosen, ex.rejected):
-            head, tail = scored_texts(ex.prompt, response, tokenizer)
-            p, r, t, c = fit(_ids(tokenizer, head), _ids(tokenizer, tail), min(max_prompt, room - 1), room)
-            seqs.append(prefix + p + r + suffix)
+            before, prompt, reply, after = scored_tokens(ex.prompt, response, tokenizer)
+            room = cap - len(before) - len(after)
+            p, r, t, c = fit(prompt, reply, min(max_prompt, room - 1), room)
+            seqs.append(before + p + r + after)
             trimmed, cut = trimmed or t, cut or c
-        values = (seqs[0], seqs[1], max(map(len, seqs)), trimmed, cut, seqs[0] == seqs[1], False)
-        for k, v in zip(keys, values):
-            out[k].append(v)
+        _appended(out, (seqs[0], seqs[1], max(map(len, seqs)), trimmed, cut, seqs[0] == seqs[1], False))
     return out
 
 
@@ -169,8 +179,8 @@ def feedback_rows(prompts: list[list[int]], completions: list[list[int]], desira
                   cap: int) -> tuple[dict[str, list], dict[str, int]]:
     """The feedback side's rows: each row's prompt + completion, and its KL row (its prompt + the next row's
     completion, wrapping: TRL's KL estimate); counts of trimmed prompts, cut responses, rows with no target."""
-    keys = ("input_ids", "labels", "desirable", "kl_input_ids", "kl_labels", "length")
-    out: dict[str, list] = {k: [] for k in keys}
+    out: dict[str, list] = {k: [] for k in ("input_ids", "labels", "desirable", "kl_input_ids", "kl_labels",
+                                            "length")}
     counts = {"trimmed": 0, "cut": 0, "empty": 0}
     n = len(prompts)
     for i in range(n):
@@ -183,6 +193,5 @@ def feedback_rows(prompts: list[list[int]], completions: list[list[int]], desira
             continue
         counts["trimmed"] += trimmed
         counts["cut"] += cut
-        for k, v in zip(keys, (ids, labels, desirable[i], kl_ids, kl_labels, max(len(ids), len(kl_ids)))):
-            out[k].append(v)
+        _appended(out, (ids, labels, desirable[i], kl_ids, kl_labels, max(len(ids), len(kl_ids))))
     return out, counts

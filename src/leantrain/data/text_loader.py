@@ -76,8 +76,8 @@ def prepared(cfg: DataConfig, train, evaluation, label_map, chosen, notes, warni
     data, the first-N cuts, and the fewer-than-one-batch warning."""
     if evaluation is None:
         train, evaluation = _hold_out(train, cfg.eval_fraction, seed, notes)
-    train = _first(train, cfg.max_train_samples, "data.max_train_samples", "training", notes)
-    evaluation = _first(evaluation, cfg.max_eval_samples, "data.max_eval_samples", "eval", notes)
+    train = first_rows(train, cfg.max_train_samples, "data.max_train_samples", "training", notes)
+    evaluation = first_rows(evaluation, cfg.max_eval_samples, "data.max_eval_samples", "eval", notes)
     if isinstance(label_map, LabelMap):
         _one_class(train, label_map, chosen)
     if len(train) < batch_size:
@@ -329,7 +329,9 @@ def _hold_out(train: datasets.Dataset, fraction: float, seed: int, notes: list[s
     return split["train"], split["test"]
 
 
-def _first(ds: datasets.Dataset, n: int | None, setting: str, what: str, notes: list[str]) -> datasets.Dataset:
+def first_rows(ds: datasets.Dataset, n: int | None, setting: str, what: str, notes: list[str]
+               ) -> datasets.Dataset:
+    """The first ``n`` rows (``setting``: data.max_train_samples / data.max_eval_samples), noted when it cuts."""
     if n is None or len(ds) <= n:
         return ds
     notes.append(f"{setting}: using the first {n} of {len(ds)} {what} rows")

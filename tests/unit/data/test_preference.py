@@ -57,6 +57,8 @@ FORMATS = {  # format -> (a row, the SFT conversation it renders as, chosen's tr
     "explicit": ({"prompt": Q, "chosen": GOOD, "rejected": BAD}, None, GOOD + "<|endoftext|>"),
     "explicit-chat": ({"prompt": MSG, "chosen": [{"role": "assistant", "content": GOOD}],
                        "rejected": [{"role": "assistant", "content": BAD}]}, MSG, GOOD + "<|im_end|>\n"),
+    "explicit-full": ({"prompt": Q, "chosen": [*MSG, {"role": "assistant", "content": GOOD}],  # UltraFeedback's layout
+                       "rejected": [*MSG, {"role": "assistant", "content": BAD}]}, MSG, GOOD + "<|im_end|>\n"),
     "implicit": ({"chosen": f"\n\nHuman: {Q}\n\nAssistant: {GOOD}", "rejected": f"\n\nHuman: {Q}\n\nAssistant: {BAD}"},
                  None, f" {GOOD}<|endoftext|>"),
     "implicit-chat": ({"chosen": [*MSG, {"role": "assistant", "content": GOOD}],
@@ -69,7 +71,7 @@ FORMATS = {  # format -> (a row, the SFT conversation it renders as, chosen's tr
 
 def test_formats_are_detected_from_columns_and_first_row():
     for name, (row, *_) in FORMATS.items():
-        assert detect_format(list(row), row) == name.removesuffix("-chat")
+        assert detect_format(list(row), row) == name.split("-")[0]
     assert detect_format(["prompt", "completion", "label"], {"label": True}) == "feedback"
     assert detect_format(["messages", "label"], {"label": 0}) == "feedback"
     assert detect_format(["messages", "label"], {"label": "sports"}) is None  # a class label: not feedback
@@ -81,7 +83,7 @@ def test_each_format_renders_as_sft_with_the_response_masked_and_the_prompt_shar
     row, conversation, trained = FORMATS[fmt]
     with caplog.at_level(logging.INFO, logger="leantrain"):
         prepared, out, _ = processed(tmp_path, tok, [row] * 3, block_size=256)
-    assert prepared.columns == {"format": fmt.removesuffix("-chat"), "prompt": "messages" if conversation else "text"}
+    assert prepared.columns == {"format": fmt.split("-")[0], "prompt": "messages" if conversation else "text"}
     assert len(out) == 3
     assert "rendered example" in caplog.text and "[[" in caplog.text
     r = out[0]
@@ -106,9 +108,26 @@ def test_hh_transcripts_take_the_chat_template_as_turns_on_request(tmp_path, tok
     assert response_text(tok, ids, labels) == GOOD + "<|im_end|>\n"
 
 
+def test_message_prompts_take_the_plain_template_on_request(tmp_path, tok):
+    _, out, _ = processed(tmp_path, tok, [FORMATS["explicit-chat"][0]] * 2, template="plain")
+    ids, labels = out[0]["chosen_input_ids"], out[0]["chosen_labels"]
+    k = labels.index(next(y for y in labels if y != IGNORE))
+    assert tok.decode(ids[:k]) == f"### Instruction:\n{Q}\n\n### Response:\n"
+    assert response_text(tok, ids, labels) == GOOD + "<|endoftext|>"
+
+
 def test_sample_prompts_are_rendered_as_the_preference_prompts_were(tok):
     assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "implicit", "prompt": "text"}) == (["Hi"], False)
     assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "explicit", "prompt": "messages"}) == (["Hi"], True)
+
+
+def test_prompt_tokens_merged_into_an_answer_go_with_it_unlearnt(tmp_path, tok):
+    _, out, _ = processed(tmp_path, tok, [{"prompt": "The ans", "chosen": "wer", "rejected": "k"}] * 2)
+    r = out[0]  # "The ans" + "wer" tokenises as "The", " answer"; "The ans" + "k" as "The", " ans", "k"
+    assert r["chosen_input_ids"] == tok("The answer<|endoftext|>")["input_ids"]  # SFT's tokens
+    assert r["chosen_input_ids"][0] == r["rejected_input_ids"][0] and r["rejected_labels"][1] == IGNORE
+    assert response_text(tok, r["chosen_input_ids"], r["chosen_labels"]) == " answer<|endoftext|>"
+    assert response_text(tok, r["rejected_input_ids"], r["rejected_labels"]) == "k<|endoftext|>"
 
 
 def test_json_arrays_are_read_as_json_lines(tmp_path, tok):
@@ -194,15 +213,24 @@ def test_feedback_rows_carry_their_label_and_a_kl_row_of_the_next_completion(tmp
         processed(tmp_path, tok, rows, side="pairs")
 
 
-def test_reward_model_rows_are_the_plain_text_with_the_tokenizers_special_tokens(tmp_path):
+def test_reward_model_rows_are_the_plain_text_with_the_tokenizers_special_tokens(tmp_path, caplog):
     from leantrain.modeling import packaged_model_path
 
     bert = AutoTokenizer.from_pretrained(packaged_model_path())  # no chat template: the plain text
-    _, out, c = processed(tmp_path, bert, [FORMATS["implicit"][0]] * 2, side="scored-pairs")
+    with caplog.at_level(logging.INFO, logger="leantrain"):
+        _, out, c = processed(tmp_path, bert, [FORMATS["implicit"][0]] * 2, side="scored-pairs", block_size=1024)
+    assert "cut to the tokenizer's model_max_length=512" in caplog.text
     assert out.column_names == ["chosen_input_ids", "rejected_input_ids", "length"]
     assert bert.decode(out[0]["chosen_input_ids"]) == bert.decode(bert(FORMATS["implicit"][0]["chosen"])["input_ids"])
     batch = for_modality("scored-pairs").collator(bert, c, train=True)([out[0], out[1]])
     assert set(batch) == {"input_ids", "attention_mask", "loss_weight"} and batch["input_ids"].shape[0] == 4
+
+
+
+def test_reward_model_rows_go_through_the_chat_template_when_there_is_one(tmp_path, tok):
+    _, out, _ = processed(tmp_path, tok, [FORMATS["explicit-chat"][0]] * 2, side="scored-pairs")
+    assert tok.decode(out[0]["rejected_input_ids"]) == (f"<|im_start|>user\n{Q}<|im_end|>\n<|im_start|>assistant\n"
+                                                        f"{BAD}<|im_end|>\n")
 
 
 @pytest.mark.parametrize("rows, says", [
