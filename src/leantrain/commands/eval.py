@@ -34,8 +34,8 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     recorded = stored_task(model_dir)
     if cfg.model.task == "auto" and recorded in TASKS and get_task(recorded).spec.labels == "pairs":
         task_name = recorded  # a preference-tuned policy or a reward model: its metrics on pairs
-    if get_task(task_name).spec.labels in ("none", "pairs"):  # a language model: loss and perplexity over the
-        return evaluate_language_model(model_dir, task_name, cfg, output_path, batch_size)  # text; pairs: rewards
+    if not get_task(task_name).labelled or get_task(task_name).spec.labels == "pairs":  # a language model: loss
+        return evaluate_language_model(model_dir, task_name, cfg, output_path, batch_size)  # and perplexity; rewards
     accelerator, model, side, labels, task = load_trained(model_dir, cfg)
     cfg = with_run_settings(model_dir, cfg, cfg.data.eval)  # the run's columns and max_length, unless set here
     rows, notes = side[0].load_rows(cfg.data.eval, cfg.data, require_labels=True, known_labels=labels)
@@ -47,7 +47,7 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     values = {k: v.numpy() for k, v in task.eval_batch(logits, y).items()}
     y = y.numpy()
     metrics = task.all_metrics(values, labels)
-    classes = task.spec.labels == "classes"  # per class and a confusion matrix: for class labels
+    classes = task.class_labels  # per class and a confusion matrix: for class labels
     preds = values.get("preds")  # multi-label has probabilities instead
     if classes:
         metrics["per_class"] = per_class(preds, y, labels)

@@ -20,7 +20,7 @@ from leantrain.engine.preflight import check_output_file, check_weights
 from leantrain.engine.run_settings import with_run_settings
 from leantrain.modeling import load_config, load_processor, load_trained_model, resolve_task, trained_label_names
 from leantrain.modeling.names import resolve_model_name
-from leantrain.modeling.tasks import get_task
+from leantrain.modeling.tasks import Task, get_task
 
 log = logging.getLogger("leantrain")
 
@@ -82,7 +82,7 @@ def predict(model_dir: str, input_path: str, output_path: str, cfg: Config, batc
     for n in notes:
         log.info(n)
     rows = rows.remove_columns([c for c in ("label",) if c in rows.column_names])
-    shown = _shown_fields(rows, side[0].name, input_path, cfg, id_column)
+    shown = _shown_fields(rows, task, input_path, cfg, id_column)
     processed: list = []
     logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size, processed)
     predicted = task.row_predictions(logits, labels, rows, processed[0])
@@ -96,11 +96,11 @@ def predict(model_dir: str, input_path: str, output_path: str, cfg: Config, batc
     return len(predicted)
 
 
-def _shown_fields(rows, modality: str, input_path: str, cfg: Config, id_column: str | None) -> dict[str, list]:
+def _shown_fields(rows, task: Task, input_path: str, cfg: Config, id_column: str | None) -> dict[str, list]:
     """What each prediction carries beside its label: the user's id column, else the input (text or file path)."""
     if id_column is None:
-        if modality in ("image", "audio"):
-            return {"path": rows[modality]}  # each prediction names its file
+        if task.media_inputs:
+            return {"path": rows[task.modality]}  # each prediction names its file
         return {k: rows[k] for k in ("text", "text_pair", "tokens") if k in rows.column_names}
     ds = open_rows(input_path, cfg.data).ds
     if id_column not in ds.column_names:

@@ -16,6 +16,8 @@ from torch import nn
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.distributed import full_state_dict
+from leantrain.engine.dropout import resolve_dropout
+from leantrain.engine.efficiency import compile_seconds
 from leantrain.engine.training_data import TrainingData
 from leantrain.modeling.lora import is_peft_model, merged_for_saving, save_adapter, save_adapter_only
 from leantrain.modeling.names import display_name
@@ -69,6 +71,17 @@ class RunResult:
     skipped_steps: list[int]
     best: dict
     trainable: dict | None = None  # peft / freeze record (modeling.lora.Trainable.record)
+
+
+def efficiency_summary(eff, accelerator: Accelerator, model: nn.Module, precision: str, precision_reason: str,
+                       allocator) -> dict:
+    """summary.json's ``efficiency`` section: the settings as configured, and what they resolved to in this run
+    (``precision`` and why, the CPU allocator, dropout, the attention implementation, compile time)."""
+    return {**eff.model_dump(), "precision_requested": eff.precision, "precision": precision,
+            "precision_reason": precision_reason, "cpu_allocator_applied": allocator,
+            "dropout_applied": resolve_dropout(eff.dropout, accelerator.device.type),
+            "attn_implementation": accelerator.unwrap_model(model).config._attn_implementation,
+            "compile_seconds": compile_seconds() if eff.compile else None}
 
 
 def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data: TrainingData, result: RunResult,

@@ -20,21 +20,19 @@ from leantrain.config import Config, parse_stop_when
 from leantrain.data.loaders import epoch_micro_batches, train_loader
 from leantrain.engine.accelerator import (attach_trackers, default_output_dir, device_type, make_accelerator,
                                           setup_logging)
-from leantrain.engine.artifacts import RunResult, save_outputs
+from leantrain.engine.artifacts import RunResult, efficiency_summary, save_outputs
 from leantrain.engine.batch_layout import BatchLayout, batch_layout
 from leantrain.engine.best import BestModel
 from leantrain.engine.checkpoint import Checkpointer, data_fingerprint
 from leantrain.engine.distributed import (CommStats, apply_fsdp, count_fsdp_traffic, distributed_summary, local_sgd,
                                           replica_spread, strategy_name, time_allreduce)
-from leantrain.engine.dropout import resolve_dropout
-from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, compile_seconds,
-                                         resolve_precision)
+from leantrain.engine.efficiency import ACCELERATE_PRECISION, apply_model_switches, compile_model, resolve_precision
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.host_allocator import host_memory
 from leantrain.engine.lock import hold as hold_lock, release as release_lock
 from leantrain.engine.nonfinite import NonFiniteGuard
-from leantrain.engine.preempt import Preemption, stop_if_signalled
+from leantrain.engine.preempt import Preemption
 from leantrain.engine.preflight import check_stop_when, check_train
 from leantrain.engine.resume import Decision, LoopState, apply_rng, decide, prior_records, restore
 from leantrain.engine.samples import check_sample_prompts, write_samples
@@ -233,12 +231,8 @@ def finish(loop: Loop, run: Run, *, wall_seconds: float) -> dict:
         layout=p.layout, meter=p.meter, steps=loop.step, last_eval=last_eval, records=p.metrics_log.records,
         wall_seconds=wall_seconds, counts=run.counts, optim_state=loop.optim_state,
         speed={**p.flops.summary(p.meter.tokens_per_second), "time_split_seconds": loop.clock.summary()},
-        efficiency={**cfg.efficiency.model_dump(), "precision_requested": cfg.efficiency.precision,
-                    "precision": start.precision, "precision_reason": start.precision_reason,
-                    "cpu_allocator_applied": start.allocator,
-                    "dropout_applied": resolve_dropout(cfg.efficiency.dropout, accelerator.device.type),
-                    "attn_implementation": accelerator.unwrap_model(model).config._attn_implementation,
-                    "compile_seconds": compile_seconds() if cfg.efficiency.compile else None},
+        efficiency=efficiency_summary(cfg.efficiency, accelerator, model, start.precision, start.precision_reason,
+                                      start.allocator),
         distributed=distributed_summary(cfg, accelerator, model, run.comm, p.meter),
         resumed_from_step=p.state.step if p.state.resumed_from else None, skipped_steps=loop.guard.skipped,
         best=loop.best.summary(), trainable=run.trainable.record(cfg.peft) if run.trainable else None,
@@ -403,7 +397,10 @@ class Loop:
                 self.progress.write(describe_optim_state(self.optim_state))
             self.after_step()
             self.faults.signal_after(self.step)
-            stop_if_signalled(self)
+            if (stop := self.preempt.stop_signal(self.step)) is not None:  # a signal: checkpoint, then stop
+                path = self.checkpoint_now()
+                self.progress.close()
+                self.preempt.stop(stop, self.step, path)
 
     def after_step(self) -> None:
         cfg, step = self.cfg, self.step
@@ -429,6 +426,11 @@ class Loop:
         if self.ckpt.due(step):
             self.save_checkpoint()
         self.faults.after_step(step)
+
+    def checkpoint_now(self) -> Path:
+        """The checkpoint of this step: the one just saved, else a new one."""
+        last = self.ckpt.last
+        return last if last is not None and last.name.endswith(f"{self.step:07d}") else self.save_checkpoint()
 
     def save_checkpoint(self) -> Path:
         self.guard.check()  # a checkpoint is always a finite state

@@ -120,28 +120,28 @@ class Preemption:
         return int(flag.item())
 
 
-def stop_if_signalled(loop) -> None:
-    """At a step boundary: if the processes agree that a signal came, checkpoint and raise ``Preempted``."""
-    signum = loop.preempt.agreed(loop.step)
-    if not signum or loop.step >= loop.layout.total_steps:
-        return  # a signal during the last step lets the run finish
-    import torch
+    def stop_signal(self, step: int) -> str | None:
+        """At the boundary after ``step``: the name of the signal every process agrees to stop on (``SIGTERM``), or
+        None to go on (also for a signal during the last step: the run finishes). The loop acts on it: it saves
+        its checkpoint, then calls :meth:`stop`."""
+        signum = self.agreed(step)
+        return signal.Signals(signum).name if signum and step < self.layout.total_steps else None
 
-    acc, step = loop.accelerator, loop.step
-    path = loop.ckpt.last if loop.ckpt.last is not None and loop.ckpt.last.name.endswith(f"{step:07d}") else None
-    if path is None:
-        path = loop.save_checkpoint()
-    name = signal.Signals(signum).name
-    loop.progress.close()
-    if acc.is_main_process:
-        _write_status({"preempted": True, "signal": name, "step": step, "checkpoint": str(path)})
-    acc.end_training()
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    if acc.is_main_process:
-        raise Preempted(f"stopped by {name} after step {step} of {loop.layout.total_steps}; checkpoint {path}; run the "
-                        f"same command again to resume from it (exit status {EXIT_PREEMPTED})")
-    raise Preempted(f"process {acc.process_index}: stopped by {name} after step {step} (see process 0)")
+    def stop(self, name: str, step: int, checkpoint) -> None:
+        """End the run stopped by signal ``name`` after ``step``, its state in ``checkpoint``: the status for the
+        launcher (rank 0), the process group closed, and ``Preempted`` raised (exit status ``EXIT_PREEMPTED``)."""
+        import torch
+
+        acc = self.accelerator
+        if acc.is_main_process:
+            _write_status({"preempted": True, "signal": name, "step": step, "checkpoint": str(checkpoint)})
+        acc.end_training()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        if acc.is_main_process:
+            raise Preempted(f"stopped by {name} after step {step} of {self.layout.total_steps}; checkpoint {checkpoint}; "
+                            f"run the same command again to resume from it (exit status {EXIT_PREEMPTED})")
+        raise Preempted(f"process {acc.process_index}: stopped by {name} after step {step} (see process 0)")
 
 
 def _write_status(status: dict) -> None:

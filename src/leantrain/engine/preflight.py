@@ -50,7 +50,7 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
     Set explicitly above the limit: ConfigError naming both numbers. Left at its default (128) above a small
     model's limit: lowered to the limit, with a log note. Returns the (possibly updated) config."""
     task = get_task(resolve_task(cfg))
-    if task.processor != "tokenizer":  # a position limit is in tokens
+    if not task.tokenized:  # a position limit is in tokens
         return cfg
     if config is None:
         config = load_config(cfg.model)
@@ -59,7 +59,7 @@ def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, tran
         return cfg
     limit, source = found
     limit = min(limit, cfg.model.config_overrides.get("max_position_embeddings", limit))
-    if task.modality == "tokens":  # language models: the rows are blocks of data.block_size tokens
+    if task.token_blocks:  # language models: the rows are blocks of data.block_size tokens
         return _check_block_size(cfg, limit, source)
     asked = cfg.data.max_length
     if asked <= limit:

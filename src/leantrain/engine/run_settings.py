@@ -30,7 +30,7 @@ def run_settings(cfg: Config, task: str, columns: dict, saved: dict | None = Non
     task's ``saved`` record (``Task.saved_config``: a preference-tuned policy's method, beta and reference)."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
-    if get_task(task).modality in ("tokens", "preference", "scored-pairs"):  # eval cuts the text as the run did
+    if get_task(task).token_blocks:  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
     return {"task": task, "data": data, **(saved or {})}
 

@@ -21,17 +21,12 @@ from leantrain.modeling.tasks import get_task
 log = logging.getLogger("leantrain")
 
 
-def generates(task: str) -> bool:
-    """Whether the task's saved model is a text generator (``pipeline("text-generation")``)."""
-    return get_task(task).spec.pipeline_task == "text-generation"
-
-
 def check_sample_prompts(cfg, task: str) -> None:  # noqa: ANN001 - leantrain Config
     """``report.sample_prompts`` needs a model that generates text, and prompts that are not empty (exit 2)."""
     prompts = cfg.report.sample_prompts
     if not prompts:
         return
-    if not generates(task):
+    if not get_task(task).generates:
         raise ConfigError(f"report.sample_prompts is for language models (model.task=causal-lm); this run's task is "
                           f"{task}")
     empty = [i for i, p in enumerate(prompts) if not p.strip()]

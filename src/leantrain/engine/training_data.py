@@ -20,7 +20,7 @@ from leantrain.engine.precompute import with_precomputed
 from leantrain.engine.samples import check_sample_prompts
 from leantrain.modeling import load_processor, model_name, resolve_task_reason
 from leantrain.modeling.load import check_tokenizer_key
-from leantrain.modeling.tasks import Task, get_task, task_for_labels
+from leantrain.modeling.tasks import TEXT, Task, get_task, task_for_labels
 from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task
 from leantrain.modeling.tasks.multilabel import check_pos_weight_task
 
@@ -40,7 +40,7 @@ class TrainingData:
     columns: dict = field(default_factory=dict)
     eval_batch_size: int | None = None
     num_workers: int = 0
-    task: str = "text-classification"
+    task: str = TEXT
     eval_collator: object | None = None  # unset: the training collator
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
     class_weights: list[float] | None = None  # train.class_weights resolved: one per label id; None = unweighted
@@ -132,7 +132,7 @@ def validate_data(cfg: Config):
 
 def check_regression_keys(cfg: Config, task: str) -> None:
     """train.loss=huber and data.standardize_targets are for a task with score labels (regression) only."""
-    if get_task(task).spec.labels == "scores":
+    if get_task(task).score_labels:
         return
     for key, value, default in (("train.loss", cfg.train.loss, "mse"),
                                 ("data.standardize_targets", cfg.data.standardize_targets, False)):

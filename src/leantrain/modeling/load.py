@@ -25,7 +25,8 @@ from leantrain.modeling.pad_token import ensure_pad_token, set_model_pad_token
 from leantrain.modeling.pooling import apply_pooling
 from leantrain.modeling.switches import embeddings_of
 from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch
-from leantrain.modeling.tasks import auto_model_class, default_task, get_task, task_of_config
+from leantrain.modeling.tasks import TEXT, auto_model_class, default_task, get_task, task_of_config
+from leantrain.modeling.tasks.detect import CLASSIFIER_ARCHS, detect_task
 
 log = logging.getLogger("leantrain")
 
@@ -100,8 +101,6 @@ def load_processor(cfg: ModelConfig, task: str):
         raise _load_error(name, e) from None
 
 
-_CLASSIFIERS = ("ForSequenceClassification", "ForImageClassification", "ForAudioClassification",
-                "ForTokenClassification")
 _DEFAULT_LABEL = re.compile(r"^LABEL_\d+$")
 
 
@@ -109,13 +108,13 @@ def trained_label_names(config) -> list[str] | None:
     """The label names a fine-tuned classifier carries, or None for a base model (no head, or LABEL_i names)."""
     id2label = getattr(config, "id2label", None) or {}
     archs = getattr(config, "architectures", None) or []
-    if not id2label or not any(c in a for a in archs for c in _CLASSIFIERS):
+    if not id2label or not any(c in a for a in archs for c in CLASSIFIER_ARCHS):
         return None
     names = [str(id2label[i]) for i in sorted(id2label, key=int)]
     return None if all(_DEFAULT_LABEL.match(n) for n in names) else names
 
 
-def build_model(cfg: ModelConfig, label_names: list[str], task: str = "text-classification", extra: dict | None = None):
+def build_model(cfg: ModelConfig, label_names: list[str], task: str = TEXT, extra: dict | None = None):
     """The task's AutoModelFor... with the data's labels; a new head when the label set changes.
 
     With model.config / model.config_type: random initialisation from that config (seeded by the caller).
@@ -173,7 +172,7 @@ def _scratch_fields(cfg: ModelConfig, task: str, config) -> dict:
     """The task's processor-dependent fields of a model from a config (causal LM: vocab_size = len(tokenizer),
     special token ids). A vocab_size the user set larger than the tokenizer's is kept (e.g. padded to a multiple of
     64); a smaller one cannot hold the token ids: exit 2."""
-    if get_task(task).processor != "tokenizer":
+    if not get_task(task).tokenized:
         return {}
     check_tokenizer_key(cfg, task)
     fields = get_task(task).scratch_fields(load_tokenizer(cfg))
@@ -191,9 +190,9 @@ def _scratch_fields(cfg: ModelConfig, task: str, config) -> dict:
 def _with_pad_token(model, cfg: ModelConfig, task: str):
     """A text model whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...); a sequence
     classifier's pooler as ``model.pooling`` says (``leantrain.modeling.pooling``)."""
-    if get_task(task).auto_model == "AutoModelForSequenceClassification":
+    if get_task(task).sequence_classifier:
         apply_pooling(model, cfg.pooling)
-    if get_task(task).processor == "tokenizer" and getattr(model.config, "pad_token_id", None) is None:
+    if get_task(task).tokenized and getattr(model.config, "pad_token_id", None) is None:
         set_model_pad_token(model, load_tokenizer(cfg))
     return model
 
@@ -247,7 +246,7 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
 
     config = load_config(cfg)
     archs = getattr(config, "architectures", None) or []
-    classifier = any(c in a for a in archs for c in _CLASSIFIERS)
+    classifier = any(c in a for a in archs for c in CLASSIFIER_ARCHS)
     auto = auto_model_class(task_of_config(config) or default_task("text")) if classifier else AutoModel
     name = model_name(cfg)
     try:
@@ -259,68 +258,24 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
 
 
 def resolve_task(cfg: Config) -> str:
-    """``model.task``, or what ``auto`` decides (see the module docstring). Reads config.json at most."""
+    """``model.task``, or what ``auto`` decides (``leantrain.modeling.tasks.detect``). Reads config.json at most."""
     return resolve_task_reason(cfg)[0]
 
 
-_CAUSAL_LM = "causal-lm"
-
-
-def _causal_lm_architecture(config) -> str | None:
-    """The config's causal-LM architecture (``LlamaForCausalLM``, ``GPT2LMHeadModel``), unless it also names a
-    classifier; None otherwise."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # lazy: heavy
-
-    archs = getattr(config, "architectures", None) or []
-    if any(c in a for a in archs for c in _CLASSIFIERS):
-        return None
-    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
-    return next((a for a in archs if a in causal or a.endswith("ForCausalLM")), None)
-
-
-def _builds_causal_lm(config) -> bool:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # lazy: heavy
-
-    return getattr(config, "model_type", None) in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-
-def plain_text_data(cfg: Config) -> bool:
-    """The training data is plain text (.txt files, a glob of them) or a folder of token shards from ``leantrain
-    prepare`` (its manifest.json), and no label column is named: language-model data."""
-    train = cfg.data.train
-    if not train or cfg.data.label_column:
-        return False
-    return str(train).lower().endswith(".txt") or (Path(train) / "manifest.json").is_file()
-
-
 def resolve_task_reason(cfg: Config) -> tuple[str, str]:
-    """(the task, why: what ``model.task=auto`` decided it from; "" when model.task is set)."""
-    m = cfg.model
-    if m.task != "auto":
-        return m.task, ""
-    config = None
-    if m.name or m.config or m.config_type:
-        try:
-            config = load_config(m)
-        except ConfigError:
-            raise
-        except UserError:  # an unreachable Hub id: building the model reports it
-            config = None
-    if config is not None:
-        arch = _causal_lm_architecture(config)
-        if arch is not None and not cfg.data.label_column:  # a label column: a classifier made from a base LM
-            return _CAUSAL_LM, f"the model is a {arch}"
-        if from_scratch(m) and _builds_causal_lm(config) and (m.tokenizer or plain_text_data(cfg)):
-            key = "model.config" if m.config else "model.config_type"
-            why = "model.tokenizer is set" if m.tokenizer else "the training data is plain text"
-            return _CAUSAL_LM, f"{key} builds a {config.model_type} causal LM and {why}"
-        task = task_of_config(config)
-        if task is not None and not (task == _CAUSAL_LM and cfg.data.label_column):  # a label column: a classifier
-            return task, f"the model's config ({config.model_type})"
-    if plain_text_data(cfg):
-        return _CAUSAL_LM, "the training data is plain text with no label column"
-    if cfg.data.image_column:
-        return default_task("image"), "data.image_column"
-    if cfg.data.audio_column:
-        return default_task("audio"), "data.audio_column"
-    return default_task("text"), "text data"
+    """(the task, why ``model.task=auto`` chose it; "" when model.task is set): ``detect_task`` on the model's
+    config, read here (only under auto)."""
+    return detect_task(cfg, detection_config(cfg.model) if cfg.model.task == "auto" else None)
+
+
+def detection_config(m: ModelConfig):
+    """The model's config for ``model.task=auto``, or None when there is no model to read (an unreachable Hub id:
+    building the model reports it)."""
+    if not (m.name or m.config or m.config_type):
+        return None
+    try:
+        return load_config(m)
+    except ConfigError:
+        raise
+    except UserError:
+        return None

@@ -93,7 +93,7 @@ def _hparam_rows(config: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def write_model_card(
     model_dir: str | os.PathLike, *, base_model: str, label_names: list[str], summary: dict, config: dict,
-    task: str = "text-classification",
+    task: str = TEXT,
 ) -> Path:
     """Write model_dir/README.md (YAML front matter + Markdown) and return its path."""
     model_dir = Path(model_dir)
@@ -131,7 +131,7 @@ def write_model_card(
         lines += ["## Throughput and memory", "", *_table(("measure", "value"), cost), ""]
     if versions := summary.get("versions"):
         lines += ["## Framework versions", "", *(f"- {k} {v}" for k, v in versions.items()), ""]
-    var = "generator" if entry.spec.pipeline_task == "text-generation" else "classifier"
+    var = "generator" if entry.generates else "classifier"
     lines += [
         "## Usage", "", "```python", "from transformers import pipeline", "",
         f'{var} = pipeline("{entry.spec.pipeline_task}", model="{model_dir.as_posix()}")  # or its Hub id once pushed',

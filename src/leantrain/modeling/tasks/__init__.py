@@ -1,7 +1,8 @@
 """Tasks: the task registry (``registry``: the ``Task`` base, ``register``, ``get_task``, auto-detection) and one
 module per task (``classification``: text, image and audio classification; ``regression``: text regression;
 ``multilabel``: multi-label text classification; ``token_classification``: tags per word, NER; ``causal_lm``: causal
-language modelling), and what tasks share (``row_counts``: per-row counts of the training data, read once).
+language modelling), ``detect``: what ``model.task=auto`` decides from the model's config and the data keys, and
+what tasks share (``row_counts``: per-row counts of the training data, read once).
 Importing this package registers the built-in tasks."""
 
 from leantrain.modeling.tasks.registry import (AUDIO, IMAGE, TASKS, TEXT, CardText, Task, auto_model_class,

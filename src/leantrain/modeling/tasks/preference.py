@@ -87,6 +87,10 @@ class Preference(CausalLM):
     reference_name: str | None = None  # what the reference is (the base model's name), recorded with the model
     _frozen: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # live: [the frozen copy]
 
+    @property
+    def token_blocks(self) -> bool:
+        return True  # sequences cut to data.block_size: the run's data settings, bounded by the position limit
+
     def configured(self, cfg, model_config=None) -> "Preference":
         """The run's ``preference.*`` (``loss`` auto stays auto: kto for a batch of feedback rows, else dpo), or,
         with ``model_config``, what a trained model recorded (``leantrain eval``: against a live reference)."""

@@ -26,7 +26,7 @@ A task that needs more than one forward (two sequences per row, a frozen referen
 shifted targets, through the chunked output layer when installed) is the building block such a task reuses. Its names and metric names live in its ``TaskSpec`` (``leantrain.config.tasks``), which the config
 checks before any work; ``register`` records both.
 
-``model.task=auto`` (``leantrain.modeling.load.resolve_task``): the model's config decides when its model type
+``model.task=auto`` (``leantrain.modeling.tasks.detect``): the model's config decides when its model type
 belongs to exactly one task's model mapping (a ViT is an image classifier, a wav2vec2 an audio classifier);
 otherwise ``data.image_column`` / ``data.audio_column`` hint at images or audio; otherwise the text task.
 """
@@ -80,6 +80,48 @@ class Task:
     @property
     def modality(self) -> str:
         return self.spec.modality
+
+    # what the rest of leantrain asks of a task instead of comparing its names or fields
+    @property
+    def labelled(self) -> bool:
+        """Its data has labels (a language model's text has none: ``leantrain eval`` reports loss and perplexity)."""
+        return self.spec.labels != "none"
+
+    @property
+    def class_labels(self) -> bool:
+        """Its labels are classes (per-class metrics, a confusion matrix)."""
+        return self.spec.labels == "classes"
+
+    @property
+    def score_labels(self) -> bool:
+        """Its labels are scores (regression: train.loss=huber, data.standardize_targets)."""
+        return self.spec.labels == "scores"
+
+    @property
+    def token_blocks(self) -> bool:
+        """Its rows are blocks of ``data.block_size`` tokens cut from text (language models): the keys that cut them
+        are the run's data settings, and the model's position limit bounds ``data.block_size``."""
+        return self.modality == "tokens"
+
+    @property
+    def tokenized(self) -> bool:
+        """Its inputs are text through the model's tokenizer (a pad token, a position limit in tokens)."""
+        return self.processor == "tokenizer"
+
+    @property
+    def media_inputs(self) -> bool:
+        """Its inputs are files (images, audio) in the ``modality`` column: a prediction names its file."""
+        return self.modality in ("image", "audio")
+
+    @property
+    def generates(self) -> bool:
+        """Its saved model is a text generator (``pipeline("text-generation")``): sample continuations, the card."""
+        return self.spec.pipeline_task == "text-generation"
+
+    @property
+    def sequence_classifier(self) -> bool:
+        """Its model is an ``AutoModelForSequenceClassification`` (a pooler: ``model.pooling``)."""
+        return self.auto_model == "AutoModelForSequenceClassification"
 
     def configured(self, cfg, model_config=None) -> "Task":
         """This task with the run's settings (``Config``; multi-label: ``eval.threshold``); with ``model_config``,

@@ -33,6 +33,10 @@ class RewardModel(Task):
 
     center: float = 0.0
 
+    @property
+    def token_blocks(self) -> bool:
+        return True  # sequences cut to data.block_size: the run's data settings, bounded by the position limit
+
     def configured(self, cfg, model_config=None) -> "RewardModel":
         if model_config is not None:
             return dataclasses.replace(self, center=float((getattr(model_config, RECORD, None) or {})
