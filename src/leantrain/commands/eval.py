@@ -12,11 +12,11 @@ from leantrain.commands.eval_lm import evaluate_language_model
 from leantrain.commands.predict import load_trained, logits_in_row_order
 from leantrain.config import Config, resolve
 from leantrain.engine.preflight import check_output_file
-from leantrain.engine.run_settings import eval_precision, with_run_settings
+from leantrain.engine.run_settings import eval_precision, stored_task, with_run_settings
 from leantrain.errors import UserError
 from leantrain.modeling import resolve_task
 from leantrain.modeling.names import resolve_model_name
-from leantrain.modeling.tasks import get_task
+from leantrain.modeling.tasks import TASKS, get_task
 from leantrain.report.eval_report import confusion, confusion_stem, format_table, per_class, write_confusion
 from leantrain.report.logs import write_json
 
@@ -31,8 +31,11 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
     task_name = resolve_task(cfg.model_copy(update={"model": mcfg}))
-    if not get_task(task_name).labelled:  # a language model: loss and perplexity over the text's tokens
-        return evaluate_language_model(model_dir, task_name, cfg, output_path, batch_size)
+    recorded = stored_task(model_dir)
+    if cfg.model.task == "auto" and recorded in TASKS and get_task(recorded).spec.labels == "pairs":
+        task_name = recorded  # a preference-tuned policy or a reward model: its metrics on pairs
+    if not get_task(task_name).labelled or get_task(task_name).spec.labels == "pairs":  # a language model: loss
+        return evaluate_language_model(model_dir, task_name, cfg, output_path, batch_size)  # and perplexity; rewards
     precision = eval_precision(model_dir, cfg)  # the run's own, so that both report the same metrics
     accelerator, model, side, labels, task = load_trained(model_dir, cfg, precision)
     cfg = with_run_settings(model_dir, cfg, cfg.data.eval)  # the run's columns and max_length, unless set here

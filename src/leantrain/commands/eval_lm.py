@@ -1,6 +1,8 @@
 """``leantrain eval`` of a causal language model: ``eval.loss`` (the mean cross-entropy over every target token of
 ``data.eval``) and ``eval.perplexity``, computed exactly as a training run's evaluation computes them (the same
-data side, blocks of the run's ``data.block_size``, the task's per-row sums and counts)."""
+data side, blocks of the run's ``data.block_size``, the task's per-row sums and counts); of a preference-tuned
+policy, its rewards on pairs against the reference it recorded (``eval.reward_accuracy``, ``eval.reward_margin``,
+...); of a reward model, its pairwise ``eval.accuracy``."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from leantrain.engine.run_settings import eval_precision, with_run_settings
 from leantrain.engine.training_data import data_side
 from leantrain.modeling import load_processor, load_trained_model
 from leantrain.modeling.chunked_loss import apply_chunked_loss
+from leantrain.modeling.names import resolve_model_name
 from leantrain.modeling.tasks import get_task
 from leantrain.report.logs import write_json
 
@@ -49,8 +52,16 @@ def evaluate_language_model(model_dir: str, task: str, cfg: Config, output_path:
         log.info(n)
     blocks = side.process(split, tokenizer, cfg.data, desc="Processing eval")
     collator = side.collator(tokenizer, cfg.data, train=False, device_type=accelerator.device.type)
+    configured = get_task(task).configured(cfg, model.config)  # preference: the recorded method, beta, reference
+    reference = configured.reference_model_name()
+    if reference:  # against the reference the policy was tuned from, frozen
+        log.info("reference: %s", reference)
+        folder = resolve_model_name(reference, None)  # a short name (smollm2-135m) or a folder
+        check_weights(folder, mcfg.allow_pickle)
+        configured = configured.with_reference(load_trained_model(folder, task, mcfg.model_copy(
+            update={"name": folder})).to(accelerator.device))
     model, loader = accelerator.prepare(model, eval_loader(blocks, batch_size, collator))
-    metrics = evaluate(model, loader, accelerator, 0, get_task(task).configured(cfg), [])
+    metrics = evaluate(model, loader, accelerator, 0, configured, [])
     result = {"model": model_dir, "data": cfg.data.eval, "block_size": cfg.data.block_size, "precision": precision,
               "eval": metrics}
     if accelerator.is_main_process and output_path:

@@ -196,6 +196,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     result["trainable_parameters"] = trainable.trainable or result["parameters"]
     if trainable.method != "none" or trainable.frozen:
         result["peft"] = trainable.record(cfg.peft)
+    result.update(data.task_object.plan(model))  # the preference task: each reference choice's cost
     if as_json:
         print(json.dumps(result, indent=2, default=str))
     else:
@@ -312,6 +313,8 @@ def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
       f"{RUN_ALLOWANCE // 2**20} MiB for evaluation and saving: "
       f"{format_bytes(r['need_bytes'])})\n")
     _print_stage(r, w)
+    if "preference" in r:
+        _print_reference(r["preference"], w)
     if "recommendations" not in r:
         return
     key = r.get("speed_unit", "samples_per_second")
@@ -328,3 +331,12 @@ def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
         w(f"  within noise: {r['within_noise_of_fastest']} fitting setting(s) have predicted ranges that overlap the "
           "top one's, so their order is not measured: none of them is shown to be the fastest (choose among them by "
           "memory; listed from the fewest changes to your settings; a quieter machine narrows the ranges)\n")
+
+
+def _print_reference(pref: dict, w) -> None:
+    """The preference task's reference choices (preference.reference), the run's marked."""
+    w(f"  reference (preference.loss={pref['loss']}, preference.reference={pref['reference']}), added to the above:\n")
+    for name, o in pref["reference_options"].items():
+        mark = "*" if name == pref["reference"] else " "
+        usable = "" if o["fits_this_run"] else " (not for this run)"
+        w(f"   {mark} {name:<11} +{format_bytes(o['extra_bytes']):>10}  {o['cost']}{usable}\n")

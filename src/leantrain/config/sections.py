@@ -11,6 +11,7 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from leantrain.config.model_data import DataConfig, ModelConfig
+from leantrain.config.preference import PreferenceConfig, check_preference
 from leantrain.config.problem_type import check_problem_type
 from leantrain.config.run_options import (CheckpointConfig, DistributedConfig, EfficiencyConfig, EvalConfig,
                                           PeftConfig, ReportConfig)
@@ -29,6 +30,7 @@ class Config(Section):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     peft: PeftConfig = Field(default_factory=PeftConfig)
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     output_dir: str | None = Field(None, description="run folder; unset = runs/<date-time>")
 
     @field_validator("output_dir")
@@ -74,6 +76,11 @@ class Config(Section):
         adapters, which start at zero and need a larger step than a full fine-tune)."""
         if self.peft.method != "none" and "lr" not in self.train.model_fields_set:
             self.train.lr = ADAPTER_LR
+        return self
+
+    @model_validator(mode="after")
+    def _preference(self) -> "Config":
+        check_preference(self.preference, self.peft.method)
         return self
 
     @model_validator(mode="after")

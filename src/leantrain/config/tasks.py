@@ -21,6 +21,9 @@ REWARD_MODEL = "reward-model"
 CLASSIFICATION_METRICS = ("accuracy", "f1_macro", "mcc", "loss")  # mcc: two classes only
 REGRESSION_METRICS = ("pearson", "spearman", "mse", "mae", "loss")
 MULTI_LABEL_METRICS = ("f1_micro", "f1_macro", "subset_accuracy", "loss")
+PREFERENCE_METRICS = ("reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward", "chosen_logps",
+                      "rejected_logps", "loss", "kl")  # TRL's meanings; kl: KTO's estimate
+REWARD_MODEL_METRICS = ("accuracy", "margin", "loss")
 TOKEN_CLASSIFICATION_METRICS = ("entity_f1", "entity_precision", "entity_recall", "token_accuracy", "loss")
 
 
@@ -77,3 +80,6 @@ register_spec(TaskSpec(TOKEN_CLASSIFICATION, "tagged", "token_classification", T
                        pipeline="token-classification", labels="tags"))
 register_spec(TaskSpec(CAUSAL_LM, "tokens", "", ("loss", "perplexity"), lower_is_better=("loss", "perplexity"),
                        pipeline="text-generation", labels="none"))
+register_spec(TaskSpec(PREFERENCE, "preference", "", PREFERENCE_METRICS, pipeline="text-generation", labels="pairs"))
+register_spec(TaskSpec(REWARD_MODEL, "scored-pairs", "regression", REWARD_MODEL_METRICS, pipeline="text-classification",
+                       labels="pairs"))

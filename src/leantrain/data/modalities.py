@@ -64,6 +64,27 @@ MODALITIES = {
 }
 
 
+def either_side(pairs: Modality, feedback: Modality) -> Modality:
+    """Preference tuning's data side: chosen / rejected ``pairs`` (DPO and its variants), or unpaired ``feedback``
+    (KTO), chosen by the data's format per call (``preference.is_feedback``)."""
+
+    def pick(data, cfg: DataConfig | None = None) -> Modality:  # noqa: ANN001 - a DataConfig, a path or a dataset
+        return feedback if preference.is_feedback(data, cfg) else pairs
+
+    def collator(tokenizer, cfg: DataConfig, **kw):  # noqa: ANN001, ANN202 - by the rows: feedback has desirable
+        both = pairs.collator(tokenizer, cfg, **kw), feedback.collator(tokenizer, cfg, **kw)
+        return lambda rows: both["desirable" in rows[0]](rows)
+
+    return Modality(
+        "preference", lambda cfg, **kw: pick(cfg).load_and_validate(cfg, **kw),
+        lambda path, cfg, **kw: pick(path, cfg).load_rows(path, cfg, **kw),
+        lambda ds, tokenizer, cfg, **kw: pick(ds).process(ds, tokenizer, cfg, **kw), collator, True,
+        lambda cfg: "pairs")
+
+
+MODALITIES["preference"] = either_side(MODALITIES["pairs"], MODALITIES["feedback"])
+
+
 def for_modality(name: str) -> Modality:
     """The data side of a modality: ``text``, ``image``, ``audio``, ``tagged``, ``tokens`` (causal LMs), ``pairs``,
     ``feedback`` or ``scored-pairs`` (preference data)."""

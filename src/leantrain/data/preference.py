@@ -240,3 +240,16 @@ def side_functions(side: str) -> dict:
             "load_rows": functools.partial(load_rows, side=side), "process": functools.partial(process, side=side),
             "collator": functools.partial(collator, side=side), "counts_tokens": True,
             "label_kind": lambda cfg: kind}
+
+
+def is_feedback(data, cfg: DataConfig | None = None) -> bool:  # noqa: ANN001
+    """Whether ``data`` is unpaired feedback: a dataset (its columns and first row), a file path (with ``cfg``) or a
+    DataConfig (its data.train). Data that cannot be opened is not (the pairs side reports it)."""
+    if isinstance(data, datasets.Dataset):
+        return detect_format(data.column_names, data[0] if len(data) else None) == "feedback"
+    try:
+        part = open_rows(data, cfg) if isinstance(data, str) else \
+            open_parts(data, data.train, None, [])[0] if data.train is not None else None
+    except (DataError, OSError, ValueError):
+        return False
+    return part is not None and detect_format(part.ds.column_names, part.ds[0] if len(part.ds) else None) == "feedback"

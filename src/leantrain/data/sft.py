@@ -251,4 +251,14 @@ def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modaliti
             return process(dataset, processor, cfg, desc)
         return side.process(dataset, processor, cfg, desc)
 
-    return dataclasses.replace(side, load_and_validate=load_and_validate_, load_rows=load_rows_, process=process_)
+    def label_kind_(cfg: DataConfig) -> str:  # model.task=auto: preference data makes a causal LM a preference task
+        train = _train_part(cfg)
+        return "pairs" if train is not None and is_preference(train) else side.label_kind(cfg)
+
+    return dataclasses.replace(side, load_and_validate=load_and_validate_, load_rows=load_rows_, process=process_,
+                               label_kind=label_kind_)
+
+
+def is_preference(part: Part) -> bool:
+    """Whether an opened part is preference data (pairs or unpaired feedback)."""
+    return pf.detect_format(part.ds.column_names, part.ds[0] if len(part.ds) else None) is not None

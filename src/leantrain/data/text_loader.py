@@ -20,6 +20,7 @@ from leantrain.data.caches import using_cache_dir
 from leantrain.data.conll import looks_like_conll, looks_like_tags
 from leantrain.data.label_columns import LABELS, label_columns, merge_label_columns
 from leantrain.data.label_sets import label_set_labels, looks_like_label_sets
+from leantrain.data import preference_formats as pf
 from leantrain.data.scores import looks_like_scores, score_labels
 from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
 from leantrain.errors import DataError, problems_error
@@ -287,7 +288,7 @@ LABEL_READERS = {"classes": label_map_of, "scores": score_labels, "label_sets": 
 
 
 def label_kind(cfg: DataConfig) -> str:
-    """``tags`` for a CoNLL file or rows with a list of words and a list of tags (token classification),
+    """``pairs`` for preference data (chosen / rejected), ``tags`` for a CoNLL file or rows with a list of words and a list of tags (token classification),
     ``label_sets`` when the training labels are lists (or data.label_separator is set, or data.label_column
     lists several 0/1 columns: multi-label), ``scores``
     when they are numbers that are not all whole (regression), else ``classes``:
@@ -298,6 +299,9 @@ def label_kind(cfg: DataConfig) -> str:
     if looks_like_conll(train_spec):
         return "tags"
     train_part, _ = open_parts(cfg, train_spec, None, [])
+    if cfg.label_column is None and pf.detect_format(train_part.ds.column_names,
+                                                     train_part.ds[0] if len(train_part.ds) else None):
+        return "pairs"  # chosen / rejected pairs: a reward model on a sequence classifier
     if looks_like_tags(train_part.ds, cfg.tokens_column, cfg.label_column):
         return "tags"
     chosen, _, _ = cols_.detect(cfg, train_part, need_label=True)

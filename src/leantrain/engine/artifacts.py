@@ -161,11 +161,12 @@ def _write_outputs(cfg: Config, model: nn.Module, out: Path, state_dict: dict | 
     """config.yaml, model/ (weights, processor, run settings, card), loss_curve.png, and summary.json LAST: a run
     killed before summary.json is written is not complete, and its rerun writes every file again."""
     (out / "config.yaml").write_text(cfg.to_yaml())
-    model.config.update(data.task_object.saved_config(summary["eval"]))
+    saved = data.task_object.saved_config(summary["eval"])
+    model.config.update(saved)
     model_dir = _save_model(cfg, model, out, state_dict, data)
     data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
     write_run_settings(model_dir, cfg, data.task, data.columns,  # predict / eval default to them
-                       (summary.get("efficiency") or {}).get("precision"))
+                       (summary.get("efficiency") or {}).get("precision"), saved)
     _report_files(cfg, out, model_dir, data, summary, records)
     write_json(out / "summary.json", summary)
 

@@ -144,8 +144,12 @@ def set_rng_state(state: dict) -> None:
         torch.mps.set_rng_state(state["mps"])
 
 
-def data_fingerprint(dataset) -> str:
-    """sha256 over the processed training set's token ids, lengths and labels (cheap: Arrow buffers, no Python rows)."""
+FINGERPRINTED = ("input_ids", "length", "labels")  # what a resume compares (as int64: float labels truncated)
+
+
+def data_fingerprint(dataset, columns: tuple[str, ...] = FINGERPRINTED) -> str:
+    """sha256 over the processed training set's token ids, lengths and labels (cheap: Arrow buffers, no Python rows);
+    ``columns``: the integer or float columns hashed, those the dataset holds."""
     own = getattr(dataset, "data_fingerprint", None)
     if callable(own):  # not Arrow (token blocks over shards): the dataset names its own content
         return own()
@@ -155,14 +159,18 @@ def data_fingerprint(dataset) -> str:
     h = hashlib.sha256()
     h.update(str(len(dataset)).encode())
     table = dataset.with_format("arrow")[:]  # the rows the dataset really holds (a hold-out is a selection)
-    for col in ("input_ids", "length", "labels"):
+    for col in columns:
         if col not in table.column_names:
             continue
         arr = table.column(col)
         if col == "input_ids" or pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
             arr = pc.list_flatten(arr)  # token ids; multi-hot labels (multi-label)
+        if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type)):
+            continue  # text columns: their tokens are hashed
         h.update(col.encode())
-        h.update(np.ascontiguousarray(arr.to_numpy(zero_copy_only=False).astype(np.int64)).tobytes())
+        values = arr.to_numpy(zero_copy_only=False)
+        exact = values.dtype.kind == "f" and col not in FINGERPRINTED
+        h.update(np.ascontiguousarray(values.astype(np.float64 if exact else np.int64)).tobytes())
     return h.hexdigest()
 
 

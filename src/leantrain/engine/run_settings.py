@@ -23,21 +23,25 @@ log = logging.getLogger("leantrain")
 FILE = "leantrain.json"
 COLUMN_KEYS = ("text_column", "text_pair_column", "label_column", "image_column", "audio_column")
 TOKEN_KEYS = ("block_size", "document_separator", "document_mask",  # language models: how text becomes blocks
-              "template", "train_on_prompt", "system_prompt")  # instruction data: how it is rendered and which tokens are targets
+              "template", "train_on_prompt", "system_prompt",  # instruction data: how it is rendered, which tokens learn
+              "max_prompt_length")  # preference data: how much of a long prompt is kept
 
 
-def run_settings(cfg: Config, task: str, columns: dict, precision: str | None = None) -> dict:
+def run_settings(cfg: Config, task: str, columns: dict, precision: str | None = None,
+                 saved: dict | None = None) -> dict:
     """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}, "precision":
-    the precision the run trained and evaluated in}."""
+    the precision the run trained and evaluated in}, and the task's ``saved`` record (``Task.saved_config``: a
+    preference-tuned policy's method, beta and reference)."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
     if get_task(task).token_blocks:  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
-    return {"task": task, "data": data, **({"precision": precision} if precision else {})}
+    return {"task": task, "data": data, **({"precision": precision} if precision else {}), **(saved or {})}
 
 
-def write_run_settings(model_dir: Path, cfg: Config, task: str, columns: dict, precision: str | None = None) -> None:
-    (Path(model_dir) / FILE).write_text(json.dumps(run_settings(cfg, task, columns, precision), indent=2) + "\n")
+def write_run_settings(model_dir: Path, cfg: Config, task: str, columns: dict, precision: str | None = None,
+                       saved: dict | None = None) -> None:
+    (Path(model_dir) / FILE).write_text(json.dumps(run_settings(cfg, task, columns, precision, saved), indent=2) + "\n")
 
 
 def eval_precision(model_dir: str | Path, cfg: Config) -> tuple[str, str]:
@@ -54,6 +58,12 @@ def eval_precision(model_dir: str | Path, cfg: Config) -> tuple[str, str]:
     precision, why = resolve_precision(requested, device_type())
     return precision, (f"precision: {precision} ({source}{'' if why == 'as configured' else f': {why}'}; set "
                        "efficiency.precision=fp32|bf16 to change)")
+
+
+def stored_task(model_dir: str | Path) -> str | None:
+    """The task the run recorded in ``model/leantrain.json``, or None."""
+    stored = read_run_settings(model_dir) or {}
+    return stored.get("task")
 
 
 def read_run_settings(model_dir: str | Path) -> dict | None:

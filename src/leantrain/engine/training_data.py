@@ -16,6 +16,7 @@ from leantrain.config import Config
 from leantrain.errors import ConfigError
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
+from leantrain.engine.precompute import with_precomputed
 from leantrain.engine.samples import check_sample_prompts
 from leantrain.modeling import load_processor, model_name, resolve_task_reason
 from leantrain.modeling.load import check_tokenizer_key
@@ -59,6 +60,20 @@ class TrainingData:
             self._task = task
         return self._task
 
+    def bind_model(self, model, accelerator: Accelerator, batch_size: int) -> None:
+        """Before training, with the model as it starts: the task bound to it (``Task.with_model``: a frozen copy
+        where the task keeps one) and the task's precomputed columns added to both splits (``engine.precompute``:
+        the reference log-probs, computed once and cached on disk)."""
+        task = self.task_object.with_model(model)
+        self._task = task
+        if not any(task.precomputed_columns(list(ds.column_names)) for ds in (self.train, self.eval) if ds is not None):
+            return
+        if not getattr(model, "is_loaded_in_4bit", False):  # a 4-bit model is on its GPU already
+            model.to(accelerator.device)
+        collator = self.eval_collator or self.collator
+        self.train = with_precomputed(task, model, self.train, collator, accelerator, batch_size, "train data")
+        self.eval = with_precomputed(task, model, self.eval, collator, accelerator, batch_size, "eval data")
+
     def units_in(self, indices) -> int:
         """The task's loss units (examples, labels, tokens) in these training examples: the loss's denominator."""
         return self.task_object.count(self.train, indices)
@@ -91,7 +106,7 @@ def run_task(cfg: Config) -> str:
 def run_task_reason(cfg: Config) -> tuple[str, str]:
     """``run_task`` and why ``model.task=auto`` chose it ("" when set)."""
     task, why = resolve_task_reason(cfg)
-    if cfg.model.task != "auto" or not get_task(task).labelled:
+    if cfg.model.task != "auto":
         return task, why
     labelled = task_for_labels(task, for_modality(get_task(task).modality).label_kind(cfg.data))
     return labelled, why if labelled == task else f"{why}, and the labels"
@@ -108,8 +123,10 @@ def validate_data(cfg: Config):
     if cfg.train.class_weights is not None:
         resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
     check_regression_keys(cfg, task)
+    check_preference_keys(cfg, task)
     check_pos_weight_task(cfg.train.pos_weight, get_task(task))
     get_task(task).configured(cfg).for_training(lambda: data.train["label"], data.label_names)  # pos_weight
+    get_task(task).configured(cfg).check_data(data.columns)  # e.g. preference.loss=kto on pairs
     return data
 
 
@@ -124,14 +141,25 @@ def check_regression_keys(cfg: Config, task: str) -> None:
                               "(model.task=text-regression, or a label column of numbers that are not all whole)")
 
 
+def check_preference_keys(cfg: Config, task: str) -> None:
+    """preference.* keys are for preference tuning and reward models (chosen / rejected data) only."""
+    given = sorted(cfg.preference.model_fields_set)
+    if given and get_task(task).spec.labels != "pairs":
+        raise ConfigError(f"preference.{given[0]}: for preference tuning and reward models only; this run's task is "
+                          f"{task} (chosen / rejected or prompt / completion / label data make model.task=auto choose "
+                          "preference, or reward-model on a sequence classifier)")
+
+
 def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData:
     """Validate (main process first), load the processor, process and cache the data, build the collators."""
     with accelerator.main_process_first(), using_cache_dir(cfg.data.cache_dir):
         task, why = run_task_reason(cfg)
         check_tokenizer_key(cfg.model, task)
         check_regression_keys(cfg, task)
+        check_preference_keys(cfg, task)
         modality = data_side(task)
         data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+        get_task(task).configured(cfg).check_data(data.columns)  # before the model: e.g. preference.loss=kto on pairs
     log.info("task: %s%s", task, f" (model.task=auto: {why})" if why else "")
     for note in data.notes:
         log.info(note)

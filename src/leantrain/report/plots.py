@@ -1,4 +1,5 @@
-"""Loss curve of a run from its metrics.jsonl records: train loss, eval loss and accuracy, learning rate."""
+"""Loss curve of a run from its metrics.jsonl records: train loss, eval loss and accuracy (or reward accuracy),
+learning rate."""
 
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def plot_loss_curve(records: list[dict[str, Any]], path: str | os.PathLike, titl
     train = _series(records, "train", "loss")
     evl = _series(records, "eval", "eval.loss")
     acc = _series(records, "eval", "eval.accuracy")
+    acc_name = "eval accuracy"
+    if not acc[0]:  # a preference-tuned policy: the share of pairs whose chosen reward is higher
+        acc, acc_name = _series(records, "eval", "eval.reward_accuracy"), "eval reward accuracy"
     lr = _series(records, "train", "lr")
     if not (train[0] or evl[0] or acc[0]):
         return None
@@ -63,8 +67,8 @@ def plot_loss_curve(records: list[dict[str, Any]], path: str | os.PathLike, titl
         top = ax
         if acc[0]:
             top = ax.twinx()
-            handles += top.plot(*acc, "s--", color="tab:green", ms=5, lw=1, label="eval accuracy")
-            top.set_ylabel("eval accuracy")
+            handles += top.plot(*acc, "s--", color="tab:green", ms=5, lw=1, label=acc_name)
+            top.set_ylabel(acc_name)
             top.set_ylim(0, 1.02)
         # on the topmost axes so nothing draws over it; loss falls and accuracy rises, the middle right stays clear
         top.legend(handles=handles, loc="center right", fontsize=9, framealpha=0.9)

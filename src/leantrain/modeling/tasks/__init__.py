@@ -10,6 +10,7 @@ from leantrain.modeling.tasks.registry import (AUDIO, IMAGE, TASKS, TEXT, CardTe
                                                task_for_labels, task_of_config)
 from leantrain.modeling.tasks import classification, multilabel, regression, token_classification  # noqa: F401  (register the built-in tasks)
 from leantrain.modeling.tasks import causal_lm  # noqa: F401, E402  (registered last: model.task lists it last)
+from leantrain.modeling.tasks import preference, reward_model  # noqa: F401, E402  (preference tuning, reward models)
 
 __all__ = ["AUDIO", "IMAGE", "TASKS", "TEXT", "CardText", "Task", "auto_model_class", "default_task", "get_task",
            "modality_of", "model_inputs", "register", "task_for_labels", "task_of_config"]

@@ -141,6 +141,10 @@ class Task:
         returns a line for the log, or None (nothing done, the default)."""
         return None
 
+    def check_data(self, columns: dict) -> None:
+        """Raise a UserError (exit 2, before any model loads) for settings the loaded data contradicts (``columns``:
+        what the data side detected, e.g. ``{"format": ...}``; preference.loss=kto on pairs). Nothing by default."""
+
     def summary(self, label_names: list[str]) -> dict:
         """Entries of summary.json's ``train`` section (multi-label: ``pos_weight``); none by default."""
         return {}
@@ -210,6 +214,35 @@ class Task:
         """The tokens tokens/s counts in these training examples, or None: the data side's non-padding input
         tokens (causal LM: its target tokens)."""
         return None
+
+    def with_model(self, model) -> "Task":
+        """This task bound to the built model, before training and before a resume restores trained weights (the
+        preference task's ``live`` reference: a frozen copy made here). Itself by default."""
+        return self
+
+    def reference_model_name(self) -> str | None:
+        """A model ``leantrain eval`` loads beside a trained one of this task (the preference task: the reference
+        it was tuned against, as recorded), then hands to ``with_reference``; None by default."""
+        return None
+
+    def with_reference(self, model) -> "Task":
+        """This task evaluating against ``model`` (frozen); itself by default."""
+        return self
+
+    def precomputed_columns(self, columns: list[str]) -> tuple[str, ...]:
+        """Float columns of a processed dataset (with these ``columns``) that the engine computes once with
+        ``precompute`` on the model as it starts training, caches on disk and adds to the rows, so that batches
+        carry them (the preference task's reference log-probs); none by default."""
+        return ()
+
+    def plan(self, model) -> dict:
+        """What ``leantrain plan`` adds for this task and model (the preference task: the memory and time of each
+        reference choice); nothing by default."""
+        return {}
+
+    def precompute(self, model, batch: dict):
+        """The ``precomputed_columns`` of a batch, a ``(rows, columns)`` fp32 tensor (called under no_grad)."""
+        raise NotImplementedError
 
     # -- evaluation and prediction
     def eval_outputs(self, model, batch: dict) -> tuple:
@@ -297,11 +330,13 @@ def default_task(modality: str) -> str:
 
 def task_for_labels(task: str, kind: str) -> str:
     """``task``, or the task of the same modality whose labels are of ``kind`` (``model.task=auto``: float labels
-    make a text task a regression)."""
+    make a text task a regression), else of the same model class (chosen / rejected pairs make a causal LM a
+    preference task and a sequence classifier a reward model)."""
     here = get_task(task)
     if here.spec.labels == kind:
         return task
     found = [t.name for t in TASKS.values() if t.modality == here.modality and t.spec.labels == kind]
+    found = found or [t.name for t in TASKS.values() if t.auto_model == here.auto_model and t.spec.labels == kind]
     found = found or [t.name for t in TASKS.values() if t.processor == here.processor and t.spec.labels == kind]
     return found[0] if found else task  # words with tags (a data side of their own) make a text task NER
 

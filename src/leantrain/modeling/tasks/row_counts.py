@@ -27,6 +27,21 @@ class RowCounts:
             held[name] = np.asarray(dataset[name], dtype=np.int64)
         return held[name]
 
+    def lengths(self, dataset, names: tuple[str, ...]) -> np.ndarray:  # noqa: ANN001
+        """The summed lengths of the list columns ``names`` per row, int64, read once per dataset (held under the
+        key ``+``-joined names)."""
+        key = "+".join(names)
+        try:
+            held = self._held.setdefault(dataset, {})
+        except TypeError:
+            held = {}
+        if key not in held:
+            import pyarrow.compute as pc
+
+            table = dataset.with_format("arrow")[:]
+            held[key] = sum(np.asarray(pc.list_value_length(table.column(n)), dtype=np.int64) for n in names)
+        return held[key]
+
     def total(self, dataset, name: str, indices) -> int:  # noqa: ANN001
         """The sum of column ``name`` over the rows ``indices`` (padding indices, negative, hold none)."""
         indices = np.asarray(indices, dtype=np.int64)

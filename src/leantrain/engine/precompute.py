@@ -1,0 +1,108 @@
+"""Per-row values a task computes once, before training, with the model as it starts (``Task.precomputed_columns``:
+the preference task's reference log-probs under ``preference.reference=precompute``), cached on disk and added to the
+processed datasets as columns, so that every batch carries them and training runs no reference forward.
+
+The cache sits beside the run's processed data (the folder of the dataset's Arrow cache files, else the datasets
+cache), one ``.npy`` file per (model, data, columns, precision): the key is the sha256 of the model's class, config
+and weights, the processed rows' content, the columns and the autocast precision, so another run on the same model
+and data reads it, and anything that changes the values misses it. The file is written to a temporary name and
+renamed (a reader never sees half a file) and checked when read (its shape, finite values); a file that fails the
+check is computed again. The main process computes and writes; the others wait and read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+
+from leantrain.data.caches import default_datasets_cache
+from leantrain.data.loaders import eval_loader
+from leantrain.engine.checkpoint import data_fingerprint
+
+log = logging.getLogger("leantrain")
+FOLDER = "leantrain-precomputed"
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """sha256 of the model's class, config and every parameter and buffer (names, dtypes, bytes)."""
+    h = hashlib.sha256(type(model).__name__.encode())
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_json_string"):
+        h.update(config.to_json_string(use_diff=False).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def cache_file(dataset, key: str) -> Path:
+    """Where the values of ``dataset`` under ``key`` are kept: beside its Arrow cache files, else in the datasets
+    cache."""
+    files = getattr(dataset, "cache_files", None) or []
+    root = Path(files[0]["filename"]).parent if files else default_datasets_cache()
+    return root / FOLDER / f"{key}.npy"
+
+
+def read_values(path: Path, rows: int, width: int) -> np.ndarray | None:
+    """The cached values, or None when missing, of another shape, unreadable or not finite."""
+    try:
+        values = np.load(path, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    return values if values.shape == (rows, width) and np.isfinite(values).all() else None
+
+
+def write_values(path: Path, values: np.ndarray) -> None:
+    """Write atomically (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
+    np.save(tmp, values, allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def compute_values(task, model, dataset, collator, accelerator: Accelerator, batch_size: int) -> np.ndarray:
+    """``task.precompute`` over every row of ``dataset`` (longest first), in the rows' order, fp32 (rows, k)."""
+    loader = eval_loader(dataset, batch_size, collator)
+    order = np.asarray(list(loader.sampler))
+    parts = []
+    with torch.no_grad(), accelerator.autocast():
+        for batch in loader:
+            batch = {k: v.to(accelerator.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            parts.append(task.precompute(model, batch).float().cpu())
+    values = np.empty((len(dataset), parts[0].shape[1] if parts else 0), dtype=np.float32)
+    if parts:
+        values[order] = torch.cat(parts).numpy()
+    return values
+
+
+def with_precomputed(task, model, dataset, collator, accelerator: Accelerator, batch_size: int, what: str):
+    """``dataset`` with the task's precomputed columns added (from the cache when it holds them)."""
+    columns = task.precomputed_columns(list(dataset.column_names)) if dataset is not None else ()
+    if not columns or len(dataset) == 0:
+        return dataset
+    h = hashlib.sha256(model_fingerprint(model).encode())
+    h.update(data_fingerprint(dataset, columns=tuple(dataset.column_names)).encode())
+    h.update(f"{columns}/{accelerator.mixed_precision}".encode())
+    path = cache_file(dataset, h.hexdigest()[:32])
+    with accelerator.main_process_first():
+        values = read_values(path, len(dataset), len(columns))
+        if values is not None:
+            log.info("%s: %s read from %s (computed before, same model and data)", what, ", ".join(columns), path)
+        elif accelerator.is_main_process:
+            start = time.perf_counter()
+            values = compute_values(task, model, dataset, collator, accelerator, batch_size)
+            write_values(path, values)
+            log.info("%s: %s computed for %d rows in %.1f s, cached at %s", what, ", ".join(columns), len(dataset),
+                     time.perf_counter() - start, path)
+    if values is None:  # another process computed it meanwhile (main_process_first): read it now
+        values = read_values(path, len(dataset), len(columns))
+    for i, name in enumerate(columns):
+        dataset = dataset.add_column(name, values[:, i].tolist())
+    return dataset

@@ -1,0 +1,295 @@
+"""Preference tuning of a causal LM (``model.task=preference``): DPO, IPO, SimPO, ORPO on chosen/rejected pairs, KTO
+on unpaired desirable / undesirable feedback (``preference.*``; the losses: ``preference_losses``).
+
+Batches (the ``pairs`` data side): ``input_ids`` / ``attention_mask`` / ``labels`` ``(2B, T)``, rows 0..B-1 the
+chosen (or, KTO, the feedback rows), rows B..2B-1 the rejected (KTO: the KL rows, each prompt with another row's
+completion), labels -100 on the prompt and padding; KTO adds ``desirable (B,)``; ``ref_logps (B, 2)`` when the
+reference log-probs were precomputed. Both halves go through one forward, and the per-token log-probs come from the
+chunked output layer (``CausalLM.token_losses``): no ``tokens x vocab`` fp32 logits.
+
+The unit is the pair (or feedback row): ``loss_sum`` is the sum of the per-pair losses, the engine divides by the
+global batch's pairs, so the loss is the mean over the pairs of the global batch whatever the layout.
+
+The reference (``preference.reference``, resolved in ``configured``): ``adapter``, the same model with its LoRA
+adapters switched off (peft's ``disable_adapter``), no copy; ``precompute``, the log-probs read from the batch
+(computed once before training by the engine, ``precomputed_columns``); ``live``, a frozen copy made by
+``with_model`` before training; ``none``, no reference (simpo, orpo). The reference runs in eval mode under
+``torch.no_grad``: it draws no random numbers, so a resumed run is bitwise the same.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from pathlib import Path
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import torch
+
+from leantrain.config.preference import REFERENCE_FREE
+from leantrain.config.tasks import PREFERENCE, task_spec
+from leantrain.errors import UserError
+from leantrain.modeling.tasks import preference_losses as L
+from leantrain.modeling.tasks.causal_lm import CausalLM
+from leantrain.modeling.tasks.registry import CardText, register
+
+MODEL_KEYS = ("input_ids", "attention_mask", "position_ids")
+INPUT_COLUMNS = (("chosen_input_ids", "rejected_input_ids"), ("input_ids", "kl_input_ids"))  # pairs; feedback
+REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")  # pairs
+FEEDBACK_REF_COLUMNS = ("ref_logps", "ref_kl_logps")  # feedback: the row's, its KL row's
+PAIR_VALUES = ("loss", "chosen_reward", "rejected_reward", "chosen_logps", "rejected_logps")
+KTO_VALUES = ("loss", "reward", "logps", "kl")
+RECORD = "preference"  # model/leantrain.json's and config.json's field: method, beta, reference
+
+
+def local_or_hub(name: str | None) -> str | None:
+    """A model folder as an absolute path (``leantrain eval`` may run elsewhere), else the name as given."""
+    return str(Path(name).resolve()) if name and Path(name).exists() else name
+
+
+def lm_batch(batch: dict) -> dict:
+    """The columns of a preference batch the causal LM's forward reads (not ``ref_logps``, ``desirable``)."""
+    return {k: batch[k] for k in (*MODEL_KEYS, "labels") if k in batch}
+
+
+def unwrapped(model):
+    """The model inside DDP / compile wrappers."""
+    while isinstance(getattr(model, "module", None) or getattr(model, "_orig_mod", None), torch.nn.Module):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model
+
+
+@contextmanager
+def frozen_forward(model):
+    """No gradients, eval mode (no dropout, no random draws), the mode restored after."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preference(CausalLM):
+    """Pairs (or feedback rows) -> one loss each, summed; the count of pairs."""
+
+    loss: str = "dpo"
+    beta: float = 0.1
+    gamma: float = 0.5
+    label_smoothing: float = 0.0
+    desirable_weight: float = 1.0
+    undesirable_weight: float = 1.0
+    reference: str = "precompute"
+    reference_name: str | None = None  # what the reference is (the base model's name), recorded with the model
+    _frozen: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # live: [the frozen copy]
+
+    @property
+    def token_blocks(self) -> bool:
+        return True  # sequences cut to data.block_size: the run's data settings, bounded by the position limit
+
+    def configured(self, cfg, model_config=None) -> "Preference":
+        """The run's ``preference.*`` (``loss`` auto stays auto: kto for a batch of feedback rows, else dpo), or,
+        with ``model_config``, what a trained model recorded (``leantrain eval``: against a live reference)."""
+        if model_config is not None:
+            rec = getattr(model_config, RECORD, None) or {}
+            return dataclasses.replace(self, loss=rec.get("loss", "dpo"), beta=float(rec.get("beta", 0.1)),
+                                       gamma=float(rec.get("gamma", 0.5)), reference="live",
+                                       reference_name=rec.get("reference_model"))
+        p = cfg.preference
+        return dataclasses.replace(
+            self, loss=p.loss, beta=p.resolved_beta(p.loss), gamma=p.gamma, label_smoothing=p.label_smoothing,
+            desirable_weight=p.desirable_weight, undesirable_weight=p.undesirable_weight,
+            reference=p.resolved_reference(p.loss, cfg.peft.method != "none"),
+            reference_name=None if cfg.model.config or cfg.model.config_type else local_or_hub(cfg.model.name))
+
+    def check_data(self, columns: dict) -> None:
+        """kto reads unpaired feedback, the other losses pairs."""
+        feedback = columns.get("format") == "feedback"
+        if self.loss == "kto" and not feedback:
+            raise UserError("preference.loss=kto is for unpaired feedback (prompt / completion / label, or messages / "
+                            "label); this data is chosen / rejected pairs: use preference.loss=dpo (or auto)")
+        if self.loss not in ("auto", "kto") and feedback:
+            raise UserError(f"preference.loss={self.loss} compares a chosen and a rejected answer; this data is "
+                            "unpaired feedback (prompt / completion / label): use preference.loss=kto (or auto)")
+
+    def loss_for(self, batch: dict) -> str:
+        """The loss of this batch: as configured; auto: kto for feedback rows (``desirable``), else dpo; a KTO
+        policy evaluated on pairs: dpo's (its rewards are the same log-ratios)."""
+        if self.loss in ("auto", "kto"):
+            return "kto" if "desirable" in batch else "dpo"
+        return self.loss
+
+    def saved_config(self, ev: dict | None) -> dict:
+        loss = self.loss if self.loss != "auto" else ("kto" if ev and "kl" in ev else "dpo")
+        return {RECORD: {"loss": loss, "beta": self.beta, "gamma": self.gamma, "reference": self.reference,
+                         "reference_model": self.reference_name}}
+
+    def card_notes(self, model_config: dict) -> list[str]:
+        rec = model_config.get(RECORD) or {}
+        if not rec:
+            return []
+        ref = "none (reference-free)" if rec.get("reference") == "none" else \
+            f"{rec.get('reference_model')} ({rec.get('reference')})"
+        return ["## Preference tuning", "", f"Method: {rec.get('loss')}, beta {rec.get('beta')}; reference: {ref}.",
+                ""]
+
+    # -- the reference
+    def with_model(self, model) -> "Preference":
+        """live: a frozen copy of the model as it starts training (before any resume restores trained weights)."""
+        if self.reference == "live" and not self._frozen:
+            return self.with_reference(copy.deepcopy(unwrapped(model)))
+        return self
+
+    def with_reference(self, model) -> "Preference":
+        """This task with ``model`` as its reference (live), frozen, in eval mode."""
+        model.eval().requires_grad_(False)
+        return dataclasses.replace(self, reference="live", _frozen=[model])
+
+    def reference_model_name(self) -> str | None:
+        """``leantrain eval``: the recorded reference model (none for the reference-free losses)."""
+        return None if self.loss in REFERENCE_FREE else self.reference_name
+
+    def precomputed_columns(self, columns: list[str]) -> tuple[str, ...]:
+        """The per-row columns the engine computes once before training with ``precompute`` (reference=precompute)
+        for a processed dataset with these ``columns`` (feedback rows: row and KL row; pairs: chosen, rejected)."""
+        if self.reference != "precompute":
+            return ()
+        return FEEDBACK_REF_COLUMNS if "desirable" in columns else REF_COLUMNS
+
+    def plan(self, model) -> dict:
+        """Each reference choice with what it costs beside the policy: memory (a frozen copy's weights) and time."""
+        inner = unwrapped(model)
+        copy_bytes = sum(p.numel() * p.element_size() for n, p in inner.named_parameters() if "lora_" not in n)
+        lora = hasattr(inner, "peft_config")
+        options = {
+            "adapter": {"extra_bytes": 0, "fits_this_run": lora,
+                        "cost": "the same model with its LoRA adapters off: one no-grad forward per step, no copy"},
+            "precompute": {"extra_bytes": 0, "fits_this_run": True,
+                           "cost": "one no-grad pass over the data before training (cached on disk, 8 bytes a "
+                                   "pair), none during training"},
+            "live": {"extra_bytes": copy_bytes, "fits_this_run": True,
+                     "cost": "a frozen copy of the weights in memory and one no-grad forward per step"},
+            "none": {"extra_bytes": 0, "fits_this_run": self.loss in REFERENCE_FREE,
+                     "cost": "no reference: the reference-free losses (simpo, orpo) only"},
+        }
+        return {"preference": {"loss": self.loss, "reference": self.reference, "reference_options": options}}
+
+    def precompute(self, model, batch: dict) -> torch.Tensor:
+        return self.reference_logps(model, batch)
+
+    def reference_logps(self, model, batch: dict) -> torch.Tensor:
+        """(B, 2) fp32: the reference log-probs of each pair's two rows (chosen, rejected; KTO: row, KL row)."""
+        if "ref_logps" in batch:
+            return batch["ref_logps"].float()
+        if self.reference == "none":
+            raise ValueError(f"preference.loss={self.loss} needs a reference")
+        if self.reference == "live":
+            if not self._frozen:
+                raise UserError(f"preference.loss={self.loss} compares with a reference model and none is known "
+                                "(a model trained from model.config records none): evaluate against one with "
+                                "model.name=<the reference> is not supported yet")
+            ref = self._frozen[0].to(batch["input_ids"].device)  # a no-op once there
+            off = nullcontext()
+        else:  # adapter, or precompute's own pass: the model itself, adapters off when it has them
+            ref = unwrapped(model)
+            off = ref.disable_adapter() if hasattr(ref, "disable_adapter") and hasattr(ref, "peft_config") \
+                else nullcontext()
+        with off, frozen_forward(ref):
+            logps, _ = L.sequence_logps(self.token_losses(ref, lm_batch(batch)), batch["labels"])
+        first, second = L.split_pairs(logps)
+        return torch.stack([first, second], dim=-1)
+
+    # -- training
+    def pair_values(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
+        """The per-pair losses (B,) and what evaluation reports of them (rewards, log-probs, KL)."""
+        logps, lengths = L.sequence_logps(self.token_losses(model, lm_batch(batch)), batch["labels"])
+        first, second = L.split_pairs(logps)
+        first_len, second_len = L.split_pairs(lengths)
+        loss = self.loss_for(batch)
+        ref = None if loss in REFERENCE_FREE else self.reference_logps(model, batch)
+        if loss == "kto":
+            good = batch["desirable"].to(first.device)
+            losses = L.kto(first, ref[:, 0], second, ref[:, 1], good, self.beta, self.desirable_weight,
+                           self.undesirable_weight)
+            reward = self.beta * (first - ref[:, 0])
+            return losses, {"loss": losses, "reward": reward, "logps": first, "kl": second - ref[:, 1],
+                            "desirable": good}
+        p = L.PairLogps(first, second, first_len, second_len,
+                        *((ref[:, 0], ref[:, 1]) if ref is not None else ()))
+        losses = L.pair_loss(loss, p, beta=self.beta, gamma=self.gamma, label_smoothing=self.label_smoothing)
+        chosen, rejected = L.rewards(p, self.beta)
+        return losses, {"loss": losses, "chosen_reward": chosen, "rejected_reward": rejected, "chosen_logps": first,
+                        "rejected_logps": second}
+
+    def forward_loss(self, model, batch: dict):
+        losses, values = self.pair_values(model, L.as_pairs(batch))
+        weight = batch.get("loss_weight")
+        weight = torch.ones_like(losses) if weight is None else weight[: losses.shape[0]].to(losses)
+        return (losses * weight).sum(), values
+
+    def count(self, dataset, indices) -> int:
+        """Pairs (feedback rows) in these rows; padding indices (negative) hold none."""
+        return int((np.asarray(indices) >= 0).sum())
+
+    def throughput_tokens(self, dataset, indices) -> int | None:
+        """tokens/s counts every non-padding token of both sequences of a pair (or a row and its KL row)."""
+        names = INPUT_COLUMNS[1] if "kl_input_ids" in dataset.column_names else INPUT_COLUMNS[0]
+        indices = np.asarray(indices, dtype=np.int64)
+        return int(self._counts.lengths(dataset, names)[indices[indices >= 0]].sum())
+
+    # -- evaluation
+    def eval_outputs(self, model, batch: dict) -> tuple:
+        """Per pair: its loss, chosen and rejected rewards, chosen and rejected log-probs (fp64); KTO rows: their
+        loss, reward, log-prob and KL log-ratio, and ``desirable`` (their label) as a second tensor."""
+        _, values = self.pair_values(model, batch)
+        keys = KTO_VALUES if "desirable" in values else PAIR_VALUES
+        stacked = torch.stack([values[k] for k in keys], dim=-1).double()
+        return (stacked, values["desirable"]) if "desirable" in values else (stacked,)
+
+    def eval_batch(self, values: torch.Tensor, desirable=None) -> dict:
+        keys = PAIR_VALUES if desirable is None else KTO_VALUES
+        out = {k: values[:, i] for i, k in enumerate(keys)}
+        return out if desirable is None else {**out, "desirable": desirable.double()}
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        n = len(values["loss"])
+        if not n:
+            return {"loss": math.nan, "samples": 0}
+        out = {"loss": float(values["loss"].mean()), "samples": int(n)}
+        if "desirable" in values:
+            good = values["desirable"] > 0.5
+            out.update(kl=float(max(0.0, values["kl"].mean())),
+                       chosen_reward=float(values["reward"][good].mean()) if good.any() else math.nan,
+                       rejected_reward=float(values["reward"][~good].mean()) if (~good).any() else math.nan,
+                       chosen_logps=float(values["logps"][good].mean()) if good.any() else math.nan,
+                       rejected_logps=float(values["logps"][~good].mean()) if (~good).any() else math.nan)
+            out["reward_margin"] = out["chosen_reward"] - out["rejected_reward"]
+            return out
+        margin = values["chosen_reward"] - values["rejected_reward"]
+        out.update(reward_accuracy=float((margin > 0).mean()), reward_margin=float(margin.mean()),
+                   **{k: float(values[k].mean()) for k in ("chosen_reward", "rejected_reward", "chosen_logps",
+                                                           "rejected_logps")})
+        return out
+
+    def headline(self, ev: dict) -> str:
+        if "reward_accuracy" not in ev:
+            return f"eval loss: {ev.get('loss', math.nan):.4f}  reward margin: {ev.get('reward_margin', math.nan):.4f}"
+        return (f"eval reward accuracy: {ev['reward_accuracy']:.4f}  reward margin: {ev['reward_margin']:.4f}  "
+                f"loss: {ev['loss']:.4f} ({ev.get('samples', 0)} pairs)")
+
+    def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
+        data, ev = config.get("data") or {}, summary.get("eval") or {}
+        rows = [("preference data", data.get("train")), ("eval data", data.get("eval")),
+                ("final eval reward accuracy", ev.get("reward_accuracy")),
+                ("final eval reward margin", ev.get("reward_margin"))]
+        return [(k, v) for k, v in rows if v is not None]
+
+
+PREFERENCE_TASK = register(Preference(
+    task_spec(PREFERENCE), "AutoModelForCausalLM", None, "tokenizer",
+    CardText("preference tuning", "preference-tuned language model", '"Once upon a time", max_new_tokens=40'),
+    unit="pairs"))

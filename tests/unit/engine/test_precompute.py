@@ -1,0 +1,82 @@
+"""Precomputed per-row columns (the preference task's reference log-probs under preference.reference=precompute):
+equal to the reference forward, in the rows' order, cached on disk under a key of the model and the data, read
+again by the next run, never read half-written or from another model."""
+
+from __future__ import annotations
+
+import copy
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+from leantrain.config import resolve
+from leantrain.engine import precompute
+from leantrain.modeling.tasks import get_task
+
+IGNORE = -100
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from accelerate import Accelerator
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, use_cache=False)).eval()
+    g = np.random.default_rng(0)
+    rows = []
+    for _ in range(7):
+        prompt = g.integers(2, 40, g.integers(1, 4)).tolist()
+        c, r = g.integers(2, 40, g.integers(1, 6)).tolist(), g.integers(2, 40, g.integers(1, 6)).tolist()
+        rows.append({"chosen_input_ids": prompt + c, "chosen_labels": [IGNORE] * len(prompt) + c,
+                     "rejected_input_ids": prompt + r, "rejected_labels": [IGNORE] * len(prompt) + r,
+                     "length": len(prompt) + max(len(c), len(r))})
+    task = get_task("preference").configured(resolve(None, ["preference.reference=precompute"]))
+    return Accelerator(cpu=True), model, task, datasets.Dataset.from_list(rows)
+
+
+def collate(rows: list[dict]) -> dict:
+    seqs = [(r["chosen_input_ids"], r["chosen_labels"]) for r in rows] + \
+           [(r["rejected_input_ids"], r["rejected_labels"]) for r in rows]
+    t = max(len(s[0]) for s in seqs)
+    return {"input_ids": torch.tensor([s[0] + [0] * (t - len(s[0])) for s in seqs]),
+            "attention_mask": torch.tensor([[1] * len(s[0]) + [0] * (t - len(s[0])) for s in seqs]),
+            "labels": torch.tensor([s[1] + [IGNORE] * (t - len(s[1])) for s in seqs])}
+
+
+def test_reference_logps_are_computed_once_cached_and_read_back(setup, tmp_path, monkeypatch, caplog):
+    accelerator, model, task, ds = setup
+    monkeypatch.setattr(precompute, "default_datasets_cache", lambda: tmp_path)
+    with caplog.at_level("INFO", logger="leantrain"):
+        out = precompute.with_precomputed(task, model, ds, collate, accelerator, 3, "train data")
+    assert "computed for 7 rows" in caplog.text
+    with torch.no_grad():  # row by row, in the dataset's order
+        expected = torch.cat([task.reference_logps(model, collate([ds[i]])) for i in range(len(ds))])
+    got = torch.tensor([out["ref_chosen_logps"], out["ref_rejected_logps"]]).T
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    [cached] = list((tmp_path / precompute.FOLDER).glob("*.npy"))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="leantrain"):
+        again = precompute.with_precomputed(task, model, ds, collate, accelerator, 3, "train data")
+    assert "read from" in caplog.text and again["ref_chosen_logps"] == out["ref_chosen_logps"]
+    cached.write_bytes(cached.read_bytes()[:40])  # half-written: not used, computed again
+    caplog.clear()
+    with caplog.at_level("INFO", logger="leantrain"):
+        precompute.with_precomputed(task, model, ds, collate, accelerator, 3, "train data")
+    assert "computed for 7 rows" in caplog.text
+    other = copy.deepcopy(model)  # another model: another key
+    with torch.no_grad():
+        next(other.parameters()).add_(0.01)
+    assert precompute.model_fingerprint(other) != precompute.model_fingerprint(model)
+    precompute.with_precomputed(task, other, ds, collate, accelerator, 3, "train data")
+    assert len(list((tmp_path / precompute.FOLDER).glob("*.npy"))) == 2
+    assert not list((tmp_path / precompute.FOLDER).glob("*.tmp*"))
+
+
+def test_no_columns_without_precompute(setup):
+    accelerator, model, _, ds = setup
+    task = get_task("preference").configured(resolve(None, ["preference.reference=live"]))
+    assert precompute.with_precomputed(task, model, ds, collate, accelerator, 3, "train data") is ds
