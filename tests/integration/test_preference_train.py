@@ -155,8 +155,8 @@ def test_plan_prices_each_reference_choice(root, capsys):
     from leantrain.commands.plan import run_plan
 
     r = run_plan(None, [f"model.name={root / 'llama'}", f"data.train={root / 'prefs.jsonl'}", "data.block_size=64",
-                        "train.batch_size=4"], recommend=False)
-    pref = r["preference"]
+                        "train.batch_size=4"], calibrate=False)
+    pref = r["reference_choices"]
     assert pref["reference"] == "precompute" and set(pref["reference_options"]) == {"adapter", "precompute", "live",
                                                                                      "none"}
     assert pref["reference_options"]["live"]["extra_bytes"] == 4 * r["parameters"]  # a frozen fp32 copy

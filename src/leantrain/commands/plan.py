@@ -313,8 +313,8 @@ def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
       f"{RUN_ALLOWANCE // 2**20} MiB for evaluation and saving: "
       f"{format_bytes(r['need_bytes'])})\n")
     _print_stage(r, w)
-    if "preference" in r:
-        _print_reference(r["preference"], w)
+    if "reference_choices" in r:
+        _print_reference(r["reference_choices"], w)
     if "recommendations" not in r:
         return
     key = r.get("speed_unit", "samples_per_second")

@@ -80,6 +80,7 @@ register_spec(TaskSpec(TOKEN_CLASSIFICATION, "tagged", "token_classification", T
                        pipeline="token-classification", labels="tags"))
 register_spec(TaskSpec(CAUSAL_LM, "tokens", "", ("loss", "perplexity"), lower_is_better=("loss", "perplexity"),
                        pipeline="text-generation", labels="none"))
-register_spec(TaskSpec(PREFERENCE, "preference", "", PREFERENCE_METRICS, pipeline="text-generation", labels="pairs"))
+register_spec(TaskSpec(PREFERENCE, "pairs-or-feedback", "", PREFERENCE_METRICS, pipeline="text-generation",
+                       labels="pairs"))
 register_spec(TaskSpec(REWARD_MODEL, "scored-pairs", "regression", REWARD_MODEL_METRICS, pipeline="text-classification",
                        labels="pairs"))

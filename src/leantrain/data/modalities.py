@@ -76,13 +76,13 @@ def either_side(pairs: Modality, feedback: Modality) -> Modality:
         return lambda rows: both["desirable" in rows[0]](rows)
 
     return Modality(
-        "preference", lambda cfg, **kw: pick(cfg).load_and_validate(cfg, **kw),
+        "pairs-or-feedback", lambda cfg, **kw: pick(cfg).load_and_validate(cfg, **kw),
         lambda path, cfg, **kw: pick(path, cfg).load_rows(path, cfg, **kw),
         lambda ds, tokenizer, cfg, **kw: pick(ds).process(ds, tokenizer, cfg, **kw), collator, True,
         lambda cfg: "pairs")
 
 
-MODALITIES["preference"] = either_side(MODALITIES["pairs"], MODALITIES["feedback"])
+MODALITIES["pairs-or-feedback"] = either_side(MODALITIES["pairs"], MODALITIES["feedback"])
 
 
 def for_modality(name: str) -> Modality:

@@ -254,7 +254,7 @@ def _loss_of(model: nn.Module, batch: dict, data: TrainingData) -> float:
     model.eval()
     try:
         with torch.no_grad():
-            return float(data.task_object.forward_loss(model, batch)[0])
+            return float(data.task_object.merge_check_value(model, batch))
     finally:
         model.train(was_training)
 

@@ -45,7 +45,7 @@ def rows_and_batch():
              "loss_weight": torch.ones(4)}
     task = get_task("causal-lm")
     data = SimpleNamespace(eval=list(range(4)), train=None, eval_collator=lambda rows: batch, collator=None,
-                           task_object=SimpleNamespace(forward_loss=task.forward_loss, count=lambda rows, idx: 4 * 11))
+                           task_object=SimpleNamespace(merge_check_value=task.merge_check_value, count=lambda rows, idx: 4 * 11))
     return data, batch
 
 

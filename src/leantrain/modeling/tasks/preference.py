@@ -176,7 +176,7 @@ class Preference(CausalLM):
             "none": {"extra_bytes": 0, "fits_this_run": self.loss in REFERENCE_FREE,
                      "cost": "no reference: the reference-free losses (simpo, orpo) only"},
         }
-        return {"preference": {"loss": self.loss, "reference": self.reference, "reference_options": options}}
+        return {"reference_choices": {"loss": self.loss, "reference": self.reference, "reference_options": options}}
 
     def precompute(self, model, batch: dict) -> torch.Tensor:
         return self.reference_logps(model, batch)
@@ -230,6 +230,13 @@ class Preference(CausalLM):
         weight = batch.get("loss_weight")
         weight = torch.ones_like(losses) if weight is None else weight[: losses.shape[0]].to(losses)
         return (losses * weight).sum(), values
+
+    def merge_check_value(self, model, batch: dict):
+        """The policy's own summed log-probs, negated: its loss compares with the adapters switched off, which after
+        a merge is the merged model itself (a loss of log 2 whatever was learnt)."""
+        pairs = L.as_pairs(batch)
+        logps, _ = L.sequence_logps(self.token_losses(model, lm_batch(pairs)), pairs["labels"])
+        return -logps.sum()
 
     def count(self, dataset, indices) -> int:
         """Pairs (feedback rows) in these rows; padding indices (negative) hold none."""

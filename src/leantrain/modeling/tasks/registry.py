@@ -206,6 +206,12 @@ class Task:
 
         return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
 
+    def merge_check_value(self, model, batch: dict):
+        """A number of the model alone that merging LoRA into its weights must keep (checked after every merge): the
+        loss by default; a task whose loss compares with the adapters switched off (preference) returns the model's
+        own log-probs instead."""
+        return self.forward_loss(model, batch)[0]
+
     def count(self, dataset, indices) -> int:
         """How many units the examples ``indices`` of the processed training ``dataset`` hold (on the host)."""
         return len(indices)
