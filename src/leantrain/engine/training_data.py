@@ -142,8 +142,11 @@ def check_regression_keys(cfg: Config, task: str) -> None:
 
 
 def check_preference_keys(cfg: Config, task: str) -> None:
-    """preference.* keys are for preference tuning and reward models (chosen / rejected data) only."""
-    given = sorted(cfg.preference.model_fields_set)
+    """preference.* keys are for preference tuning and reward models (chosen / rejected data) only. A key counts as
+    given when its value is not the default (the workers read the resolved config, every key written out)."""
+    fields = type(cfg.preference).model_fields
+    given = sorted(k for k, f in fields.items()
+                   if getattr(cfg.preference, k) != f.get_default(call_default_factory=True))
     if given and get_task(task).spec.labels != "pairs":
         raise ConfigError(f"preference.{given[0]}: for preference tuning and reward models only; this run's task is "
                           f"{task} (chosen / rejected or prompt / completion / label data make model.task=auto choose "
