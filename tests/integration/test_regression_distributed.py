@@ -26,7 +26,9 @@ def test_regression_two_processes_accumulation_two_equals_one_process(tmp_path, 
     a, b = one_and_two_processes(tmp_path, cfg)
     ea, eb = (json.loads((d / "summary.json").read_text())["eval"] for d in (a, b))
     assert ea["samples"] == eb["samples"] == 13
-    assert ea["mse"] == pytest.approx(eb["mse"], rel=1e-5) and ea["pearson"] == pytest.approx(eb["pearson"], abs=1e-4)
+    # mse pins the predictions (equal to ~1e-9 here); pearson of 13 nearly constant predictions divides by their tiny
+    # spread, so the last-bit differences of the 2-process sums move it by ~1e-4
+    assert ea["mse"] == pytest.approx(eb["mse"], rel=1e-5) and ea["pearson"] == pytest.approx(eb["pearson"], abs=1e-3)
 
 
 def test_huber_loss_and_standardised_targets_two_processes_equal_one(tmp_path, tiny_bert):

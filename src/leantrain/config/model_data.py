@@ -69,7 +69,7 @@ class ModelConfig(Section):
     save_dtype: Literal["auto", "float32"] = Field(
         "auto", description="dtype of the saved model/ (training keeps fp32 weights either way): auto = the "
         "checkpoint's (bf16 for SmolLM2: half the size on disk; float32 for an fp32 checkpoint or a model built from a "
-        "config); float32 = the trained fp32 weights"
+        "config; QLoRA's merge: bf16, the precision of its reloaded base); float32 = the trained fp32 weights"
     )
 
     @field_validator("task")

@@ -196,7 +196,8 @@ def eval_rows(data: TrainingData) -> dict:
 def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | None, data: TrainingData) -> Path:
     """model/ (save_pretrained). A LoRA run: the adapter in adapter/ and, with peft.merge (default), the merged
     model in model/ (loads without peft); else the adapter folder is the run's model folder. Returns that folder.
-    QLoRA: the merged model is the base reloaded bf16 on CPU with the adapter merged (no 4-bit weights saved)."""
+    QLoRA: the merged model is the base reloaded bf16 on CPU with the adapter merged (no 4-bit weights saved), saved
+    in bf16 unless ``model.save_dtype=float32``."""
     processor = data.processor
     dtype = save_dtype(cfg.model)
     if not is_peft_model(model):
@@ -215,6 +216,7 @@ def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | Non
         log.info("QLoRA: merging the adapter into the base reloaded in bf16 on CPU (not 4-bit)")
         merged = merged_full_precision(cfg, data.label_names, data.task, out / "adapter",
                                        data.task_object.saved_config(None))
+        dtype = torch.float32 if cfg.model.save_dtype == "float32" else torch.bfloat16  # its weights are bf16 values
     else:
         merged = _checked_merge(model, data)
     merged.to(dtype).save_pretrained(out / "model", safe_serialization=True)

@@ -35,7 +35,10 @@ def setup():
                      "rejected_input_ids": prompt + r, "rejected_labels": [IGNORE] * len(prompt) + r,
                      "length": len(prompt) + max(len(c), len(r))})
     task = get_task("preference").configured(resolve(None, ["preference.reference=precompute"]))
-    return Accelerator(cpu=True), model, task, datasets.Dataset.from_list(rows)
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()  # an earlier test's mixed precision must not leak into this process-wide state
+    return Accelerator(cpu=True, mixed_precision="no"), model, task, datasets.Dataset.from_list(rows)
 
 
 def collate(rows: list[dict]) -> dict:
