@@ -308,15 +308,21 @@ def _truncate_cache(work: Path) -> None:
 
 
 def _two_prepares(work: Path, case: Case) -> subprocess.CompletedProcess:
-    big = work / "big.txt"
-    big.write_text((work / "train.txt").read_text() * 200)
+    """A prepare into a folder another prepare is writing: the first is stood in for by a process holding the folder's
+    lock as a running prepare does (a real first prepare may finish before the second starts on a quiet machine)."""
+    out = work / "prep14"
+    out.mkdir(exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "leantrain", "prepare", "big.txt", "model.tokenizer=tok", "output_dir=prep14"]
-    a = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
-    b = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
-    a.communicate(timeout=300)
-    return b
+    hold = "import sys; from leantrain.engine.lock import acquire; acquire(sys.argv[1]); print('held', flush=True); " \
+           "sys.stdin.read()"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        holder.stdout.readline()  # the lock is held
+        cmd = [sys.executable, "-m", "leantrain", "prepare", "train.txt", "model.tokenizer=tok", "output_dir=prep14"]
+        return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        holder.communicate("", timeout=60)
 
 
 def _resume_changed_data(work: Path, case: Case) -> subprocess.CompletedProcess:
