@@ -14,7 +14,8 @@ from pathlib import Path
 
 from leantrain.config import resolve
 from leantrain.engine.accelerator import device_type, setup_logging
-from leantrain.engine.preflight import check_weights, position_limit
+from leantrain.engine.preflight import check_weights
+from leantrain.modeling.positions import position_limit
 from leantrain.errors import UserError
 from leantrain.modeling.generation import check_room, check_settings, continuations, prompt_lengths, prompt_texts
 from leantrain.modeling.load import is_adapter_folder, load_adapter_model

@@ -17,6 +17,7 @@ from leantrain.data.sft import sample_inputs
 from leantrain.errors import ConfigError
 from leantrain.modeling.generation import check_room, continuations, prompt_lengths, prompt_texts
 from leantrain.modeling.tasks import get_task
+from leantrain.modeling.positions import model_position_limit
 
 log = logging.getLogger("leantrain")
 
@@ -35,7 +36,6 @@ def check_sample_prompts(cfg, task: str, data=None) -> None:  # noqa: ANN001 - l
     if empty:
         raise ConfigError(f"report.sample_prompts[{empty[0]}] is empty: give each prompt some text")
     if data is not None and data.processor is not None:  # the prompts as generation sees them, and their room
-        from leantrain.engine.preflight import model_position_limit  # lazy: preflight imports this module's users
         inputs, chat = sample_inputs(prompts, data.processor, cfg.data, data.columns)
         texts, templated = prompt_texts(data.processor, inputs, chat)
         check_room(prompt_lengths(data.processor, texts, templated), cfg.report.sample_max_new_tokens,

@@ -27,6 +27,7 @@ from leantrain.modeling.switches import embeddings_of
 from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch
 from leantrain.modeling.tasks import TEXT, auto_model_class, default_task, get_task, task_of_config
 from leantrain.modeling.tasks.detect import CLASSIFIER_ARCHS, detect_task
+from leantrain.modeling.peft_import import import_peft
 
 log = logging.getLogger("leantrain")
 
@@ -297,7 +298,6 @@ def load_adapter_model(folder: str, auto, kwargs: dict):  # noqa: ANN001 - an Au
     label maps), the adapter put over it and merged (peft's ``merge_and_unload``): a plain transformers model."""
     from transformers import AutoConfig
 
-    from leantrain.modeling.lora import import_peft  # lazy: lora imports this module
 
     base = adapter_base(folder)
     config = AutoConfig.from_pretrained(folder, trust_remote_code=kwargs.get("trust_remote_code", False))

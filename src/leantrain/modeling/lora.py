@@ -32,11 +32,11 @@ from leantrain.config import ModelConfig, PeftConfig
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling import qlora
 from leantrain.modeling.load import parameter_numel
+from leantrain.modeling.peft_import import import_peft
 from leantrain.modeling.switches import embeddings_of, repeated_blocks
 
 log = logging.getLogger("leantrain")
 
-PEFT_INSTALL = "pip install 'leantrain[peft]' (or pip install peft)"
 LINEAR_TYPES = ("Linear", "Conv1D")  # torch's Linear; transformers' Conv1D (GPT-2) that peft adapts too
 
 
@@ -63,23 +63,6 @@ class Trainable:
         if self.frozen:
             out["frozen"] = self.frozen
         return out
-
-
-def import_peft(method: str = "lora"):
-    """The peft package, or exit 2 naming the install."""
-    quiet = logging.getLogger("bitsandbytes")  # peft imports it; its CPU 4-bit kernel probe logs an unrelated error
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import peft  # lazy: optional extra, imported only when a run asks for LoRA
-    except ImportError:
-        raise UserError(f"peft.method={method} needs the peft library, which is not installed: {PEFT_INSTALL}") \
-            from None
-    finally:
-        quiet.setLevel(level)
-    return peft
 
 
 def is_peft_model(model: nn.Module) -> bool:

@@ -24,6 +24,7 @@ from torch import nn
 from leantrain.config import Config
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling.load import build_model
+from leantrain.modeling.peft_import import import_peft
 
 log = logging.getLogger("leantrain")
 
@@ -85,7 +86,6 @@ def prepare(model: nn.Module, gradient_checkpointing: bool) -> nn.Module:
         raise ConfigError("peft.method=qlora needs the base loaded 4-bit (leantrain train does so on CUDA); "
                           "leantrain plan does not price 4-bit base weights yet: plan with peft.method=lora for an "
                           "upper bound")
-    from leantrain.modeling.lora import import_peft  # lazy: lora imports this module
 
     peft = import_peft("qlora")
     return peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
@@ -114,7 +114,6 @@ def merged_full_precision(cfg: Config, label_names: list[str], task: str, adapte
     load of the base (2 bytes per parameter of host memory) and the merge on CPU, at the end of the run."""
     import torch
 
-    from leantrain.modeling.lora import import_peft  # lazy: lora imports this module
 
     base = build_model(cfg.model, label_names, task, extra={"dtype": torch.bfloat16})
     if config_fields:

@@ -142,7 +142,7 @@ def test_default_max_length_is_lowered_to_a_small_models_limit(capsys):
 def test_roberta_position_offset():
     from transformers import RobertaConfig
 
-    from leantrain.engine.preflight import position_limit
+    from leantrain.modeling.positions import position_limit
 
     assert position_limit(RobertaConfig(max_position_embeddings=514, pad_token_id=1))[0] == 512
 
