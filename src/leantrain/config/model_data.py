@@ -74,7 +74,8 @@ class ModelConfig(Section):
 
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="transformers' attention implementation: auto = flash_attention_2 on CUDA in bf16/fp16 "
-        "where the flash_attn package is installed and the model supports it, else sdpa (PyTorch's fused attention, "
+        "where the flash_attn package is installed and the model supports it (not with report.sample_prompts or a "
+        "merged LoRA, whose passes run the fp32 model outside autocast), else sdpa (PyTorch's fused attention, "
         "transformers' default) where the model has it, else eager; the log says why. An explicit value the model, "
         "device or precision cannot run exits 2"
     )

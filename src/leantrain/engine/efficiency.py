@@ -15,7 +15,7 @@ from torch import nn
 from leantrain.config import Config, EfficiencyConfig
 from leantrain.engine.dropout import resolve_dropout, use_fast_dropout
 from leantrain.errors import ConfigError
-from leantrain.modeling.attention import attention_support, choose_attention, flash_attn_usable
+from leantrain.modeling.attention import attention_support, choose_attention, flash_attn_usable, fp32_uses
 from leantrain.modeling.chunked_loss import apply_chunked_loss, output_layer
 from leantrain.modeling.load import load_config
 from leantrain.modeling.output_loss import plain_logits_bytes
@@ -166,7 +166,7 @@ def resolve_model_choices(cfg: Config, task: str, device_type: str, precision: s
     resolved ``precision``. Raises ConfigError for an explicit attention the model, device or precision cannot run."""
     support = attention_support(auto_model_class(task), load_config(cfg.model))
     attention, why = choose_attention(cfg.model.attn_implementation, device_type, precision, flash_attn_usable(),
-                                      support)
+                                      support, fp32_uses(cfg))
     compiled, compile_why = choose_compile(cfg.efficiency.compile, device_type, get_task(task).token_blocks,
                                            cfg.distributed.strategy)
     return ModelChoices(attention, why, compiled, compile_why)

@@ -4,9 +4,11 @@ transformers' ``attn_implementation`` when the model is loaded or built from its
 :func:`choose_attention` is the whole decision, a pure function of the device, the precision, whether the
 ``flash_attn`` package is usable and what the model class supports (:class:`AttentionSupport`):
 
-- ``flash_attention_2``: CUDA, bf16 or fp16, ``flash_attn`` usable (transformers' own check) and a model class that
-  supports it. Not measured against SDPA on a GPU yet (``benchmarks/gpu_check.sh`` measures it); flash-attn is no
-  dependency of leantrain, so ``auto`` picks it only where the user installed it;
+- ``flash_attention_2``: CUDA, bf16 or fp16, ``flash_attn`` usable (transformers' own check), a model class that
+  supports it, and no pass of the run outside autocast (``fp32_uses``: report.sample_prompts' generation and the
+  LoRA merge check run the fp32 model as it is, which flash-attn cannot compute). Not measured against SDPA on a
+  GPU yet (``benchmarks/gpu_check.sh`` measures it); flash-attn is no dependency of leantrain, so ``auto`` picks it
+  only where the user installed it;
 - ``sdpa``: PyTorch's ``scaled_dot_product_attention`` where the class supports it: transformers' own default, so a
   CPU run (and any run without flash-attn) builds the same model as before the key existed;
 - ``eager``: the class's own matmul-softmax attention, where it has no SDPA (or no attention at all: ConvNeXt, ResNet).
@@ -51,7 +53,14 @@ def flash_attn_usable() -> bool:
     return bool(is_flash_attn_2_available())
 
 
-def _flash_missing(device_type: str, precision: str, flash_installed: bool, support: AttentionSupport | None) -> str:
+def fp32_uses(cfg) -> tuple[str, ...]:  # noqa: ANN001 - leantrain Config
+    """The settings of ``cfg`` whose passes run the fp32 model outside the prepared model's autocast."""
+    uses = ("report.sample_prompts",) if cfg.report.sample_prompts else ()
+    return uses + (("peft.method=lora (the merge check)",) if cfg.peft.method == "lora" and cfg.peft.merge else ())
+
+
+def _flash_missing(device_type: str, precision: str, flash_installed: bool, support: AttentionSupport | None,
+                   fp32_uses: tuple[str, ...]) -> str:
     """What keeps flash attention from running here ("" when nothing does)."""
     if device_type != "cuda":
         return f"flash attention runs on CUDA only, this run on {device_type}"
@@ -61,14 +70,17 @@ def _flash_missing(device_type: str, precision: str, flash_installed: bool, supp
         return "the flash_attn package is not installed: pip install flash-attn"
     if support is not None and not support.flash:
         return f"{support.model_class} has no flash-attention implementation in transformers"
+    if fp32_uses:
+        return f"{', '.join(fp32_uses)} run the fp32 model outside autocast, which flash attention cannot compute"
     return ""
 
 
 def choose_attention(requested: str, device_type: str, precision: str, flash_installed: bool,
-                     support: AttentionSupport | None) -> tuple[str | None, str]:
+                     support: AttentionSupport | None, fp32_uses: tuple[str, ...] = ()) -> tuple[str | None, str]:
     """(the ``attn_implementation`` to build the model with, why) for ``model.attn_implementation``. ``precision``:
     the run's resolved precision; ``flash_installed``: :func:`flash_attn_usable`; ``support``:
-    :func:`attention_support` (None: not known, and ``auto`` leaves the choice to transformers: None).
+    :func:`attention_support` (None: not known, and ``auto`` leaves the choice to transformers: None);
+    ``fp32_uses``: the settings whose passes run the model outside autocast (:func:`fp32_uses`).
     Raises ConfigError for an explicit value that cannot run here."""
     key = f"model.attn_implementation={requested}"
     if requested == "eager":
@@ -78,7 +90,7 @@ def choose_attention(requested: str, device_type: str, precision: str, flash_ins
             raise ConfigError(f"{key}: {support.model_class} has no SDPA implementation in transformers; use "
                               "model.attn_implementation=eager or auto")
         return "sdpa", "as configured"
-    flash_missing = _flash_missing(device_type, precision, flash_installed, support)
+    flash_missing = _flash_missing(device_type, precision, flash_installed, support, fp32_uses)
     if requested == "flash_attention_2":
         if flash_missing:
             raise ConfigError(f"{key}: {flash_missing}; use model.attn_implementation=sdpa or auto")

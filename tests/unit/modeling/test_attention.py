@@ -9,7 +9,8 @@ import torch
 
 from leantrain.config import resolve
 from leantrain.errors import ConfigError
-from leantrain.modeling.attention import AttentionSupport, attention_support, choose_attention, flash_attn_usable
+from leantrain.modeling.attention import (AttentionSupport, attention_support, choose_attention, flash_attn_usable,
+                                         fp32_uses)
 from leantrain.modeling.load import build_model
 from leantrain.modeling.tasks import TEXT
 
@@ -26,7 +27,8 @@ def test_auto_every_branch():
                           (("mps", "fp32", True, LLAMA), "CUDA only"),
                           (("cuda", "fp32", True, LLAMA), "bf16 / fp16 only"),
                           (("cuda", "bf16", False, LLAMA), "pip install flash-attn"),
-                          (("cuda", "bf16", True, NO_FLASH), "SomeForCausalLM has no flash-attention")]:
+                          (("cuda", "bf16", True, NO_FLASH), "SomeForCausalLM has no flash-attention"),
+                          (("cuda", "bf16", True, LLAMA, ("report.sample_prompts",)), "outside autocast")]:
         choice, why = choose_attention("auto", *args)
         assert choice == "sdpa" and why.startswith("auto: PyTorch SDPA") and missing in why, args
     choice, why = choose_attention("auto", "cpu", "fp32", False, CONVNEXT)
@@ -44,9 +46,17 @@ def test_explicit_values_are_kept_or_refused_naming_the_key():
     assert choose_attention("flash_attention_2", "cuda", "bf16", True, LLAMA)[0] == "flash_attention_2"
     for args, missing in [(("cpu", "bf16", True, LLAMA), "CUDA only"), (("cuda", "fp32", True, LLAMA), "bf16 / fp16"),
                           (("cuda", "bf16", False, LLAMA), "pip install flash-attn"),
-                          (("cuda", "bf16", True, NO_FLASH), "no flash-attention")]:
+                          (("cuda", "bf16", True, NO_FLASH), "no flash-attention"),
+                          (("cuda", "bf16", True, LLAMA, ("report.sample_prompts",)), "report.sample_prompts run")]:
         with pytest.raises(ConfigError, match=f"model.attn_implementation=flash_attention_2: .*{missing}"):
             choose_attention("flash_attention_2", *args)
+
+
+def test_the_passes_outside_autocast_are_named():
+    assert fp32_uses(resolve(None, [])) == ()
+    assert fp32_uses(resolve(None, ["report.sample_prompts=[Once]", "peft.method=lora"])) == (
+        "report.sample_prompts", "peft.method=lora (the merge check)")
+    assert fp32_uses(resolve(None, ["peft.method=lora", "peft.merge=false"])) == ()
 
 
 def test_the_model_class_facts_come_from_transformers():
