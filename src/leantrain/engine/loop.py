@@ -23,7 +23,7 @@ from leantrain.engine.best import BestModel
 from leantrain.engine.checkpoint import Checkpointer, data_fingerprint
 from leantrain.engine.distributed import distributed_summary, local_sgd, replica_spread
 from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, output_loss_sizes,
-                                         resolve_precision)
+                                         resolve_model_choices, resolve_precision)
 from leantrain.engine.eval_schedule import eval_due, evaluate_and_log, evaluate_at
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.host_allocator import host_memory
@@ -123,7 +123,8 @@ def build_run(start: RunStart) -> tuple[Run, LoopState]:
 
     resume_problems(start.decision, cfg, accelerator, layout, data_fingerprint(data.train))  # refused: no model yet
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
-    model = build_model(cfg.model, data.label_names, data.task,  # qlora: 4-bit on this process's GPU
+    choices = resolve_model_choices(cfg, data.task, accelerator.device.type, start.precision)  # attention, compile
+    model = build_model(cfg.model, data.label_names, data.task, attention=choices.attention,  # qlora: 4-bit here
                         extra=qlora_load_kwargs(cfg.peft.method, accelerator.local_process_index))
     model.config.update(data.task_object.saved_config(None))  # e.g. the target standardisation, saved with it
     if note := data.task_object.start_head(model):  # multi-label: a fresh head's bias at the labels' prior
@@ -135,13 +136,14 @@ def build_run(start: RunStart) -> tuple[Run, LoopState]:
              counts["total"] / 1e6, counts["trainable"] / 1e6)
     micro = "auto" if cfg.train.micro_batch_size == "auto" else layout.micro_batch_size
     sizes = output_loss_sizes(model, cfg.efficiency, accelerator.device, micro, cfg.data.block_size)
-    notes = apply_model_switches(model, cfg.efficiency, accelerator.device.type, *sizes)
+    notes = [choices.attention_note(model), *apply_model_switches(model, cfg.efficiency, accelerator.device.type,
+                                                                  *sizes)]
     data.bind_model(model, accelerator, cfg.train.eval_batch_size or 8)  # e.g. reference log-probs, before any resume
     if cfg.train.micro_batch_size == "auto":
         layout = batch_layout(cfg, len(data.train), accelerator.num_processes,
                               auto_micro_batch(cfg, model, data, accelerator, layout, start.precision))
         notes += layout.notes
-    notes += compile_model(model, cfg.efficiency)
+    notes += compile_model(model, choices)
     for note in notes:
         log.info(note)
     model.train()
@@ -159,7 +161,7 @@ def build_run(start: RunStart) -> tuple[Run, LoopState]:
     flops = MfuMeter(inner.config, flop_parameters(inner, counts), mean_tokens,
                      accelerator.device, start.precision, accelerator.num_processes)  # MFU is for token models only
     run = Run(start, model, optimizer, scheduler, eval_dl, data, layout, metrics_log, meter, ckpt, flops, faults,
-              counts, comm, trainable)
+              counts, comm, choices, trainable)
     return run, state
 
 
@@ -191,7 +193,7 @@ def finish(loop: Loop, *, wall_seconds: float) -> dict:
         wall_seconds=wall_seconds, counts=run.counts, optim_state=loop.optim_state,
         speed={**run.flops.summary(run.meter.tokens_per_second), "time_split_seconds": loop.clock.summary()},
         efficiency=efficiency_summary(cfg.efficiency, accelerator, model, start.precision, start.precision_reason,
-                                      start.allocator),
+                                      start.allocator, run.choices),
         distributed=distributed_summary(cfg, accelerator, model, run.comm, run.meter),
         resumed_from_step=loop.resumed_from_step, skipped_steps=loop.guard.skipped,
         best=loop.best.summary(), trainable=run.trainable.record(cfg.peft) if run.trainable else None,

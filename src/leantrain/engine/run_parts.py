@@ -15,6 +15,7 @@ from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.checkpoint import Checkpointer
 from leantrain.engine.distributed import CommStats
+from leantrain.engine.efficiency import ModelChoices
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.resume import Decision
 from leantrain.engine.training_data import TrainingData
@@ -41,7 +42,8 @@ class RunStart:
 @dataclass
 class Run:
     """A set-up run: its start, the placed model, optimizer, schedule and data, the logs, meters and checkpointer,
-    and what the summary needs besides (parameter counts, communication, the trainable part)."""
+    and what the summary needs besides (parameter counts, communication, the attention / compile choices, the trainable
+    part)."""
 
     start: RunStart
     model: nn.Module
@@ -57,6 +59,7 @@ class Run:
     faults: FaultInjector
     counts: dict[str, int]
     comm: CommStats
+    choices: ModelChoices
     trainable: Trainable | None = None
 
     @property

@@ -118,6 +118,17 @@ def test_config_diff_ignores_cadence_and_flags_inexact_keys():
     assert len(inexact) == 1 and inexact[0].startswith("train.batch_size: 32 -> 64")
 
 
+def test_a_checkpoint_from_before_compile_auto_resumes_but_compile_on_does_not():
+    from leantrain.config import resolve
+
+    now = resolve(None, []).to_dict()
+    old = resolve(None, ["efficiency.compile=false"]).to_dict()
+    assert now["efficiency"]["compile"] == "auto"
+    assert config_diff(old, now) == ([], [])
+    on = resolve(None, ["efficiency.compile=true"]).to_dict()
+    assert config_diff(old, on)[0] == ["efficiency.compile: False -> True"]
+
+
 def test_config_keys_need_best_metric():
     from leantrain.config import resolve
     from leantrain.errors import ConfigError
