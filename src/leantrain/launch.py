@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leantrain.config import Config
-from leantrain.engine.preempt import EXIT_PREEMPTED, GRACE_SECONDS, SIGNALS, STATUS_FILE, read_status
+from leantrain.engine.checkpoint.preempt import EXIT_PREEMPTED, GRACE_SECONDS, SIGNALS, STATUS_FILE, read_status
 from leantrain.errors import UserError
 
 log = logging.getLogger("leantrain")
@@ -118,7 +118,7 @@ def run_group(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
     dies, and the workers die with the agent, so nothing of the run outlives a SIGKILL here.
     Returns torchrun's exit status and the first signal forwarded (0: none)."""
     if cmd[1] == "-m":  # python -m MODULE ... -> the same, in a process that dies with this one
-        cmd = [cmd[0], "-m", "leantrain.engine.preempt", *cmd[2:]]
+        cmd = [cmd[0], "-m", "leantrain.engine.checkpoint.preempt", *cmd[2:]]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     received: list[int] = []
 

@@ -15,7 +15,7 @@ from leantrain.data.shard_cache import prepared_shards
 from leantrain.data.shard_writer import write_shards
 from leantrain.data.token_shards import MANIFEST, VERIFIED, TokenShards, read_manifest
 from leantrain.data.token_sources import open_token_source
-from leantrain.engine import lock
+from leantrain.engine.checkpoint import lock
 from leantrain.engine.accelerator import setup_logging
 from leantrain.errors import UserError
 from leantrain.modeling import model_name

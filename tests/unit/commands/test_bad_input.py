@@ -323,7 +323,7 @@ def test_cpu_allocator_leaves_a_tuned_allocator_alone(monkeypatch):
 
 def test_resume_ignores_keys_added_since_the_checkpoint_at_their_default():
     """Checkpoints written before data.quoting existed, with the allocator then 'reuse', still resume."""
-    from leantrain.engine.resume import config_diff
+    from leantrain.engine.checkpoint.resume import config_diff
 
     new = resolve(None, []).to_dict()
     old = json.loads(json.dumps(new))

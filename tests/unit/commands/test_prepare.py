@@ -107,7 +107,7 @@ def test_two_prepares_into_one_folder_do_not_interleave(tmp_path, tok_folder, ca
     (tmp_path / "c.txt").write_text("\n\n".join(lm_documents(10)))
     out = tmp_path / "shards"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from leantrain.engine.lock import acquire; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from leantrain.engine.checkpoint.lock import acquire; "
                                f"acquire({str(out)!r}); print('held', flush=True); sys.stdin.read()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -14,7 +14,7 @@ from leantrain.data.loaders import epoch_micro_batches
 from leantrain.data.shard_writer import write_shards
 from leantrain.data.token_shards import TokenShards
 from leantrain.data.token_sources import open_token_source
-from leantrain.engine.checkpoint import data_fingerprint
+from leantrain.engine.checkpoint.save import data_fingerprint
 from tests.helpers import lm_documents, make_tiny_lm_tokenizer
 
 

@@ -142,7 +142,7 @@ def read_status(path: Path) -> dict | None:
 
 
 def run_module_dying_with_parent(argv: list[str]) -> None:
-    """``python -m leantrain.engine.preempt MODULE ARGS``: run ``python -m MODULE ARGS`` (torchrun) in a process that
+    """``python -m leantrain.engine.checkpoint.preempt MODULE ARGS``: run ``python -m MODULE ARGS`` (torchrun) in a process that
     the kernel SIGKILLs when its parent (the launcher) dies. Done here rather than in a ``preexec_fn``, which is not
     safe in a parent that has threads (pyarrow's)."""
     import runpy
