@@ -13,11 +13,11 @@ import torch
 from transformers import AutoTokenizer
 
 from leantrain.config import resolve
-from leantrain.data import instructions as ins
-from leantrain.data import sft
-from leantrain.data.lm_collate import pad_id_of
+from leantrain.data.lm import instructions as ins
+from leantrain.data.lm import sft
+from leantrain.data.lm.collate import pad_id_of
 from leantrain.data.modalities import for_modality
-from leantrain.data.preference import detect_format
+from leantrain.data.lm.preference import detect_format
 from leantrain.errors import DataError
 from tests.helpers import CHATML, make_tiny_chat_tokenizer
 

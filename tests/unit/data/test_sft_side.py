@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from leantrain.config import resolve
-from leantrain.data import instructions as ins
-from leantrain.data import sft
+from leantrain.data.lm import instructions as ins
+from leantrain.data.lm import sft
 from leantrain.data.modalities import for_modality
 from leantrain.errors import DataError
 from tests.helpers import CHATML, make_tiny_chat_tokenizer

@@ -1,4 +1,4 @@
-"""The data side of supervised fine-tuning: instruction/chat rows (``leantrain.data.instructions``) inside the
+"""The data side of supervised fine-tuning: instruction/chat rows (``leantrain.data.lm.instructions``) inside the
 causal-LM ``tokens`` data side. ``with_instructions(side)`` wraps a data side so that training data whose columns are an
 instruction/chat format is loaded, checked and rendered here (response-only labels, truncation, packing), and any
 other data goes to the wrapped side (plain text -> token blocks). The choice is made from the data's columns, per
@@ -14,10 +14,10 @@ from typing import Iterator
 import datasets
 
 from leantrain.config import DataConfig
-from leantrain.data import instructions as ins
-from leantrain.data import preference_formats as pf
+from leantrain.data.lm import instructions as ins
+from leantrain.data.lm import preference_formats as pf
 from leantrain.data.caches import using_cache_dir
-from leantrain.data.conversation import EXTRA_COLUMNS
+from leantrain.data.lm.conversation import EXTRA_COLUMNS
 from leantrain.data.demo import demo_files
 from leantrain.data.sources import Part, SourceError, quiet
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings

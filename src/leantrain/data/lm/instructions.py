@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import datasets
 import numpy as np
 
-from leantrain.data.conversation import (ROLE_ALIASES, row_tools, template_takes_tools, tools_in_system, tools_note,
+from leantrain.data.lm.conversation import (ROLE_ALIASES, row_tools, template_takes_tools, tools_in_system, tools_note,
                                          with_system)
 from leantrain.errors import DataError, more_rows, problems_error
 

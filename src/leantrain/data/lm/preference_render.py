@@ -1,4 +1,4 @@
-"""Preference rows -> token rows of the data contract (``leantrain.data.preference``).
+"""Preference rows -> token rows of the data contract (``leantrain.data.lm.preference``).
 
 Each prompt + response is rendered and tokenised by SFT's own ``instructions.render`` (the policy sees exactly what
 SFT renders): a prompt of messages through the chat template (or the plain template when the tokenizer has none), a
@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from leantrain.data import instructions as ins
-from leantrain.data import preference_formats as pf
+from leantrain.data.lm import instructions as ins
+from leantrain.data.lm import preference_formats as pf
 
 IGNORE = -100
 Response = tuple[list[int], int]  # a response's tokens after the shared prompt, how many of them lead unlabelled

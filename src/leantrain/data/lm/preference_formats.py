@@ -3,7 +3,7 @@ responses (``to_pair``, ``to_feedback``), checked row by row (``check_rows``) wi
 
 A prompt is either text (TRL's standard form: rendered as it is, like SFT's prompt / completion rows) or a list of
 ``{role, content}`` messages (conversational: rendered with the chat template, as SFT renders chat data); a response
-is always the text of the assistant's reply. See ``leantrain.data.preference`` for the data contract.
+is always the text of the assistant's reply. See ``leantrain.data.lm.preference`` for the data contract.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from leantrain.data import instructions as ins
+from leantrain.data.lm import instructions as ins
 
 HH_ASSISTANT, HH_HUMAN = "\n\nAssistant:", "\n\nHuman:"
 FORMATS = {  # name -> (required columns, optional columns, what the user calls it)

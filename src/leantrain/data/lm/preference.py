@@ -44,12 +44,12 @@ import datasets
 import numpy as np
 
 from leantrain.config import DataConfig
-from leantrain.data import instructions as ins
-from leantrain.data import preference_formats as pf
-from leantrain.data import preference_render as render
+from leantrain.data.lm import instructions as ins
+from leantrain.data.lm import preference_formats as pf
+from leantrain.data.lm import preference_render as render
 from leantrain.data.caches import using_cache_dir
-from leantrain.data.lm_collate import pad_id_of
-from leantrain.data.preference_collate import FeedbackCollator, PairCollator
+from leantrain.data.lm.collate import pad_id_of
+from leantrain.data.lm.preference_collate import FeedbackCollator, PairCollator
 from leantrain.data.sources import Part, quiet
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
 from leantrain.data.text_loader import first_rows
