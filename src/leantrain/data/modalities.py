@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from leantrain.config import DataConfig
-from leantrain.data import audio, image, text_loader, token_loader
+from leantrain.data import audio, image, tagged, text_loader
 from leantrain.data.lm import corpus, preference
 from leantrain.data.lm.sft import with_instructions
 from leantrain.data.loaders import make_collator
@@ -55,8 +55,8 @@ MODALITIES = {
                      text_loader.label_kind),
     **{m.KIND.role: Modality(m.KIND.role, m.load_and_validate, m.load_rows, m.process, m.collator, False)
        for m in (image, audio)},
-    "tagged": Modality("tagged", token_loader.load_and_validate, token_loader.load_rows, token_loader.process,
-                       token_loader.collator, True, lambda cfg: "tags"),
+    "tagged": Modality("tagged", tagged.load_and_validate, tagged.load_rows, tagged.process,
+                       tagged.collator, True, lambda cfg: "tags"),
     "tokens": with_instructions(  # instruction/chat data (data/lm/sft.py) or plain text (data/lm/corpus.py), by its columns
         Modality("tokens", corpus.load_and_validate, corpus.load_rows, corpus.process, corpus.collator, True,
                  corpus.label_kind, _sequences_and_tokens)),
