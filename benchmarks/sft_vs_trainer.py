@@ -97,7 +97,7 @@ def run_trl(args, packed: bool, out: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from leantrain.data.lm.instructions import detect_format, to_messages
+    from leantrain.data.lm.instruction_formats import detect_format, to_messages
     from leantrain.modeling.names import resolve_model_name
     from leantrain.optim import state_bytes
     from vs_trainer_lm import default_precision, peak_bytes

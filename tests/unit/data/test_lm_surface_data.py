@@ -8,6 +8,7 @@ import pytest
 
 from leantrain.config import DataConfig, resolve
 from leantrain.data.lm import instructions as ins
+from leantrain.data.lm import rendering as rd
 from leantrain.data.lm import corpus
 from leantrain.data.lm import sft
 from leantrain.data.sources import SourceError
@@ -50,7 +51,7 @@ def test_a_folder_of_txt_files_names_what_it_skips(tmp_path):  # item 18
 
 def test_unknown_placeholders_are_refused_and_escapes_are_read_alike():  # item 17
     with pytest.raises(DataError, match=r"unknown placeholder \{sytem\}"):
-        ins.check_template("S: {sytem} Q: {prompt} A: {response}")
+        rd.check_template("S: {sytem} Q: {prompt} A: {response}")
     cfg = resolve(None, [r"data.template=Q: {prompt}\nA: {response}", r"data.document_separator=\n\n"])
     assert cfg.data.template == "Q: {prompt}\nA: {response}" and cfg.data.document_separator == "\n\n"
 

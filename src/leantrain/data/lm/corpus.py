@@ -1,5 +1,6 @@
 """The ``tokens`` data side (causal language models): sources checked before any model, tokenised once into
-cached token shards (``token_shards``, prepared by ``shard_writer`` into ``shard_cache``), cut into fixed blocks (``blocks``), collated by ``collate``.
+cached token shards (``token_shards``, prepared by ``shard_writer`` into ``shard_cache``), cut into fixed blocks
+(``blocks``), collated by ``collate``.
 
 ``load_and_validate`` resolves and checks the sources (files exist, the text column is there) without a
 tokenizer; ``process`` (with the run's tokenizer) prepares or reuses the shards and returns ``Blocks``. With no
