@@ -8,7 +8,7 @@ import sys
 
 from leantrain.config import describe_keys
 from leantrain.errors import UserError
-from leantrain.launch import LaunchOptions, inside_launcher
+from leantrain.launch.torchrun import LaunchOptions, inside_launcher
 from leantrain.version import __version__
 
 EXAMPLES = """\
