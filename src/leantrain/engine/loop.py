@@ -22,8 +22,8 @@ from leantrain.engine.accelerator import (attach_trackers, default_output_dir, d
                                           setup_logging)
 from leantrain.engine.artifacts import RunResult, efficiency_summary, save_outputs
 from leantrain.engine.batch_layout import BatchLayout, batch_layout
-from leantrain.engine.best import BestModel
-from leantrain.engine.checkpoint import Checkpointer, data_fingerprint
+from leantrain.engine.checkpoint.best import BestModel
+from leantrain.engine.checkpoint.save import Checkpointer, data_fingerprint
 from leantrain.engine.distributed import (CommStats, apply_fsdp, count_fsdp_traffic, distributed_summary, local_sgd,
                                           replica_spread, strategy_name, time_allreduce)
 from leantrain.engine.efficiency import (ACCELERATE_PRECISION, ModelChoices, apply_model_switches, compile_model,
@@ -31,11 +31,11 @@ from leantrain.engine.efficiency import (ACCELERATE_PRECISION, ModelChoices, app
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.host_allocator import host_memory
-from leantrain.engine.lock import hold as hold_lock, release as release_lock
+from leantrain.engine.checkpoint.lock import hold as hold_lock, release as release_lock
 from leantrain.engine.nonfinite import NonFiniteGuard
-from leantrain.engine.preempt import Preemption
+from leantrain.engine.checkpoint.preempt import Preemption
 from leantrain.engine.preflight import check_stop_when, check_train
-from leantrain.engine.resume import (Decision, LoopState, apply_rng, decide, prior_records, restore,
+from leantrain.engine.checkpoint.resume import (Decision, LoopState, apply_rng, decide, prior_records, restore,
                                      resume_problems)
 from leantrain.engine.samples import check_sample_prompts, write_samples
 from leantrain.engine.step import train_step
