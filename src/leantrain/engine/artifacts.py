@@ -16,7 +16,7 @@ from torch import nn
 
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
-from leantrain.engine.checkpoint import complete_checkpoints
+from leantrain.engine.checkpoint.save import complete_checkpoints
 from leantrain.engine.distributed import full_state_dict
 from leantrain.engine.dropout import resolve_dropout
 from leantrain.engine.efficiency import ModelChoices, compile_seconds

@@ -7,7 +7,7 @@ import logging
 
 from leantrain.config import parse_stop_when
 from leantrain.engine.batch_layout import BatchLayout
-from leantrain.engine.best import BestModel
+from leantrain.engine.checkpoint.best import BestModel
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.loop_state import LoopState
 from leantrain.engine.run_parts import Run

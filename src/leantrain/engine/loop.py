@@ -19,21 +19,21 @@ from leantrain.engine.accelerator import (attach_trackers, default_output_dir, d
                                           make_accelerator, setup_logging)
 from leantrain.engine.artifacts import RunResult, efficiency_summary, save_outputs
 from leantrain.engine.batch_layout import batch_layout
-from leantrain.engine.best import BestModel
-from leantrain.engine.checkpoint import Checkpointer, data_fingerprint
+from leantrain.engine.checkpoint.best import BestModel
+from leantrain.engine.checkpoint.lock import hold as hold_lock, release as release_lock
+from leantrain.engine.checkpoint.preempt import Preemption
+from leantrain.engine.checkpoint.resume import decide, prior_records, restore, resume_problems
+from leantrain.engine.checkpoint.save import Checkpointer, data_fingerprint
 from leantrain.engine.distributed import distributed_summary, local_sgd, replica_spread
 from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, output_loss_sizes,
                                          resolve_model_choices, resolve_precision)
 from leantrain.engine.eval_schedule import eval_due, evaluate_and_log, evaluate_at
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.host_allocator import host_memory
-from leantrain.engine.lock import hold as hold_lock, release as release_lock
 from leantrain.engine.loop_state import LoopState
 from leantrain.engine.nonfinite import NonFiniteGuard
 from leantrain.engine.optimizer_setup import place
-from leantrain.engine.preempt import Preemption
 from leantrain.engine.preflight import check_stop_when, check_train
-from leantrain.engine.resume import decide, prior_records, restore, resume_problems
 from leantrain.engine.run_parts import Run, RunStart
 from leantrain.engine.samples import check_sample_prompts, write_samples
 from leantrain.engine.step import train_step
@@ -353,4 +353,4 @@ class Loop:
     def save_checkpoint(self) -> Path:
         self.guard.check()  # a checkpoint is always a finite state
         run = self.run
-        return run.ckpt.save(run.model, run.optimizer, run.scheduler, self.state)
+        return run.ckpt.save(run.model, run.optimizer, run.scheduler, self.state.state_dict())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from leantrain.engine.checkpoint import rng_state, set_rng_state
+from leantrain.engine.checkpoint.save import rng_state, set_rng_state
 
 
 @dataclass

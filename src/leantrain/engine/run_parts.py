@@ -13,11 +13,11 @@ from torch.utils.data import DataLoader
 
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
-from leantrain.engine.checkpoint import Checkpointer
+from leantrain.engine.checkpoint.resume import Decision
+from leantrain.engine.checkpoint.save import Checkpointer
 from leantrain.engine.distributed import CommStats
 from leantrain.engine.efficiency import ModelChoices
 from leantrain.engine.faults import FaultInjector
-from leantrain.engine.resume import Decision
 from leantrain.engine.training_data import TrainingData
 from leantrain.modeling.lora import Trainable
 from leantrain.perf.flops import MfuMeter

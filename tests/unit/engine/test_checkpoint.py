@@ -11,9 +11,9 @@ import torch
 
 from tests.helpers import word_rows, write_rows
 from leantrain.cli import main
-from leantrain.engine.checkpoint import complete_checkpoints, verify
-from leantrain.engine.resume import config_diff
-from leantrain.engine.state_io import StateFormatError, load_state, save_state
+from leantrain.engine.checkpoint.save import complete_checkpoints, verify
+from leantrain.engine.checkpoint.resume import config_diff
+from leantrain.engine.checkpoint.state_io import StateFormatError, load_state, save_state
 from leantrain.report.logs import read_metrics
 
 
@@ -32,7 +32,7 @@ def test_optimizer_and_rng_state_roundtrip_bitwise(tmp_path):
 
     import numpy as np
 
-    from leantrain.engine.checkpoint import rng_state, set_rng_state
+    from leantrain.engine.checkpoint.save import rng_state, set_rng_state
 
     model = torch.nn.Linear(4, 3)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.8, 0.9))

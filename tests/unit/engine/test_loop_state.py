@@ -7,7 +7,7 @@ import random
 import torch
 
 from leantrain.engine.loop_state import BestRecord, LoopState
-from leantrain.engine.state_io import load_state, save_state
+from leantrain.engine.checkpoint.state_io import load_state, save_state
 
 
 def _saved_and_loaded(state: LoopState, folder, steps_per_epoch: int) -> LoopState:

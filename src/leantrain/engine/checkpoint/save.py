@@ -28,7 +28,6 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,13 +38,10 @@ from torch.optim.lr_scheduler import LRScheduler
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.faults import FaultInjector
-from leantrain.engine.state_io import fsync_file, save_state
+from leantrain.engine.checkpoint.state_io import fsync_file, save_state
 from leantrain.files import disk_full, disk_of, sha256_file
 from leantrain.errors import UserError
 from leantrain.modeling.trainable_state import identity, saves_trainable_only, trainable_state
-
-if TYPE_CHECKING:
-    from leantrain.engine.loop_state import LoopState
 
 log = logging.getLogger("leantrain")
 
@@ -193,12 +189,11 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0 and step < self.layout.total_steps
 
-    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
-             state: LoopState) -> Path:
-        """The loop's ``state`` (a ``LoopState``) with the model, optimizer and schedule at its step. A collective:
-        every rank calls it at the same step."""
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, state: dict) -> Path:
+        """The loop's state (``LoopState.state_dict()``: ``trainer``, shared, and ``rank``, this process's) with the
+        model, optimizer and schedule at its step. A collective: every rank calls it at the same step."""
         acc = self.accelerator
-        step, saved = state.step, state.state_dict()
+        step = state["trainer"]["step"]
         final = self.root / checkpoint_name(step)
         tmp = self.root / f".tmp-{final.name}"
         try:
@@ -207,9 +202,9 @@ class Checkpointer:
                     shutil.rmtree(tmp)
                 tmp.mkdir(parents=True)
             acc.wait_for_everyone()
-            save_state(saved["rank"], tmp, rank_file(acc.process_index))
+            save_state(state["rank"], tmp, rank_file(acc.process_index))
             if acc.is_main_process:
-                self._save_shared(tmp, model, optimizer, scheduler, saved["trainer"])
+                self._save_shared(tmp, model, optimizer, scheduler, state["trainer"])
             acc.wait_for_everyone()
             if acc.is_main_process:
                 if self.faults is not None:
