@@ -2,7 +2,7 @@
 
 MODEL is a run's ``model/`` folder, a run folder (its ``model/`` is used), a Hub id, or a preset
 (``smollm2-135m``). Greedy by default; ``--temperature`` > 0 samples (``--top-p``, ``--seed``). Each prompt is
-rendered as the run's training rendered a user turn (``leantrain.data.sft.sample_inputs``): its template and
+rendered as the run's training rendered a user turn (``leantrain.data.lm.sft.sample_inputs``): its template and
 ``data.system_prompt`` from ``model/leantrain.json``; ``--system`` (or ``data.system_prompt=...``) sets the system
 prompt, ``--tools FILE`` the tool schemas; a model without a record: the tokenizer's chat template when it has one.
 ``--no-chat``: the raw prompt. Text to stdout, logs to stderr.
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from leantrain.config import resolve
-from leantrain.data.conversation import row_tools
-from leantrain.data.sft import Prompts, sample_inputs
+from leantrain.data.lm.conversation import row_tools
+from leantrain.data.lm.sft import Prompts, sample_inputs
 from leantrain.engine.accelerator import device_type, setup_logging
 from leantrain.engine.preflight import check_weights
 from leantrain.engine.run_settings import stored_prompt_format, with_run_settings

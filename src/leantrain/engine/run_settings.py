@@ -1,8 +1,9 @@
 """What the run knew, kept with the model: ``model/leantrain.json`` holds the task and the data settings the model
 was trained with (its columns and ``max_length``; a language model's ``block_size``, ``document_separator`` and
 ``document_mask``; instruction data's template, system prompt and format), so that ``leantrain predict`` / ``eval``
-/ ``generate`` on the folder use them by default. A key the user sets (``data.text_column=...``) wins; a stored column that the input file lacks is not
-used (the usual auto-detection applies), so a file with other column names still works.
+/ ``generate`` on the folder use them by default. A key the user sets (``data.text_column=...``) wins; a stored
+column that the input file lacks is not used (the usual auto-detection applies), so a file with other column names
+still works.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def eval_precision(model_dir: str | Path, cfg: Config) -> tuple[str, str]:
 
 def stored_prompt_format(model_dir: str | Path) -> dict | None:
     """How the run's prompts were rendered ({"format": instruction or preference format, "prompt": text or messages}
-    from model/leantrain.json), for ``leantrain.data.sft.sample_inputs``; None for plain text or no record."""
+    from model/leantrain.json), for ``leantrain.data.lm.sft.sample_inputs``; None for plain text or no record."""
     return (read_run_settings(model_dir) or {}).get("prompt_format")
 
 

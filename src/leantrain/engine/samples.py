@@ -1,7 +1,8 @@
 """Sample continuations during training (``report.sample_prompts``, causal LMs): before the first step and at each
 evaluation, the greedy continuation (``report.sample_max_new_tokens`` tokens) of each prompt, rendered as training
-renders a user turn (``leantrain.data.sft.sample_inputs``: the run's template and ``data.system_prompt``), written to
-metrics.jsonl as ``{"type": "samples", "step": n, "samples": [{"prompt", "continuation"}]}`` and shown in the log.
+renders a user turn (``leantrain.data.lm.sft.sample_inputs``: the run's template and ``data.system_prompt``),
+written to metrics.jsonl as ``{"type": "samples", "step": n, "samples": [{"prompt", "continuation"}]}`` and shown
+in the log.
 
 Every process generates (the same prompts, greedy, so the same number of forward calls on every rank): under FSDP
 each forward all-gathers the shards, a collective that needs all ranks; under DDP the unwrapped module runs no
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from leantrain.data.sft import sample_inputs
+from leantrain.data.lm.sft import sample_inputs
 from leantrain.errors import ConfigError
 from leantrain.modeling.generation import check_room, continuations, prompt_lengths, prompt_texts
 from leantrain.modeling.tasks import get_task

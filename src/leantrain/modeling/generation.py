@@ -7,8 +7,8 @@
   is left as it was;
 - the tokenizer's chat template, when it has one and ``chat`` is not False, wraps each prompt as one user turn with
   the generation prompt (the assistant's turn opened), after a system turn of ``system`` when given and with the
-  ``tools`` schemas passed to the template (``leantrain.data.sft.sample_inputs``: both as the run trained with them);
-  ``chat=True`` without a template is an error;
+  ``tools`` schemas passed to the template (``leantrain.data.lm.sft.sample_inputs``: both as the run trained with
+  them); ``chat=True`` without a template is an error;
 - prompts run in batches, padded on the left (the new tokens of every row start at the same position); a tokenizer
   without a pad token pads with its EOS token, for the call only;
 - the model is put in eval mode for the call and back in train mode after when it was training.

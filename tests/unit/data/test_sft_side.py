@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from leantrain.config import resolve
-from leantrain.data import instructions as ins
-from leantrain.data import sft
+from leantrain.data.lm import instruction_formats as formats_
+from leantrain.data.lm import sft
 from leantrain.data.modalities import for_modality
 from leantrain.errors import DataError
 from tests.helpers import CHATML, make_tiny_chat_tokenizer
@@ -71,7 +71,7 @@ def test_neither_text_nor_instructions_names_file_columns_and_formats(tmp_path):
         for_modality("tokens").load_and_validate(cfg(train=path), seed=0, batch_size=4)
     text = str(e.value)
     assert "qa.jsonl" in text and "question, answer" in text and e.value.exit_code == 2
-    assert all(desc in text for *_, desc in ins.FORMATS.values())
+    assert all(desc in text for *_, desc in formats_.FORMATS.values())
 
 
 def test_bad_rows_are_named_by_file_line(tmp_path):
@@ -110,14 +110,15 @@ READS_TOOLS = "{% if tools %}{{ '<|im_start|>tools\n' + (tools | tojson) + '<|im
 def test_generation_prompt_is_the_trained_prompt_with_system_and_tools(tmp_path, template, chat_template):
     """The ids generation sends for a prompt are the ids training put before the response of a row with that
     instruction, the same data.system_prompt and the same tools: the system prompt and the tool schemas included."""
-    from leantrain.data.conversation import row_tools
+    from leantrain.data.lm import rendering as rd
+    from leantrain.data.lm.conversation import row_tools
     from leantrain.modeling.generation import prompt_lengths, prompt_texts
 
     tok = AutoTokenizer.from_pretrained(make_tiny_chat_tokenizer(tmp_path / "tok", chat_template=chat_template))
     data_cfg = cfg(system_prompt="Answer briefly.", template=template)
     row = {"instruction": "What is 2 + 2?", "input": "", "output": "The answer is 4.", "tools": TOOLS}
-    rendering = ins.choose_rendering(tok, data_cfg.template, "alpaca")
-    ids, mask = ins.render(ins.to_messages(row, "alpaca", data_cfg.system_prompt), tok, rendering, row_tools(row))
+    rendering = rd.choose_rendering(tok, data_cfg.template, "alpaca")
+    ids, mask = rd.render(formats_.to_messages(row, "alpaca", data_cfg.system_prompt), tok, rendering, row_tools(row))
     trained_prompt = ids[:mask.index(True)]
     rendered = sft.sample_inputs([row["instruction"]], tok, data_cfg, {"format": "alpaca"}, TOOLS)
     texts, templated = prompt_texts(tok, rendered.texts, **rendered.context())
