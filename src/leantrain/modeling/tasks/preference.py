@@ -87,6 +87,8 @@ class Preference(CausalLM):
     reference_name: str | None = None  # what the reference is (the base model's name), recorded with the model
     _frozen: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # live: [the frozen copy]
 
+    uniform_token_gradients = False  # a pair's two rows get opposite gradients: no Liger (efficiency.chunked_loss)
+
     @property
     def token_blocks(self) -> bool:
         return True  # sequences cut to data.block_size: the run's data settings, bounded by the position limit

@@ -171,6 +171,9 @@ class Task:
                     label2id={n: i for i, n in enumerate(label_names)})
 
     scratch_needs_tokenizer = False  # a model from a config needs model.tokenizer (causal LM), not model.name's
+    # every token of a row gets the same incoming gradient from the loss (the row's loss_weight): what Liger's fused
+    # cross-entropy needs (efficiency.chunked_loss=auto: leantrain.modeling.output_loss); preference losses do not
+    uniform_token_gradients = True
 
     def scratch_fields(self, processor) -> dict:
         """Config fields of a model built from a config (``model.config`` / ``model.config_type``) that follow its
