@@ -83,3 +83,19 @@ def test_no_columns_without_precompute(setup):
     accelerator, model, _, ds = setup
     task = get_task("preference").configured(resolve(None, ["preference.reference=live"]))
     assert precompute.with_precomputed(task, model, ds, collate, accelerator, 3, "train data") is ds
+
+
+def test_cache_list_and_clear_know_the_precomputed_values(setup, tmp_path, monkeypatch, capsys):
+    from leantrain.cli import main
+
+    accelerator, model, task, ds = setup
+    monkeypatch.setattr(precompute, "default_datasets_cache", lambda: tmp_path / "datasets")
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path / "lt-cache"))
+    precompute.with_precomputed(task, model, ds, collate, accelerator, 3, "train data")
+    folder = tmp_path / "datasets" / precompute.FOLDER
+    [cached] = list(folder.glob("*.npy"))
+    assert main(["cache", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert f"precomputed {folder}  <- ref_chosen_logps, ref_rejected_logps of train data" in out
+    assert main(["cache", "--clear"]) == 0
+    assert str(folder) in capsys.readouterr().out and not folder.exists() and (tmp_path / "datasets").is_dir()
