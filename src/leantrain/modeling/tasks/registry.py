@@ -224,9 +224,11 @@ class Task:
         tokens (causal LM: its target tokens)."""
         return None
 
-    def with_model(self, model) -> "Task":
+    def with_model(self, model, autocast=None) -> "Task":
         """This task bound to the built model, before training and before a resume restores trained weights (the
-        preference task's ``live`` reference: a frozen copy made here). Itself by default."""
+        preference task's ``live`` reference: a frozen copy made here). ``autocast``: a callable giving the precision
+        context the model's forward runs in (the Accelerator's ``autocast``), for the other models a task runs beside
+        it. Itself by default."""
         return self
 
     def reference_model_name(self) -> str | None:
@@ -234,8 +236,9 @@ class Task:
         it was tuned against, as recorded), then hands to ``with_reference``; None by default."""
         return None
 
-    def with_reference(self, model) -> "Task":
-        """This task evaluating against ``model`` (frozen); itself by default."""
+    def with_reference(self, model, autocast=None) -> "Task":
+        """This task evaluating against ``model`` (frozen), run under ``autocast()`` (the policy's precision context;
+        None: as called); itself by default."""
         return self
 
     def precomputed_columns(self, columns: list[str]) -> tuple[str, ...]:
