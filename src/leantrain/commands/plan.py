@@ -167,7 +167,8 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     budget, budget_source = ((parse_bytes(memory), "--memory") if memory is not None else
                              default_budget(device, local=nproc) if device.type == "cpu" else default_budget(device))
-    plan = Search(cfg, model, data.task_object, facts, longest_sequence(cfg, data), per_process, nproc,
+    task = data.task_object.with_model(model)  # as train binds it (live: its frozen copy, priced apart below)
+    plan = Search(cfg, model, task, facts, longest_sequence(cfg, data), per_process, nproc,
                   strategy_name(cfg, nproc), budget)
     ckpt = cfg.efficiency.gradient_checkpointing
     result = {"device": str(device), "nproc": nproc, "strategy": plan.strategy, "seq_len": plan.seq_len,

@@ -185,6 +185,15 @@ class Preference(CausalLM):
         }
         return {"reference_choices": {"loss": self.loss, "reference": self.reference, "reference_options": options}}
 
+    def calibration_batch(self, batch: dict) -> dict:
+        """The memory model's m synthetic rows as m pairs; with ``precompute`` carrying reference log-probs as the
+        training batches do (no reference forward in the step). ``adapter`` and ``live`` (bound by ``with_model``)
+        run their reference's no-grad forward in ``forward_loss``, as in training."""
+        pairs = L.as_pairs(batch)
+        if self.reference != "precompute":
+            return pairs
+        return {**pairs, "ref_logps": torch.zeros(pairs["loss_weight"].shape[0], 2, device=batch["input_ids"].device)}
+
     def precompute(self, model, batch: dict) -> torch.Tensor:
         return self.reference_logps(model, batch)
 

@@ -19,7 +19,8 @@ The seam every training and evaluation path calls (the engine's step and evaluat
 - ``Task.eval_outputs(model, batch) -> tuple of tensors``: what one eval batch gathers over the processes (the
   forward happens inside; ``(logits.float(), labels)`` by default), handed to ``eval_batch``;
 - ``Task.calibration_labels(model, input_ids)``: the labels of a synthetic batch of these ids (the memory model's
-  calibration passes run ``forward_loss`` on it).
+  calibration passes run ``forward_loss`` on it), and ``Task.calibration_batch(batch)`` what else the task's
+  batches carry (the preference task's precomputed reference log-probs).
 
 A task that needs more than one forward (two sequences per row, a frozen reference) overrides ``forward_loss`` and
 ``eval_outputs``; the engine does not change. The causal LM's ``token_losses(model, batch)`` (per-token losses of the
@@ -208,6 +209,12 @@ class Task:
         import torch  # lazy: heavy
 
         return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+
+    def calibration_batch(self, batch: dict) -> dict:
+        """The memory model's synthetic ``batch`` (input ids, attention mask, ``calibration_labels``, weights) with
+        what this task's training batches carry beside (the preference task's precomputed reference log-probs, so
+        that the passes run no reference forward where training runs none); as it is by default."""
+        return batch
 
     def merge_check_value(self, model, batch: dict):
         """A number of the model alone that merging LoRA into its weights must keep (checked after every merge): the
