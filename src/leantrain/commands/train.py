@@ -10,7 +10,7 @@ from leantrain.config import resolve
 from leantrain.engine.loop import train
 from leantrain.engine.preflight import check_train
 from leantrain.engine.training_data import run_task, validate_data
-from leantrain.launch import LaunchOptions, inside_launcher, launch
+from leantrain.launch.torchrun import LaunchOptions, inside_launcher, launch
 from leantrain.modeling.tasks import get_task
 from leantrain.report.final_line import final_line
 

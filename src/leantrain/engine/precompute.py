@@ -25,7 +25,7 @@ from accelerate import Accelerator
 
 from leantrain.data.caches import PRECOMPUTED, default_datasets_cache, record_cache_folder
 from leantrain.data.loaders import eval_loader
-from leantrain.engine.checkpoint import data_fingerprint
+from leantrain.engine.checkpoint.save import data_fingerprint
 
 log = logging.getLogger("leantrain")
 FOLDER = PRECOMPUTED  # listed and cleared by leantrain cache --list / --clear

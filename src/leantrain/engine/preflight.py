@@ -1,7 +1,8 @@
 """Checks made before any work (before a worker process starts, a model loads or data is tokenised), each failing
 with a UserError (exit status 2) that names the key or option and the value: what the model's position limit
 allows for ``data.max_length``, whether ``output_dir`` / ``--output`` can be written, that a model folder has
-weights leantrain will load, and that ``train.stop_when`` names a metric evaluation reports for this data.
+weights leantrain will load, that an explicit ``model.attn_implementation`` can run, and that ``train.stop_when``
+names a metric evaluation reports for this data.
 See docs/exit-codes.md."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from leantrain.config.metric_names import check_metric
 from leantrain.config.training import parse_stop_when
 from leantrain.engine.accelerator import device_type
 from leantrain.engine.batch_layout import batch_layout
+from leantrain.engine.efficiency import resolve_model_choices, resolve_precision
 from leantrain.engine.training_data import run_task
 from leantrain.errors import ConfigError, UserError
 from leantrain.units import format_bytes
@@ -114,6 +116,14 @@ def check_planned_memory(cfg, total: int, trainable: int) -> None:  # noqa: ANN0
                           f"({format_bytes(budget)}); choose a smaller {keys}")
 
 
+def check_attention(cfg) -> None:  # noqa: ANN001 - leantrain Config
+    """An explicit ``model.attn_implementation`` the model class, the device or the precision cannot run: exit 2
+    before any model loads (``auto`` always finds one)."""
+    if cfg.model.attn_implementation != "auto":
+        precision = resolve_precision(cfg.efficiency.precision, device_type())[0]
+        resolve_model_choices(cfg, resolve_task(cfg), device_type(), precision)
+
+
 def check_stop_when(cfg, num_labels: int, task: str | None = None) -> None:  # noqa: ANN001
     """train.stop_when must name a metric evaluation reports for ``task`` (unset: the run's) with ``num_labels``
     classes (mcc: 2 only)."""
@@ -185,6 +195,7 @@ def check_train(cfg, data=None, world_size: int = 1):  # noqa: ANN001 - Config, 
         check_writable_dir("runs", "output_dir (unset: runs/<date-time>)")
     cfg = check_max_length(cfg)
     check_model_plan(cfg)
+    check_attention(cfg)
     if data is not None:
         check_stop_when(cfg, len(data.label_names))
         if world_size > 1 and hasattr(data.train, "__len__"):  # batch arithmetic over the processes (rows known:
