@@ -298,8 +298,8 @@ def _print_stage(r: dict, w) -> None:
         w("  speed ranking of micro-batch x precision x checkpointing x optimizer: --search (real passes, timed)\n")
 
 
-def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
-    w = out.write
+def print_plan(cfg: Config, r: dict, out=None) -> None:
+    w = (out or sys.stdout).write  # read when called: a default bound at import would keep a replaced stdout
     trainable = r.get("trainable_parameters", r["parameters"])  # a plan --json from before LoRA has none
     trained = "" if trainable == r["parameters"] else f" ({trainable / 1e6:.2f}M trainable)"
     w(f"plan for {r['parameters'] / 1e6:.1f}M parameters{trained} on {r['device']} ({r['nproc']} process(es), strategy "

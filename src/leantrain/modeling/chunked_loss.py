@@ -235,10 +235,14 @@ def install_chunked_loss(model: nn.Module, chunk_tokens: int | None = None, kern
     if why_not_chunked(model) is not None:
         return False
     plain = layer.forward  # the class's forward, bound
+    unbound = getattr(plain, "__func__", None)  # called on ``self``: a deep copy of the model (a live reference)
+    # must compute with its own weights, not the layer it was copied from
 
     def forward(self, hidden_states, *args, **kwargs):
         labels = getattr(self, "leantrain_loss_labels", None)
         if labels is None or hidden_states.dim() != 3 or hidden_states.shape[:2] != labels.shape:
+            if unbound is not None:
+                return unbound(self, hidden_states, *args, **kwargs)
             return plain(hidden_states, *args, **kwargs)
         if getattr(self, KERNEL) == "liger":
             return liger_token_losses(hidden_states, self, labels, getattr(self, "leantrain_loss_rows", None))
