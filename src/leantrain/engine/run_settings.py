@@ -1,8 +1,9 @@
 """What the run knew, kept with the model: ``model/leantrain.json`` holds the task and the data settings the model
 was trained with (its columns and ``max_length``; a language model's ``block_size``, ``document_separator`` and
-``document_mask``), so that ``leantrain predict`` / ``eval`` on the folder use them
-by default. A key the user sets (``data.text_column=...``) wins; a stored column that the input file lacks is not
-used (the usual auto-detection applies), so a file with other column names still works.
+``document_mask``; instruction data's template, system prompt and format), so that ``leantrain predict`` / ``eval``
+/ ``generate`` on the folder use them by default. A key the user sets (``data.text_column=...``) wins; a stored
+column that the input file lacks is not used (the usual auto-detection applies), so a file with other column names
+still works.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ COLUMN_KEYS = ("text_column", "text_pair_column", "label_column", "image_column"
 TOKEN_KEYS = ("block_size", "document_separator", "document_mask",  # language models: how text becomes blocks
               "template", "train_on_prompt", "system_prompt",  # instruction data: how it is rendered, which tokens learn
               "max_prompt_length")  # preference data: how much of a long prompt is kept
+RENDERING_KEYS = ("format", "prompt")  # instruction / preference data: the format its prompts were rendered in
 
 
 def run_settings(cfg: Config, task: str, columns: dict, precision: str | None = None,
@@ -34,9 +36,12 @@ def run_settings(cfg: Config, task: str, columns: dict, precision: str | None = 
     preference-tuned policy's method, beta and reference)."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
+    rendering = {}
     if get_task(task).token_blocks:  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
-    return {"task": task, "data": data, **({"precision": precision} if precision else {}), **(saved or {})}
+        rendering = {k: columns[k] for k in RENDERING_KEYS if columns.get(k)}
+    return {"task": task, "data": data, **({"prompt_format": rendering} if rendering else {}),
+            **({"precision": precision} if precision else {}), **(saved or {})}
 
 
 def write_run_settings(model_dir: Path, cfg: Config, task: str, columns: dict, precision: str | None = None,
@@ -60,6 +65,12 @@ def eval_precision(model_dir: str | Path, cfg: Config) -> tuple[str, str]:
                        "efficiency.precision=fp32|bf16 to change)")
 
 
+def stored_prompt_format(model_dir: str | Path) -> dict | None:
+    """How the run's prompts were rendered ({"format": instruction or preference format, "prompt": text or messages}
+    from model/leantrain.json), for ``leantrain.data.lm.sft.sample_inputs``; None for plain text or no record."""
+    return (read_run_settings(model_dir) or {}).get("prompt_format")
+
+
 def stored_task(model_dir: str | Path) -> str | None:
     """The task the run recorded in ``model/leantrain.json``, or None."""
     stored = read_run_settings(model_dir) or {}
@@ -77,10 +88,11 @@ def read_run_settings(model_dir: str | Path) -> dict | None:
         return None
 
 
-def with_run_settings(model_dir: str | Path, cfg: Config, input_path: str | None) -> Config:
-    """``cfg`` with the run's data settings as defaults: keys the user set stay, and a stored column is used only
-    when the input is a file (or dataset) that has it; folders of images / audio keep their own layout. Logs what
-    was taken."""
+def with_run_settings(model_dir: str | Path, cfg: Config, input_path: str | None,
+                      keys: tuple[str, ...] = COLUMN_KEYS + ("max_length", *TOKEN_KEYS)) -> Config:
+    """``cfg`` with the run's data settings (those of ``keys``) as defaults: keys the user set stay, and a stored
+    column is used only when the input is a file (or dataset) that has it; folders of images / audio keep their own
+    layout. Logs what was taken."""
     stored = read_run_settings(model_dir)
     if not stored:
         return cfg
@@ -88,7 +100,7 @@ def with_run_settings(model_dir: str | Path, cfg: Config, input_path: str | None
     available = _columns_of(input_path, cfg)
     taken = {}
     for key, value in (stored.get("data") or {}).items():
-        if key in given or value is None or key not in COLUMN_KEYS + ("max_length", *TOKEN_KEYS):
+        if key in given or value is None or key not in keys:
             continue
         wanted = value if isinstance(value, list) else [value]  # data.label_column: a list of 0/1 columns
         if key in COLUMN_KEYS and (available is None or any(v not in available for v in wanted)):
