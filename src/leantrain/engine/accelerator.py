@@ -96,6 +96,14 @@ def make_accelerator(cfg: Config, project_dir: Path | None, mixed_precision: str
     return accelerator
 
 
+def end_processes(accelerator) -> None:
+    """The run's end, finished or stopped: trackers closed and the process group destroyed (else gloo aborts at exit
+    under torchrun)."""
+    accelerator.end_training()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def attach_trackers(cfg: Config, accelerator, run_dir: Path) -> None:
     """Accelerate's trackers (report.trackers), logging under the run folder. The folder is known only once the
     ranks agree on it, after the Accelerator exists, so the trackers are attached here rather than at construction."""

@@ -221,3 +221,21 @@ def test_best_model_and_early_stopping(tmp_path, tiny_bert):
     a, b = load_file(str(out / "best" / "model.safetensors")), load_file(str(out / "model" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)  # save_model=best
     assert summary["eval"]["loss"] == best_loss
+
+
+def test_early_stopping_count_survives_a_resume(tmp_path, tiny_bert):
+    """The best-model record travels in the loop state: resumed one step before the early stop (one evaluation
+    without improvement already counted), the run stops at the same step with the same best."""
+    from leantrain import train
+
+    args = ("train.epochs=10", "train.lr=1e-2", "train.eval_every_steps=1", "train.log_every_steps=4",
+            "checkpoint.best_metric=eval.loss", "train.early_stopping_patience=2", "checkpoint.every_steps=1",
+            "checkpoint.keep=2", "checkpoint.keep_final=2")  # the step before the stop is kept
+    whole = train(None, _tiny_args(tmp_path, tiny_bert, *args, f"output_dir={tmp_path / 'whole'}"))
+    stop = whole["train"]["steps"]
+    assert stop < 40 and whole["best"]["step"] < stop - 1  # stopped early, the last improvement two evals before
+    at = tmp_path / "whole" / "checkpoints" / f"step-{stop - 1:07d}"
+    resumed = train(None, _tiny_args(tmp_path, tiny_bert, *args, f"checkpoint.resume={at}",
+                                     f"output_dir={tmp_path / 'resumed'}"))
+    assert resumed["train"]["resumed_from_step"] == stop - 1
+    assert resumed["train"]["steps"] == stop and resumed["best"] == whole["best"]

@@ -103,29 +103,23 @@ class Preemption:
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         return int(flag.item())
 
-
     def stop_signal(self, step: int) -> str | None:
         """At the boundary after ``step``: the name of the signal every process agrees to stop on (``SIGTERM``), or
-        None to go on (also for a signal during the last step: the run finishes). The loop acts on it: it saves
-        its checkpoint, then calls :meth:`stop`."""
+        None to go on (also for a signal during the last step: the run finishes). This class only reports: the loop
+        acts on it (saves its checkpoint, ends its processes, raises :meth:`stopped`)."""
         signum = self.agreed(step)
         return signal.Signals(signum).name if signum and step < self.layout.total_steps else None
 
-    def stop(self, name: str, step: int, checkpoint) -> None:
-        """End the run stopped by signal ``name`` after ``step``, its state in ``checkpoint``: the status for the
-        launcher (rank 0), the process group closed, and ``Preempted`` raised (exit status ``EXIT_PREEMPTED``)."""
-        import torch
-
+    def stopped(self, name: str, step: int, checkpoint) -> Preempted:
+        """What to raise once the loop has saved ``checkpoint`` and ended its processes after a stop on signal
+        ``name`` after ``step`` (exit status ``EXIT_PREEMPTED``); rank 0 records the stop for the launcher first."""
         acc = self.accelerator
         if acc.is_main_process:
             _write_status({"preempted": True, "signal": name, "step": step, "checkpoint": str(checkpoint)})
-        acc.end_training()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        if acc.is_main_process:
-            raise Preempted(f"stopped by {name} after step {step} of {self.layout.total_steps}; checkpoint {checkpoint}; "
-                            f"run the same command again to resume from it (exit status {EXIT_PREEMPTED})")
-        raise Preempted(f"process {acc.process_index}: stopped by {name} after step {step} (see process 0)")
+            return Preempted(f"stopped by {name} after step {step} of {self.layout.total_steps}; checkpoint "
+                             f"{checkpoint}; run the same command again to resume from it (exit status "
+                             f"{EXIT_PREEMPTED})")
+        return Preempted(f"process {acc.process_index}: stopped by {name} after step {step} (see process 0)")
 
 
 def _write_status(status: dict) -> None:

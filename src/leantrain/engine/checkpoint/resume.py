@@ -28,8 +28,9 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
-from leantrain.engine.checkpoint.save import ROOT, checkpoint_folders, clean_leftovers, rank_file, set_rng_state, verify
+from leantrain.engine.checkpoint.save import ROOT, checkpoint_folders, clean_leftovers, rank_file, verify
 from leantrain.engine.checkpoint.state_io import StateFormatError, load_safetensors, load_state
+from leantrain.engine.loop_state import LoopState
 from leantrain.errors import UserError
 from leantrain.modeling.trainable_state import CHECKPOINT_KIND, base_fingerprint, load_trainable_state
 from leantrain.report.logs import read_metrics
@@ -54,22 +55,6 @@ class Decision:
     path: Path | None = None
     summary: dict | None = None
     inexact: list[str] = field(default_factory=list)
-
-
-@dataclass
-class LoopState:
-    """What the loop needs to continue: position, running loss, RNG, and the best-model record."""
-
-    step: int = 0
-    epoch: int = 0
-    start_step: int = 0  # global batches of ``epoch`` already done
-    running: torch.Tensor | None = None
-    running_count: float = 0  # the loss units since the last log (a float with class weights)
-    rng: dict | None = None
-    best: dict | None = None
-    eval_step: int = -1  # the step of the last evaluation, and its metrics
-    last_eval: dict = field(default_factory=dict)
-    resumed_from: Path | None = None
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -196,9 +181,11 @@ def decide(cfg: Config, out: Path, accelerator: Accelerator) -> Decision:
 
 def restore(decision: Decision, cfg: Config, accelerator: Accelerator, layout: BatchLayout, fingerprint: str,
             model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler) -> LoopState:
-    """Load a checkpoint into the prepared model, optimizer and scheduler; refuse silent inexactness."""
+    """The loop's state: fresh, or a checkpoint's, loaded with its model, optimizer and scheduler into the prepared
+    ones; refuses silent inexactness."""
+    state = LoopState.fresh(accelerator.device)
     if decision.kind != "resume":
-        return LoopState(running=torch.zeros((), device=accelerator.device))
+        return state
     path = decision.path
     try:
         trainer = load_state(path, "trainer_state")
@@ -213,13 +200,10 @@ def restore(decision: Decision, cfg: Config, accelerator: Accelerator, layout: B
         rank = load_state(path, rank_file(accelerator.process_index)) if mine.is_file() else {}
     except StateFormatError as e:
         raise UserError(f"cannot resume from {path}: {e}") from None
-    step = int(trainer["step"])
-    running = rank.get("running_loss", torch.zeros(())).to(accelerator.device)
-    log.info("resuming from %s (step %d of %d)", path, step, layout.total_steps)
-    return LoopState(step=step, epoch=step // layout.steps_per_epoch, start_step=step % layout.steps_per_epoch,
-                     running=running, running_count=rank.get("running_count", 0), rng=rank.get("rng"),
-                     best=trainer.get("best"), eval_step=int(trainer.get("eval_step", -1)),
-                     last_eval=trainer.get("last_eval") or {}, resumed_from=path)
+    state.load_state_dict({"trainer": trainer, "rank": rank}, layout.steps_per_epoch, accelerator.device)
+    state.resumed_from = path
+    log.info("resuming from %s (step %d of %d)", path, state.step, layout.total_steps)
+    return state
 
 
 def resume_problems(decision: Decision, cfg: Config, accelerator: Accelerator, layout: BatchLayout,
@@ -294,16 +278,6 @@ def _check_base(meta: dict, model, file: Path) -> None:  # noqa: ANN001
         raise StateFormatError(f"{file} holds an adapter trained over {meta.get('base', 'another base')}, whose "
                                "frozen weights differ from the base loaded now (its files changed since the "
                                "checkpoint); the run can only continue over the same base")
-
-
-def apply_rng(state: LoopState, cfg: Config, accelerator: Accelerator) -> None:
-    """The last thing before the loop: every generator exactly where the checkpoint left it."""
-    if state.rng is not None:
-        set_rng_state(state.rng)
-    elif state.resumed_from is not None:  # allowed inexact resume without this rank's RNG
-        from accelerate.utils import set_seed
-
-        set_seed(cfg.train.seed + 1000003 * state.step + accelerator.process_index)
 
 
 def prior_records(out: Path, state: LoopState) -> list[dict]:

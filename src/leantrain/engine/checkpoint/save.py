@@ -189,11 +189,11 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0 and step < self.layout.total_steps
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, *,
-             epoch: int, running: torch.Tensor, running_count: float,
-             extra: dict) -> Path:
-        """A collective: every rank calls it at the same step."""
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler, state: dict) -> Path:
+        """The loop's state (``LoopState.state_dict()``: ``trainer``, shared, and ``rank``, this process's) with the
+        model, optimizer and schedule at its step. A collective: every rank calls it at the same step."""
         acc = self.accelerator
+        step = state["trainer"]["step"]
         final = self.root / checkpoint_name(step)
         tmp = self.root / f".tmp-{final.name}"
         try:
@@ -202,10 +202,9 @@ class Checkpointer:
                     shutil.rmtree(tmp)
                 tmp.mkdir(parents=True)
             acc.wait_for_everyone()
-            save_state({"rng": rng_state(), "running_loss": running, "running_count": running_count},
-                       tmp, rank_file(acc.process_index))
+            save_state(state["rank"], tmp, rank_file(acc.process_index))
             if acc.is_main_process:
-                self._save_shared(tmp, step, model, optimizer, scheduler, epoch, extra)
+                self._save_shared(tmp, model, optimizer, scheduler, state["trainer"])
             acc.wait_for_everyone()
             if acc.is_main_process:
                 if self.faults is not None:
@@ -239,13 +238,15 @@ class Checkpointer:
         tmp = folder.with_name(".tmp-nonfinite-state")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self._save_shared(tmp, step, model, optimizer, scheduler, step // self.layout.steps_per_epoch,
-                          {"diagnostic": "last finite state before a non-finite step"})
+        self._save_shared(tmp, model, optimizer, scheduler, {"step": step, "epoch": step // self.layout.steps_per_epoch,
+                                                             "diagnostic": "last finite state before a non-finite step"})
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)
         return folder
 
-    def _save_shared(self, tmp: Path, step: int, model, optimizer, scheduler, epoch: int, extra: dict) -> None:
+    def _save_shared(self, tmp: Path, model, optimizer, scheduler, counters: dict) -> None:
+        """What rank 0 alone writes: the model, optimizer, schedule, config and ``trainer_state`` (the layout and
+        data the run had, with ``counters``: at least step and epoch)."""
         from safetensors.torch import save_model
 
         acc = self.accelerator
@@ -262,12 +263,12 @@ class Checkpointer:
         save_state(scheduler.state_dict(), tmp, "scheduler")
         if getattr(acc, "scaler", None) is not None:
             save_state(acc.scaler.state_dict(), tmp, "scaler")
-        layout = self.layout
+        layout, step, epoch = self.layout, counters["step"], counters["epoch"]
         trainer = {
             "format": FORMAT, "step": step, "epoch": epoch, "step_in_epoch": step - epoch * layout.steps_per_epoch,
             "steps_per_epoch": layout.steps_per_epoch, "total_steps": layout.total_steps,
             "world_size": acc.num_processes, "global_batch": layout.batch_size, "micro_batch": layout.micro_batch_size,
-            "accumulation": layout.accum, "data_fingerprint": self.fingerprint, **extra,
+            "accumulation": layout.accum, "data_fingerprint": self.fingerprint, **counters,
         }
         save_state(trainer, tmp, "trainer_state")
         save_state(self.cfg.to_dict(), tmp, "config")
