@@ -27,7 +27,7 @@ from leantrain.modeling.switches import embeddings_of
 from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch
 from leantrain.modeling.tasks import TEXT, auto_model_class, default_task, get_task, task_of_config
 from leantrain.modeling.tasks.detect import CLASSIFIER_ARCHS, detect_task
-from leantrain.modeling.peft_import import import_peft
+from leantrain.modeling.peft_import import import_peft, peft_quiet
 
 log = logging.getLogger("leantrain")
 
@@ -310,7 +310,8 @@ def load_adapter_model(folder: str, auto, kwargs: dict):  # noqa: ANN001 - an Au
         model = auto.from_pretrained(base, config=config, **kwargs)
     except (OSError, ValueError) as e:
         raise _load_error(base, e) from None
-    return import_peft().PeftModel.from_pretrained(model, folder).merge_and_unload()
+    with peft_quiet():
+        return import_peft().PeftModel.from_pretrained(model, folder).merge_and_unload()
 
 
 def inspect_model(cfg: ModelConfig) -> dict[str, Any]:

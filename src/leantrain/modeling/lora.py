@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from leantrain.config import ModelConfig, PeftConfig
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling import qlora
 from leantrain.modeling.load import parameter_numel
-from leantrain.modeling.peft_import import import_peft
+from leantrain.modeling.peft_import import import_peft, peft_quiet
 from leantrain.modeling.switches import embeddings_of, repeated_blocks
 
 log = logging.getLogger("leantrain")
@@ -168,8 +167,7 @@ def apply_lora(model: nn.Module, peft_cfg: PeftConfig) -> tuple[nn.Module, Train
     lora = peft.LoraConfig(r=peft_cfg.r, lora_alpha=peft_cfg.alpha, lora_dropout=peft_cfg.dropout,
                            target_modules=targets, modules_to_save=heads or None, bias="none")
     try:
-        with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing (FutureWarning)
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        with peft_quiet():
             model = peft.get_peft_model(model, lora)
     except ValueError as e:
         available = short_names(linear_names(model))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from contextlib import contextmanager
 
 from leantrain.errors import UserError
 
@@ -26,3 +27,12 @@ def import_peft(method: str = "lora"):
     finally:
         quiet.setLevel(level)
     return peft
+
+
+@contextmanager
+def peft_quiet():
+    """Around peft's model wrapping and loading: peft reads transformers' deprecated ``is_gradient_checkpointing``,
+    whose FutureWarning is not about the user's run."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield

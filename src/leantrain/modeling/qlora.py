@@ -24,7 +24,7 @@ from torch import nn
 from leantrain.config import Config
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling.load import build_model
-from leantrain.modeling.peft_import import import_peft
+from leantrain.modeling.peft_import import import_peft, peft_quiet
 
 log = logging.getLogger("leantrain")
 
@@ -118,5 +118,6 @@ def merged_full_precision(cfg: Config, label_names: list[str], task: str, adapte
     base = build_model(cfg.model, label_names, task, extra={"dtype": torch.bfloat16})
     if config_fields:
         base.config.update(config_fields)
-    merged = import_peft("qlora").PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    with peft_quiet():
+        merged = import_peft("qlora").PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     return merged
