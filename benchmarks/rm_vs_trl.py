@@ -1,0 +1,213 @@
+"""Reward model, what it costs: the packaged MiniLM trained on HH-RLHF pairs, leantrain (model.task=reward-model,
+detected from the chosen/rejected data on a sequence classifier) against TRL's RewardTrainer.
+
+    python benchmarks/rm_vs_trl.py                                   # 384 pairs, 2 interleaved rounds
+    python benchmarks/rm_vs_trl.py --rows 32 --eval-rows 32 --repeats 1   # a smoke run
+    python benchmarks/rm_vs_trl.py --json out.json --results benchmarks/RESULTS.md
+
+Needs TRL beside leantrain's environment: `pip install -e '.[bench]' -c constraints.txt` (TRL 1.16 installs beside
+torch 2.13; it is not a leantrain dependency).
+
+Job: the packaged MiniLM (all-MiniLM-L6-v2, `model.name=minilm`) with one output, the first --rows pairs of
+../shared/data/hh_rlhf/train.jsonl (MIT) whose chosen and rejected sequences, as leantrain renders them for a
+sequence classifier ([CLS] prompt response [SEP]), are both within --max-length tokens and differ (so neither tool
+cuts or drops anything). TRL gets those very token ids (its documented pre-tokenized `chosen_ids` / `rejected_ids`
+columns), so both train on the same tokens. Bradley-Terry loss -log sigmoid(r_chosen - r_rejected), no centring;
+batch 8 pairs a step (16 sequences, no accumulation), one epoch, AdamW lr 1e-4 (TRL's RewardConfig default), weight
+decay 0.01, linear decay without warm-up, clipping 1.0, bf16 autocast over fp32 weights where the CPU runs bf16
+natively, seed 0. Every contender runs in a fresh process, interleaved (A B C A B C ...) over --repeats rounds;
+medians.
+
+Contenders:
+  trl          RewardTrainer, its defaults otherwise (gradient checkpointing on, dropout disabled, random order)
+  trl_nockpt   the same with gradient_checkpointing=False (TRL's faster switch on a model this small)
+  leantrain    leantrain's defaults (model.task=reward-model auto-detected; length-grouped batches; dropout kept)
+
+Measured, the same way for every contender: pairs/s = the --rows pairs / the seconds of the training loop; tokens/s
+= their non-padding tokens (chosen + rejected) / the same seconds; wall seconds of the process up to the trained
+model; peak memory = CUDA max allocated on a GPU, else the process's peak RSS (VmHWM) at the end of training;
+held-out pairwise accuracy (share of pairs whose chosen scores higher; the trivial baseline is 0.5) and mean margin =
+`leantrain eval <model> data.eval=<the first --eval-rows pairs of test.jsonl>` in fp32, cut at --max-length as
+leantrain cuts (the same evaluator and tokens for both tools; TRL's model is given leantrain's record of the task),
+first round only (training is seeded). Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+START = time.perf_counter()
+REPO = Path(__file__).resolve().parents[1]
+HH = REPO.parent / "shared" / "data" / "hh_rlhf"
+CONTENDERS = ["trl", "trl_nockpt", "leantrain"]
+MODEL, BATCH, SEED, LR, WEIGHT_DECAY = "minilm", 8, 0, 1e-4, 0.01
+
+
+def rendered(rows: list[dict], max_length: int):
+    """leantrain's reward-model rendering of ``rows`` (implicit HH-RLHF pairs) with a prompt budget of the whole cap:
+    the encode_scored output, whose flags say which rows would be cut, trimmed or dropped."""
+    from transformers import AutoTokenizer
+
+    from leantrain.data.preference_render import encode_scored
+    from leantrain.modeling.names import resolve_model_name
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_name(MODEL))
+    batch = {k: [r[k] for r in rows] for k in ("chosen", "rejected")}
+    return encode_scored(batch, tok, "implicit", max_length - 1, max_length)
+
+
+def train_file(args) -> Path:
+    """The first --rows pairs of train.jsonl that neither tool cuts, drops or trims, as JSONL (kept in --workdir)."""
+    out = Path(args.workdir) / f"train_{args.rows}_{args.max_length}.jsonl"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = [json.loads(line) for line in open(HH / "train.jsonl")]
+    enc = rendered(rows, args.max_length)
+    keep = [r for i, r in enumerate(rows) if not (enc["cut"][i] or enc["trimmed"][i] or enc["tie"][i])]
+    if len(keep) < args.rows:
+        raise SystemExit(f"only {len(keep)} pairs of train.jsonl fit in {args.max_length} tokens")
+    out.write_text("".join(json.dumps(r) + "\n" for r in keep[: args.rows]))
+    return out
+
+
+def eval_file(args) -> Path:
+    out = Path(args.workdir) / f"eval_{args.eval_rows}.jsonl"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(open(HH / "test.jsonl").readlines()[: args.eval_rows]))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ contenders
+
+
+def run_trl(args, checkpointing: bool, out: Path) -> dict:
+    import datasets
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from trl import RewardConfig, RewardTrainer
+
+    from leantrain.modeling.names import resolve_model_name
+    from vs_trainer_lm import default_precision, peak_bytes
+    from vs_trl import loop_clock
+
+    rows = [json.loads(line) for line in open(train_file(args))]
+    enc = rendered(rows, args.max_length)
+    data = datasets.Dataset.from_dict({"chosen_ids": enc["chosen_input_ids"],
+                                       "rejected_ids": enc["rejected_input_ids"]})
+    path = resolve_model_name(MODEL)
+    tok = AutoTokenizer.from_pretrained(path)
+    stamps: list[float] = []
+    torch.manual_seed(SEED)
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    config = RewardConfig(
+        output_dir=str(out / "trl"), per_device_train_batch_size=BATCH, gradient_accumulation_steps=1,
+        num_train_epochs=1, learning_rate=LR, weight_decay=WEIGHT_DECAY, lr_scheduler_type="linear", warmup_steps=0,
+        max_grad_norm=1.0, max_length=args.max_length, gradient_checkpointing=checkpointing,
+        bf16=default_precision() == "bf16", seed=SEED, logging_strategy="no", save_strategy="no", report_to=[],
+        dataloader_num_workers=0, disable_tqdm=True, use_cpu=not torch.cuda.is_available())
+    trainer = RewardTrainer(model=model, args=config, train_dataset=data, processing_class=tok,
+                            callbacks=[loop_clock(stamps)])
+    if len(trainer.train_dataset) != args.rows:
+        raise SystemExit(f"TRL kept {len(trainer.train_dataset)} of {args.rows} pairs")
+    trainer.train()
+    result = {"loop_seconds": stamps[-1] - stamps[0], "wall_seconds": time.perf_counter() - START,
+              "peak_memory_bytes": peak_bytes(), "steps": trainer.state.global_step}
+    if args.eval_now:
+        trainer.model.save_pretrained(out / "model")
+        tok.save_pretrained(out / "model")
+        (out / "model" / "leantrain.json").write_text(json.dumps({"task": "reward-model", "data": {}}))
+    return result
+
+
+def run_leantrain(args, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "leantrain.cli", "train", f"model.name={MODEL}", f"data.train={train_file(args)}",
+           f"data.eval={eval_file(args)}", "data.max_eval_samples=8", f"data.block_size={args.max_length}",
+           f"data.max_prompt_length={args.max_length - 1}", f"train.batch_size={BATCH}",
+           f"train.micro_batch_size={BATCH}", "train.epochs=1", f"train.lr={LR}", f"optim.weight_decay={WEIGHT_DECAY}",
+           "optim.warmup_ratio=0", f"train.seed={SEED}", "report.plots=false", "report.progress=plain",
+           "checkpoint.every_steps=0", f"output_dir={out / 'run'}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    if r.returncode != 0:
+        raise SystemExit(f"leantrain failed:\n{r.stderr[-4000:]}")
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    task = json.loads((out / "run" / "model" / "leantrain.json").read_text())["task"]
+    if task != "reward-model":
+        raise SystemExit(f"leantrain ran model.task={task}, not reward-model")
+    tr = summary["train"]
+    if args.eval_now:
+        shutil.copytree(out / "run" / "model", out / "model", dirs_exist_ok=True)
+    return {"loop_seconds": tr["loop_seconds"], "wall_seconds": tr["wall_seconds"],
+            "peak_memory_bytes": tr.get("cuda_max_allocated_bytes") or tr["peak_memory_bytes"], "steps": tr["steps"]}
+
+
+def worker(args) -> None:
+    from vs_trl import evaluated, leantrain_eval, worker_dir
+
+    out = worker_dir(args)
+    result = run_leantrain(args, out) if args.worker == "leantrain" else run_trl(args, args.worker == "trl", out)
+    enc = rendered([json.loads(line) for line in open(train_file(args))], args.max_length)
+    tokens = sum(map(len, enc["chosen_input_ids"])) + sum(map(len, enc["rejected_input_ids"]))
+    result.update(pairs_per_second=args.rows / result["loop_seconds"],
+                  tokens_per_second=tokens / result["loop_seconds"])
+    if args.eval_now:  # the reward model on the held-out pairs, fp32, cut as leantrain cuts: accuracy and margin
+        ev = leantrain_eval(str(out / "model"), [f"data.eval={eval_file(args)}", f"data.block_size={args.max_length}",
+                                                 f"data.max_prompt_length={args.max_length - 1}",
+                                                 "efficiency.precision=fp32"], out)
+        result.update(accuracy=ev["accuracy"], margin=ev["margin"], eval_pairs=ev.get("samples"))
+        evaluated(args)
+    print("RESULT " + json.dumps(result))
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+
+def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vs_trl import bench_main
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--rows", type=int, default=384, help="training pairs (the first that fit), one epoch")
+    p.add_argument("--eval-rows", type=int, default=300, help="held-out pairs of test.jsonl (300: all of them)")
+    p.add_argument("--max-length", type=int, default=256, help="tokens of the longest sequence kept")
+    bench_main(__file__, p, CONTENDERS, "/tmp/leantrain-rm-bench", "rm", worker, table)
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    from vs_trl import median, ratio
+
+    def med(name: str, key: str):
+        return median(results, name, key)
+
+    rows = ["| contender | peak memory (GiB) | pairs/s (median; per round) | tokens/s | vs trl pairs/s | vs trl_nockpt "
+            "pairs/s | peak vs trl | peak vs trl_nockpt | wall s | steps | held-out pairwise accuracy (pairs) | "
+            "margin |", "|---" * 12 + "|"]
+    for name in results:
+        if med(name, "pairs_per_second") is None:
+            continue
+        per_round = ", ".join(f"{r['pairs_per_second']:.2f}" for r in results[name])
+        acc = med(name, "accuracy")
+        rows.append(
+            f"| {name} | {med(name, 'peak_memory_bytes') / 2**30:.2f} | {med(name, 'pairs_per_second'):.2f} "
+            f"({per_round}) | {med(name, 'tokens_per_second'):.0f} | "
+            f"{ratio(results, name, 'pairs_per_second', 'trl')} | "
+            f"{ratio(results, name, 'pairs_per_second', 'trl_nockpt')} | "
+            f"{ratio(results, name, 'peak_memory_bytes', 'trl')} | "
+            f"{ratio(results, name, 'peak_memory_bytes', 'trl_nockpt')} | {med(name, 'wall_seconds'):.0f} | "
+            f"{med(name, 'steps'):.0f} | "
+            + (f"{acc:.3f} ({med(name, 'eval_pairs'):.0f}) | {med(name, 'margin'):.3f} |"
+               if acc is not None else " | |"))
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()
