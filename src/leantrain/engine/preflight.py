@@ -25,17 +25,18 @@ from leantrain.modeling.load import meta_model
 from leantrain.modeling.lora import check_rank, lora_parameters, lora_targets
 from leantrain.modeling.positions import model_position_limit
 from leantrain.modeling.qlora import check_qlora
-from leantrain.modeling.tasks import get_task
+from leantrain.modeling.tasks import Task, get_task
 
 log = logging.getLogger("leantrain")
 
 # Where a config keeps its position limit, in the order transformers' configs use them.
-def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, transformers config
-    """``cfg`` with ``data.max_length`` within the model's position limit (text models only).
+def check_max_length(cfg, task: Task | None = None, config=None):  # noqa: ANN001 - leantrain Config, transformers config
+    """``cfg`` with ``data.max_length`` within the model's position limit (text models only); ``task``: the run's
+    (unset: what the model's config says).
 
     Set explicitly above the limit: ConfigError naming both numbers. Left at its default (128) above a small
     model's limit: lowered to the limit, with a log note. Returns the (possibly updated) config."""
-    task = get_task(resolve_task(cfg))
+    task = task or get_task(resolve_task(cfg))
     if not task.tokenized:  # a position limit is in tokens
         return cfg
     found = model_position_limit(cfg, config)
@@ -72,11 +73,10 @@ def _check_block_size(cfg, limit: int, source: str):  # noqa: ANN001, ANN202 - l
     return cfg.model_copy(update={"data": cfg.data.model_copy(update={"block_size": limit})})
 
 
-def check_model_plan(cfg, config=None) -> None:  # noqa: ANN001 - leantrain Config, transformers config
-    """Before any weight loads, on the model built on the meta device (``meta_model``): ``model.config_overrides``
-    through the number checks, LoRA's target modules and rank (``peft.*``), and the memory the weights and gradients
-    need at the least, against this machine's (exit 2 naming the keys)."""
-    task = resolve_task(cfg)
+def check_model_plan(cfg, task: Task, config=None) -> None:  # noqa: ANN001 - leantrain Config, transformers config
+    """Before any weight loads, on the model of ``task`` built on the meta device (``meta_model``):
+    ``model.config_overrides`` through the number checks, LoRA's target modules and rank (``peft.*``), and the memory
+    the weights and gradients need at the least, against this machine's (exit 2 naming the keys)."""
     config = config if config is not None else load_config(cfg.model)
     check_config_overrides(config, cfg.model.config_overrides)
     model = meta_model(cfg.model, task, config)
@@ -114,10 +114,10 @@ def check_planned_memory(cfg, total: int, trainable: int) -> None:  # noqa: ANN0
                           f"({format_bytes(budget)}); choose a smaller {keys}")
 
 
-def check_stop_when(cfg, num_labels: int, task: str | None = None) -> None:  # noqa: ANN001
+def check_stop_when(cfg, num_labels: int, task: Task | None = None) -> None:  # noqa: ANN001
     """train.stop_when must name a metric evaluation reports for ``task`` (unset: the run's) with ``num_labels``
     classes (mcc: 2 only)."""
-    task = task or run_task(cfg)
+    task = (task or run_task(cfg)).name
     for key, value in (("train.stop_when", cfg.train.stop_when), ("checkpoint.best_metric", cfg.checkpoint.best_metric)):
         if value is None:
             continue
@@ -174,20 +174,20 @@ def check_weights(folder: str, allow_pickle: bool, key: str = "model") -> None:
     raise UserError(f"{key} {folder}: no model weights (*.safetensors) in this folder")
 
 
-def check_train(cfg, data=None, world_size: int = 1):  # noqa: ANN001 - Config, PreparedData
-    """Everything checkable before a worker or model starts; returns ``cfg`` (data.max_length maybe lowered).
-
-    ``data`` (validated, from validate_data) adds the checks that need the labels and the row count."""
-    check_qlora(cfg, device_type())  # peft.method=qlora on a device without bitsandbytes' 4-bit training: exit 2
+def check_train(cfg, task: Task | None = None, data=None, world_size: int = 1, device: str | None = None) -> None:  # noqa: ANN001
+    """What the model and the output folder need, checked before a worker or model starts (``cfg`` as
+    ``check_max_length`` returned it): QLoRA on this ``device``, output_dir writable, the model's plan (overrides,
+    LoRA, memory); ``task``: the run's (unset: what the model's config says). ``data`` (loaded and checked) adds the
+    checks that need the labels and the row count."""
+    task = task or get_task(resolve_task(cfg))
+    check_qlora(cfg, device or device_type())  # peft.method=qlora on a device without bitsandbytes' 4-bit training
     if cfg.output_dir is not None:
         check_writable_dir(cfg.output_dir, f"output_dir={cfg.output_dir}")
     else:
         check_writable_dir("runs", "output_dir (unset: runs/<date-time>)")
-    cfg = check_max_length(cfg)
-    check_model_plan(cfg)
+    check_model_plan(cfg, task)
     if data is not None:
-        check_stop_when(cfg, len(data.label_names))
+        check_stop_when(cfg, len(data.label_names), task)
         if world_size > 1 and hasattr(data.train, "__len__"):  # batch arithmetic over the processes (rows known:
             # not for token blocks, cut after tokenising)
             batch_layout(cfg, len(data.train), world_size)
-    return cfg

@@ -16,7 +16,7 @@ from leantrain.data.text_loader import open_rows
 from leantrain.engine.accelerator import device_type
 from leantrain.engine.efficiency import resolve_precision
 from leantrain.errors import UserError
-from leantrain.modeling.tasks import get_task
+from leantrain.modeling.tasks import Task
 
 log = logging.getLogger("leantrain")
 
@@ -27,19 +27,19 @@ TOKEN_KEYS = ("block_size", "document_separator", "document_mask",  # language m
               "max_prompt_length")  # preference data: how much of a long prompt is kept
 
 
-def run_settings(cfg: Config, task: str, columns: dict, precision: str | None = None,
+def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None = None,
                  saved: dict | None = None) -> dict:
     """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}, "precision":
     the precision the run trained and evaluated in}, and the task's ``saved`` record (``Task.saved_config``: a
     preference-tuned policy's method, beta and reference)."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
-    if get_task(task).token_blocks:  # a language model's eval cuts the text as the run did
+    if task.token_blocks:  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
-    return {"task": task, "data": data, **({"precision": precision} if precision else {}), **(saved or {})}
+    return {"task": task.name, "data": data, **({"precision": precision} if precision else {}), **(saved or {})}
 
 
-def write_run_settings(model_dir: Path, cfg: Config, task: str, columns: dict, precision: str | None = None,
+def write_run_settings(model_dir: Path, cfg: Config, task: Task, columns: dict, precision: str | None = None,
                        saved: dict | None = None) -> None:
     (Path(model_dir) / FILE).write_text(json.dumps(run_settings(cfg, task, columns, precision, saved), indent=2) + "\n")
 

@@ -31,10 +31,10 @@ def test_float_labels_choose_regression_and_whole_ones_classification(tmp_path, 
     from leantrain.engine.training_data import run_task
 
     assert run_task(resolve(None, [f"model.name={tiny_bert}", f"data.train={data[0]}", "data.label_column=score"])
-                    ) == "text-regression"
+                    ).name == "text-regression"
     whole = write_rows(tmp_path / "w.csv", [{"text": "a b", "score": 1.0}, {"text": "c", "score": 0.0}])
     assert run_task(resolve(None, [f"model.name={tiny_bert}", f"data.train={whole}", "data.label_column=score"])
-                    ) == "text-classification"
+                    ).name == "text-classification"
 
 
 def test_regression_metrics():

@@ -95,6 +95,12 @@ class Task:
         return self.spec.labels == "classes"
 
     @property
+    def paired(self) -> bool:
+        """Its rows are chosen / rejected pairs or rated completions (preference tuning, reward models): the
+        preference.* keys, and ``leantrain eval`` reports the task's pair metrics."""
+        return self.spec.labels == "pairs"
+
+    @property
     def score_labels(self) -> bool:
         """Its labels are scores (regression: train.loss=huber, data.standardize_targets)."""
         return self.spec.labels == "scores"
