@@ -21,7 +21,7 @@ from leantrain.engine.efficiency import ACCELERATE_PRECISION
 from leantrain.engine.run_settings import with_run_settings
 from leantrain.modeling import load_config, load_processor, load_trained_model, resolve_task, trained_label_names
 from leantrain.modeling.names import resolve_model_name
-from leantrain.modeling.tasks import Task, get_task
+from leantrain.modeling.tasks import Task
 
 log = logging.getLogger("leantrain")
 
@@ -33,7 +33,7 @@ def load_trained(model_dir: str, cfg: Config, precision: tuple[str, str] | None 
 
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
-    task = get_task(resolve_task(cfg.model_copy(update={"model": mcfg})))
+    task = resolve_task(cfg.model_copy(update={"model": mcfg}))
     if not task.labelled:  # a language model has no labels to predict
         raise UserError(f"{model_dir} is a language model ({task.name}): it has no labels to predict; continue text with "
                         f"`leantrain generate {model_dir} --prompt \"...\"`, or measure its loss and perplexity on a "

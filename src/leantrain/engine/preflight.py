@@ -1,7 +1,7 @@
 """Checks made before any work (before a worker process starts, a model loads or data is tokenised), each failing
 with a UserError (exit status 2) that names the key or option and the value: what the model's position limit
-allows for ``data.max_length``, whether ``output_dir`` / ``--output`` can be written, that a model folder has
-weights leantrain will load, and that ``train.stop_when`` names a metric evaluation reports for this data.
+allows for ``data.max_length``, whether ``output_dir`` / ``--output`` can be written, and that a model folder has
+weights leantrain will load.
 See docs/exit-codes.md."""
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from leantrain.config.metric_names import check_metric
-from leantrain.config.training import parse_stop_when
 from leantrain.engine.accelerator import device_type
 from leantrain.engine.batch_layout import batch_layout
-from leantrain.engine.training_data import run_task
 from leantrain.errors import ConfigError, UserError
 from leantrain.units import format_bytes
 from leantrain.modeling import load_config, resolve_task
@@ -25,7 +22,7 @@ from leantrain.modeling.load import meta_model
 from leantrain.modeling.lora import check_rank, lora_parameters, lora_targets
 from leantrain.modeling.positions import model_position_limit
 from leantrain.modeling.qlora import check_qlora
-from leantrain.modeling.tasks import Task, get_task
+from leantrain.modeling.tasks import Task
 
 log = logging.getLogger("leantrain")
 
@@ -36,7 +33,7 @@ def check_max_length(cfg, task: Task | None = None, config=None):  # noqa: ANN00
 
     Set explicitly above the limit: ConfigError naming both numbers. Left at its default (128) above a small
     model's limit: lowered to the limit, with a log note. Returns the (possibly updated) config."""
-    task = task or get_task(resolve_task(cfg))
+    task = task or resolve_task(cfg)
     if not task.tokenized:  # a position limit is in tokens
         return cfg
     found = model_position_limit(cfg, config)
@@ -114,20 +111,6 @@ def check_planned_memory(cfg, total: int, trainable: int) -> None:  # noqa: ANN0
                           f"({format_bytes(budget)}); choose a smaller {keys}")
 
 
-def check_stop_when(cfg, num_labels: int, task: Task | None = None) -> None:  # noqa: ANN001
-    """train.stop_when must name a metric evaluation reports for ``task`` (unset: the run's) with ``num_labels``
-    classes (mcc: 2 only)."""
-    task = (task or run_task(cfg)).name
-    for key, value in (("train.stop_when", cfg.train.stop_when), ("checkpoint.best_metric", cfg.checkpoint.best_metric)):
-        if value is None:
-            continue
-        name = parse_stop_when(value)[0] if key == "train.stop_when" else value.removeprefix("eval.")
-        try:
-            check_metric(name, num_labels, task)
-        except ValueError as e:
-            raise ConfigError(f"{key}={value}: {e}") from None
-
-
 def _nearest_existing(path: Path) -> Path:
     for p in (path, *path.parents):
         if p.exists():
@@ -178,16 +161,14 @@ def check_train(cfg, task: Task | None = None, data=None, world_size: int = 1, d
     """What the model and the output folder need, checked before a worker or model starts (``cfg`` as
     ``check_max_length`` returned it): QLoRA on this ``device``, output_dir writable, the model's plan (overrides,
     LoRA, memory); ``task``: the run's (unset: what the model's config says). ``data`` (loaded and checked) adds the
-    checks that need the labels and the row count."""
-    task = task or get_task(resolve_task(cfg))
+    batch arithmetic over ``world_size`` processes."""
+    task = task or resolve_task(cfg)
     check_qlora(cfg, device or device_type())  # peft.method=qlora on a device without bitsandbytes' 4-bit training
     if cfg.output_dir is not None:
         check_writable_dir(cfg.output_dir, f"output_dir={cfg.output_dir}")
     else:
         check_writable_dir("runs", "output_dir (unset: runs/<date-time>)")
     check_model_plan(cfg, task)
-    if data is not None:
-        check_stop_when(cfg, len(data.label_names), task)
-        if world_size > 1 and hasattr(data.train, "__len__"):  # batch arithmetic over the processes (rows known:
-            # not for token blocks, cut after tokenising)
-            batch_layout(cfg, len(data.train), world_size)
+    if data is not None and world_size > 1 and hasattr(data.train, "__len__"):  # batch arithmetic over the
+        # processes (rows known: not for token blocks, cut after tokenising)
+        batch_layout(cfg, len(data.train), world_size)

@@ -16,7 +16,8 @@ from leantrain.data.text_loader import open_rows
 from leantrain.engine.accelerator import device_type
 from leantrain.engine.efficiency import resolve_precision
 from leantrain.errors import UserError
-from leantrain.modeling.tasks import Task
+from leantrain.modeling import resolve_task
+from leantrain.modeling.tasks import TASKS, Task
 
 log = logging.getLogger("leantrain")
 
@@ -64,6 +65,15 @@ def stored_task(model_dir: str | Path) -> str | None:
     """The task the run recorded in ``model/leantrain.json``, or None."""
     stored = read_run_settings(model_dir) or {}
     return stored.get("task")
+
+
+def trained_task(model_dir: str | Path, cfg: Config) -> Task:
+    """The task of a trained model folder (``cfg.model`` naming it): ``model.task``, or what ``auto`` decides from its
+    config; under auto, a run that recorded a paired task (a preference-tuned policy, a reward model: their config
+    says causal LM or sequence classifier) keeps it."""
+    task = resolve_task(cfg)
+    recorded = TASKS.get(stored_task(model_dir) or "")
+    return recorded if cfg.model.task == "auto" and recorded is not None and recorded.paired else task
 
 
 def read_run_settings(model_dir: str | Path) -> dict | None:

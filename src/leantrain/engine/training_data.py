@@ -13,6 +13,8 @@ from accelerate import Accelerator
 
 from leantrain.data.caches import using_cache_dir
 from leantrain.config import Config
+from leantrain.config.metric_names import check_metric
+from leantrain.config.training import parse_stop_when
 from leantrain.errors import ConfigError
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
@@ -20,7 +22,7 @@ from leantrain.engine.precompute import with_precomputed
 from leantrain.engine.samples import check_sample_prompts
 from leantrain.modeling import load_processor, model_name, resolve_task_reason
 from leantrain.modeling.load import check_tokenizer_key
-from leantrain.modeling.tasks import TEXT, Task, get_task, task_for_labels
+from leantrain.modeling.tasks import Task, task_for_labels
 from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task
 from leantrain.modeling.tasks.multilabel import check_pos_weight_task
 
@@ -104,11 +106,10 @@ def run_task(cfg: Config) -> Task:
 def run_task_reason(cfg: Config) -> tuple[Task, str]:
     """``run_task`` and why ``model.task=auto`` chose it ("" when set). Reads the model's config.json (under auto):
     a run resolves its task once (``engine.run_description``) and passes the Task on."""
-    name, why = resolve_task_reason(cfg)
-    task = get_task(name)
+    task, why = resolve_task_reason(cfg)
     if cfg.model.task != "auto":
         return task, why
-    labelled = get_task(task_for_labels(name, for_modality(task.modality).label_kind(cfg.data)))
+    labelled = task_for_labels(task, for_modality(task.modality).label_kind(cfg.data))
     return labelled, why if labelled is task else f"{why}, and the labels"
 
 
@@ -141,12 +142,28 @@ def check_task_keys(cfg: Config, task: Task) -> None:
 
 def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - PreparedData
     """The settings the loaded ``data`` can contradict: ``train.class_weights`` against the labels, the task's
-    training settings (``Task.for_training``: pos_weight) and its data check (e.g. preference.loss=kto on pairs)."""
+    training settings (``Task.for_training``: pos_weight), its data check (e.g. preference.loss=kto on pairs), the
+    metric ``train.stop_when`` names (eval.mcc: 2 classes)."""
     if cfg.train.class_weights is not None:
         resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
     configured = task.configured(cfg)
     configured.for_training(lambda: data.train["label"], data.label_names)  # pos_weight
     configured.check_data(data.columns)
+    check_stop_when(cfg, len(data.label_names), task)
+
+
+def check_stop_when(cfg, num_labels: int, task: Task | None = None) -> None:  # noqa: ANN001
+    """train.stop_when must name a metric evaluation reports for ``task`` (unset: the run's) with ``num_labels``
+    classes (mcc: 2 only)."""
+    task = (task or run_task(cfg)).name
+    for key, value in (("train.stop_when", cfg.train.stop_when), ("checkpoint.best_metric", cfg.checkpoint.best_metric)):
+        if value is None:
+            continue
+        name = parse_stop_when(value)[0] if key == "train.stop_when" else value.removeprefix("eval.")
+        try:
+            check_metric(name, num_labels, task)
+        except ValueError as e:
+            raise ConfigError(f"{key}={value}: {e}") from None
 
 
 def check_regression_keys(cfg: Config, task: Task) -> None:

@@ -330,15 +330,16 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
             "labels": trained_label_names(config), "config": config.to_diff_dict()}
 
 
-def resolve_task(cfg: Config) -> str:
+def resolve_task(cfg: Config) -> Task:
     """``model.task``, or what ``auto`` decides (``leantrain.modeling.tasks.detect``). Reads config.json at most."""
     return resolve_task_reason(cfg)[0]
 
 
-def resolve_task_reason(cfg: Config) -> tuple[str, str]:
+def resolve_task_reason(cfg: Config) -> tuple[Task, str]:
     """(the task, why ``model.task=auto`` chose it; "" when model.task is set): ``detect_task`` on the model's
     config, read here (only under auto)."""
-    return detect_task(cfg, detection_config(cfg.model) if cfg.model.task == "auto" else None)
+    name, why = detect_task(cfg, detection_config(cfg.model) if cfg.model.task == "auto" else None)
+    return get_task(name), why
 
 
 def detection_config(m: ModelConfig):

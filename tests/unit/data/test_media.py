@@ -73,10 +73,10 @@ def test_processors_built_from_the_config(tmp_path):
 
 
 def test_task_auto_detection(tmp_path):
-    assert resolve_task(resolve(None, TINY_VIT)) == "image-classification"
-    assert resolve_task(resolve(None, TINY_AST)) == "audio-classification"
-    assert resolve_task(resolve(None, [])) == "text-classification"
-    assert resolve_task(resolve(None, ["data.audio_column=f"])) == "audio-classification"
+    assert resolve_task(resolve(None, TINY_VIT)).name == "image-classification"
+    assert resolve_task(resolve(None, TINY_AST)).name == "audio-classification"
+    assert resolve_task(resolve(None, [])).name == "text-classification"
+    assert resolve_task(resolve(None, ["data.audio_column=f"])).name == "audio-classification"
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "convnext", "image_size": 32}))
-    assert resolve_task(resolve(None, [f"model.config={tmp_path / 'config.json'}"])) == "image-classification"
+    assert resolve_task(resolve(None, [f"model.config={tmp_path / 'config.json'}"])).name == "image-classification"
     assert main(["train", "model.config_type=vitt"]) == 2  # unknown type: a config error ("did you mean 'vit'")

@@ -170,7 +170,8 @@ def test_eval_loss_is_the_token_mean_over_uneven_batches(model):
 def _reason(*overrides):
     from leantrain.modeling import resolve_task_reason
 
-    return resolve_task_reason(resolve(None, list(overrides)))
+    task, why = resolve_task_reason(resolve(None, list(overrides)))
+    return task.name, why
 
 
 def test_auto_picks_causal_lm_and_says_why(tiny, tmp_path):

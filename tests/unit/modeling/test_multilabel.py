@@ -159,7 +159,7 @@ def test_eval_names_the_training_data_lacks_are_refused_with_the_file(tmp_path):
 
 
 def test_stop_when_on_a_multilabel_metric(tiny_bert, data):
-    from leantrain.engine.preflight import check_stop_when
+    from leantrain.engine.training_data import check_stop_when
     from leantrain.errors import ConfigError
 
     check_stop_when(resolve(None, args(tiny_bert, data, "unused", "train.stop_when=eval.subset_accuracy>=0.9")), 4)

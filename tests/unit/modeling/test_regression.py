@@ -78,7 +78,7 @@ def test_train_predict_eval_and_pipeline(tmp_path, tiny_bert, data, capsys):
 
 
 def test_explicit_task_and_stop_when_on_a_regression_metric(tiny_bert, data):
-    from leantrain.engine.preflight import check_stop_when
+    from leantrain.engine.training_data import check_stop_when
     from leantrain.errors import ConfigError
 
     cfg = resolve(None, args(tiny_bert, data, "unused", "train.stop_when=eval.pearson>=0.9"))
