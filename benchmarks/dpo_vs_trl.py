@@ -113,7 +113,7 @@ def run_trl(args, full: bool, out: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import DPOConfig, DPOTrainer
 
-    from leantrain.data.preference_formats import to_example
+    from leantrain.data.lm.preference_formats import to_example
     from leantrain.modeling.names import resolve_model_name
     from vs_trainer_lm import default_precision, peak_bytes
 

@@ -1,4 +1,4 @@
-"""Token-shard preparation (leantrain.data.shard_writer): peak memory does not grow with the corpus, and what a
+"""Token-shard preparation (leantrain.data.lm.shard_writer): peak memory does not grow with the corpus, and what a
 second tokenising process buys.
 
 tiny-shakespeare as documents (split at blank lines: ~7k speeches), x1 and x20 copies, GPT-2's BPE tokenizer (the
@@ -27,8 +27,8 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "tinys
 CHILD = r"""
 import json, resource, sys, time
 from transformers import AutoTokenizer
-from leantrain.data.shard_writer import write_shards
-from leantrain.data.token_sources import open_token_source
+from leantrain.data.lm.shard_writer import write_shards
+from leantrain.data.lm.token_sources import open_token_source
 corpus, tok, out, num_proc = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 tokenizer = AutoTokenizer.from_pretrained(tok)
 tokenizer("warm up")

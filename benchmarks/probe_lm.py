@@ -313,7 +313,7 @@ def _two_prepares(work: Path, case: Case) -> subprocess.CompletedProcess:
     out = work / "prep14"
     out.mkdir(exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    hold = "import sys; from leantrain.engine.lock import acquire; acquire(sys.argv[1]); print('held', flush=True); " \
+    hold = "import sys; from leantrain.engine.checkpoint.lock import acquire; acquire(sys.argv[1]); print('held', flush=True); " \
            "sys.stdin.read()"
     holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], env=env, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)

@@ -81,7 +81,7 @@ def target_tokens(train: Path, tokenizer) -> int:
     """The response tokens of the training rows, as leantrain renders them: the count every contender is timed on."""
     import datasets
 
-    from leantrain.data import instructions as ins
+    from leantrain.data.lm import instructions as ins
 
     rows = [json.loads(line) for line in open(train)]
     return int(sum(ins.process(datasets.Dataset.from_list(rows), tokenizer, block_size=BLOCK).dataset["targets"]))
@@ -97,7 +97,7 @@ def run_trl(args, packed: bool, out: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from leantrain.data.instructions import detect_format, to_messages
+    from leantrain.data.lm.instruction_formats import detect_format, to_messages
     from leantrain.modeling.names import resolve_model_name
     from leantrain.optim import state_bytes
     from vs_trainer_lm import default_precision, peak_bytes

@@ -16,10 +16,17 @@ Contenders:
   leantrain         leantrain's default (model.task=causal-lm; precision auto, efficiency.chunked_loss auto)
   leantrain_fp32    leantrain at the Trainer default's precision (fp32), chunked loss as default
   leantrain_plain   leantrain at its default precision with efficiency.chunked_loss=false (what the chunked loss saves)
+  leantrain_sdpa    leantrain's default with model.attn_implementation=sdpa and efficiency.compile=false: the baseline
+                    of the two switches below (what auto picks without flash-attn)
+  leantrain_compile the same with efficiency.compile=true (torch.compile: its time is in the warm-up steps)
+  leantrain_flash   the same with model.attn_implementation=flash_attention_2 (CUDA, bf16, flash-attn installed)
 
 On a CUDA GPU (`--size gpt2`: a GPT-2-small-sized Llama, 12 x 768, blocks of 1,024) the peak is CUDA's max allocated
 memory of the process instead of the RSS, and the Trainer runs on the GPU (trainer_best: bf16, with
 `use_liger_kernel=True` where liger-kernel is installed; leantrain then picks Liger's fused loss too).
+The switches run (`--only leantrain_sdpa,leantrain_compile,leantrain_flash --block lm_switches`, as
+benchmarks/gpu_check.sh runs it) measures what would set `efficiency.compile=auto` and `model.attn_implementation=auto`
+on CUDA; without a Trainer contender the ratios are against the first contender.
 
 Measured: tokens/s = blocks/s x block size over the steps after --warmup (the same count for every contender); peak RSS of
 the process up to the end of training; eval loss = token-mean cross-entropy (fp32) of the trained model on the first
@@ -40,8 +47,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare"
 CONTENDERS = ["trainer_default", "trainer_best", "leantrain", "leantrain_fp32", "leantrain_plain"]
+SDPA = ["model.attn_implementation=sdpa", "efficiency.compile=false"]
 LEANTRAIN_SETTINGS = {"leantrain": [], "leantrain_fp32": ["efficiency.precision=fp32"],
-                      "leantrain_plain": ["efficiency.chunked_loss=false"]}
+                      "leantrain_plain": ["efficiency.chunked_loss=false"], "leantrain_sdpa": SDPA,
+                      "leantrain_compile": [SDPA[0], "efficiency.compile=true"],
+                      "leantrain_flash": ["model.attn_implementation=flash_attention_2", SDPA[1]]}
 BLOCK, BATCH, LR = 256, 16, 1e-3
 # --size: the model and the block. tiny: the CPU job above; gpt2: GPT-2-small-sized (12 x 768, blocks of 1,024), for GPUs
 SIZES = {"tiny": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, block=256),
@@ -207,12 +217,13 @@ def run_leantrain(args, name: str) -> dict:
             "report.plots=false", f"output_dir={out}", *LEANTRAIN_SETTINGS[name]]
     s = leantrain.train(None, over)
     peak = peak_bytes()
-    t = s["train"]
+    t, eff = s["train"], s["efficiency"]
     model = AutoModelForCausalLM.from_pretrained(out / "model")
     tok = AutoTokenizer.from_pretrained(out / "model")
     return {"steps": t["steps"], "tokens_per_second": t["samples_per_second"] * BLOCK,
             "summary_tokens_per_second": t.get("tokens_per_second"), "mfu": t.get("mfu"),
             "summary_peak_memory_bytes": t.get("peak_memory_bytes"), "peak_rss_bytes": peak,
+            "attn_implementation": eff.get("attn_implementation"), "compile_seconds": eff.get("compile_seconds"),
             "eval_loss": eval_loss(model, eval_blocks(args, tok))}
 
 
@@ -244,7 +255,8 @@ def main() -> None:
     p.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
     p.add_argument("--workdir", default="/tmp/leantrain-vs-trainer-lm")
     p.add_argument("--json", default=None)
-    p.add_argument("--results", default=None, metavar="RESULTS.md", help="write the table into its vs_trainer:lm block")
+    p.add_argument("--results", default=None, metavar="RESULTS.md", help="write the table into its vs_trainer:BLOCK block")
+    p.add_argument("--block", default="lm", help="the RESULTS.md block --results writes (default lm)")
     p.add_argument("--from-json", default=None, help="no run: render the results saved by --json")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -253,7 +265,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from vs_trainer import rounds_table
 
-    rounds_table(__file__, args, table, "lm")
+    rounds_table(__file__, args, table, args.block)
 
 
 def table(results: dict[str, list[dict]]) -> str:
@@ -261,20 +273,26 @@ def table(results: dict[str, list[dict]]) -> str:
         vals = [r[key] for r in results.get(name, []) if r.get(key) is not None]
         return statistics.median(vals) if vals else None
 
-    best_tps = max((med(n, "tokens_per_second") or 0) for n in results if n.startswith("trainer")) or None
-    best_rss = med("trainer_best", "peak_rss_bytes") or med("trainer_default", "peak_rss_bytes")
-    rows = ["| contender | tokens/s (median) | per round | vs Trainer best | peak memory (GiB) | vs trainer_best | "
-            "eval loss (per round) |", "|---|---|---|---|---|---|---|"]
+    trainers = [n for n in results if n.startswith("trainer")]
+    base = "trainer_best" if "trainer_best" in results else (trainers or list(results) or [None])[0]
+    best_tps = ((max(med(n, "tokens_per_second") or 0 for n in trainers) or None) if trainers else
+                med(base, "tokens_per_second"))  # no Trainer (the switches run): against the first contender
+    best_rss = med(base, "peak_rss_bytes")
+    rows = [f"| contender | tokens/s (median) | per round | vs {'Trainer best' if trainers else base} | peak memory "
+            f"(GiB) | vs {base} | eval loss (per round) | attention, compile s |", "|---|---|---|---|---|---|---|---|"]
     for name in results:
         tps, rss = med(name, "tokens_per_second"), med(name, "peak_rss_bytes")
         if tps is None:
-            rows.append(f"| {name} | failed | | | | | |")
+            rows.append(f"| {name} | failed | | | | | | |")
             continue
         rounds = ", ".join(f"{r['tokens_per_second']:.0f}" for r in results[name])
         losses = ", ".join(f"{r['eval_loss']:.3f}" for r in results[name])
+        run = results[name][0]
+        setup = f"{run.get('attn_implementation') or ''}" + (f", {run['compile_seconds']:.0f}" if run.get(
+            "compile_seconds") else "")  # what leantrain's run resolved to (empty for the Trainer)
         rows.append(f"| {name} | {tps:.0f} | {rounds} | {tps / best_tps:.2f}x | {rss / 2**30:.2f} | "
-                    f"{rss / best_rss:.2f}x | {losses} |" if best_tps and best_rss else
-                    f"| {name} | {tps:.0f} | {rounds} | | {rss / 2**30:.2f} | | {losses} |")
+                    f"{rss / best_rss:.2f}x | {losses} | {setup} |" if best_tps and best_rss else
+                    f"| {name} | {tps:.0f} | {rounds} | | {rss / 2**30:.2f} | | {losses} | {setup} |")
     return "\n".join(rows)
 
 

@@ -8,7 +8,7 @@ import sys
 
 from leantrain.config import describe_keys
 from leantrain.errors import UserError
-from leantrain.launch import LaunchOptions, inside_launcher
+from leantrain.launch.torchrun import LaunchOptions, inside_launcher
 from leantrain.version import __version__
 
 EXAMPLES = """\
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if inside_launcher():
         from torch.distributed.elastic.multiprocessing.errors import record
 
-        from leantrain.engine.preempt import worker_start  # lazy: loads torch, for workers only
+        from leantrain.engine.checkpoint.preempt import worker_start  # lazy: loads torch, for workers only
 
         worker_start()  # die with torchrun's agent (no worker outlives its run)
         return record(_main)(argv)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("own_datasets_cache")
 
 
 def test_raw_conll_file_reads_as_the_jsonl_sentences():
-    from leantrain.data.token_loader import load_rows
+    from leantrain.data.tagged import load_rows
 
     rows, notes = load_rows(str(shared_data("conll2003", "raw", "eng.testa")), DataConfig(), require_labels=True,
                             known_labels=None)

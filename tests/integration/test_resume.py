@@ -120,7 +120,7 @@ def test_refuses_changed_data_unless_allowed(runs, tmp_path, capsys):
 
 def test_corrupt_checkpoint_refused_and_auto_falls_back(runs, tmp_path, capsys):
     from leantrain.config import resolve
-    from leantrain.engine.resume import decide_here
+    from leantrain.engine.checkpoint.resume import decide_here
 
     folder, _ = runs["a"]
     run = tmp_path / "run"

@@ -85,7 +85,7 @@ class _Acc:
 
 
 def test_second_signal_aborts_at_once():
-    from leantrain.engine.preempt import Preemption
+    from leantrain.engine.checkpoint.preempt import Preemption
 
     pre = Preemption(_Acc(), None, 10, lambda step: False)
     before = signal.getsignal(signal.SIGINT)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import REPO
 from leantrain.config import known_keys
-from leantrain.config.load import walk_fields
+from leantrain.config.read import walk_fields
 from leantrain.config.reference import COMMAND, main, render_reference
 
 # Linked before they exist: pages another branch is writing in parallel (issue 18 items 8-13; docs/index.md links

@@ -3,17 +3,20 @@
     {errors, version, units, files, processes} < config < {data, modeling, optim} < {perf, report} < engine
         < launch < commands < {cli, leantrain} < __main__
 
+The map with what each layer holds is docs/architecture.md; its marked layer list must be LAYERS below.
 A package may import itself freely; packages of the same layer do not import each other. A leantrain import inside a
 function is allowed only to keep a heavy optional dependency lazy, marked on its line with ``# lazy:`` and a reason.
-No module uses another module's private (``_x``) name.
+No module uses another module's private (``_x``) name, and no modules import each other in a circle.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "leantrain"
+ARCHITECTURE = SRC.parents[1] / "docs" / "architecture.md"
 
 LAYERS = {
     "leantrain.errors": 0, "leantrain.version": 0, "leantrain.units": 0, "leantrain.files": 0, "leantrain.processes": 0,
@@ -108,3 +111,51 @@ def test_every_package_says_what_it_owns():
     missing = [str(p.relative_to(SRC.parent)) for p in SRC.rglob("__init__.py")
                if not ast.get_docstring(ast.parse(p.read_text()))]
     assert missing == []
+
+
+def documented_layers() -> dict[str, int]:
+    """The layer list of docs/architecture.md, between its ``<!-- layers`` and ``<!-- /layers -->`` marks: one line
+    ``N. `name`, `name`: what they hold`` per layer (``leantrain`` is the package itself)."""
+    text = ARCHITECTURE.read_text()
+    block = re.search(r"<!-- layers\b.*?-->\n(.*?)<!-- /layers -->", text, re.S)
+    assert block, f"{ARCHITECTURE}: no <!-- layers ... --> ... <!-- /layers --> block"
+    layers = {}
+    for level, names in re.findall(r"^(\d+)\. ((?:`[\w.]+`(?:, )?)+)", block.group(1), re.M):
+        for name in re.findall(r"`([\w.]+)`", names):
+            layers["leantrain" if name == "leantrain" else f"leantrain.{name}"] = int(level)
+    return layers
+
+
+def test_the_documented_layers_are_the_enforced_ones():
+    assert documented_layers() == LAYERS
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the leantrain modules it imports (a package's name stands for its ``__init__``), at any depth."""
+    modules = {module_name(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for module, path in modules.items():
+        targets = set()
+        for _, target, names, _ in leantrain_imports(ast.parse(path.read_text()), module, path.name == "__init__.py"):
+            subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]
+            targets.update(subs if len(subs) == len(names) and subs else [target])
+        graph[module] = {t for t in targets if t in modules and t != module}
+    return graph
+
+
+def test_no_import_cycles():
+    """No modules import each other in a circle (e.g. lora <-> qlora), not even through a lazy import."""
+    graph, cycles, done = import_graph(), [], set()
+
+    def visit(module: str, path: list[str]) -> None:
+        for target in sorted(graph[module]):
+            if target in path:
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in done:
+                visit(target, path + [target])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    assert cycles == []

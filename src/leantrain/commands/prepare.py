@@ -11,11 +11,11 @@ from leantrain.config import Config, resolve
 from leantrain.data.caches import using_cache_dir
 from leantrain.data.sources import SourceError
 from leantrain.data.text_loader import data_error
-from leantrain.data.shard_cache import prepared_shards
-from leantrain.data.shard_writer import write_shards
-from leantrain.data.token_shards import MANIFEST, VERIFIED, TokenShards, read_manifest
-from leantrain.data.token_sources import open_token_source
-from leantrain.engine import lock
+from leantrain.data.lm.shard_cache import prepared_shards
+from leantrain.data.lm.shard_writer import write_shards
+from leantrain.data.lm.token_shards import MANIFEST, VERIFIED, TokenShards, read_manifest
+from leantrain.data.lm.token_sources import open_token_source
+from leantrain.engine.checkpoint import lock
 from leantrain.engine.accelerator import setup_logging
 from leantrain.errors import UserError
 from leantrain.modeling import model_name

@@ -9,7 +9,7 @@ import sys
 from leantrain.config import resolve
 from leantrain.engine.loop import train
 from leantrain.engine.run_description import describe_run
-from leantrain.launch import LaunchOptions, inside_launcher, launch
+from leantrain.launch.torchrun import LaunchOptions, inside_launcher, launch
 from leantrain.report.final_line import final_line
 
 

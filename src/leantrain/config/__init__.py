@@ -5,7 +5,7 @@ a bad value names the key and the type it expects. ``resolve()`` is the one entr
 """
 
 
-from leantrain.config.load import describe_keys, known_keys, load_yaml, parse_override, resolve
+from leantrain.config.read import describe_keys, known_keys, load_yaml, parse_override, resolve
 from leantrain.config.model_data import DataConfig, ModelConfig
 from leantrain.config.run_options import CheckpointConfig, DistributedConfig, EfficiencyConfig, PeftConfig, ReportConfig
 from leantrain.config.base import Section

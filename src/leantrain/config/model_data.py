@@ -72,6 +72,14 @@ class ModelConfig(Section):
         "config; QLoRA's merge: bf16, the precision of its reloaded base); float32 = the trained fp32 weights"
     )
 
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto", description="transformers' attention implementation: auto = flash_attention_2 on CUDA in bf16/fp16 "
+        "where the flash_attn package is installed and the model supports it (not with report.sample_prompts or a "
+        "merged LoRA, whose passes run the fp32 model outside autocast), else sdpa (PyTorch's fused attention, "
+        "transformers' default) where the model has it, else eager; the log says why. An explicit value the model, "
+        "device or precision cannot run exits 2"
+    )
+
     @field_validator("task")
     @classmethod
     def _known_task(cls, v: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from leantrain.config.load import field_default, walk_fields
+from leantrain.config.read import field_default, walk_fields
 from leantrain.config.sections import Config
 from leantrain.config.tasks import task_names
 

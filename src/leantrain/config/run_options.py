@@ -52,7 +52,11 @@ class EfficiencyConfig(Section):
     gradient_checkpointing: bool = Field(
         False, description="recompute activations in backward (less memory, ~25-30% more time)"
     )
-    compile: bool = Field(False, description="torch.compile the model (compile time is reported separately)")
+    compile: Literal["auto"] | bool = Field(
+        "auto", description="torch.compile the model (compile time is reported separately); auto: off today on every "
+        "device (no gain on the CPU; on CUDA not measured yet: benchmarks/gpu_check.sh measures it, and a measured "
+        "gain for causal-LM training on CUDA goes here), and the log says why; true is refused under DeepSpeed"
+    )
     dropout: Literal["auto", "fast", "torch"] = Field(
         "auto", description="fast: nn.Dropout masks drawn 4 elements per random word, p rounded to 1/65536 "
         "(about half the cost of torch's on CPU); auto: fast on CPU, torch on GPUs"

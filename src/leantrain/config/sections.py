@@ -108,7 +108,7 @@ def deepspeed_refusals(cfg: "Config") -> list[str]:
     """The keys of ``cfg`` that DeepSpeed ZeRO (as leantrain drives it through Accelerate) cannot combine with, each
     with why ("key=value: why"); empty when none."""
     refused = []
-    if cfg.efficiency.compile:
+    if cfg.efficiency.compile is True:  # auto stays off under DeepSpeed
         refused.append("efficiency.compile=true: leantrain compiles the model in place before DeepSpeed wraps it in "
                        "its engine, whose ZeRO hooks that compiled graph would bypass; set efficiency.compile=false")
     if cfg.efficiency.precision == "fp8":

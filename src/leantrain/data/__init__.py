@@ -1,4 +1,5 @@
-"""Data: sources (files, folders, Hub names) -> validated canonical datasets -> processed -> global batches."""
+"""Data: sources (files, folders, Hub names) -> validated canonical datasets -> processed -> global batches; the
+language-model, instruction and preference data in ``data.lm``."""
 
 from leantrain.data.text_loader import PreparedData, load_and_validate, load_rows
 

@@ -1,5 +1,5 @@
 """One data side per modality (text, image, audio; tagged: words with a tag each, token classification; tokens:
-causal-LM text and instruction data; pairs, feedback, scored-pairs: preference data, ``data/preference.py``): load +
+causal-LM text and instruction data; pairs, feedback, scored-pairs: preference data, ``data/lm/preference.py``): load +
 validate, process with the model's processor, collate.
 The engine picks one through the task's modality (``leantrain.modeling.tasks``: ``Task.modality``, and
 ``Task.data_side`` may adapt it) and stays free of task and modality branches."""
@@ -12,8 +12,9 @@ from typing import Callable
 import numpy as np
 
 from leantrain.config import DataConfig
-from leantrain.data import audio, image, lm_data, preference, text_loader, token_loader
-from leantrain.data.sft import with_instructions
+from leantrain.data import audio, image, tagged, text_loader
+from leantrain.data.lm import corpus, preference
+from leantrain.data.lm.sft import with_instructions
 from leantrain.data.loaders import make_collator
 from leantrain.data.text import tokenize
 
@@ -54,12 +55,12 @@ MODALITIES = {
                      text_loader.label_kind),
     **{m.KIND.role: Modality(m.KIND.role, m.load_and_validate, m.load_rows, m.process, m.collator, False)
        for m in (image, audio)},
-    "tagged": Modality("tagged", token_loader.load_and_validate, token_loader.load_rows, token_loader.process,
-                       token_loader.collator, True, lambda cfg: "tags"),
-    "tokens": with_instructions(  # instruction/chat data (data/sft.py) or plain text (data/lm_data.py), by its columns
-        Modality("tokens", lm_data.load_and_validate, lm_data.load_rows, lm_data.process, lm_data.collator, True,
-                 lm_data.label_kind, _sequences_and_tokens)),
-    **{side: Modality(side, **preference.side_functions(side))  # preference data (data/preference.py)
+    "tagged": Modality("tagged", tagged.load_and_validate, tagged.load_rows, tagged.process,
+                       tagged.collator, True, lambda cfg: "tags"),
+    "tokens": with_instructions(  # instruction/chat data (data/lm/sft.py) or plain text (data/lm/corpus.py), by its columns
+        Modality("tokens", corpus.load_and_validate, corpus.load_rows, corpus.process, corpus.collator, True,
+                 corpus.label_kind, _sequences_and_tokens)),
+    **{side: Modality(side, **preference.side_functions(side))  # preference data (data/lm/preference.py)
        for side in preference.SIDES},
 }
 

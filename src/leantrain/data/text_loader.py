@@ -20,7 +20,7 @@ from leantrain.data.caches import using_cache_dir
 from leantrain.data.conll import looks_like_conll, looks_like_tags
 from leantrain.data.label_columns import LABELS, label_columns, merge_label_columns
 from leantrain.data.label_sets import label_set_labels, looks_like_label_sets
-from leantrain.data import preference_formats as pf
+from leantrain.data.lm import preference_formats as pf
 from leantrain.data.scores import looks_like_scores, score_labels
 from leantrain.data.sources import Part, SourceError, open_source, pick_split, quiet
 from leantrain.errors import DataError, problems_error

@@ -16,10 +16,10 @@ from torch import nn
 
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
-from leantrain.engine.checkpoint import complete_checkpoints
+from leantrain.engine.checkpoint.save import complete_checkpoints
 from leantrain.engine.distributed import full_state_dict
 from leantrain.engine.dropout import resolve_dropout
-from leantrain.engine.efficiency import compile_seconds
+from leantrain.engine.efficiency import ModelChoices, compile_seconds
 from leantrain.engine.training_data import TrainingData
 from leantrain.errors import UserError
 from leantrain.files import disk_full, disk_of
@@ -79,14 +79,15 @@ class RunResult:
 
 
 def efficiency_summary(eff, accelerator: Accelerator, model: nn.Module, precision: str, precision_reason: str,
-                       allocator) -> dict:
+                       allocator, choices: ModelChoices) -> dict:
     """summary.json's ``efficiency`` section: the settings as configured, and what they resolved to in this run
-    (``precision`` and why, the CPU allocator, dropout, the attention implementation, compile time)."""
+    (``precision`` and why, the CPU allocator, dropout, the attention implementation and compile and why, compile
+    time)."""
     return {**eff.model_dump(), "precision_requested": eff.precision, "precision": precision,
             "precision_reason": precision_reason, "cpu_allocator_applied": allocator,
             "dropout_applied": resolve_dropout(eff.dropout, accelerator.device.type),
-            "attn_implementation": accelerator.unwrap_model(model).config._attn_implementation,
-            "compile_seconds": compile_seconds() if eff.compile else None}
+            "attn_implementation": accelerator.unwrap_model(model).config._attn_implementation, **choices.summary(),
+            "compile_seconds": compile_seconds() if choices.compile else None}
 
 
 def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data: TrainingData, result: RunResult,

@@ -4,6 +4,7 @@ torch.compile and the attention implementation (applied to the model before ``ac
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -11,12 +12,15 @@ import torch
 
 from torch import nn
 
-from leantrain.config import EfficiencyConfig
+from leantrain.config import Config, EfficiencyConfig
 from leantrain.engine.dropout import resolve_dropout, use_fast_dropout
 from leantrain.errors import ConfigError
+from leantrain.modeling.attention import attention_support, choose_attention, flash_attn_usable, fp32_uses
 from leantrain.modeling.chunked_loss import apply_chunked_loss, output_layer
+from leantrain.modeling.load import load_config
 from leantrain.modeling.output_loss import plain_logits_bytes
 from leantrain.modeling.switches import enable_checkpointing
+from leantrain.modeling.tasks import Task
 from leantrain.perf.auto_micro_batch import default_budget, parse_bytes
 
 log = logging.getLogger("leantrain")
@@ -99,12 +103,10 @@ def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: s
                          logits_bytes: int | None = None, budget: int | None = None) -> list[str]:
     """Dropout, the output layer's loss (causal LMs: ``efficiency.chunked_loss``; auto decides from
     ``logits_bytes`` and ``budget``: :func:`output_loss_sizes`) and gradient checkpointing on the (unwrapped) model,
-    before the memory model measures it. Returns notes for the log.
-
-    Attention: transformers 5 picks PyTorch SDPA by default where the model supports it (BERT, MiniLM, ...);
-    the note says what the model uses.
+    before the memory model measures it. Returns notes for the log. (The attention implementation is chosen
+    before the model is built: :func:`resolve_model_choices`.)
     """
-    notes = [f"attention: {getattr(model.config, '_attn_implementation', None) or 'default'}"]
+    notes = []
     if resolve_dropout(eff.dropout, device_type) == "fast":
         swapped = use_fast_dropout(model)
         if swapped:
@@ -118,14 +120,66 @@ def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: s
     return notes
 
 
-def compile_model(model: nn.Module, eff: EfficiencyConfig) -> list[str]:
-    """torch.compile in place, before ``accelerator.prepare``. Compilation is lazy: it happens in the first
-    steps (left out of the throughput), and ``compile_seconds()`` reports it separately."""
-    notes = []
-    if eff.compile:
-        model.compile()  # in place: the module keeps its class, state_dict keys and save_pretrained
-        notes.append("torch.compile: on (compiled lazily in the first steps; recompiles once for dynamic shapes)")
-    return notes
+def choose_compile(requested: str | bool, device_type: str, language_model: bool, strategy: str) -> tuple[bool, str]:
+    """(compile the model?, why) for ``efficiency.compile``; ``language_model``: the task trains on token blocks
+    (causal LMs); ``strategy``: ``distributed.strategy``.
+
+    ``auto`` is off everywhere today: on the CPU a compile gave no gain (benchmarks/RESULTS.md: ~45 s cold, forward 69
+    against 68.5 ms eager); on CUDA nobody has measured it yet. ``benchmarks/gpu_check.sh`` measures compile on/off
+    for a GPT-2-small-sized Llama on the GPU: where it pays, the CUDA language-model branch below turns on."""
+    if isinstance(requested, bool):
+        return requested, "as configured (efficiency.compile)"
+    if device_type == "cpu":
+        return False, "auto: a compile gave no gain on the CPU (benchmarks/RESULTS.md)"
+    if device_type != "cuda":
+        return False, f"auto: not measured on {device_type}"
+    if strategy == "deepspeed":
+        return False, "auto: DeepSpeed's ZeRO hooks would be bypassed by a graph compiled before them"
+    if not language_model:
+        return False, "auto: on CUDA only causal-LM training is a candidate, and it is not measured yet"
+    return False, ("auto: not measured on CUDA yet (benchmarks/gpu_check.sh measures compile on/off); "
+                   "efficiency.compile=true to try it")
+
+
+@dataclass(frozen=True)
+class ModelChoices:
+    """What ``model.attn_implementation`` and ``efficiency.compile`` resolved to in this run, and why."""
+
+    attention: str | None  # None: transformers' default (a model class not known before its code loads)
+    attention_reason: str
+    compile: bool
+    compile_reason: str
+
+    def attention_note(self, model: nn.Module) -> str:
+        """The implementation the built model uses, and why (logged once)."""
+        return f"attention: {getattr(model.config, '_attn_implementation', None) or 'default'} ({self.attention_reason})"
+
+    def summary(self) -> dict:
+        """summary.json's efficiency entries for the two choices."""
+        return {"attn_implementation_reason": self.attention_reason, "compile_applied": self.compile,
+                "compile_reason": self.compile_reason}
+
+
+def resolve_model_choices(cfg: Config, task: Task, device_type: str, precision: str) -> ModelChoices:
+    """The attention implementation (:func:`leantrain.modeling.attention.choose_attention`, from the model class
+    ``task`` builds for the model's config) and compile (:func:`choose_compile`) of a run on ``device_type`` in the
+    resolved ``precision``. Raises ConfigError for an explicit attention the model, device or precision cannot run."""
+    support = attention_support(task.model_class(), load_config(cfg.model))
+    attention, why = choose_attention(cfg.model.attn_implementation, device_type, precision, flash_attn_usable(),
+                                      support, fp32_uses(cfg))
+    compiled, compile_why = choose_compile(cfg.efficiency.compile, device_type, task.token_blocks,
+                                           cfg.distributed.strategy)
+    return ModelChoices(attention, why, compiled, compile_why)
+
+
+def compile_model(model: nn.Module, choices: ModelChoices) -> list[str]:
+    """torch.compile in place when ``choices.compile``, before ``accelerator.prepare``. Compilation is lazy: it
+    happens in the first steps (left out of the throughput), and ``compile_seconds()`` reports it separately."""
+    if not choices.compile:
+        return [f"torch.compile: off ({choices.compile_reason})"]
+    model.compile()  # in place: the module keeps its class, state_dict keys and save_pretrained
+    return [f"torch.compile: on ({choices.compile_reason}; compiled lazily in the first steps, recompiles once for "
+            "dynamic shapes)"]
 
 
 def compile_seconds() -> float | None:

@@ -8,7 +8,7 @@ NaN is caught. Read once when the run starts; unset, each costs one comparison p
 ``LEANTRAIN_TEST_KILL_AT_STEP=k``      SIGKILL this process right after step k (and its checkpoint save, if any).
 ``LEANTRAIN_TEST_CRASH_IN_SAVE=k``     die half-way through the checkpoint save of step k (files written, no manifest).
 ``LEANTRAIN_TEST_SIGNAL_AT_STEP=SIG@k[:RANK]``  process RANK (default 0) sends itself SIG (TERM, INT) after step k,
-                                       as a scheduler preempting the job would (see ``engine.preempt``).
+                                       as a scheduler preempting the job would (see ``engine.checkpoint.preempt``).
 """
 
 from __future__ import annotations

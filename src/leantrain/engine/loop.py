@@ -22,19 +22,19 @@ from leantrain.engine.accelerator import (attach_trackers, default_output_dir, d
                                           setup_logging)
 from leantrain.engine.artifacts import RunResult, efficiency_summary, save_outputs
 from leantrain.engine.batch_layout import BatchLayout, batch_layout
-from leantrain.engine.best import BestModel
-from leantrain.engine.checkpoint import Checkpointer, data_fingerprint
+from leantrain.engine.checkpoint.best import BestModel
+from leantrain.engine.checkpoint.save import Checkpointer, data_fingerprint
 from leantrain.engine.distributed import (CommStats, apply_fsdp, count_fsdp_traffic, distributed_summary, local_sgd,
                                           replica_spread, strategy_name, time_allreduce)
-from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, output_loss_sizes,
-                                         resolve_precision)
+from leantrain.engine.efficiency import (ACCELERATE_PRECISION, ModelChoices, apply_model_switches, compile_model,
+                                         output_loss_sizes, resolve_model_choices, resolve_precision)
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.host_allocator import host_memory
-from leantrain.engine.lock import hold as hold_lock, release as release_lock
+from leantrain.engine.checkpoint.lock import hold as hold_lock, release as release_lock
 from leantrain.engine.nonfinite import NonFiniteGuard
-from leantrain.engine.preempt import Preemption
-from leantrain.engine.resume import (Decision, LoopState, apply_rng, decide, prior_records, restore,
+from leantrain.engine.checkpoint.preempt import Preemption
+from leantrain.engine.checkpoint.resume import (Decision, LoopState, apply_rng, decide, prior_records, restore,
                                      resume_problems)
 from leantrain.engine.run_description import RunDescription, describe_run
 from leantrain.engine.samples import check_sample_room, write_samples
@@ -138,6 +138,7 @@ class Run:
     parts: LoopParts
     counts: dict[str, int]
     comm: CommStats
+    choices: ModelChoices
     trainable: Trainable | None = None
 
 
@@ -172,7 +173,8 @@ def build_run(start: RunStart, described: RunDescription) -> Run:
 
     resume_problems(start.decision, cfg, accelerator, layout, data_fingerprint(data.train))  # refused: no model yet
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
-    model = build_model(cfg.model, data.label_names, data.task,  # qlora: 4-bit on this process's GPU
+    choices = resolve_model_choices(cfg, data.task, accelerator.device.type, start.precision)  # attention, compile
+    model = build_model(cfg.model, data.label_names, data.task, attention=choices.attention,  # qlora: 4-bit here
                         extra=qlora_load_kwargs(cfg.peft.method, accelerator.local_process_index))
     model.config.update(data.task_object.saved_config(None))  # e.g. the target standardisation, saved with it
     if note := data.task_object.start_head(model):  # multi-label: a fresh head's bias at the labels' prior
@@ -184,13 +186,14 @@ def build_run(start: RunStart, described: RunDescription) -> Run:
              counts["total"] / 1e6, counts["trainable"] / 1e6)
     micro = "auto" if cfg.train.micro_batch_size == "auto" else layout.micro_batch_size
     sizes = output_loss_sizes(model, cfg.efficiency, accelerator.device, micro, cfg.data.block_size)
-    notes = apply_model_switches(model, cfg.efficiency, accelerator.device.type, *sizes)
+    notes = [choices.attention_note(model), *apply_model_switches(model, cfg.efficiency, accelerator.device.type,
+                                                                  *sizes)]
     data.bind_model(model, accelerator, cfg.train.eval_batch_size or 8)  # e.g. reference log-probs, before any resume
     if cfg.train.micro_batch_size == "auto":
         layout = batch_layout(cfg, len(data.train), accelerator.num_processes,
                               auto_micro_batch(cfg, model, data, accelerator, layout, start.precision))
         notes += layout.notes
-    notes += compile_model(model, cfg.efficiency)
+    notes += compile_model(model, choices)
     for note in notes:
         log.info(note)
     model.train()
@@ -209,7 +212,7 @@ def build_run(start: RunStart, described: RunDescription) -> Run:
                      accelerator.device, start.precision, accelerator.num_processes)  # MFU is for token models only
     parts = LoopParts(cfg, accelerator, model, optimizer, scheduler, eval_dl, data, layout, metrics_log, meter, ckpt,
                       state, flops, faults)
-    return Run(start, parts, counts, comm, trainable)
+    return Run(start, parts, counts, comm, choices, trainable)
 
 
 def run_loop(loop: Loop, run: Run) -> None:
@@ -240,7 +243,7 @@ def finish(loop: Loop, run: Run, *, wall_seconds: float) -> dict:
         wall_seconds=wall_seconds, counts=run.counts, optim_state=loop.optim_state,
         speed={**p.flops.summary(p.meter.tokens_per_second), "time_split_seconds": loop.clock.summary()},
         efficiency=efficiency_summary(cfg.efficiency, accelerator, model, start.precision, start.precision_reason,
-                                      start.allocator),
+                                      start.allocator, run.choices),
         distributed=distributed_summary(cfg, accelerator, model, run.comm, p.meter),
         resumed_from_step=p.state.step if p.state.resumed_from else None, skipped_steps=loop.guard.skipped,
         best=loop.best.summary(), trainable=run.trainable.record(cfg.peft) if run.trainable else None,

@@ -24,7 +24,7 @@ from accelerate import Accelerator
 
 from leantrain.data.caches import default_datasets_cache
 from leantrain.data.loaders import eval_loader
-from leantrain.engine.checkpoint import data_fingerprint
+from leantrain.engine.checkpoint.save import data_fingerprint
 
 log = logging.getLogger("leantrain")
 FOLDER = "leantrain-precomputed"

@@ -1,7 +1,7 @@
 """Checks made before any work (before a worker process starts, a model loads or data is tokenised), each failing
 with a UserError (exit status 2) that names the key or option and the value: what the model's position limit
-allows for ``data.max_length``, whether ``output_dir`` / ``--output`` can be written, and that a model folder has
-weights leantrain will load.
+allows for ``data.max_length``, whether ``output_dir`` / ``--output`` can be written, that a model folder has
+weights leantrain will load, and that an explicit ``model.attn_implementation`` can run.
 See docs/exit-codes.md."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from leantrain.engine.accelerator import device_type
 from leantrain.engine.batch_layout import batch_layout
+from leantrain.engine.efficiency import resolve_model_choices, resolve_precision
 from leantrain.errors import ConfigError, UserError
 from leantrain.units import format_bytes
 from leantrain.modeling import load_config, resolve_task
@@ -111,6 +112,14 @@ def check_planned_memory(cfg, total: int, trainable: int) -> None:  # noqa: ANN0
                           f"({format_bytes(budget)}); choose a smaller {keys}")
 
 
+def check_attention(cfg, task: Task) -> None:  # noqa: ANN001 - leantrain Config
+    """An explicit ``model.attn_implementation`` the model class of ``task``, the device or the precision cannot run:
+    exit 2 before any model loads (``auto`` always finds one)."""
+    if cfg.model.attn_implementation != "auto":
+        precision = resolve_precision(cfg.efficiency.precision, device_type())[0]
+        resolve_model_choices(cfg, task, device_type(), precision)
+
+
 def _nearest_existing(path: Path) -> Path:
     for p in (path, *path.parents):
         if p.exists():
@@ -169,6 +178,7 @@ def check_train(cfg, task: Task | None = None, data=None, world_size: int = 1, d
     else:
         check_writable_dir("runs", "output_dir (unset: runs/<date-time>)")
     check_model_plan(cfg, task)
+    check_attention(cfg, task)
     if data is not None and world_size > 1 and hasattr(data.train, "__len__"):  # batch arithmetic over the
         # processes (rows known: not for token blocks, cut after tokenising)
         batch_layout(cfg, len(data.train), world_size)

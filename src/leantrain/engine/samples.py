@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from leantrain.data.sft import sample_inputs
+from leantrain.data.lm.sft import sample_inputs
 from leantrain.errors import ConfigError
 from leantrain.modeling.generation import check_room, continuations, prompt_lengths, prompt_texts
 from leantrain.modeling.tasks import Task

@@ -117,14 +117,18 @@ def trained_label_names(config) -> list[str] | None:
     return None if all(_DEFAULT_LABEL.match(n) for n in names) else names
 
 
-def build_model(cfg: ModelConfig, label_names: list[str], task: Task | None = None, extra: dict | None = None):
+def build_model(cfg: ModelConfig, label_names: list[str], task: Task | None = None, extra: dict | None = None,
+                attention: str | None = None):
     """The task's AutoModelFor... (unset: the text classifier's) with the data's labels; a new head when the label
     set changes.
 
     With model.config / model.config_type: random initialisation from that config (seeded by the caller).
-    ``extra``: more ``from_pretrained`` keywords (QLoRA's quantization_config / device_map / dtype)."""
+    ``extra``: more ``from_pretrained`` keywords (QLoRA's quantization_config / device_map / dtype); ``attention``:
+    transformers' ``attn_implementation`` (None: its default, SDPA where the class has it;
+    ``leantrain.modeling.attention.choose_attention`` decides it for a run)."""
     task = task or get_task(TEXT)
     auto = task.model_class()
+    attn = {"attn_implementation": attention} if attention else {}
     config = load_config(cfg)
     check_config_overrides(config, cfg.config_overrides)
     labels = task.model_fields(label_names)  # num_labels, label maps, problem_type: the task's
@@ -132,7 +136,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: Task | None = No
         config.update(labels)
         config.update(_scratch_fields(cfg, task, config))
         try:
-            model = auto.from_config(config)
+            model = auto.from_config(config, **attn)
         except ValueError as e:
             raise UserError(f"cannot build a {task.name} model from {config.model_type!r} config: {e}") from None
         log.info("new model: random initialisation from a %s config (train.seed)", config.model_type)
@@ -143,6 +147,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: Task | None = No
         **({} if remap else labels),
         "ignore_mismatched_sizes": not remap and trained != label_names,  # a new head for a base model
         "dtype": WEIGHTS_DTYPE,  # QLoRA's extra sets its own
+        **attn,
         **_weights_kwargs(cfg),
         **cfg.config_overrides,
         **(extra or {}),

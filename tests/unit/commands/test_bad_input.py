@@ -204,7 +204,7 @@ def test_pickle_only_model_folder_in_predict_and_eval_exits_2(tmp_path, pickle_o
     (dict(master_addr="no-such-host.invalid"), "no such host"),
 ])
 def test_launcher_options_are_checked(opts, message):
-    from leantrain.launch import LaunchOptions
+    from leantrain.launch.torchrun import LaunchOptions
 
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(".", r"\.")):
         LaunchOptions(nproc=2, **opts).check()
@@ -213,12 +213,12 @@ def test_launcher_options_are_checked(opts, message):
 
 
 def test_batch_not_divisible_by_nproc_exits_2_before_spawning(tmp_path, tiny_bert, train_csv, capsys, monkeypatch):
-    import leantrain.launch
+    import leantrain.launch.torchrun
 
     def spawned(*a, **k):
         raise AssertionError("workers were started")
 
-    monkeypatch.setattr(leantrain.launch, "launch", spawned)
+    monkeypatch.setattr(leantrain.launch.torchrun, "launch", spawned)
     assert main(["train", "--nproc", "3", f"model.name={tiny_bert}", f"data.train={train_csv}", "train.batch_size=32",
                  f"output_dir={tmp_path / 'o'}"]) == 2
     assert "train.batch_size=32 does not divide over 3 processes" in _err(capsys)
@@ -323,7 +323,7 @@ def test_cpu_allocator_leaves_a_tuned_allocator_alone(monkeypatch):
 
 def test_resume_ignores_keys_added_since_the_checkpoint_at_their_default():
     """Checkpoints written before data.quoting existed, with the allocator then 'reuse', still resume."""
-    from leantrain.engine.resume import config_diff
+    from leantrain.engine.checkpoint.resume import config_diff
 
     new = resolve(None, []).to_dict()
     old = json.loads(json.dumps(new))

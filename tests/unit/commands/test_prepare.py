@@ -9,8 +9,8 @@ import pytest
 
 from leantrain.cli import main
 from leantrain.config import resolve
-from leantrain.data import lm_data
-from leantrain.data.token_shards import MANIFEST, TokenShards
+from leantrain.data.lm import corpus
+from leantrain.data.lm.token_shards import MANIFEST, TokenShards
 from leantrain.errors import DataError
 from tests.helpers import lm_documents, make_tiny_lm_tokenizer
 
@@ -41,16 +41,16 @@ def test_prepare_prints_the_corpus_and_train_reads_the_folder(tmp_path, tok_fold
     assert (out / MANIFEST).is_file() and TokenShards.open(out).n_documents == 30
     (out / MANIFEST).rename(tmp_path / "kept.json")  # as a prepare killed before it wrote the manifest leaves it
     with pytest.raises(DataError, match="no manifest.json: a preparation that did not finish"):
-        lm_data.load_and_validate(resolve(None, [f"data.train={out}"]).data, seed=1, batch_size=4)
+        corpus.load_and_validate(resolve(None, [f"data.train={out}"]).data, seed=1, batch_size=4)
     (tmp_path / "kept.json").rename(out / MANIFEST)
 
     cfg = resolve(None, [f"data.train={out}", "data.block_size=16", "data.eval_fraction=0.2"])
-    prepared = lm_data.load_and_validate(cfg.data, seed=1, batch_size=4)
+    prepared = corpus.load_and_validate(cfg.data, seed=1, batch_size=4)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tok_folder)
-    train = lm_data.process(prepared.train, tok, cfg.data)
-    evaluation = lm_data.process(prepared.eval, tok, cfg.data)
+    train = corpus.process(prepared.train, tok, cfg.data)
+    evaluation = corpus.process(prepared.eval, tok, cfg.data)
     assert len(train) + len(evaluation) == n_tokens // 16 and len(evaluation) == round(0.2 * (n_tokens // 16))
     assert train.shards.folder == out  # the prepared folder itself, no copy in the cache
 
@@ -75,8 +75,8 @@ def test_prepare_json_into_the_cache_then_train_reuses_it(tmp_path, tok_folder, 
     from leantrain.data.caches import using_cache_dir
 
     with using_cache_dir(cfg.data.cache_dir):  # as train does (engine/training_data.py)
-        prepared = lm_data.load_and_validate(cfg.data, seed=1, batch_size=4)
-    train = lm_data.process(prepared.train, AutoTokenizer.from_pretrained(tok_folder), cfg.data)  # data.cache_dir
+        prepared = corpus.load_and_validate(cfg.data, seed=1, batch_size=4)
+    train = corpus.process(prepared.train, AutoTokenizer.from_pretrained(tok_folder), cfg.data)  # data.cache_dir
     assert str(train.shards.folder) == first["path"]  # the training run found the preparation
     assert (train.shards.folder / MANIFEST).stat().st_mtime_ns == stamp
 
@@ -107,7 +107,7 @@ def test_two_prepares_into_one_folder_do_not_interleave(tmp_path, tok_folder, ca
     (tmp_path / "c.txt").write_text("\n\n".join(lm_documents(10)))
     out = tmp_path / "shards"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from leantrain.engine.lock import acquire; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from leantrain.engine.checkpoint.lock import acquire; "
                                f"acquire({str(out)!r}); print('held', flush=True); sys.stdin.read()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -125,7 +125,7 @@ def test_two_prepares_into_one_folder_do_not_interleave(tmp_path, tok_folder, ca
 # for good: the command is then stopped as a user or a scheduler would.
 POOL_DRIVER = """
 import os, sys, threading
-import leantrain.data.shard_writer as sw
+import leantrain.data.lm.shard_writer as sw
 
 def report_and_wait(texts):
     with open(os.environ["EVENT_FIFO"], "w") as f:

@@ -1,4 +1,4 @@
-"""Blocks over token shards (data/blocks.py), the global batching over them, and the LM collator."""
+"""Blocks over token shards (data/lm/blocks.py), the global batching over them, and the LM collator."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import torch
 from transformers import AutoTokenizer
 
 from leantrain.data.batching import EpochMicroBatches, WeightedView, epoch_batches
-from leantrain.data.blocks import Blocks
-from leantrain.data.lm_collate import LMCollator
+from leantrain.data.lm.blocks import Blocks
+from leantrain.data.lm.collate import LMCollator
 from leantrain.data.loaders import epoch_micro_batches
-from leantrain.data.shard_writer import write_shards
-from leantrain.data.token_shards import TokenShards
-from leantrain.data.token_sources import open_token_source
-from leantrain.engine.checkpoint import data_fingerprint
+from leantrain.data.lm.shard_writer import write_shards
+from leantrain.data.lm.token_shards import TokenShards
+from leantrain.data.lm.token_sources import open_token_source
+from leantrain.engine.checkpoint.save import data_fingerprint
 from tests.helpers import lm_documents, make_tiny_lm_tokenizer
 
 

@@ -9,7 +9,7 @@ import datasets
 import pytest
 from transformers import AutoTokenizer
 
-from leantrain.data import instructions as ins
+from leantrain.data.lm import instructions as ins
 from leantrain.errors import DataError
 from tests.helpers import CHATML, make_tiny_chat_tokenizer
 

@@ -7,7 +7,8 @@ import datasets
 import pytest
 from transformers import AutoTokenizer
 
-from leantrain.data import instructions as ins
+from leantrain.data.lm import instructions as ins
+from leantrain.data.lm import instruction_formats as formats_
 from leantrain.errors import DataError
 from tests.helpers import CHATML, CHATML_GENERATION, make_tiny_chat_tokenizer
 
@@ -128,7 +129,7 @@ def test_unknown_shape_names_file_columns_and_formats(toks):
         one([{"question": "a", "answer": "b"}], toks["plain"], where="data.train: qa.jsonl")
     text = str(e.value)
     assert "data.train: qa.jsonl" in text and "question, answer" in text
-    assert all(desc in text for _, _, desc in ins.FORMATS.values())
+    assert all(desc in text for _, _, desc in formats_.FORMATS.values())
     assert e.value.exit_code == 2
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 
 from leantrain.config import DataConfig, resolve
-from leantrain.data import instructions as ins
-from leantrain.data import lm_data, sft
+from leantrain.data.lm import instructions as ins
+from leantrain.data.lm import rendering as rd
+from leantrain.data.lm import corpus
+from leantrain.data.lm import sft
 from leantrain.data.sources import SourceError
-from leantrain.data.token_sources import open_token_source
+from leantrain.data.lm.token_sources import open_token_source
 from leantrain.errors import DataError
 from tests.helpers import make_tiny_lm_tokenizer, write_jsonl
 
@@ -33,7 +35,7 @@ def test_a_broken_train_file_says_nothing_made_up_about_the_eval_file(tmp_path):
     write_jsonl(tmp_path / "eval.jsonl", [{"instruction": "a", "output": "b"}])  # two text columns
     cfg = DataConfig(train=str(tmp_path / "broken.jsonl"), eval=str(tmp_path / "eval.jsonl"))
     with pytest.raises(DataError) as e:
-        lm_data.load_and_validate(cfg, seed=0, batch_size=2)
+        corpus.load_and_validate(cfg, seed=0, batch_size=2)
     assert "broken.jsonl line 2" in str(e.value.problems) and "data.text_column" not in str(e.value.problems)
 
 
@@ -42,14 +44,14 @@ def test_a_folder_of_txt_files_names_what_it_skips(tmp_path):  # item 18
     for name, text in (("a.txt", "one two three"), ("b.csv", "text\nx\n"), ("e.jsonl", '{"text": "x"}\n'),
                        ("sub/d.txt", "four")):
         (tmp_path / "d" / name).write_text(text)
-    data = lm_data.load_and_validate(DataConfig(train=str(tmp_path / "d")), seed=0, batch_size=2)
+    data = corpus.load_and_validate(DataConfig(train=str(tmp_path / "d")), seed=0, batch_size=2)
     assert [p.name for p in data.train.source.files] == ["a.txt"]
     assert any("skipped" in n and "b.csv, e.jsonl, sub/" in n for n in data.notes)
 
 
 def test_unknown_placeholders_are_refused_and_escapes_are_read_alike():  # item 17
     with pytest.raises(DataError, match=r"unknown placeholder \{sytem\}"):
-        ins.check_template("S: {sytem} Q: {prompt} A: {response}")
+        rd.check_template("S: {sytem} Q: {prompt} A: {response}")
     cfg = resolve(None, [r"data.template=Q: {prompt}\nA: {response}", r"data.document_separator=\n\n"])
     assert cfg.data.template == "Q: {prompt}\nA: {response}" and cfg.data.document_separator == "\n\n"
 

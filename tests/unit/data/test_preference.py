@@ -13,11 +13,11 @@ import torch
 from transformers import AutoTokenizer
 
 from leantrain.config import resolve
-from leantrain.data import instructions as ins
-from leantrain.data import sft
-from leantrain.data.lm_collate import pad_id_of
+from leantrain.data.lm import rendering as rd
+from leantrain.data.lm import sft
+from leantrain.data.lm.collate import pad_id_of
 from leantrain.data.modalities import for_modality
-from leantrain.data.preference import detect_format
+from leantrain.data.lm.preference import detect_format
 from leantrain.errors import DataError
 from tests.helpers import CHATML, make_tiny_chat_tokenizer
 
@@ -95,8 +95,8 @@ def test_each_format_renders_as_sft_with_the_response_masked_and_the_prompt_shar
     assert all(y in (IGNORE, t) for y, t in zip(r["chosen_labels"], r["chosen_input_ids"]))  # unshifted
     assert r["length"] == max(len(r["chosen_input_ids"]), len(r["rejected_input_ids"]))
     if conversation is not None:  # the policy sees what SFT renders (its tail after the turn is not needed)
-        ids, mask = ins.render([*conversation, {"role": "assistant", "content": GOOD}], tok,
-                               ins.choose_rendering(tok, "auto", "messages"))
+        ids, mask = rd.render([*conversation, {"role": "assistant", "content": GOOD}], tok,
+                               rd.choose_rendering(tok, "auto", "messages"))
         assert r["chosen_input_ids"] == ids[:len(r["chosen_input_ids"])] and not any(mask[len(r["chosen_input_ids"]):])
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from leantrain.data import instructions as ins
+from leantrain.data.lm import instructions as ins
 from tests.helpers import CHATML, make_tiny_llama, make_tiny_chat_tokenizer
 
 QA = [("What is 2 + 2?", "The answer is 4."), ("Hello", "Hello world."), ("Give three tips for staying healthy.",
@@ -96,7 +96,7 @@ def test_per_example_losses_in_a_packed_block_equal_the_examples_alone(tiny, tra
 def test_the_step_keeps_packed_examples_apart(tiny):
     """Through the engine's forward (model_inputs) and the causal-LM loss, with the model's own config (use_cache on,
     as loaded): the loss of a batch of packed blocks is the sum of the examples' losses run alone."""
-    from leantrain.data.lm_collate import LMCollator
+    from leantrain.data.lm.collate import LMCollator
     from leantrain.modeling.tasks import get_task
 
     tok, model = tiny

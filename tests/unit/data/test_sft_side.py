@@ -10,8 +10,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from leantrain.config import resolve
-from leantrain.data import instructions as ins
-from leantrain.data import sft
+from leantrain.data.lm import instruction_formats as formats_
+from leantrain.data.lm import sft
 from leantrain.data.modalities import for_modality
 from leantrain.errors import DataError
 from tests.helpers import CHATML, make_tiny_chat_tokenizer
@@ -71,7 +71,7 @@ def test_neither_text_nor_instructions_names_file_columns_and_formats(tmp_path):
         for_modality("tokens").load_and_validate(cfg(train=path), seed=0, batch_size=4)
     text = str(e.value)
     assert "qa.jsonl" in text and "question, answer" in text and e.value.exit_code == 2
-    assert all(desc in text for *_, desc in ins.FORMATS.values())
+    assert all(desc in text for *_, desc in formats_.FORMATS.values())
 
 
 def test_bad_rows_are_named_by_file_line(tmp_path):

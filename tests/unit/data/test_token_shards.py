@@ -1,4 +1,4 @@
-"""Token shards: tokenise once into flat files + manifest, cached by tokenizer and source (data/token_sources.py,
+"""Token shards: tokenise once into flat files + manifest, cached by tokenizer and source (data/lm/token_sources.py,
 shard_writer.py, token_shards.py, shard_cache.py)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from transformers import AutoTokenizer
 
 from leantrain.data.caches import using_cache_dir
 from leantrain.data.sources import SourceError
-from leantrain.data.shard_cache import cache_root, prepared_shards
-from leantrain.data.shard_writer import token_dtype, write_shards
-from leantrain.data.token_shards import MANIFEST, TokenShards
-from leantrain.data.token_sources import open_token_source
+from leantrain.data.lm.shard_cache import cache_root, prepared_shards
+from leantrain.data.lm.shard_writer import token_dtype, write_shards
+from leantrain.data.lm.token_shards import MANIFEST, TokenShards
+from leantrain.data.lm.token_sources import open_token_source
 from tests.helpers import lm_documents, make_tiny_lm_tokenizer, write_rows
 
 
@@ -232,7 +232,7 @@ def test_damaged_shards_are_refused_naming_the_file(tmp_path, tok, damage):
 
 
 def test_contents_are_checked_once_per_content(tmp_path, tok, monkeypatch):
-    from leantrain.data import token_shards
+    from leantrain.data.lm import token_shards
 
     path = tmp_path / "c.txt"
     path.write_text("\n".join(lm_documents(10)))
@@ -283,7 +283,7 @@ def test_parallel_preparation_writes_the_same_shards(tmp_path, tok):
     path = tmp_path / "c.txt"
     path.write_text("\n".join(lm_documents(300, seed=3)))
     source = open_token_source(str(path), "data.train", separator="\n")
-    import leantrain.data.shard_writer as ts
+    import leantrain.data.lm.shard_writer as ts
 
     one = write_shards(source, tok, tmp_path / "one", num_proc=1)
     old = ts.BATCH_DOCS
@@ -299,30 +299,30 @@ def test_parallel_preparation_writes_the_same_shards(tmp_path, tok):
 
 def test_lm_data_side_checks_before_the_model_and_names_the_file(tmp_path, tok):
     from leantrain.config import resolve
-    from leantrain.data import lm_data
+    from leantrain.data.lm import corpus
     from leantrain.errors import DataError
 
     csv = write_rows(tmp_path / "d.csv", [{"title": "a", "body": "ba be"}, {"title": "b", "body": "bi bo"}])
     cfg = resolve(None, [f"data.train={csv}", f"data.eval={tmp_path / 'missing.txt'}"])
     with pytest.raises(DataError) as e:
-        lm_data.load_and_validate(cfg.data, seed=0, batch_size=2)
+        corpus.load_and_validate(cfg.data, seed=0, batch_size=2)
     assert "data.train" in str(e.value.problems) and "data.text_column" in str(e.value.problems)
     assert "data.eval: file not found" in str(e.value.problems)  # every problem at once
     with pytest.raises(DataError, match="needs training text"):
-        lm_data.load_and_validate(resolve(None, []).data, seed=0, batch_size=2)
+        corpus.load_and_validate(resolve(None, []).data, seed=0, batch_size=2)
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("ba be\n".encode() * 10 + "caf\xe9".encode("latin-1"))
     cfg = resolve(None, [f"data.train={bad}", f"data.cache_dir={tmp_path / 'cache'}", "data.block_size=4"])
-    split = lm_data.load_and_validate(cfg.data, seed=0, batch_size=2).train
+    split = corpus.load_and_validate(cfg.data, seed=0, batch_size=2).train
     with pytest.raises(DataError) as e:
-        lm_data.process(split, tok, cfg.data)
+        corpus.process(split, tok, cfg.data)
     assert "latin1.txt: not UTF-8" in str(e.value.problems)
     assert not list((tmp_path / "cache").rglob("manifest.json"))  # nothing half-prepared is left as ready
     short = tmp_path / "short.txt"
     short.write_text("ba be bi")
     cfg = resolve(None, [f"data.train={short}", f"data.cache_dir={tmp_path / 'cache'}", "data.block_size=8"])
     with pytest.raises(DataError, match="4 tokens make 0 block"):
-        lm_data.process(lm_data.load_and_validate(cfg.data, seed=0, batch_size=2).train, tok, cfg.data)
+        corpus.process(corpus.load_and_validate(cfg.data, seed=0, batch_size=2).train, tok, cfg.data)
 
 
 def _prepare_in_child(corpus: str, tok_folder: str, cache: str, queue) -> None:  # noqa: ANN001
@@ -360,7 +360,7 @@ def _stalled_prepare(corpus: str, tok_folder: str, cache: str, written) -> None:
     at the temporary folder; once a token file has bytes, set ``written`` and wait forever."""
     import threading
 
-    import leantrain.data.shard_writer as ts
+    import leantrain.data.lm.shard_writer as ts
     from leantrain.data.caches import using_cache_dir as using
 
     encode = ts.encode_documents

@@ -11,9 +11,9 @@ import torch
 
 from tests.helpers import word_rows, write_rows
 from leantrain.cli import main
-from leantrain.engine.checkpoint import complete_checkpoints, verify
-from leantrain.engine.resume import config_diff
-from leantrain.engine.state_io import StateFormatError, load_state, save_state
+from leantrain.engine.checkpoint.save import complete_checkpoints, verify
+from leantrain.engine.checkpoint.resume import config_diff
+from leantrain.engine.checkpoint.state_io import StateFormatError, load_state, save_state
 from leantrain.report.logs import read_metrics
 
 
@@ -32,7 +32,7 @@ def test_optimizer_and_rng_state_roundtrip_bitwise(tmp_path):
 
     import numpy as np
 
-    from leantrain.engine.checkpoint import rng_state, set_rng_state
+    from leantrain.engine.checkpoint.save import rng_state, set_rng_state
 
     model = torch.nn.Linear(4, 3)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.8, 0.9))
@@ -116,6 +116,17 @@ def test_config_diff_ignores_cadence_and_flags_inexact_keys():
     blocking, inexact = config_diff(base, other)
     assert blocking == ["optim.weight_decay: 0.01 -> 0.5"]
     assert len(inexact) == 1 and inexact[0].startswith("train.batch_size: 32 -> 64")
+
+
+def test_a_checkpoint_from_before_compile_auto_resumes_but_compile_on_does_not():
+    from leantrain.config import resolve
+
+    now = resolve(None, []).to_dict()
+    old = resolve(None, ["efficiency.compile=false"]).to_dict()
+    assert now["efficiency"]["compile"] == "auto"
+    assert config_diff(old, now) == ([], [])
+    on = resolve(None, ["efficiency.compile=true"]).to_dict()
+    assert config_diff(old, on)[0] == ["efficiency.compile: False -> True"]
 
 
 def test_config_keys_need_best_metric():

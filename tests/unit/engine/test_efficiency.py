@@ -206,6 +206,38 @@ def test_memory_budget_parsing():
         parse_bytes("lots")
 
 
+# --------------------------------------------------------------------------------- compile and attention choices
+
+
+def test_choose_compile_every_branch():
+    from leantrain.engine.efficiency import choose_compile
+
+    assert choose_compile(True, "cpu", False, "auto") == (True, "as configured (efficiency.compile)")
+    assert choose_compile(False, "cuda", True, "auto")[0] is False
+    for args, why in [(("cpu", True, "auto"), "no gain on the CPU"), (("mps", True, "ddp"), "not measured on mps"),
+                      (("cuda", True, "deepspeed"), "DeepSpeed's ZeRO hooks"),
+                      (("cuda", False, "auto"), "only causal-LM training"),
+                      (("cuda", True, "ddp"), "not measured on CUDA yet")]:  # no measured gain anywhere: off
+        compiled, reason = choose_compile("auto", *args)
+        assert compiled is False and reason.startswith("auto: ") and why in reason, args
+
+
+def test_a_cpu_run_resolves_to_sdpa_and_no_compile_and_says_why(plain):
+    eff = plain[0]["efficiency"]
+    assert eff["compile"] == "auto" and eff["compile_applied"] is False and eff["compile_seconds"] is None
+    assert "no gain on the CPU" in eff["compile_reason"]
+    assert eff["attn_implementation"] == "sdpa" and eff["attn_implementation_reason"].startswith("auto: PyTorch SDPA")
+
+
+def test_an_attention_the_device_cannot_run_exits_before_the_model_loads(tmp_path, tiny_bert, data, monkeypatch):
+    def no_model(*a, **k):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr("leantrain.engine.loop.build_model", no_model)
+    with pytest.raises(ConfigError, match="model.attn_implementation=flash_attention_2: flash attention runs on CUDA"):
+        run(tmp_path, tiny_bert, data, "flash", "model.attn_implementation=flash_attention_2")
+
+
 # ------------------------------------------------------------------------------------------------ compile
 
 

@@ -96,7 +96,7 @@ def test_disk_full_while_preparing_exits_2_and_removes_the_partial_shards(corpus
         f = real_open(file, mode, *a, **k)
         return FullFile(f) if str(file).endswith("tokens-00000.bin") and "w" in mode else f
 
-    from leantrain.data import shard_writer
+    from leantrain.data.lm import shard_writer
 
     monkeypatch.setattr(shard_writer, "open", open_full, raising=False)
     out = tmp_path / "shards"

@@ -10,7 +10,7 @@ import sys
 from tests.helpers import word_rows, write_rows
 from leantrain.cli import main
 
-HOLD = ("import sys; from pathlib import Path; from leantrain.engine.lock import acquire; "
+HOLD = ("import sys; from pathlib import Path; from leantrain.engine.checkpoint.lock import acquire; "
         "acquire(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()")
 
 
@@ -48,7 +48,7 @@ def test_second_run_in_locked_output_dir_exits_2_naming_pid_and_stale_lock_does_
 
 
 def test_lock_is_released_after_the_run(tiny_bert, tmp_path):
-    from leantrain.engine.lock import _held
+    from leantrain.engine.checkpoint.lock import _held
 
     out = tmp_path / "run"
     assert main(_train_args(tiny_bert, tmp_path, out)) == 0

@@ -37,7 +37,7 @@ def finished(tiny_bert, data, tmp_path_factory) -> Path:
 
 # --- 4: a damaged metrics.jsonl -----------------------------------------------------------------------------------
 def test_damaged_metrics_log_is_skipped_with_a_warning(tmp_path, caplog):
-    from leantrain.engine.resume import LoopState, prior_records
+    from leantrain.engine.checkpoint.resume import LoopState, prior_records
 
     good = [{"type": "train", "step": s, "loss": 0.5} for s in range(1, 6)]
     lines = [json.dumps(r) for r in good]
@@ -71,7 +71,7 @@ def test_interrupted_never_rerun_in_finished_dir_auto_resumes(tiny_bert, data, f
 # --- 6: a deleted manifest is reported; an interrupted prune leaves nothing half-deleted ----------------------------
 def test_deleted_manifest_is_reported_and_auto_falls_back(tiny_bert, data, finished, tmp_path, caplog):
     from leantrain.config import resolve
-    from leantrain.engine.resume import decide_here
+    from leantrain.engine.checkpoint.resume import decide_here
 
     run = tmp_path / "run"
     shutil.copytree(finished / "checkpoints", run / "checkpoints")
@@ -93,7 +93,7 @@ def _fake_checkpoint(root: Path, step: int) -> Path:
 
 
 def test_interrupted_prune_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
-    from leantrain.engine import checkpoint as ck
+    from leantrain.engine.checkpoint import save as ck
 
     root = tmp_path / "checkpoints"
     for step in (2, 4, 6):
@@ -120,7 +120,7 @@ def test_interrupted_prune_leaves_no_half_deleted_checkpoint(tmp_path, monkeypat
 
 
 def test_clean_leftovers_restores_a_step_moved_aside_for_its_replacement(tmp_path):
-    from leantrain.engine.checkpoint import clean_leftovers
+    from leantrain.engine.checkpoint.save import clean_leftovers
 
     root = tmp_path / "checkpoints"
     old = _fake_checkpoint(root, 4)
@@ -135,7 +135,7 @@ def test_disk_full_during_save_exits_2_and_keeps_the_previous_checkpoint(tiny_be
                                                                           capsys):
     import safetensors.torch
 
-    from leantrain.engine.checkpoint import verify
+    from leantrain.engine.checkpoint.save import verify
 
     real, calls = safetensors.torch.save_model, []
 

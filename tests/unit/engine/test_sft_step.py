@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from leantrain.data import instructions as ins
+from leantrain.data.lm import instructions as ins
 from leantrain.data.batching import split_global_batch
 from leantrain.engine.step import train_step
 from leantrain.modeling.tasks import get_task

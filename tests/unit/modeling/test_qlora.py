@@ -100,7 +100,7 @@ def test_qlora_prepares_the_4bit_model_then_applies_lora():
 def test_checkpoint_holds_the_trainable_tensors_only_and_restores_them(tmp_path):
     from safetensors.torch import save_file
 
-    from leantrain.engine.resume import _load_model
+    from leantrain.engine.checkpoint.resume import _load_model
     from leantrain.modeling.trainable_state import CHECKPOINT_KIND, load_trainable_state, trainable_state
 
     cfg = resolve(None, ["peft.method=lora", "peft.r=4"])

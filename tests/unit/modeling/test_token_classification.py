@@ -60,7 +60,7 @@ args = tiny_run_args
 def test_alignment_first_sub_token_and_all_sub_tokens(tiny_bert):
     from transformers import AutoTokenizer
 
-    from leantrain.data.token_loader import align, collator, process
+    from leantrain.data.tagged import align, collator, process
 
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     import datasets
@@ -163,7 +163,7 @@ Blackburn NNP I-NP I-PER
 
 
 def test_conll_file_read_with_lines_and_auto_detected(tmp_path, tiny_bert):
-    from leantrain.data.token_loader import load_and_validate
+    from leantrain.data.tagged import load_and_validate
     from leantrain.engine.training_data import run_task
 
     f = tmp_path / "eng.train"  # no extension, like CoNLL-2003's files
@@ -185,7 +185,7 @@ def test_conll_file_read_with_lines_and_auto_detected(tmp_path, tiny_bert):
 
 
 def test_bad_rows_fail_naming_file_and_line(tmp_path):
-    from leantrain.data.token_loader import load_and_validate
+    from leantrain.data.tagged import load_and_validate
 
     rows = ner_rows(6)
     rows[2] = {"tokens": ["a", "b"], "ner_tags": ["O"]}
@@ -207,7 +207,7 @@ def test_truncation_is_reported(tiny_bert, caplog):
     import datasets
     from transformers import AutoTokenizer
 
-    from leantrain.data.token_loader import process
+    from leantrain.data.tagged import process
 
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     rows = datasets.Dataset.from_dict({"tokens": [["word"] * 20, ["short"]], "label": [[0] * 20, [0]]})
@@ -272,7 +272,7 @@ def test_classlabel_tag_ids_bring_their_names(tmp_path):
     data.label_names."""
     import datasets
 
-    from leantrain.data.token_loader import load_and_validate
+    from leantrain.data.tagged import load_and_validate
 
     names = ["O", "B-PER", "I-PER"]
     features = datasets.Features({"tokens": datasets.List(datasets.Value("string")),

@@ -9,8 +9,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from leantrain.config import resolve
-from leantrain.engine.resume import _load_model
-from leantrain.engine.state_io import StateFormatError
+from leantrain.engine.checkpoint.resume import _load_model
+from leantrain.engine.checkpoint.state_io import StateFormatError
 from leantrain.modeling.lora import apply_trainable
 from leantrain.modeling.trainable_state import identity, saves_trainable_only, trainable_state
 

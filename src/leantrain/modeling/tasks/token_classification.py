@@ -1,5 +1,5 @@
 """Token classification (``model.task=token-classification``; named entities): one tag per word, read from rows of
-words and tags or a CoNLL file by the ``tokens`` data side (``leantrain.data.token_loader``), aligned to
+words and tags or a CoNLL file by the ``tagged`` data side (``leantrain.data.tagged``), aligned to
 sub-tokens with the fast tokenizer's word ids. Cross-entropy in fp32 summed over the labelled sub-tokens (-100
 ignored); the engine divides by the labelled sub-tokens of the global batch (``count``, from per-row counts made at processing time). Metrics: entity
 precision / recall / F1 with seqeval's strict span matching (scheme: ``eval.tag_scheme``, auto from the tags),
@@ -19,7 +19,7 @@ from leantrain.config.tasks import TOKEN_CLASSIFICATION, task_spec
 from leantrain.modeling.tasks.registry import CardText, Task, register
 from leantrain.modeling.tasks.row_counts import RowCounts
 
-IGNORE = -100  # sub-tokens without a label (leantrain.data.token_loader: special tokens, later sub-tokens of a word)
+IGNORE = -100  # sub-tokens without a label (leantrain.data.tagged: special tokens, later sub-tokens of a word)
 SCHEMES = ("IOB1", "IOB2", "IOE1", "IOE2", "IOBES", "BILOU")
 
 

@@ -1,11 +1,11 @@
-"""Loading edges (config/load.py, config/strict_yaml.py): how a ``key=value`` override is parsed, keys given twice in
+"""Loading edges (config/read.py, config/strict_yaml.py): how a ``key=value`` override is parsed, keys given twice in
 YAML, a section where a value belongs and the reverse, and what the metric and problem_type checks accept."""
 
 import pytest
 import yaml
 
 from leantrain.config import resolve
-from leantrain.config.load import describe_keys, parse_override
+from leantrain.config.read import describe_keys, parse_override
 from leantrain.config.metric_names import check_metric, lower_is_better, metric_names
 from leantrain.config.problem_type import check_problem_type
 from leantrain.config.strict_yaml import DuplicateKeyError, safe_load_strict

@@ -28,8 +28,8 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
-from leantrain.engine.checkpoint import ROOT, checkpoint_folders, clean_leftovers, rank_file, set_rng_state, verify
-from leantrain.engine.state_io import StateFormatError, load_safetensors, load_state
+from leantrain.engine.checkpoint.save import ROOT, checkpoint_folders, clean_leftovers, rank_file, set_rng_state, verify
+from leantrain.engine.checkpoint.state_io import StateFormatError, load_safetensors, load_state
 from leantrain.errors import UserError
 from leantrain.modeling.trainable_state import CHECKPOINT_KIND, base_fingerprint, load_trainable_state
 from leantrain.report.logs import read_metrics
@@ -43,6 +43,9 @@ HARMLESS = ("output_dir", "report.", "efficiency.cpu_allocator", "train.log_ever
 # config keys whose change makes a resume inexact: allowed only with checkpoint.allow_inexact_resume
 INEXACT = {"train.batch_size": "the data position is a step index: the examples after the resume point differ",
            "train.micro_batch_size": "the float summation order of each step differs"}
+# (key, value in an older checkpoint, value now) pairs that compute the same: a default renamed to auto, where auto
+# resolves to the old value (efficiency.compile: engine.efficiency.choose_compile keeps it off on every device today)
+SAME = {("efficiency.compile", "false", '"auto"')}
 
 
 @dataclass
@@ -89,6 +92,8 @@ def config_diff(old: dict, new: dict) -> tuple[list[str], list[str]]:
             continue
         if key not in a and key in defaults and json.dumps(b.get(key)) == json.dumps(defaults[key]):
             continue  # a key added to leantrain since the checkpoint was written, at its default: nothing changed
+        if (key, json.dumps(a.get(key)), json.dumps(b.get(key))) in SAME:
+            continue
         if a.get(key) != b.get(key) and json.dumps(a.get(key)) != json.dumps(b.get(key)):
             line = f"{key}: {a.get(key)!r} -> {b.get(key)!r}"
             (inexact if key in INEXACT else blocking).append(line + (f" ({INEXACT[key]})" if key in INEXACT else ""))

@@ -27,8 +27,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from leantrain.data.sources import SourceError
-from leantrain.data.token_shards import FORMAT, INDEX, MANIFEST, record_verified
-from leantrain.data.token_sources import TokenSource
+from leantrain.data.lm.token_shards import FORMAT, INDEX, MANIFEST, record_verified
+from leantrain.data.lm.token_sources import TokenSource
 from leantrain.files import disk_full, disk_of, sha256_json, write_atomic
 from leantrain.processes import bind_to_parent
 

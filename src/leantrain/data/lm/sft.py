@@ -1,4 +1,4 @@
-"""The data side of supervised fine-tuning: instruction/chat rows (``leantrain.data.instructions``) inside the
+"""The data side of supervised fine-tuning: instruction/chat rows (``leantrain.data.lm.instructions``) inside the
 causal-LM ``tokens`` data side. ``with_instructions(side)`` wraps a data side so that training data whose columns are an
 instruction/chat format is loaded, checked and rendered here (response-only labels, truncation, packing), and any
 other data goes to the wrapped side (plain text -> token blocks). The choice is made from the data's columns, per
@@ -14,10 +14,12 @@ from typing import Iterator
 import datasets
 
 from leantrain.config import DataConfig
-from leantrain.data import instructions as ins
-from leantrain.data import preference_formats as pf
+from leantrain.data.lm import instructions as ins
+from leantrain.data.lm import instruction_formats as formats_
+from leantrain.data.lm import rendering as rd
+from leantrain.data.lm import preference_formats as pf
 from leantrain.data.caches import using_cache_dir
-from leantrain.data.conversation import EXTRA_COLUMNS
+from leantrain.data.lm.conversation import EXTRA_COLUMNS
 from leantrain.data.demo import demo_files
 from leantrain.data.sources import Part, SourceError, quiet
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
@@ -48,10 +50,11 @@ def refuse_preference(columns, first_row: dict | None, where: str) -> None:  # n
                         "model.task=preference (DPO and its variants) or, on a sequence classifier, "
                         "model.task=reward-model")
     extra = [c for c in pf.PREFERENCE_COLUMNS if c in columns]
-    if extra and ins.looks_like_instructions(columns):
+    if extra and formats_.looks_like_instructions(columns):
         raise DataError(f"{where}: a {extra[0]!r} column beside instruction data (format "
-                        f"{ins.FORMATS[ins.detect_format(columns)][2]}): supervised fine-tuning would ignore it and "
-                        f"learn every answer as a good one; drop the column, or give preference data in one of these "
+                        f"{formats_.FORMATS[formats_.detect_format(columns)][2]}): supervised fine-tuning would "
+                        f"ignore it and learn every answer as a good one; drop the column, or give preference data in "
+                        f"one of these "
                         f"formats:", pf.accepted())
 
 
@@ -64,12 +67,12 @@ def with_formats(err: DataError) -> DataError:
     """A data error of the text side about the text column, with the instruction/chat formats it could also be."""
     if not any("data.text_column" in p for p in [str(err.args[0]), *err.problems]):
         return err
-    formats = "; ".join(d for *_, d in ins.FORMATS.values())
+    formats = "; ".join(d for *_, d in formats_.FORMATS.values())
     return DataError(str(err.args[0]), [*err.problems, f"or instruction/chat data, in one of these formats: {formats}"])
 
 
 def _keep(part: Part, fmt: str) -> datasets.Dataset:
-    required, optional, _ = ins.FORMATS[fmt]
+    required, optional, _ = formats_.FORMATS[fmt]
     keep = [c for c in (*required, *optional, *EXTRA_COLUMNS) if c in part.ds.column_names]
     with quiet():
         return part.ds.select_columns(keep)
@@ -116,20 +119,20 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
     fmts = {}
     for part in parts:
         _refuse_part(part)
-        fmt = ins.detect_format(part.ds.column_names)
+        fmt = formats_.detect_format(part.ds.column_names)
         if fmt is None:
             found = ", ".join(part.ds.column_names)
             problems.append(f"{part.where}: not instruction/chat data; columns found: {found}")
             continue
         fmts[id(part)] = fmt
-        problems += ins.check_rows(part.ds, fmt, part.where, name_row=lambda i, p=part: p.rows([i]))
+        problems += formats_.check_rows(part.ds, fmt, part.where, name_row=lambda i, p=part: p.rows([i]))
     if problems:
-        accepted = "; ".join(d for *_, d in ins.FORMATS.values())
+        accepted = "; ".join(d for *_, d in formats_.FORMATS.values())
         raise data_error(problems, [f"instruction/chat formats accepted: {accepted}"])
     if cfg.template not in ("auto", "chat", "plain"):
-        ins.check_template(cfg.template)
+        rd.check_template(cfg.template)
     fmt = fmts[id(train)]
-    notes.append(f"data: instruction/chat rows, format {ins.FORMATS[fmt][2]}")
+    notes.append(f"data: instruction/chat rows, format {formats_.FORMATS[fmt][2]}")
     train_ds = _keep(train, fmt)
     eval_ds = _keep(evaluation, fmts[id(evaluation)]) if evaluation is not None else None
     if eval_ds is None:
@@ -146,7 +149,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
             train_ds, eval_ds = (ds, eval_ds) if name == "train" else (train_ds, ds)
     warnings = source_warnings(parts) + [w for p in parts if (w := placeholder_warning(p.ds, p.where))]
     for part in parts:
-        blank = ins.blank_responses(part.ds, fmts[id(part)])
+        blank = formats_.blank_responses(part.ds, fmts[id(part)])
         if blank:
             warnings.append(f"{part.where}: {len(blank)} of {len(part.ds)} examples have an empty response "
                             f"({part.rows(blank)}): the model learns to answer them with nothing; fill them in or "
@@ -159,13 +162,13 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
 def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_labels=None):  # noqa: ANN001
     """One instruction/chat source for ``eval``: (rows, notes)."""
     part = open_rows(path, cfg)
-    fmt = ins.detect_format(part.ds.column_names)
+    fmt = formats_.detect_format(part.ds.column_names)
     if fmt is None:
-        raise ins.unknown_format(part.where, part.ds.column_names)
-    problems = ins.check_rows(part.ds, fmt, part.where, name_row=lambda i: part.rows([i]))
+        raise formats_.unknown_format(part.where, part.ds.column_names)
+    problems = formats_.check_rows(part.ds, fmt, part.where, name_row=lambda i: part.rows([i]))
     if problems:
         raise data_error(problems)
-    return _keep(part, fmt), [f"data: instruction/chat rows, format {ins.FORMATS[fmt][2]}"]
+    return _keep(part, fmt), [f"data: instruction/chat rows, format {formats_.FORMATS[fmt][2]}"]
 
 
 def packing_on(cfg: DataConfig) -> bool:
@@ -197,8 +200,8 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
 
 def chat_rendering(tokenizer, cfg: DataConfig, columns) -> bool:  # noqa: ANN001
     """Whether the instruction rows of these columns are rendered with the chat template (generation should be too)."""
-    fmt = ins.detect_format(columns)
-    return fmt is not None and ins.choose_rendering(tokenizer, cfg.template, fmt).chat
+    fmt = formats_.detect_format(columns)
+    return fmt is not None and rd.choose_rendering(tokenizer, cfg.template, fmt).chat
 
 
 def sample_inputs(prompts: list[str], tokenizer, cfg: DataConfig,  # noqa: ANN001
@@ -212,11 +215,11 @@ def sample_inputs(prompts: list[str], tokenizer, cfg: DataConfig,  # noqa: ANN00
     fmt = (columns or {}).get("format")
     if fmt in pf.FORMATS:  # preference data: prompts rendered as prompt / completion texts or as chat messages
         fmt = "prompt_completion" if columns.get("prompt") == "text" else "messages"
-    if fmt not in ins.FORMATS:
+    if fmt not in formats_.FORMATS:
         return list(prompts), None
-    rendering = ins.choose_rendering(tokenizer, cfg.template, fmt)
+    rendering = rd.choose_rendering(tokenizer, cfg.template, fmt)
     if rendering.mode == "plain":
-        return [ins.plain_prompt(p, rendering.template or ins.PLAIN_TEMPLATE) for p in prompts], False
+        return [rd.plain_prompt(p, rendering.template or rd.PLAIN_TEMPLATE) for p in prompts], False
     return list(prompts), rendering.chat
 
 
@@ -226,7 +229,7 @@ def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modaliti
     def load_and_validate_(cfg: DataConfig, **kw):
         train = _train_part(cfg)
         _refuse_part(train)
-        if train is not None and ins.looks_like_instructions(train.ds.column_names):
+        if train is not None and formats_.looks_like_instructions(train.ds.column_names):
             with using_cache_dir(cfg.cache_dir):
                 return load_and_validate(cfg, **kw)
         try:
@@ -241,13 +244,13 @@ def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modaliti
             part = None
         if part is not None and cfg.text_column is None:
             _refuse_part(part)
-        if part is not None and cfg.text_column is None and ins.looks_like_instructions(part.ds.column_names):
+        if part is not None and cfg.text_column is None and formats_.looks_like_instructions(part.ds.column_names):
             return load_rows(path, cfg, **kw)
         return side.load_rows(path, cfg, **kw)
 
     def process_(dataset, processor, cfg: DataConfig, desc: str = "Processing"):  # noqa: ANN001
         if (isinstance(dataset, datasets.Dataset) and cfg.text_column is None
-                and ins.looks_like_instructions(dataset.column_names)):
+                and formats_.looks_like_instructions(dataset.column_names)):
             return process(dataset, processor, cfg, desc)
         return side.process(dataset, processor, cfg, desc)
 

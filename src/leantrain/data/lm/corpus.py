@@ -1,5 +1,6 @@
 """The ``tokens`` data side (causal language models): sources checked before any model, tokenised once into
-cached token shards (``token_shards``, prepared by ``shard_writer`` into ``shard_cache``), cut into fixed blocks (``blocks``), collated by ``lm_collate``.
+cached token shards (``token_shards``, prepared by ``shard_writer`` into ``shard_cache``), cut into fixed blocks
+(``blocks``), collated by ``collate``.
 
 ``load_and_validate`` resolves and checks the sources (files exist, the text column is there) without a
 tokenizer; ``process`` (with the run's tokenizer) prepares or reuses the shards and returns ``Blocks``. With no
@@ -12,13 +13,13 @@ import logging
 from dataclasses import dataclass
 
 from leantrain.config import DataConfig
-from leantrain.data.blocks import Blocks
+from leantrain.data.lm.blocks import Blocks
 from leantrain.data.caches import using_cache_dir
-from leantrain.data.lm_collate import LMCollator, pad_id_of
+from leantrain.data.lm.collate import LMCollator, pad_id_of
 from leantrain.data.sources import SourceError
 from leantrain.data.text_loader import PreparedData, data_error
-from leantrain.data.shard_cache import prepared_shards
-from leantrain.data.token_sources import TokenSource, open_token_source
+from leantrain.data.lm.shard_cache import prepared_shards
+from leantrain.data.lm.token_sources import TokenSource, open_token_source
 from leantrain.errors import DataError
 
 log = logging.getLogger("leantrain")

@@ -1,4 +1,4 @@
-"""Collators of the preference data sides (``leantrain.data.preference``): B rows -> one (2B, T) batch, so that both
+"""Collators of the preference data sides (``leantrain.data.lm.preference``): B rows -> one (2B, T) batch, so that both
 sequences of every row go through one forward.
 
 - ``PairCollator`` (``pairs``): rows 0..B-1 the chosen, B..2B-1 the rejected sequences; ``labels`` -100 on padding.

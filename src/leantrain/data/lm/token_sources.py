@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from leantrain.data.sources import SourceError, open_source, pick_split
-from leantrain.data.token_shards import INDEX, MANIFEST, TokenShards
+from leantrain.data.lm.token_shards import INDEX, MANIFEST, TokenShards
 from leantrain.files import sha256_json
 
 TEXT_SUFFIXES = (".txt", ".text")

@@ -12,10 +12,10 @@ import uuid
 from pathlib import Path
 
 from leantrain.data.caches import default_datasets_cache, record_cache_folder
-from leantrain.data.shard_writer import tokenizer_fingerprint, write_shards
+from leantrain.data.lm.shard_writer import tokenizer_fingerprint, write_shards
 from leantrain.data.sources import SourceError
-from leantrain.data.token_shards import FORMAT, TokenShards
-from leantrain.data.token_sources import TokenSource
+from leantrain.data.lm.token_shards import FORMAT, TokenShards
+from leantrain.data.lm.token_sources import TokenSource
 from leantrain.files import sha256_json
 
 log = logging.getLogger("leantrain")

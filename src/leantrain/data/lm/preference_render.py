@@ -1,4 +1,4 @@
-"""Preference rows -> token rows of the data contract (``leantrain.data.preference``).
+"""Preference rows -> token rows of the data contract (``leantrain.data.lm.preference``).
 
 Each prompt + response is rendered and tokenised by SFT's own ``instructions.render`` (the policy sees exactly what
 SFT renders): a prompt of messages through the chat template (or the plain template when the tokenizer has none), a
@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from leantrain.data import instructions as ins
-from leantrain.data import preference_formats as pf
+from leantrain.data.lm import rendering as rd
+from leantrain.data.lm import preference_formats as pf
 
 IGNORE = -100
 Response = tuple[list[int], int]  # a response's tokens after the shared prompt, how many of them lead unlabelled
@@ -35,9 +35,9 @@ def affixes(tokenizer) -> tuple[list[int], list[int]]:  # noqa: ANN001
     return [], []
 
 
-def policy_rendering(tokenizer, template: str, textual: bool) -> ins.Rendering:  # noqa: ANN001
+def policy_rendering(tokenizer, template: str, textual: bool) -> rd.Rendering:  # noqa: ANN001
     """SFT's rendering choice for these rows: text prompts as prompt / completion rows, messages as chat rows."""
-    return ins.choose_rendering(tokenizer, template, "prompt_completion" if textual else "messages")
+    return rd.choose_rendering(tokenizer, template, "prompt_completion" if textual else "messages")
 
 
 def as_messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
@@ -47,7 +47,7 @@ def as_messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:
     return pf.hh_messages(prompt) or [{"role": "user", "content": prompt}]
 
 
-def conversation(prompt, response: str, rendering: ins.Rendering) -> list[dict[str, str]]:  # noqa: ANN001
+def conversation(prompt, response: str, rendering: rd.Rendering) -> list[dict[str, str]]:  # noqa: ANN001
     """The conversation SFT renders for a prompt and its reply (raw: the two texts as they are)."""
     if rendering.mode == "raw":
         return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
@@ -67,12 +67,12 @@ def last_run(mask: list[bool]) -> tuple[int, int]:
     return (start, end) if end else (len(mask), len(mask))
 
 
-def encode(example: pf.Example, tokenizer, rendering: ins.Rendering,  # noqa: ANN001
+def encode(example: pf.Example, tokenizer, rendering: rd.Rendering,  # noqa: ANN001
            responses: tuple[str, ...]) -> tuple[list[int], list[Response]]:
     """(the shared prompt's ids, each response's) of one prompt and its responses, as SFT renders them."""
     rendered = []
     for response in responses:
-        ids, mask = ins.render(conversation(example.prompt, response, rendering), tokenizer, rendering)
+        ids, mask = rd.render(conversation(example.prompt, response, rendering), tokenizer, rendering)
         rendered.append((ids, *last_run(mask)))
     first = rendered[0][0]
     shared = len(os.path.commonprefix([ids[:start] for ids, start, _ in rendered]))
@@ -147,8 +147,8 @@ def scored_tokens(prompt, response: str, tokenizer  # noqa: ANN001
     tokenizer has one (its own special tokens), else the plain text (a text prompt and its reply as they are,
     messages' contents one per paragraph) between the tokenizer's special tokens ([CLS] ... [SEP])."""
     if getattr(tokenizer, "chat_template", None):
-        rendering = ins.Rendering("chat")
-        ids, mask = ins.render(conversation(prompt, response, rendering), tokenizer, rendering)
+        rendering = rd.Rendering("chat")
+        ids, mask = rd.render(conversation(prompt, response, rendering), tokenizer, rendering)
         start, end = last_run(mask)
         return [], ids[:start], ids[start:end], []
     if not isinstance(prompt, str):

@@ -38,7 +38,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.faults import FaultInjector
-from leantrain.engine.state_io import fsync_file, save_state
+from leantrain.engine.checkpoint.state_io import fsync_file, save_state
 from leantrain.files import disk_full, disk_of, sha256_file
 from leantrain.errors import UserError
 from leantrain.modeling.trainable_state import identity, saves_trainable_only, trainable_state

@@ -139,18 +139,3 @@ def read_status(path: Path) -> dict | None:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-
-
-def run_module_dying_with_parent(argv: list[str]) -> None:
-    """``python -m leantrain.engine.preempt MODULE ARGS``: run ``python -m MODULE ARGS`` (torchrun) in a process that
-    the kernel SIGKILLs when its parent (the launcher) dies. Done here rather than in a ``preexec_fn``, which is not
-    safe in a parent that has threads (pyarrow's)."""
-    import runpy
-
-    bind_to_parent()
-    sys.argv = [argv[0], *argv[1:]]
-    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
-
-
-if __name__ == "__main__":
-    run_module_dying_with_parent(sys.argv[1:])

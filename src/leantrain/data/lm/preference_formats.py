@@ -3,7 +3,7 @@ responses (``to_pair``, ``to_feedback``), checked row by row (``check_rows``) wi
 
 A prompt is either text (TRL's standard form: rendered as it is, like SFT's prompt / completion rows) or a list of
 ``{role, content}`` messages (conversational: rendered with the chat template, as SFT renders chat data); a response
-is always the text of the assistant's reply. See ``leantrain.data.preference`` for the data contract.
+is always the text of the assistant's reply. See ``leantrain.data.lm.preference`` for the data contract.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from leantrain.data import instructions as ins
+from leantrain.data.lm import instruction_formats as formats_
 
 HH_ASSISTANT, HH_HUMAN = "\n\nAssistant:", "\n\nHuman:"
 FORMATS = {  # name -> (required columns, optional columns, what the user calls it)
@@ -102,8 +102,8 @@ def to_pair(row: dict[str, Any], fmt: str) -> Example:
         turns = _list(row.get("conversations"), "conversations")
         return _conversational("sharegpt", turns, _turn(chosen, "chosen"), _turn(rejected, "rejected"))
     if fmt == "alpaca":  # the prompt as SFT's Alpaca rows (instruction + input)
-        a = ins.to_messages({**row, "output": _text(chosen, "chosen")}, "alpaca")
-        b = ins.to_messages({**row, "output": _text(rejected, "rejected")}, "alpaca")
+        a = formats_.to_messages({**row, "output": _text(chosen, "chosen")}, "alpaca")
+        b = formats_.to_messages({**row, "output": _text(rejected, "rejected")}, "alpaca")
         return Example(a[:-1], a[-1]["content"], b[-1]["content"])
     if fmt == "explicit":
         prompt = row.get("prompt")
@@ -133,7 +133,7 @@ def _textual(prompt: str, *responses: Any) -> Example:
     texts = [r if isinstance(r, str) else _reply(_chat("messages", [_turn(r, name, CHAT)]), name)
              for r, name in zip(responses, ("chosen", "rejected") if len(responses) == 2 else ("completion",))]
     for text in texts:
-        ins.to_messages({"prompt": prompt, "completion": text}, "prompt_completion")
+        formats_.to_messages({"prompt": prompt, "completion": text}, "prompt_completion")
     return Example(prompt, *texts)
 
 
@@ -178,7 +178,7 @@ def _implicit(chosen: Any, rejected: Any) -> Example:
 
 def _chat(fmt: str, turns: list) -> list[dict[str, str]]:
     """Turns checked and mapped as SFT's ``messages`` / ``sharegpt`` rows (roles, contents)."""
-    return ins.to_messages({"messages" if fmt == "messages" else "conversations": turns}, fmt)
+    return formats_.to_messages({"messages" if fmt == "messages" else "conversations": turns}, fmt)
 
 
 def _list(value: Any, name: str) -> list:
@@ -224,4 +224,4 @@ def hh_messages(text: str) -> list[dict[str, str]] | None:
 
 def check_rows(ds, fmt: str, where: str, limit: int = 5, name_row=None) -> list[str]:  # noqa: ANN001
     """Problems of the rows of a detected format, at most ``limit`` listed (``name_row(i)``: a file line)."""
-    return ins.check_rows(ds, fmt, where, limit, name_row, convert=to_example)
+    return formats_.check_rows(ds, fmt, where, limit, name_row, convert=to_example)

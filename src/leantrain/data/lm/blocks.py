@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from leantrain.data.token_shards import TokenShards
+from leantrain.data.lm.token_shards import TokenShards
 
 IGNORE = -100
 COLUMNS = ("input_ids", "labels", "position_ids", "length", "targets")

@@ -16,7 +16,6 @@ import os
 import re
 import socket
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -24,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leantrain.config import Config
-from leantrain.engine.preempt import EXIT_PREEMPTED, GRACE_SECONDS, SIGNALS, STATUS_FILE, read_status
+from leantrain.engine.checkpoint.preempt import EXIT_PREEMPTED, GRACE_SECONDS, STATUS_FILE, read_status
 from leantrain.engine.run_file import inside_launcher, write_run_file  # noqa: F401 - inside_launcher: for cli
 from leantrain.errors import UserError
+from leantrain.launch.supervise import run_group
 
 log = logging.getLogger("leantrain")
 
@@ -106,33 +106,6 @@ def worker_env(opts: LaunchOptions) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // opts.nproc))  # cores shared by local workers
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
-
-
-def run_group(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
-    """Run torchrun in a session of its own and wait for it. SIGTERM / SIGINT sent to this process are forwarded
-    to torchrun's agent, which forwards them once to every worker and waits for them (a terminal's Ctrl-C reaches
-    this process alone: the workers are not in the terminal's process group); the agent dies when this process
-    dies, and the workers die with the agent, so nothing of the run outlives a SIGKILL here.
-    Returns torchrun's exit status and the first signal forwarded (0: none)."""
-    if cmd[1] == "-m":  # python -m MODULE ... -> the same, in a process that dies with this one
-        cmd = [cmd[0], "-m", "leantrain.engine.preempt", *cmd[2:]]
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    received: list[int] = []
-
-    def forward(signum, frame):
-        received.append(signum)
-        if proc.poll() is None:
-            proc.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
-    try:
-        return proc.wait(), (received[0] if received else 0)
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-        if proc.poll() is None:  # an exception here (not a signal): take the run down with us
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def launch(cfg: Config, opts: LaunchOptions, facts: dict | None = None) -> int:

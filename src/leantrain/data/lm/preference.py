@@ -44,12 +44,13 @@ import datasets
 import numpy as np
 
 from leantrain.config import DataConfig
-from leantrain.data import instructions as ins
-from leantrain.data import preference_formats as pf
-from leantrain.data import preference_render as render
+from leantrain.data.lm import instructions as ins
+from leantrain.data.lm import rendering as rd
+from leantrain.data.lm import preference_formats as pf
+from leantrain.data.lm import preference_render as render
 from leantrain.data.caches import using_cache_dir
-from leantrain.data.lm_collate import pad_id_of
-from leantrain.data.preference_collate import FeedbackCollator, PairCollator
+from leantrain.data.lm.collate import pad_id_of
+from leantrain.data.lm.preference_collate import FeedbackCollator, PairCollator
 from leantrain.data.sources import Part, quiet
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
 from leantrain.data.text_loader import first_rows
@@ -137,7 +138,7 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
 def _check_lengths(cfg: DataConfig) -> list[str]:
     """data.max_prompt_length leaves room for a response; a custom data.template is well formed."""
     if cfg.template not in ("auto", "chat", "plain"):
-        ins.check_template(cfg.template)
+        rd.check_template(cfg.template)
     if prompt_budget(cfg) >= cfg.block_size:
         return [f"data.max_prompt_length={cfg.max_prompt_length} leaves no room for a response in "
                 f"data.block_size={cfg.block_size} tokens; set it below data.block_size"]
