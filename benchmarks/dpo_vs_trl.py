@@ -43,7 +43,7 @@ import argparse
 import json
 import os
 import shutil
-import statistics
+import functools
 import subprocess
 import sys
 import time
@@ -198,10 +198,9 @@ def held_out(args, model: str, out: Path) -> dict:
 
 
 def worker(args) -> None:
-    out = Path(args.workdir) / args.worker
-    shutil.rmtree(out, ignore_errors=True)  # a fresh run each round
-    out.mkdir(parents=True)
-    args.eval_now = args.eval and not (Path(args.workdir) / f"{args.worker}.evaluated").exists()
+    from vs_trainer import evaluated, worker_folder
+
+    out = worker_folder(args)  # sets args.eval_now: the first round only
     result = run_trl(args, args.worker == "trl_full", out) if args.worker.startswith("trl") else \
         run_leantrain(args, args.worker, out)
     train, _ = data_files(args)
@@ -211,7 +210,7 @@ def worker(args) -> None:
     if args.eval_now:
         ev = held_out(args, str(out / "model"), out)
         result.update(reward_accuracy=ev["reward_accuracy"], reward_margin=ev["reward_margin"])
-        (Path(args.workdir) / f"{args.worker}.evaluated").touch()
+        evaluated(args)
     print("RESULT " + json.dumps(result))
 
 
@@ -224,33 +223,21 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=48, help="training pairs (the first short ones), one epoch")
     p.add_argument("--eval-rows", type=int, default=64, help="held-out pairs (the first short ones of test.jsonl)")
     p.add_argument("--max-length", type=int, default=256, help="tokens of the longest transcript kept")
-    p.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
-    p.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
-    p.add_argument("--no-eval", dest="eval", action="store_false", help="no held-out reward accuracy")
-    p.add_argument("--workdir", default="/tmp/leantrain-dpo-bench")
-    p.add_argument("--json", default=None)
-    p.add_argument("--results", default=None, metavar="RESULTS.md", help="write the table into its dpo block")
-    p.add_argument("--from-json", default=None, help="no run: render the results saved by --json")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vs_trainer import driver_arguments, fresh_rounds
+
+    driver_arguments(p, CONTENDERS, "/tmp/leantrain-dpo-bench", "dpo", "no held-out reward accuracy")
+    args = p.parse_args()
     if args.worker:
         return worker(args)
-    from vs_trainer import rounds_table
-
-    if not args.from_json:
-        shutil.rmtree(args.workdir, ignore_errors=True)  # no eval marks left from an earlier run
-    rounds_table(__file__, args, table, "dpo")
+    fresh_rounds(__file__, args, table, "dpo")
 
 
 def table(results: dict[str, list[dict]]) -> str:
-    def med(name: str, key: str):
-        vals = [r[key] for r in results.get(name, []) if r.get(key) is not None]
-        return statistics.median(vals) if vals else None
+    from vs_trainer import median, ratio as ratio_of
 
-    def ratio(name: str, key: str, base: str) -> str:
-        a, b = med(name, key), med(base, key)
-        return f"{a / b:.2f}x" if a and b else ""
+    med = functools.partial(median, results)
+    ratio = functools.partial(ratio_of, results)
 
     rows = ["| contender | trainable params | peak memory (GiB) | tokens/s (median; per round) | pairs/s | vs TRL "
             "tokens/s | vs TRL peak | wall s | steps | held-out reward accuracy | margin |", "|---" * 11 + "|"]

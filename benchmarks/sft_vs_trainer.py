@@ -46,7 +46,7 @@ import argparse
 import json
 import os
 import shutil
-import statistics
+import functools
 import subprocess
 import sys
 import time
@@ -190,10 +190,9 @@ def eval_loss(args, model: str, out: Path) -> float:
 
 
 def worker(args) -> None:
-    out = Path(args.workdir) / args.worker
-    shutil.rmtree(out, ignore_errors=True)  # a fresh run each round
-    out.mkdir(parents=True)
-    args.eval_now = args.eval and not (Path(args.workdir) / f"{args.worker}.evaluated").exists()
+    from vs_trainer import evaluated, worker_folder
+
+    out = worker_folder(args)  # sets args.eval_now: the first round only
     if args.worker == "base":
         result = {"eval_loss": eval_loss(args, MODEL, out)} if args.eval_now else {}
     else:
@@ -203,7 +202,7 @@ def worker(args) -> None:
         if args.eval_now:
             result["eval_loss"] = eval_loss(args, str(out / "model"), out)
     if args.eval_now:
-        (Path(args.workdir) / f"{args.worker}.evaluated").touch()
+        evaluated(args)
     print("RESULT " + json.dumps(result))
 
 
@@ -215,34 +214,23 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--rows", type=int, default=160, help="training rows (the first of train.jsonl), one epoch")
     p.add_argument("--eval-rows", type=int, default=500, help="held-out rows of eval.jsonl (500: all of them)")
-    p.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
-    p.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
-    p.add_argument("--no-eval", dest="eval", action="store_false", help="no eval loss (speed and memory only)")
-    p.add_argument("--workdir", default="/tmp/leantrain-sft-bench")
-    p.add_argument("--json", default=None)
-    p.add_argument("--results", default=None, metavar="RESULTS.md", help="write the tables into its sft block")
-    p.add_argument("--from-json", default=None, help="no run: render the results saved by --json")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vs_trainer import driver_arguments, fresh_rounds
+
+    driver_arguments(p, CONTENDERS, "/tmp/leantrain-sft-bench", "sft", "no eval loss (speed and memory only)")
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from vs_trainer import rounds_table
-
-    if not args.from_json:
-        shutil.rmtree(args.workdir, ignore_errors=True)  # no eval marks left from an earlier run
-        args.only += ",base" if args.eval and "base" not in args.only.split(",") else ""
-    rounds_table(__file__, args, table, "sft")
+    if not args.from_json and args.eval and "base" not in args.only.split(","):
+        args.only += ",base"
+    fresh_rounds(__file__, args, table, "sft")
 
 
 def table(results: dict[str, list[dict]]) -> str:
-    def med(name: str, key: str):
-        vals = [r[key] for r in results.get(name, []) if r.get(key) is not None]
-        return statistics.median(vals) if vals else None
+    from vs_trainer import median, ratio as ratio_of
 
-    def ratio(name: str, key: str, base: str) -> str:
-        a, b = med(name, key), med(base, key)
-        return f"{a / b:.2f}x" if a and b else ""
+    med = functools.partial(median, results)
+    ratio = functools.partial(ratio_of, results)
 
     base_loss = med("base", "eval_loss")
     rows = [("| contender | trainable params | optimizer state (MB) | peak memory (GiB) | target tokens/s (median; "

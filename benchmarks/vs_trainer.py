@@ -369,6 +369,58 @@ def rounds_table(script: str, args, table, key: str) -> None:
         write_block(Path(args.results), key, results_block(meta, text))
 
 
+def driver_arguments(p: argparse.ArgumentParser, contenders: list[str], workdir: str, block: str,
+                     eval_help: str) -> None:
+    """The arguments of a script whose workers train then evaluate once (sft_vs_trainer.py, dpo_vs_trl.py):
+    --repeats, --only, --no-eval, --workdir, --json, --results (its ``block``), --from-json, --worker (hidden)."""
+    p.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
+    p.add_argument("--only", default=",".join(contenders), help="comma-separated contenders")
+    p.add_argument("--no-eval", dest="eval", action="store_false", help=eval_help)
+    p.add_argument("--workdir", default=workdir)
+    p.add_argument("--json", default=None)
+    p.add_argument("--results", default=None, metavar="RESULTS.md", help=f"write the table into its {block} block")
+    p.add_argument("--from-json", default=None, help="no run: render the results saved by --json")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+
+
+def worker_folder(args) -> Path:
+    """The worker's fresh folder (``--workdir``/NAME; a fresh run each round). Sets ``args.eval_now``: its held-out
+    evaluation runs in the first round only (training is seeded, so the rounds train the same model); call
+    :func:`evaluated` once it has run."""
+    out = Path(args.workdir) / args.worker
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    args.eval_now = args.eval and not (Path(args.workdir) / f"{args.worker}.evaluated").exists()
+    return out
+
+
+def evaluated(args) -> None:
+    """Mark the worker's held-out evaluation done (the next rounds skip it)."""
+    (Path(args.workdir) / f"{args.worker}.evaluated").touch()
+
+
+def fresh_rounds(script: str, args, table, key: str) -> None:
+    """The driver of such a script: ``rounds_table`` in a fresh ``--workdir`` (no eval marks left from an earlier
+    run; kept with --from-json, which runs nothing)."""
+    if not args.from_json:
+        shutil.rmtree(args.workdir, ignore_errors=True)
+    rounds_table(script, args, table, key)
+
+
+def median(results: dict[str, list[dict]], name: str, key: str) -> float | None:
+    """The median of ``key`` over ``name``'s rounds (None when no round has it)."""
+    import statistics
+
+    vals = [r[key] for r in results.get(name, []) if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def ratio(results: dict[str, list[dict]], name: str, key: str, base: str) -> str:
+    """``name``'s median ``key`` over ``base``'s, as ``1.23x`` ("" when either is missing)."""
+    a, b = median(results, name, key), median(results, base, key)
+    return f"{a / b:.2f}x" if a and b else ""
+
+
 def results_block(meta: dict, text: str) -> str:
     """A RESULTS.md block: the command, when, the load average around the run, the machine, then ``text``."""
     load = ", ".join(f"{meta[k]:.2f} {k[5:]}" for k in ("load_before", "load_after") if meta.get(k) is not None)

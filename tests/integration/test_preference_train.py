@@ -154,11 +154,14 @@ def test_reward_model_on_pairs_pairwise_accuracy_pipeline_and_predict(root, tmp_
 def test_plan_prices_each_reference_choice(root, capsys):
     from leantrain.commands.plan import run_plan
 
-    r = run_plan(None, [f"model.name={root / 'llama'}", f"data.train={root / 'prefs.jsonl'}", "data.block_size=64",
-                        "train.batch_size=4"], calibrate=False)
+    common = [f"model.name={root / 'llama'}", f"data.train={root / 'prefs.jsonl'}", "data.block_size=64",
+              "train.batch_size=4"]
+    r = run_plan(None, common, calibrate=False)
     pref = r["reference_choices"]
     assert pref["reference"] == "precompute" and set(pref["reference_options"]) == {"adapter", "precompute", "live",
                                                                                      "none"}
     assert pref["reference_options"]["live"]["extra_bytes"] == 4 * r["parameters"]  # a frozen fp32 copy
     assert pref["reference_options"]["precompute"]["extra_bytes"] == 0
     assert "* precompute" in capsys.readouterr().out
+    live = run_plan(None, [*common, "preference.reference=live"], calibrate=False)  # its copy's no-grad forward
+    assert live["reference_choices"]["reference"] == "live" and live["peak_bytes"] > r["peak_bytes"]

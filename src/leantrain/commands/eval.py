@@ -108,7 +108,7 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
         folder = resolve_model_name(reference, None)  # a short name (smollm2-135m) or a folder
         check_weights(folder, mcfg.allow_pickle)
         configured = configured.with_reference(load_trained_model(folder, task, mcfg.model_copy(
-            update={"name": folder})).to(accelerator.device))
+            update={"name": folder})).to(accelerator.device), accelerator.autocast)  # the policy's precision
     model, loader = accelerator.prepare(model, eval_loader(blocks, batch_size, collator))
     metrics = evaluate(model, loader, accelerator, 0, configured, [])
     result = {"model": model_dir, "data": cfg.data.eval, "block_size": cfg.data.block_size, "precision": precision,

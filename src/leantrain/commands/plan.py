@@ -167,7 +167,8 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     budget, budget_source = ((parse_bytes(memory), "--memory") if memory is not None else
                              default_budget(device, local=nproc) if device.type == "cpu" else default_budget(device))
-    plan = Search(cfg, model, data.task_object, facts, longest_sequence(cfg, data), per_process, nproc,
+    task = data.task_object.with_model(model)  # as train binds it (live: its frozen copy, priced apart below)
+    plan = Search(cfg, model, task, facts, longest_sequence(cfg, data), per_process, nproc,
                   strategy_name(cfg, nproc), budget)
     ckpt = cfg.efficiency.gradient_checkpointing
     result = {"device": str(device), "nproc": nproc, "strategy": plan.strategy, "seq_len": plan.seq_len,
@@ -297,8 +298,8 @@ def _print_stage(r: dict, w) -> None:
         w("  speed ranking of micro-batch x precision x checkpointing x optimizer: --search (real passes, timed)\n")
 
 
-def print_plan(cfg: Config, r: dict, out=sys.stdout) -> None:
-    w = out.write
+def print_plan(cfg: Config, r: dict, out=None) -> None:
+    w = (out or sys.stdout).write  # read when called: a default bound at import would keep a replaced stdout
     trainable = r.get("trainable_parameters", r["parameters"])  # a plan --json from before LoRA has none
     trained = "" if trainable == r["parameters"] else f" ({trainable / 1e6:.2f}M trainable)"
     w(f"plan for {r['parameters'] / 1e6:.1f}M parameters{trained} on {r['device']} ({r['nproc']} process(es), strategy "

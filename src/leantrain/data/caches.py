@@ -7,7 +7,10 @@ Two places (docs/caches.md):
   keeps an Arrow copy of each data file there, and the processed (tokenised) datasets are cached beside it.
   leantrain records each such folder it loads into, so that ``--list`` and ``--clear`` touch only those;
 - leantrain's own cache: ``$LEANTRAIN_CACHE``, else ``~/.cache/leantrain`` (the built-in demo data, the measured
-  ``peak_flops.json``, and the record of the datasets folders above).
+  ``peak_flops.json``, and the record of the datasets folders above);
+- values computed once per model and data before training (the preference task's reference log-probs,
+  ``leantrain.engine.precompute``): a ``leantrain-precomputed`` folder beside the processed data (inside a datasets
+  cache folder above, else in the datasets cache's root), listed and cleared as entries of their own.
 
 Both are safe to delete: everything in them is rebuilt on the next run that needs it.
 """
@@ -25,6 +28,7 @@ from typing import Iterator
 from leantrain.units import format_bytes
 
 RECORD = "datasets-caches.jsonl"
+PRECOMPUTED = "leantrain-precomputed"  # a folder of per-row values computed before training, beside the data
 _CACHE_DIR: ContextVar[str | None] = ContextVar("leantrain_datasets_cache_dir", default=None)
 
 
@@ -98,11 +102,13 @@ def absolute_sources(spec: str | os.PathLike) -> str:
     return ", ".join(os.path.abspath(p) if Path(p).exists() or any(c in p for c in "*?[") else p for p in parts)
 
 
-def size_of(path: Path) -> int:
+def size_of(path: Path, skip: str | None = None) -> int:
+    """Bytes of a file or of the files under a folder (leaving out sub-folders named ``skip``)."""
     if path.is_file() or path.is_symlink():
         return path.lstat().st_size
     total = 0
-    for root, _, files in os.walk(path):
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != skip]
         for name in files:
             try:
                 total += (Path(root) / name).lstat().st_size
@@ -112,7 +118,8 @@ def size_of(path: Path) -> int:
 
 
 def recorded_dataset_caches() -> list[dict]:
-    """Datasets cache folders leantrain loaded into that still exist: ``{"path", "sources", "bytes"}``."""
+    """Datasets cache folders leantrain loaded (or wrote precomputed values) into that still exist: ``{"path",
+    "sources", "bytes"}``; a datasets folder's bytes leave out the precomputed folder inside it (its own entry)."""
     record = leantrain_cache_dir() / RECORD
     found: dict[str, set[str]] = {}
     if record.is_file():
@@ -122,17 +129,21 @@ def recorded_dataset_caches() -> list[dict]:
             except ValueError:
                 continue
             found.setdefault(entry.get("path", ""), set()).add(entry.get("source", ""))
-    return [{"path": p, "sources": sorted(s), "bytes": size_of(Path(p))} for p, s in sorted(found.items())
-            if p and Path(p).is_dir()]
+    for p in list(found):  # precomputed values beside the processed data of a recorded folder
+        if (Path(p) / PRECOMPUTED).is_dir():
+            found.setdefault(str(Path(p) / PRECOMPUTED), set())
+    return [{"path": p, "sources": sorted(s - {""}), "bytes": size_of(Path(p), skip=PRECOMPUTED)}
+            for p, s in sorted(found.items()) if p and Path(p).is_dir()]
 
 
 def entries() -> list[dict]:
-    """Everything ``--list`` shows: leantrain's own cache entries, then the recorded datasets cache folders."""
+    """Everything ``--list`` shows: leantrain's own cache entries, then the recorded datasets cache folders and the
+    precomputed values."""
     own = leantrain_cache_dir()
     rows = [{"kind": "leantrain", "path": str(p), "bytes": size_of(p)}
             for p in sorted(own.iterdir())] if own.is_dir() else []
-    rows += [{"kind": "datasets", "path": e["path"], "bytes": e["bytes"], "sources": e["sources"]}
-             for e in recorded_dataset_caches()]
+    rows += [{"kind": "precomputed" if Path(e["path"]).name == PRECOMPUTED else "datasets", "path": e["path"],
+              "bytes": e["bytes"], "sources": e["sources"]} for e in recorded_dataset_caches()]
     return rows
 
 
@@ -143,21 +154,22 @@ def list_caches(echo=print) -> list[dict]:
          "folders leantrain loaded into:")
     for r in rows:
         extra = f"  <- {', '.join(r['sources'])}" if r.get("sources") else ""
-        echo(f"  {format_bytes(r['bytes']):>10}  {r['kind']:<9} {r['path']}{extra}")
+        echo(f"  {format_bytes(r['bytes']):>10}  {r['kind']:<11} {r['path']}{extra}")
     echo(f"  {format_bytes(sum(r['bytes'] for r in rows)):>10}  total ({len(rows)} entr{'y' if len(rows) == 1 else 'ies'})")
     return rows
 
 
 def clear_caches(echo=print) -> list[dict]:
-    """Remove the recorded datasets cache folders (and the empty folders above them) and leantrain's own cache;
-    print each removal. Returns what was removed."""
+    """Remove the precomputed values, the recorded datasets cache folders (and the empty folders above them) and
+    leantrain's own cache; print each removal. Returns what was removed."""
     removed = []
-    for r in entries():
-        if r["kind"] != "datasets":
+    for r in sorted(entries(), key=lambda r: r["kind"] != "precomputed"):  # the folders inside others first
+        if r["kind"] == "leantrain":
             continue
         path = Path(r["path"])
         shutil.rmtree(path, ignore_errors=True)
-        _remove_empty_parents(path.parent, levels=3)
+        if r["kind"] == "datasets":
+            _remove_empty_parents(path.parent, levels=3)
         removed.append(r)
         echo(f"removed {format_bytes(r['bytes']):>10}  {path}")
     own = leantrain_cache_dir()

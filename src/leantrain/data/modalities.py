@@ -30,7 +30,7 @@ class Modality:
     label_kind: Callable = lambda cfg: "classes"  # (DataConfig) -> "classes" | "scores" | "label_sets" | "tags" |
     # "none" | "pairs" | "feedback": what auto reads
     describe: Callable = lambda train, evals, labels: (  # the run's one line about its processed data
-        f"{len(train)} train / {len(evals)} eval rows, {len(labels)} labels {labels[:10]}")
+        f"{len(train)} train / {len(evals)} eval rows, {len(labels)} label{'s' * (len(labels) != 1)} {labels[:10]}")
 
 
 def _sequences_and_tokens(train, evals, labels) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import extract_model_from_parallel
 from torch import nn
 
 from leantrain.config import Config
@@ -233,7 +234,10 @@ MERGE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4}  # relative; other 
 def _checked_merge(model: nn.Module, data: TrainingData) -> nn.Module:
     """The LoRA update merged into the base weights (``merged_for_saving``), checked: the merged model's loss on a
     few eval rows must be the adapter model's, else the run stops (exit 2) before writing model/ and says so (the
-    adapter, already in adapter/, is the trained model)."""
+    adapter, already in adapter/, is the trained model). Both losses are taken in the weights' own precision: the
+    autocast Accelerate put on the forward of a mixed-precision run is taken off first (the run is over), else the
+    adapter model's loss would be a bf16 one against the merged model's fp32 one."""
+    model = extract_model_from_parallel(model, keep_fp32_wrapper=False)
     rows = data.eval if data.eval is not None and len(data.eval) else data.train
     n = min(MERGE_CHECK_ROWS, len(rows))
     collate = data.eval_collator or data.collator

@@ -100,18 +100,19 @@ def output_loss_sizes(model: nn.Module, eff: EfficiencyConfig, device: torch.dev
 
 
 def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: str,
-                         logits_bytes: int | None = None, budget: int | None = None) -> list[str]:
+                         logits_bytes: int | None = None, budget: int | None = None, uniform: bool = True) -> list[str]:
     """Dropout, the output layer's loss (causal LMs: ``efficiency.chunked_loss``; auto decides from
-    ``logits_bytes`` and ``budget``: :func:`output_loss_sizes`) and gradient checkpointing on the (unwrapped) model,
-    before the memory model measures it. Returns notes for the log. (The attention implementation is chosen
-    before the model is built: :func:`resolve_model_choices`.)
+    ``logits_bytes`` and ``budget``: :func:`output_loss_sizes`, and from ``uniform``, the task's
+    ``uniform_token_gradients``) and gradient checkpointing on the (unwrapped) model, before the memory model
+    measures it. Returns notes for the log. (The attention implementation is chosen before the model is built:
+    :func:`resolve_model_choices`.)
     """
     notes = []
     if resolve_dropout(eff.dropout, device_type) == "fast":
         swapped = use_fast_dropout(model)
         if swapped:
             notes.append(f"dropout: fast ({swapped} nn.Dropout modules; masks 4 elements per random draw)")
-    chunked = apply_chunked_loss(model, eff.chunked_loss, device_type, logits_bytes, budget)  # causal LMs only
+    chunked = apply_chunked_loss(model, eff.chunked_loss, device_type, logits_bytes, budget, uniform)  # causal LMs
     if chunked:
         notes.append(chunked)
     if eff.gradient_checkpointing:

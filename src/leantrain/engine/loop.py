@@ -186,8 +186,8 @@ def build_run(start: RunStart, described: RunDescription) -> Run:
              counts["total"] / 1e6, counts["trainable"] / 1e6)
     micro = "auto" if cfg.train.micro_batch_size == "auto" else layout.micro_batch_size
     sizes = output_loss_sizes(model, cfg.efficiency, accelerator.device, micro, cfg.data.block_size)
-    notes = [choices.attention_note(model), *apply_model_switches(model, cfg.efficiency, accelerator.device.type,
-                                                                  *sizes)]
+    notes = [choices.attention_note(model), *apply_model_switches(
+        model, cfg.efficiency, accelerator.device.type, *sizes, uniform=data.task_object.uniform_token_gradients)]
     data.bind_model(model, accelerator, cfg.train.eval_batch_size or 8)  # e.g. reference log-probs, before any resume
     if cfg.train.micro_batch_size == "auto":
         layout = batch_layout(cfg, len(data.train), accelerator.num_processes,

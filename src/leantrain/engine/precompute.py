@@ -7,7 +7,8 @@ cache), one ``.npy`` file per (model, data, columns, precision): the key is the 
 and weights, the processed rows' content, the columns and the autocast precision, so another run on the same model
 and data reads it, and anything that changes the values misses it. The file is written to a temporary name and
 renamed (a reader never sees half a file) and checked when read (its shape, finite values); a file that fails the
-check is computed again. The main process computes and writes; the others wait and read.
+check is computed again. The main process computes and writes; the others wait and read. The folder is recorded
+with the caches, so ``leantrain cache --list`` / ``--clear`` show and remove it (``leantrain.data.caches``).
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 
-from leantrain.data.caches import default_datasets_cache
+from leantrain.data.caches import PRECOMPUTED, default_datasets_cache, record_cache_folder
 from leantrain.data.loaders import eval_loader
 from leantrain.engine.checkpoint.save import data_fingerprint
 
 log = logging.getLogger("leantrain")
-FOLDER = "leantrain-precomputed"
+FOLDER = PRECOMPUTED  # listed and cleared by leantrain cache --list / --clear
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -99,6 +100,7 @@ def with_precomputed(task, model, dataset, collator, accelerator: Accelerator, b
             start = time.perf_counter()
             values = compute_values(task, model, dataset, collator, accelerator, batch_size)
             write_values(path, values)
+            record_cache_folder(str(path.parent), f"{', '.join(columns)} of {what}")
             log.info("%s: %s computed for %d rows in %.1f s, cached at %s", what, ", ".join(columns), len(dataset),
                      time.perf_counter() - start, path)
     if values is None:  # another process computed it meanwhile (main_process_first): read it now

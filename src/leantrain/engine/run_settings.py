@@ -1,8 +1,9 @@
 """What the run knew, kept with the model: ``model/leantrain.json`` holds the task and the data settings the model
 was trained with (its columns and ``max_length``; a language model's ``block_size``, ``document_separator`` and
-``document_mask``), so that ``leantrain predict`` / ``eval`` on the folder use them
-by default. A key the user sets (``data.text_column=...``) wins; a stored column that the input file lacks is not
-used (the usual auto-detection applies), so a file with other column names still works.
+``document_mask``; instruction data's template, system prompt and format), so that ``leantrain predict`` / ``eval``
+/ ``generate`` on the folder use them by default. A key the user sets (``data.text_column=...``) wins; a stored
+column that the input file lacks is not used (the usual auto-detection applies), so a file with other column names
+still works.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ COLUMN_KEYS = ("text_column", "text_pair_column", "label_column", "image_column"
 TOKEN_KEYS = ("block_size", "document_separator", "document_mask",  # language models: how text becomes blocks
               "template", "train_on_prompt", "system_prompt",  # instruction data: how it is rendered, which tokens learn
               "max_prompt_length")  # preference data: how much of a long prompt is kept
+RENDERING_KEYS = ("format", "prompt")  # instruction / preference data: the format its prompts were rendered in
 
 
 def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None = None,
@@ -35,9 +37,12 @@ def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None =
     preference-tuned policy's method, beta and reference)."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
+    rendering = {}
     if task.token_blocks:  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
-    return {"task": task.name, "data": data, **({"precision": precision} if precision else {}), **(saved or {})}
+        rendering = {k: columns[k] for k in RENDERING_KEYS if columns.get(k)}
+    return {"task": task.name, "data": data, **({"prompt_format": rendering} if rendering else {}),
+            **({"precision": precision} if precision else {}), **(saved or {})}
 
 
 def write_run_settings(model_dir: Path, cfg: Config, task: Task, columns: dict, precision: str | None = None,
@@ -59,6 +64,12 @@ def eval_precision(model_dir: str | Path, cfg: Config) -> tuple[str, str]:
     precision, why = resolve_precision(requested, device_type())
     return precision, (f"precision: {precision} ({source}{'' if why == 'as configured' else f': {why}'}; set "
                        "efficiency.precision=fp32|bf16 to change)")
+
+
+def stored_prompt_format(model_dir: str | Path) -> dict | None:
+    """How the run's prompts were rendered ({"format": instruction or preference format, "prompt": text or messages}
+    from model/leantrain.json), for ``leantrain.data.lm.sft.sample_inputs``; None for plain text or no record."""
+    return (read_run_settings(model_dir) or {}).get("prompt_format")
 
 
 def stored_task(model_dir: str | Path) -> str | None:
@@ -87,10 +98,11 @@ def read_run_settings(model_dir: str | Path) -> dict | None:
         return None
 
 
-def with_run_settings(model_dir: str | Path, cfg: Config, input_path: str | None) -> Config:
-    """``cfg`` with the run's data settings as defaults: keys the user set stay, and a stored column is used only
-    when the input is a file (or dataset) that has it; folders of images / audio keep their own layout. Logs what
-    was taken."""
+def with_run_settings(model_dir: str | Path, cfg: Config, input_path: str | None,
+                      keys: tuple[str, ...] = COLUMN_KEYS + ("max_length", *TOKEN_KEYS)) -> Config:
+    """``cfg`` with the run's data settings (those of ``keys``) as defaults: keys the user set stay, and a stored
+    column is used only when the input is a file (or dataset) that has it; folders of images / audio keep their own
+    layout. Logs what was taken."""
     stored = read_run_settings(model_dir)
     if not stored:
         return cfg
@@ -98,7 +110,7 @@ def with_run_settings(model_dir: str | Path, cfg: Config, input_path: str | None
     available = _columns_of(input_path, cfg)
     taken = {}
     for key, value in (stored.get("data") or {}).items():
-        if key in given or value is None or key not in COLUMN_KEYS + ("max_length", *TOKEN_KEYS):
+        if key in given or value is None or key not in keys:
             continue
         wanted = value if isinstance(value, list) else [value]  # data.label_column: a list of 0/1 columns
         if key in COLUMN_KEYS and (available is None or any(v not in available for v in wanted)):

@@ -1,7 +1,8 @@
 """Sample continuations during training (``report.sample_prompts``, causal LMs): before the first step and at each
-evaluation, the greedy continuation (``report.sample_max_new_tokens`` tokens; ``leantrain.modeling.generation``:
-the tokenizer's chat template wraps the prompt where it has one) of each prompt, written to
-metrics.jsonl as ``{"type": "samples", "step": n, "samples": [{"prompt", "continuation"}]}`` and shown in the log.
+evaluation, the greedy continuation (``report.sample_max_new_tokens`` tokens) of each prompt, rendered as training
+renders a user turn (``leantrain.data.lm.sft.sample_inputs``: the run's template and ``data.system_prompt``),
+written to metrics.jsonl as ``{"type": "samples", "step": n, "samples": [{"prompt", "continuation"}]}`` and shown
+in the log.
 
 Every process generates (the same prompts, greedy, so the same number of forward calls on every rank): under FSDP
 each forward all-gathers the shards, a collective that needs all ranks; under DDP the unwrapped module runs no
@@ -40,8 +41,8 @@ def check_sample_room(cfg, data) -> None:  # noqa: ANN001 - leantrain Config, Tr
     ``report.sample_max_new_tokens`` must fit the model's positions (exit 2, before the model loads)."""
     prompts = cfg.report.sample_prompts
     if prompts and data.processor is not None:  # the prompts as generation sees them, and their room
-        inputs, chat = sample_inputs(prompts, data.processor, cfg.data, data.columns)
-        texts, templated = prompt_texts(data.processor, inputs, chat)
+        rendered = sample_inputs(prompts, data.processor, cfg.data, data.columns)
+        texts, templated = prompt_texts(data.processor, rendered.texts, **rendered.context())
         check_room(prompt_lengths(data.processor, texts, templated), cfg.report.sample_max_new_tokens,
                    model_position_limit(cfg), "report.sample_max_new_tokens")
 
@@ -54,8 +55,9 @@ def write_samples(model, accelerator, data, step: int, metrics_log, progress=Non
     if not prompts:
         return None
     inner = accelerator.unwrap_model(model)  # eval mode for the call, back to training after (continuations)
-    inputs, chat = sample_inputs(prompts, data.processor, cfg.data, data.columns)  # instruction data: as trained
-    texts = continuations(inner, data.processor, inputs, max_new_tokens=cfg.report.sample_max_new_tokens, chat=chat)
+    rendered = sample_inputs(prompts, data.processor, cfg.data, data.columns)  # as trained: template, system prompt
+    texts = continuations(inner, data.processor, rendered.texts, max_new_tokens=cfg.report.sample_max_new_tokens,
+                          **rendered.context())
     samples = [{"prompt": p, "continuation": t} for p, t in zip(prompts, texts)]
     metrics_log.write({"type": "samples", "step": step, "samples": samples})  # a file on rank 0 only
     if accelerator.is_main_process:

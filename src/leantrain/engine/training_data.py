@@ -65,7 +65,7 @@ class TrainingData:
         """Before training, with the model as it starts: the task bound to it (``Task.with_model``: a frozen copy
         where the task keeps one) and the task's precomputed columns added to both splits (``engine.precompute``:
         the reference log-probs, computed once and cached on disk)."""
-        task = self.task_object.with_model(model)
+        task = self.task_object.with_model(model, accelerator.autocast)  # the policy's precision context
         self._task = task
         if not any(task.precomputed_columns(list(ds.column_names)) for ds in (self.train, self.eval) if ds is not None):
             return

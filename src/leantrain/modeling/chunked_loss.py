@@ -235,19 +235,23 @@ def install_chunked_loss(model: nn.Module, chunk_tokens: int | None = None, kern
     if why_not_chunked(model) is not None:
         return False
     plain = layer.forward  # the class's forward, bound
+    unbound = getattr(plain, "__func__", None)  # called on ``self``: a deep copy of the model (a live reference)
+    # must compute with its own weights, not the layer it was copied from
 
     def forward(self, hidden_states, *args, **kwargs):
         labels = getattr(self, "leantrain_loss_labels", None)
         if labels is None or hidden_states.dim() != 3 or hidden_states.shape[:2] != labels.shape:
+            if unbound is not None:
+                return unbound(self, hidden_states, *args, **kwargs)
             return plain(hidden_states, *args, **kwargs)
         if getattr(self, KERNEL) == "liger":
-            return liger_token_losses(hidden_states, self, labels)
+            return liger_token_losses(hidden_states, self, labels, getattr(self, "leantrain_loss_rows", None))
         return chunked_token_losses(hidden_states, self, labels, chunk_tokens_of(self, hidden_states.device.type))
 
     layer.forward = types.MethodType(forward, layer)
     setattr(layer, MARK, int(chunk_tokens or 0))  # 0: the device's default
     setattr(layer, KERNEL, kernel)
-    layer.leantrain_loss_labels = None
+    layer.leantrain_loss_labels = layer.leantrain_loss_rows = None
     return True
 
 
@@ -273,18 +277,21 @@ def is_installed(model: nn.Module) -> bool:
 
 
 @contextmanager
-def labels_for_loss(model: nn.Module, labels: torch.Tensor | None) -> Iterator[None]:
+def labels_for_loss(model: nn.Module, labels: torch.Tensor | None,
+                    row_weights: torch.Tensor | None = None) -> Iterator[None]:
     """While active, a model with the chunked loss returns per-token losses ``[B, T-1]`` as ``outputs.logits``
-    for inputs whose ``[B, T]`` matches ``labels``. A no-op for models without it (or ``labels`` None)."""
+    for inputs whose ``[B, T]`` matches ``labels``. A no-op for models without it (or ``labels`` None).
+    ``row_weights [B]`` (optional): each row's ``loss_weight``; Liger's kernel masks the targets of rows of weight 0
+    (``leantrain.modeling.output_loss``), the chunked loss needs nothing of them."""
     layer = chunked_layer(model) if labels is not None else None
     if layer is None:
         yield
         return
-    layer.leantrain_loss_labels = labels
+    layer.leantrain_loss_labels, layer.leantrain_loss_rows = labels, row_weights
     try:
         yield
     finally:
-        layer.leantrain_loss_labels = None
+        layer.leantrain_loss_labels = layer.leantrain_loss_rows = None
 
 
 def per_token_losses(outputs, labels: torch.Tensor) -> torch.Tensor:
@@ -304,12 +311,12 @@ def per_token_losses(outputs, labels: torch.Tensor) -> torch.Tensor:
 
 
 def apply_chunked_loss(model: nn.Module, setting: bool | str, device_type: str = "cpu",
-                       logits_bytes: int | None = None, budget: int | None = None) -> str | None:
+                       logits_bytes: int | None = None, budget: int | None = None, uniform: bool = True) -> str | None:
     """``efficiency.chunked_loss`` on a built model: a note for the log (None for a model it does not concern).
     auto: for a causal LM with a vocabulary of at least ``AUTO_MIN_VOCAB`` that can have it, what
-    :func:`~leantrain.modeling.output_loss.choose_output_loss` picks on ``device_type`` (Liger's fused kernel, the
-    plain logits when ``logits_bytes`` fit the ``budget``, or the chunked loss); true: the chunked loss, or a
-    ConfigError naming why not; false: off."""
+    :func:`~leantrain.modeling.output_loss.choose_output_loss` picks on ``device_type`` (Liger's fused kernel unless
+    the task's per-token gradients are not ``uniform``, the plain logits when ``logits_bytes`` fit the ``budget``, or
+    the chunked loss); true: the chunked loss, or a ConfigError naming why not; false: off."""
     if setting is False or setting == "false":
         return "chunked loss: off (efficiency.chunked_loss=false)" if is_causal_lm(model) else None
     auto = setting == "auto"
@@ -325,7 +332,7 @@ def apply_chunked_loss(model: nn.Module, setting: bool | str, device_type: str =
         if auto:
             return f"chunked loss: off (auto: {why})"
         raise ConfigError(f"efficiency.chunked_loss=true: {why}; set efficiency.chunked_loss=false (or auto)")
-    kernel, reason = (choose_output_loss(device_type, liger_available(), logits_bytes, budget) if auto
+    kernel, reason = (choose_output_loss(device_type, liger_available(), logits_bytes, budget, uniform) if auto
                       else ("chunked", "as configured"))
     if kernel == "plain":
         return f"output loss: plain logits (auto: {reason})"

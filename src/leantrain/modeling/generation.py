@@ -6,7 +6,9 @@
   ``seed`` in a forked RNG, so the same seed gives the same text and the caller's random state (a training run's)
   is left as it was;
 - the tokenizer's chat template, when it has one and ``chat`` is not False, wraps each prompt as one user turn with
-  the generation prompt (the assistant's turn opened); ``chat=True`` without a template is an error;
+  the generation prompt (the assistant's turn opened), after a system turn of ``system`` when given and with the
+  ``tools`` schemas passed to the template (``leantrain.data.lm.sft.sample_inputs``: both as the run trained with
+  them); ``chat=True`` without a template is an error;
 - prompts run in batches, padded on the left (the new tokens of every row start at the same position); a tokenizer
   without a pad token pads with its EOS token, for the call only;
 - the model is put in eval mode for the call and back in train mode after when it was training.
@@ -34,9 +36,11 @@ def uses_chat(tokenizer, chat: bool | None) -> bool:
     return has_chat_template(tokenizer) if chat is None else bool(chat)
 
 
-def prompt_texts(tokenizer, prompts: Sequence[str], chat: bool | None = None) -> tuple[list[str], bool]:
+def prompt_texts(tokenizer, prompts: Sequence[str], chat: bool | None = None, system: str | None = None,
+                 tools: list[dict] | None = None) -> tuple[list[str], bool]:
     """The texts the model continues (the prompts, or each one as a user turn of the chat template with the
-    generation prompt) and whether the template was applied."""
+    generation prompt, after a ``system`` turn when given, ``tools`` passed to the template) and whether the template
+    was applied."""
     if isinstance(prompts, str):
         raise TypeError("prompts is a list of strings, not one string")
     if not uses_chat(tokenizer, chat):
@@ -44,10 +48,11 @@ def prompt_texts(tokenizer, prompts: Sequence[str], chat: bool | None = None) ->
     from jinja2 import TemplateError
 
     out = []
+    opening = [{"role": "system", "content": system}] if system else []
     for n, p in enumerate(prompts, 1):
         try:
-            out.append(tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                     add_generation_prompt=True))
+            out.append(tokenizer.apply_chat_template([*opening, {"role": "user", "content": p}], tokenize=False,
+                                                     add_generation_prompt=True, tools=tools))
         except TemplateError as e:
             raise UserError(f"prompt {n}: the tokenizer's chat template fails: {type(e).__name__}: {e}; fix the "
                             "template or send the raw prompt (--no-chat)") from None
@@ -120,11 +125,11 @@ def prompt_lengths(tokenizer, texts: Sequence[str], templated: bool) -> list[int
 
 
 def continuations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, chat: bool | None = None,
-                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                  batch_size: int = 16) -> list[str]:
+                  system: str | None = None, tools: list[dict] | None = None, temperature: float = 0.0,
+                  top_p: float = 1.0, seed: int | None = None, batch_size: int = 16) -> list[str]:
     """The new text the model writes after each prompt (see the module docstring), in the prompts' order."""
     check_settings(max_new_tokens, temperature, top_p, seed)
-    texts, templated = prompt_texts(tokenizer, prompts, chat)
+    texts, templated = prompt_texts(tokenizer, prompts, chat, system, tools)
     if tokenizer.pad_token is None and tokenizer.eos_token is None and len(texts) > 1:
         raise UserError("the tokenizer has neither a pad token nor an EOS token, so several prompts cannot be "
                         "padded into one batch; give one prompt at a time")

@@ -13,7 +13,8 @@ one from Liger-Kernel.
 Liger's ``reduction="none"`` computes the gradients in its forward pass and, in releases before its fix
 (linkedin/Liger-Kernel#1298), scales all of them by the first token's incoming gradient. leantrain's loss gives every
 token of a row the row's ``loss_weight`` (rows of weight 0, which only keep processes in step, have their targets
-masked by the task: no gradient reaches them): uniform unless a loss weighs tokens differently (preference losses).
+masked here: no gradient reaches them): uniform unless a loss weighs tokens differently (preference losses, whose
+task says so with ``Task.uniform_token_gradients = False``: ``auto`` does not choose Liger for them).
 :func:`liger_token_losses` checks the incoming gradient is uniform over the tokens with a target and stops the run
 (naming the way out) if it is not, rather than train on wrong gradients.
 """
@@ -41,23 +42,27 @@ def plain_logits_bytes(tokens: int, vocab: int) -> int:
 
 
 def choose_output_loss(device_type: str, liger: bool, logits_bytes: int | None,
-                       budget: int | None) -> tuple[str, str]:
+                       budget: int | None, uniform: bool = True) -> tuple[str, str]:
     """(``liger`` | ``plain`` | ``chunked``, why) for ``efficiency.chunked_loss=auto``. ``liger``: whether
     :func:`liger_available`; ``logits_bytes``: :func:`plain_logits_bytes` of a micro-batch (None: not known yet, as
-    with ``train.micro_batch_size=auto``); ``budget``: the process's memory budget in bytes (None: unknown)."""
+    with ``train.micro_batch_size=auto``); ``budget``: the process's memory budget in bytes (None: unknown);
+    ``uniform``: the task's loss gives every token of a row the same incoming gradient
+    (``Task.uniform_token_gradients``; false for the preference losses: Liger is not chosen for them)."""
     if device_type != "cuda":
         return "chunked", f"{device_type} has no fused kernel"
-    if liger:
+    if liger and uniform:
         return "liger", "CUDA with Triton and liger_kernel: Liger's fused linear cross-entropy"
+    missing = ("this task's loss weighs tokens differently (Liger's reduction='none' gradient needs them equal)"
+               if liger else "liger_kernel is not installed")
     if logits_bytes is None or budget is None:
         what = "the micro-batch (train.micro_batch_size=auto)" if logits_bytes is None else "the memory budget"
-        return "chunked", (f"liger_kernel is not installed (pip install leantrain[liger]) and {what} is not known "
-                           "before the loss is chosen: the chunked loss")
+        hint = "" if liger else " (pip install leantrain[liger])"
+        return "chunked", f"{missing}{hint} and {what} is not known before the loss is chosen: the chunked loss"
     gib = 2**30
     if logits_bytes <= PLAIN_SHARE * budget:
-        return "plain", (f"liger_kernel is not installed and the logits with their gradient ({logits_bytes / gib:.2f} "
+        return "plain", (f"{missing} and the logits with their gradient ({logits_bytes / gib:.2f} "
                          f"GiB) fit {PLAIN_SHARE:.0%} of the budget ({budget / gib:.1f} GiB): the plain loss")
-    return "chunked", (f"liger_kernel is not installed and the logits with their gradient ({logits_bytes / gib:.2f} "
+    return "chunked", (f"{missing} and the logits with their gradient ({logits_bytes / gib:.2f} "
                        f"GiB) exceed {PLAIN_SHARE:.0%} of the budget ({budget / gib:.1f} GiB): the chunked loss")
 
 
@@ -78,11 +83,16 @@ def _check_uniform(keep: torch.Tensor):
     return check
 
 
-def liger_token_losses(hidden: torch.Tensor, layer: nn.Module, labels: torch.Tensor) -> torch.Tensor:
+def liger_token_losses(hidden: torch.Tensor, layer: nn.Module, labels: torch.Tensor,
+                       row_weights: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token losses ``[B, T-1]`` (fp32) of the output ``layer`` on ``hidden [B, T, H]`` against the unshifted
-    ``labels [B, T]``, through Liger's fused linear cross-entropy (CUDA)."""
+    ``labels [B, T]``, through Liger's fused linear cross-entropy (CUDA). ``row_weights [B]`` (the rows'
+    ``loss_weight``, optional): rows of weight 0 have their targets masked (losses 0, no gradient), so that every
+    token with a target gets the same incoming gradient in a batch of equal weights."""
     from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss  # lazy: CUDA
 
+    if row_weights is not None and row_weights.shape == labels.shape[:1]:  # no sync: a where, not an if
+        labels = torch.where((row_weights == 0).to(labels.device)[:, None], IGNORE, labels)
     b, t, h = hidden.shape
     flat = hidden[:, :-1].reshape(-1, h).contiguous()
     targets = labels[:, 1:].reshape(-1).to(hidden.device).contiguous()

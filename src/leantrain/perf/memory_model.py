@@ -111,12 +111,14 @@ def autocast_for(precision: str, device: torch.device):
 
 def calibration_batch(model, task, m: int, seq_len: int, low: int = 0) -> dict:
     """A synthetic batch of ``m`` rows of ``seq_len`` random token ids (from ``low``, below the vocabulary), all
-    attended, weighing 1, with the task's labels for them (``Task.calibration_labels``)."""
+    attended, weighing 1, with the task's labels for them (``Task.calibration_labels``) and what else its batches
+    carry (``Task.calibration_batch``)."""
     device = next(model.parameters()).device
     vocab = getattr(model.config, "vocab_size", 1000) or 1000
     ids = torch.randint(min(low, vocab - 1), vocab, (m, seq_len), device=device)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": task.calibration_labels(model, ids),
-            "loss_weight": torch.ones(m, device=device)}
+    return task.calibration_batch({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                   "labels": task.calibration_labels(model, ids),
+                                   "loss_weight": torch.ones(m, device=device)})
 
 
 def _pass(model, task, m: int, seq_len: int, autocast, memory_too: bool = True) -> tuple[int, int, float]:

@@ -1,6 +1,7 @@
 """Continuations (leantrain.modeling.generation) and ``leantrain generate`` on a tiny random Llama with a ~90-word
 tokenizer: greedy is the argmax chain and repeatable, batching (left padding) changes nothing, sampling is seeded
-and leaves the caller's RNG alone, the chat template wraps prompts when present, eval mode is restored."""
+and leaves the caller's RNG alone, the chat template wraps prompts when present, eval mode is restored; a run's
+prompts are rendered as it trained (system prompt, template)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from leantrain.cli import main
 from leantrain.errors import UserError
 from leantrain.modeling.generation import continuations, prompt_texts
-from tests.helpers import make_tiny_llama, make_tiny_lm_tokenizer
+from tests.helpers import CHATML, make_tiny_chat_tokenizer, make_tiny_llama, make_tiny_lm_tokenizer
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
             "{% if add_generation_prompt %}assistant :{% endif %}")
@@ -133,3 +134,49 @@ def test_generate_command_errors(tmp_path, capsys, tiny_bert):
     assert main(["generate", str(tiny_bert), "--prompt", "x"]) == 2  # a BertModel: no language-model head
     assert "not a causal language model" in capsys.readouterr().err
     assert main(["generate", str(tmp_path), "--prompt", "x", "--max-new-tokens", "0"]) == 2
+
+
+def test_generate_renders_the_prompt_as_the_run_trained(tmp_path, capsys):
+    """A run on instruction data keeps its template, system prompt and format in model/leantrain.json; generate
+    renders each prompt as that run's training did (system prompt included), --system replaces the run's, and a
+    system prompt or tools with nowhere to go exit 2."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from leantrain.config import resolve
+    from leantrain.engine.run_settings import write_run_settings
+
+    model_dir = make_tiny_llama(tmp_path / "run" / "model",
+                                make_tiny_chat_tokenizer(tmp_path / "tok", chat_template=CHATML))
+    model, tok = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+
+    def trained_with(*keys):
+        cfg = resolve(None, ["model.task=causal-lm", "data.system_prompt=Answer briefly.", *keys])
+        write_run_settings(model_dir, cfg, "causal-lm", {"format": "alpaca"})
+
+    def run(*extra):
+        code = main(["generate", str(model_dir), "--prompt", "Hi", "--max-new-tokens", "3", "--json", *extra])
+        return code, (json.loads(capsys.readouterr().out) if code == 0 else capsys.readouterr().err)
+
+    def expected(prompts, **kw):
+        return [continuations(model, tok, prompts, max_new_tokens=3, **kw)[0]]
+
+    trained_with()
+    _, out = run()
+    assert out["chat"] is True and out["system"] == "Answer briefly."
+    assert [c["text"] for c in out["continuations"]] == expected(["Hi"], system="Answer briefly.")
+    _, out = run("--system", "Be a pirate.")
+    assert out["system"] == "Be a pirate." and [c["text"] for c in out["continuations"]] == expected(
+        ["Hi"], system="Be a pirate.")
+    assert run("--system", "")[1]["system"] is None
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"name": "add", "parameters": {"type": "object"}}]))
+    assert run("--tools", str(tools))[0] == 0
+    (tmp_path / "bad.json").write_text("{not json")
+    code, err = run("--tools", str(tmp_path / "bad.json"))
+    assert code == 2 and "--tools" in err and "not valid JSON" in err
+    code, err = run("--no-chat", "--system", "Be a pirate.")
+    assert code == 2 and "no place for them" in err
+    trained_with("data.template=plain")  # the plain template, the system text before the turn
+    _, out = run()
+    assert out["chat"] is False and [c["text"] for c in out["continuations"]] == expected(
+        ["Answer briefly.\n\n### Instruction:\nHi\n\n### Response:\n"], chat=False)

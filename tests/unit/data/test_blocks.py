@@ -191,3 +191,4 @@ def test_the_data_line_of_a_language_model_counts_sequences_and_tokens_not_label
     train, evals = datasets.Dataset.from_dict({"length": [32, 32, 20]}), datasets.Dataset.from_dict({"length": [32]})
     assert for_modality("tokens").describe(train, evals, []) == "3 train / 1 eval sequences, 84 / 32 tokens"
     assert for_modality("text").describe(train, evals, ["neg", "pos"]) == "3 train / 1 eval rows, 2 labels ['neg', 'pos']"
+    assert for_modality("text").describe(train, evals, ["score"]) == "3 train / 1 eval rows, 1 label ['score']"

@@ -87,3 +87,22 @@ def test_cache_list_names_a_relative_source_by_its_absolute_path(tmp_path, leant
     assert main(["cache", "--list"]) == 0
     out = capsys.readouterr().out
     assert f"{tmp_path}/corpus/a.txt, {tmp_path}/corpus/*.txt, HuggingFaceFW/fineweb" in out
+
+
+def test_precomputed_values_inside_a_datasets_folder_are_an_entry_of_their_own(tmp_path, leantrain_cache, capsys):
+    """The reference log-probs sit beside the processed data (inside its datasets folder): listed once, on their own
+    line (the datasets folder's size leaves them out), and cleared."""
+    from leantrain.data.caches import PRECOMPUTED, entries, record_cache_folder
+
+    data = tmp_path / "ds" / "json" / "abc"
+    (data / PRECOMPUTED).mkdir(parents=True)
+    (data / "cache-1.arrow").write_bytes(b"x" * 1000)
+    (data / PRECOMPUTED / "key.npy").write_bytes(b"y" * 300)
+    record_cache_folder(str(data), str(tmp_path / "prefs.jsonl"))
+    rows = {r["kind"]: r for r in entries() if r["kind"] != "leantrain"}
+    assert rows["datasets"]["path"] == str(data) and rows["datasets"]["bytes"] == 1000
+    assert rows["precomputed"]["path"] == str(data / PRECOMPUTED) and rows["precomputed"]["bytes"] == 300
+    assert main(["cache", "--clear"]) == 0
+    out = capsys.readouterr().out
+    assert f"removed      300 B  {data / PRECOMPUTED}" in out and f"removed     1000 B  {data}\n" in out
+    assert not (tmp_path / "ds" / "json").exists()

@@ -117,8 +117,9 @@ def test_message_prompts_take_the_plain_template_on_request(tmp_path, tok):
 
 
 def test_sample_prompts_are_rendered_as_the_preference_prompts_were(tok):
-    assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "implicit", "prompt": "text"}) == (["Hi"], False)
-    assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "explicit", "prompt": "messages"}) == (["Hi"], True)
+    assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "implicit", "prompt": "text"}) == sft.Prompts(["Hi"], False)
+    assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "explicit", "prompt": "messages"}) == sft.Prompts(["Hi"],
+                                                                                                              True)
 
 
 def test_prompt_tokens_merged_into_an_answer_go_with_it_unlearnt(tmp_path, tok):

@@ -89,11 +89,44 @@ def test_bad_rows_are_named_by_file_line(tmp_path):
 
 def test_sample_prompts_are_wrapped_as_trained(tok, tmp_path):
     columns = {"format": "alpaca"}
-    assert sft.sample_inputs(["Hi"], tok, cfg(), columns) == (["Hi"], True)  # chat template: generation applies it
-    assert sft.sample_inputs(["Hi"], tok, cfg(template="plain"), columns) == (
+    assert sft.sample_inputs(["Hi"], tok, cfg(), columns) == sft.Prompts(["Hi"], True)  # generation applies the chat
+    assert sft.sample_inputs(["Hi"], tok, cfg(template="plain"), columns) == sft.Prompts(
         ["### Instruction:\nHi\n\n### Response:\n"], False)
-    assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "prompt_completion"}) == (["Hi"], False)
-    assert sft.sample_inputs(["Hi"], tok, cfg(), {"text": "text"}) == (["Hi"], None)  # plain text: generation's default
+    assert sft.sample_inputs(["Hi"], tok, cfg(), {"format": "prompt_completion"}) == sft.Prompts(["Hi"], False)
+    assert sft.sample_inputs(["Hi"], tok, cfg(), {"text": "text"}) == sft.Prompts(["Hi"], None)  # generation's default
+    assert sft.sample_inputs(["Hi"], tok, cfg(system_prompt="Be brief."), columns) == sft.Prompts(["Hi"], True,
+                                                                                                  "Be brief.")
+    assert sft.sample_inputs(["Hi"], tok, cfg(template="plain", system_prompt="Be brief."), columns) == sft.Prompts(
+        ["Be brief.\n\n### Instruction:\nHi\n\n### Response:\n"], False)
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers",
+                                           "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
+READS_TOOLS = "{% if tools %}{{ '<|im_start|>tools\n' + (tools | tojson) + '<|im_end|>\n' }}{% endif %}" + CHATML
+
+
+@pytest.mark.parametrize("template, chat_template", [("auto", CHATML), ("auto", READS_TOOLS), ("plain", CHATML),
+                                                     ("Sys {system} | Q {prompt} | A {response}", CHATML)])
+def test_generation_prompt_is_the_trained_prompt_with_system_and_tools(tmp_path, template, chat_template):
+    """The ids generation sends for a prompt are the ids training put before the response of a row with that
+    instruction, the same data.system_prompt and the same tools: the system prompt and the tool schemas included."""
+    from leantrain.data.lm import rendering as rd
+    from leantrain.data.lm.conversation import row_tools
+    from leantrain.modeling.generation import prompt_lengths, prompt_texts
+
+    tok = AutoTokenizer.from_pretrained(make_tiny_chat_tokenizer(tmp_path / "tok", chat_template=chat_template))
+    data_cfg = cfg(system_prompt="Answer briefly.", template=template)
+    row = {"instruction": "What is 2 + 2?", "input": "", "output": "The answer is 4.", "tools": TOOLS}
+    rendering = rd.choose_rendering(tok, data_cfg.template, "alpaca")
+    ids, mask = rd.render(formats_.to_messages(row, "alpaca", data_cfg.system_prompt), tok, rendering, row_tools(row))
+    trained_prompt = ids[:mask.index(True)]
+    rendered = sft.sample_inputs([row["instruction"]], tok, data_cfg, {"format": "alpaca"}, TOOLS)
+    texts, templated = prompt_texts(tok, rendered.texts, **rendered.context())
+    sent = tok(texts, add_special_tokens=not templated)["input_ids"][0]
+    assert sent == trained_prompt and prompt_lengths(tok, texts, templated) == [len(trained_prompt)]
+    text = tok.decode(sent)
+    assert "Answer briefly." in text and '"add"' in text and "What is 2 + 2?" in text
+    assert (rendered.tools is not None) == (chat_template == READS_TOOLS and rendering.chat)  # else in the system text
 
 
 def test_data_error_counts_the_bad_rows_not_the_printed_lines(tmp_path):

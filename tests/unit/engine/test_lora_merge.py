@@ -4,6 +4,7 @@ merged with the embeddings untied, and every merge is checked against the adapte
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -60,6 +61,32 @@ def test_a_lora_on_tied_embeddings_merges_into_the_trained_model(targets):
     assert merged.lm_head.weight is not merged.model.embed_tokens.weight and not merged.config.tie_word_embeddings
     with torch.no_grad():
         torch.testing.assert_close(merged(input_ids=batch["input_ids"]).logits, adapted, rtol=1e-4, atol=1e-4)
+
+
+def test_the_merge_check_compares_in_the_weights_precision_after_a_mixed_precision_run(caplog):
+    """A bf16-autocast run (this CPU's default): Accelerate leaves its autocast on the unwrapped model's forward, so
+    the adapter model's loss was taken in bf16 and the merged model's in fp32, 0.8% apart on SmolLM2-135M: every
+    such LoRA run exited 2. Both are now taken in the weights' own precision (fp32 here)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+    try:
+        accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+        model = accelerator.unwrap_model(accelerator.prepare(tied_llama_with_lora("q_proj", "v_proj")))
+        data, batch = rows_and_batch()
+        model.eval()
+        with torch.no_grad():
+            autocast = data.task_object.merge_check_value(model, batch).item() / 44
+            exact = tied_llama_with_lora("q_proj", "v_proj").eval()(**{k: batch[k] for k in ("input_ids", "labels")})
+        with caplog.at_level("INFO", logger="leantrain"):
+            artifacts._checked_merge(model, data)
+        merged, adapter = (float(x) for x in re.search(r"loss ([\d.]+) on 4 rows, as the adapter model's \(([\d.]+)\)",
+                                                       caplog.text).groups())
+        assert adapter == pytest.approx(exact.loss.item(), abs=2e-6) and merged == pytest.approx(adapter, rel=1e-4)
+        assert abs(autocast - adapter) > 1e-5  # the autocast forward differs: the comparison above can tell
+    finally:
+        AcceleratorState._reset_state()
 
 
 def test_a_merge_that_changes_the_model_is_refused(monkeypatch):

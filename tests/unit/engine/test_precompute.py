@@ -83,3 +83,49 @@ def test_no_columns_without_precompute(setup):
     accelerator, model, _, ds = setup
     task = get_task("preference").configured(resolve(None, ["preference.reference=live"]))
     assert precompute.with_precomputed(task, model, ds, collate, accelerator, 3, "train data") is ds
+
+
+def test_cache_list_and_clear_know_the_precomputed_values(setup, tmp_path, monkeypatch, capsys):
+    from leantrain.cli import main
+
+    accelerator, model, task, ds = setup
+    monkeypatch.setattr(precompute, "default_datasets_cache", lambda: tmp_path / "datasets")
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path / "lt-cache"))
+    precompute.with_precomputed(task, model, ds, collate, accelerator, 3, "train data")
+    folder = tmp_path / "datasets" / precompute.FOLDER
+    [cached] = list(folder.glob("*.npy"))
+    assert main(["cache", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert f"precomputed {folder}  <- ref_chosen_logps, ref_rejected_logps of train data" in out
+    assert main(["cache", "--clear"]) == 0
+    assert str(folder) in capsys.readouterr().out and not folder.exists() and (tmp_path / "datasets").is_dir()
+
+
+def test_live_adapter_and_precompute_give_the_same_reference_logps_under_bf16(setup):
+    """The policy's forward runs under Accelerate's autocast (prepare wraps it); the live copy is not prepared, so it
+    gets the same autocast from with_model; the adapter reference is the prepared model with its adapters off."""
+    peft = pytest.importorskip("peft")
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    _, model, _, ds = setup
+    batch = collate([ds[i] for i in range(len(ds))])
+    AcceleratorState._reset_state()
+    try:
+        accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+        task = get_task("preference").configured(resolve(None, ["preference.reference=precompute"]))
+        values = precompute.compute_values(task, model, ds, collate, accelerator, 3)  # under the autocast
+        want = torch.from_numpy(values)
+        live = get_task("preference").configured(resolve(None, ["preference.reference=live"]))
+        got_live = live.with_model(model, accelerator.autocast).reference_logps(model, batch)  # no outer autocast
+        fp32 = live.with_model(model).reference_logps(model, batch)
+        lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, lora_alpha=4,
+                                                                          target_modules=["q_proj", "v_proj"]))
+        adapter = get_task("preference").configured(resolve(None, ["preference.reference=adapter",
+                                                                                 "peft.method=lora"]))
+        got_adapter = adapter.reference_logps(accelerator.prepare_model(lora), batch)
+    finally:
+        AcceleratorState._reset_state()
+    torch.testing.assert_close(got_live, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_adapter, want, rtol=1e-5, atol=1e-5)
+    assert (fp32 - want).abs().max() > 1e-4  # bf16 changes the values: the precision context is what matched them

@@ -155,6 +155,21 @@ def test_state_dict_tied_weights_and_generation_unchanged():
     assert model(input_ids=ids).logits.shape == (1, 4, VOCAB)  # the labels are cleared on exit
 
 
+def test_a_deep_copy_of_an_installed_model_computes_with_its_own_weights():
+    """The live reference is a deep copy of the policy: outside labels_for_loss its output layer is its own plain
+    layer, not the one it was copied from (whose weights train on)."""
+    import copy
+
+    model = tiny_llama()
+    assert install_chunked_loss(model, chunk_tokens=3)
+    twin = copy.deepcopy(model)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    before = twin(input_ids=ids).logits
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    assert torch.equal(twin(input_ids=ids).logits, before)
+
+
 def test_labels_reach_the_layer_through_a_wrapper():
     class Wrapper(torch.nn.Module):  # as DDP / FSDP1 hold the model in .module
         def __init__(self, module):

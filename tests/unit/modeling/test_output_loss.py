@@ -29,6 +29,25 @@ def test_choose_output_loss_every_branch():
     assert choice == "chunked" and "train.micro_batch_size=auto" in why
 
 
+def test_auto_does_not_choose_liger_for_a_task_whose_token_gradients_differ(monkeypatch):
+    """The preference losses give a pair's tokens different incoming gradients (Liger's reduction='none' gradient
+    would be wrong, and its guard stops the run): auto knows the task and picks the plain or the chunked loss."""
+    from leantrain.modeling.chunked_loss import chunked_layer
+    from leantrain.modeling.tasks import get_task
+
+    assert get_task("causal-lm").uniform_token_gradients and not get_task("preference").uniform_token_gradients
+    choice, why = choose_output_loss("cuda", True, None, 80 * GIB, uniform=False)
+    assert choice == "chunked" and "weighs tokens differently" in why and "pip install" not in why
+    assert choose_output_loss("cuda", True, GIB, 80 * GIB, uniform=False)[0] == "plain"
+    assert choose_output_loss("cuda", True, GIB, 80 * GIB, uniform=True)[0] == "liger"
+    monkeypatch.setattr("leantrain.modeling.chunked_loss.liger_available", lambda: True)  # as on CUDA with liger
+    model = tiny_llama(vocab=8192)
+    note = apply_chunked_loss(model, "auto", "cuda", None, None,
+                              uniform=get_task("preference").uniform_token_gradients)
+    assert note.startswith("chunked loss: on (auto: this task's loss weighs tokens differently")
+    assert chunked_layer(model).leantrain_loss_kernel == "chunked"
+
+
 def test_plain_logits_bytes_counts_the_gradient_too():
     assert plain_logits_bytes(16 * 512, 50_000) == 16 * 512 * 50_000 * 8  # 3.05 GiB: fp32 logits + their gradient
 

@@ -57,3 +57,19 @@ def test_plan_of_a_causal_lm_shows_its_logits(tmp_path, chunked, capsys):
     lines = plan["lines"]
     assert plan["seq_len"] == 32 and lines["logits"] > 0
     assert lines["total"] == sum(v for k, v in lines.items() if k != "total")
+
+
+def test_a_reference_forward_in_the_step_raises_the_planned_peak(llama):
+    """The preference task: live (and adapter) run the reference's no-grad forward in each step, precompute reads
+    the log-probs from the batch; the memory model's passes do as training does, so live plans a higher peak."""
+    from leantrain.config import resolve
+    from leantrain.modeling.tasks import get_task
+    from leantrain.perf import estimate
+
+    model, totals = copy.deepcopy(llama), {}
+    facts = memory_model.model_facts(model, framework_bytes=0)
+    for reference in ("precompute", "live"):
+        task = get_task("preference").configured(resolve(None, [f"preference.reference={reference}"]))
+        cal = estimate.estimate(model, 32, "fp32", False, task=task.with_model(model))
+        totals[reference] = memory_model.lines(facts, cal, 4, state_bytes=0)["total"]
+    assert totals["live"] > totals["precompute"], totals

@@ -70,6 +70,17 @@ def tools_in_system(messages: list[dict[str, str]], tools: list[dict]) -> list[d
     return [{"role": "system", "content": text}, *messages]
 
 
+def prompt_context(tokenizer, system_prompt: str | None, tools: list[dict] | None,  # noqa: ANN001
+                   chat: bool) -> tuple[str | None, list[dict] | None]:
+    """(the system text, the tools for the chat template) around one user turn, as training renders a row with this
+    system prompt and these tool schemas: ``with_system``, then ``tools_in_system`` unless the chat template reads
+    ``tools`` (``chat``: whether the chat template renders the turn)."""
+    messages = with_system([], {}, system_prompt)
+    if tools and not (chat and template_takes_tools(tokenizer)):
+        messages, tools = tools_in_system(messages, tools), None
+    return (messages[0]["content"] if messages else None), tools
+
+
 def tools_note(where: str, tokenizer, chat: bool) -> str:  # noqa: ANN001
     """What happens to the rows' tool schemas, for the log."""
     if chat and template_takes_tools(tokenizer):

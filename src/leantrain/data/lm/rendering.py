@@ -69,11 +69,12 @@ def check_template(template: str) -> None:
                         "{response} (optionally {system}), or is one of auto, chat, plain")
 
 
-def plain_prompt(prompt: str, template: str) -> str:
-    """The text the plain template puts before a response to ``prompt`` (one turn, no system text): what a model
-    trained on it is prompted with."""
+def plain_prompt(prompt: str, template: str, system: str = "") -> str:
+    """The text the plain template puts before a response to ``prompt``: what a model trained on it is prompted
+    with. ``system``: the conversation's system text, at {system} when the template has it, else before the turn."""
     head, _ = template.split("{response}")
-    return head.replace("{system}", "").replace("{prompt}", prompt)
+    turn = head.replace("{system}", system).replace("{prompt}", prompt)
+    return system + TURN_SEPARATOR + turn if system and "{system}" not in template else turn
 
 
 def render(messages: list[dict[str, str]], tokenizer, rendering: Rendering,
@@ -104,12 +105,9 @@ def _text_spans(messages, tokenizer, rendering: Rendering, tools=None) -> tuple[
     system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
     prompt_parts: list[str] = []
     template = rendering.template or PLAIN_TEMPLATE
-    head, _ = template.split("{response}")
     for m in messages:
         if m["role"] == "assistant":
-            turn = head.replace("{system}", system if not text else "").replace("{prompt}", "\n\n".join(prompt_parts))
-            if "{system}" not in template and system and not text:
-                turn = system + TURN_SEPARATOR + turn
+            turn = plain_prompt("\n\n".join(prompt_parts), template, system if not text else "")
             text += (TURN_SEPARATOR if text else "") + turn
             spans.append((len(text), len(text) + len(m["content"]) + len(eos)))
             text += m["content"] + eos

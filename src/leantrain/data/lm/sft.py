@@ -19,7 +19,7 @@ from leantrain.data.lm import instruction_formats as formats_
 from leantrain.data.lm import rendering as rd
 from leantrain.data.lm import preference_formats as pf
 from leantrain.data.caches import using_cache_dir
-from leantrain.data.lm.conversation import EXTRA_COLUMNS
+from leantrain.data.lm.conversation import EXTRA_COLUMNS, prompt_context
 from leantrain.data.demo import demo_files
 from leantrain.data.sources import Part, SourceError, quiet
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
@@ -198,29 +198,46 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
     return packed.dataset
 
 
-def chat_rendering(tokenizer, cfg: DataConfig, columns) -> bool:  # noqa: ANN001
-    """Whether the instruction rows of these columns are rendered with the chat template (generation should be too)."""
-    fmt = formats_.detect_format(columns)
-    return fmt is not None and rd.choose_rendering(tokenizer, cfg.template, fmt).chat
+@dataclasses.dataclass
+class Prompts:
+    """Prompts as the model was trained to see them, for ``generation.continuations(model, tokenizer, texts,
+    **context())``: ``texts`` (the plain template already applied where the run used it), ``chat`` (True / False /
+    None: the tokenizer's chat template where it has one) and, for the chat template, the system text and the tool
+    schemas it reads (``tools``)."""
+
+    texts: list[str]
+    chat: bool | None
+    system: str | None = None
+    tools: list[dict] | None = None
+
+    def context(self) -> dict:
+        return {"chat": self.chat, "system": self.system, "tools": self.tools}
 
 
-def sample_inputs(prompts: list[str], tokenizer, cfg: DataConfig,  # noqa: ANN001
-                  columns: dict | None) -> tuple[list[str], bool | None]:
-    """``report.sample_prompts`` as the model was trained to see them: (texts, chat) for
-    ``generation.continuations``. Instruction data rendered with the chat template: the prompts and chat=True (each
-    one a user turn with the generation prompt); with the plain template: each prompt wrapped in it, chat=False;
-    prompt/completion rows: the prompts as they are, chat=False; preference data as its prompts were rendered
-    (``columns["prompt"]``: text as prompt/completion rows, messages as chat rows). Plain text (no instruction
-    format): the prompts and chat=None (the generation default: the chat template where the tokenizer has one)."""
+def sample_inputs(prompts: list[str], tokenizer, cfg: DataConfig, columns: dict | None,  # noqa: ANN001
+                  tools: list[dict] | None = None) -> Prompts:
+    """``report.sample_prompts`` / ``leantrain generate``'s prompts rendered as training rendered a row of the run's
+    data (``columns``: its format), with ``data.system_prompt`` and ``tools`` (function schemas) as training puts
+    them: each prompt one user turn. Instruction data with the chat template: chat=True with the system text and
+    tools; with the plain template: each prompt wrapped in it (the system text and tools inside), chat=False;
+    prompt/completion rows: the prompts as they are, chat=False (training renders no system text there);
+    preference data as its prompts were rendered (``columns["prompt"]``: text as prompt/completion rows, messages
+    as chat rows). Plain text (no instruction format): chat=None (the generation default: the chat template where the
+    tokenizer has one), with the system prompt and tools for that template."""
     fmt = (columns or {}).get("format")
     if fmt in pf.FORMATS:  # preference data: prompts rendered as prompt / completion texts or as chat messages
         fmt = "prompt_completion" if columns.get("prompt") == "text" else "messages"
     if fmt not in formats_.FORMATS:
-        return list(prompts), None
+        chat = bool(getattr(tokenizer, "chat_template", None))
+        return Prompts(list(prompts), None, *prompt_context(tokenizer, cfg.system_prompt, tools, chat))
     rendering = rd.choose_rendering(tokenizer, cfg.template, fmt)
+    if rendering.mode == "raw":
+        return Prompts(list(prompts), False)
+    system, tools = prompt_context(tokenizer, cfg.system_prompt, tools, rendering.chat)
     if rendering.mode == "plain":
-        return [rd.plain_prompt(p, rendering.template or rd.PLAIN_TEMPLATE) for p in prompts], False
-    return list(prompts), rendering.chat
+        template = rendering.template or rd.PLAIN_TEMPLATE
+        return Prompts([rd.plain_prompt(p, template, system or "") for p in prompts], False)
+    return Prompts(list(prompts), True, system, tools)
 
 
 def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modalities.Modality

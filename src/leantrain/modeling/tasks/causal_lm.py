@@ -54,14 +54,16 @@ class CausalLM(Task):
         return fields
 
     # -- training
-    def forward_token_losses(self, model, batch: dict) -> tuple[torch.Tensor, object]:
+    def forward_token_losses(self, model, batch: dict, row_weights=None) -> tuple[torch.Tensor, object]:
         """(per-token losses, outputs): ``token_losses`` and the forward's outputs when they are the model's own
-        (plain logits), None when the chunked layer computed the losses instead of the logits."""
+        (plain logits), None when the chunked layer computed the losses instead of the logits. ``row_weights``: the
+        rows' ``loss_weight`` when the losses are weighted by them (Liger's kernel masks the rows of weight 0)."""
         labels = batch["labels"]
         if chunked_layer(model) is None:
             outputs = self.forward(model, batch)
             return per_token_losses(outputs, labels), outputs
-        with labels_for_loss(model, labels):  # the output layer returns per-token losses for this forward
+        # the output layer returns per-token losses for this forward (the row weights: for Liger's kernel)
+        with labels_for_loss(model, labels, row_weights):
             return per_token_losses(self.forward(model, batch), labels), None
 
     def token_losses(self, model, batch: dict) -> torch.Tensor:
@@ -71,13 +73,9 @@ class CausalLM(Task):
         return self.forward_token_losses(model, batch)[0]
 
     def forward_loss(self, model, batch: dict) -> tuple[torch.Tensor, object]:
-        """The weighted sum of the token losses. Rows of weight 0 (they only keep processes in step) have their
-        targets masked: the sum is the same, and every token with a target gets the same incoming gradient in a batch
-        of equal weights (what Liger's fused kernel needs: ``leantrain.modeling.output_loss``)."""
-        labels = batch["labels"]
-        idle = (batch["loss_weight"] == 0).to(labels.device)[:, None]  # no sync: a where, not an if
-        batch = {**batch, "labels": torch.where(idle, torch.full_like(labels, -100), labels)}
-        losses, outputs = self.forward_token_losses(model, batch)
+        """The weighted sum of the token losses (rows of weight 0, which only keep processes in step, weigh 0; Liger's
+        kernel masks their targets itself: ``leantrain.modeling.output_loss``)."""
+        losses, outputs = self.forward_token_losses(model, batch, batch["loss_weight"])
         return (losses.sum(-1) * batch["loss_weight"]).sum(), outputs
 
     def loss_sum(self, outputs, batch: dict) -> torch.Tensor:

@@ -14,7 +14,9 @@ The reference (``preference.reference``, resolved in ``configured``): ``adapter`
 adapters switched off (peft's ``disable_adapter``), no copy; ``precompute``, the log-probs read from the batch
 (computed once before training by the engine, ``precomputed_columns``); ``live``, a frozen copy made by
 ``with_model`` before training; ``none``, no reference (simpo, orpo). The reference runs in eval mode under
-``torch.no_grad``: it draws no random numbers, so a resumed run is bitwise the same.
+``torch.no_grad``: it draws no random numbers, so a resumed run is bitwise the same; and in the policy's precision
+(the adapter's forward is the policy's, precompute's pass runs under the Accelerator's autocast, the live copy under
+the autocast ``with_model`` was given), so the three give the same log-probs.
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ class Preference(CausalLM):
     reference: str = "precompute"
     reference_name: str | None = None  # what the reference is (the base model's name), recorded with the model
     _frozen: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # live: [the frozen copy]
+    _autocast: object = dataclasses.field(default=None, compare=False, repr=False)  # live: the policy's precision
+
+    uniform_token_gradients = False  # a pair's two rows get opposite gradients: no Liger (efficiency.chunked_loss)
 
     @property
     def token_blocks(self) -> bool:
@@ -138,16 +143,18 @@ class Preference(CausalLM):
                 ""]
 
     # -- the reference
-    def with_model(self, model) -> "Preference":
-        """live: a frozen copy of the model as it starts training (before any resume restores trained weights)."""
+    def with_model(self, model, autocast=None) -> "Preference":
+        """live: a frozen copy of the model as it starts training (before any resume restores trained weights), run
+        under ``autocast()`` as the policy's forward is (Accelerate wraps the policy's forward, not the copy's)."""
         if self.reference == "live" and not self._frozen:
-            return self.with_reference(copy.deepcopy(unwrapped(model)))
+            return self.with_reference(copy.deepcopy(unwrapped(model)), autocast)
         return self
 
-    def with_reference(self, model) -> "Preference":
-        """This task with ``model`` as its reference (live), frozen, in eval mode."""
+    def with_reference(self, model, autocast=None) -> "Preference":
+        """This task with ``model`` as its reference (live), frozen, in eval mode, its forward under ``autocast()``
+        (the policy's precision context; None: whatever context the caller runs in)."""
         model.eval().requires_grad_(False)
-        return dataclasses.replace(self, reference="live", _frozen=[model])
+        return dataclasses.replace(self, reference="live", _frozen=[model], _autocast=autocast)
 
     def reference_model_name(self) -> str | None:
         """``leantrain eval``: the recorded reference model (none for the reference-free losses)."""
@@ -178,6 +185,15 @@ class Preference(CausalLM):
         }
         return {"reference_choices": {"loss": self.loss, "reference": self.reference, "reference_options": options}}
 
+    def calibration_batch(self, batch: dict) -> dict:
+        """The memory model's m synthetic rows as m pairs; with ``precompute`` carrying reference log-probs as the
+        training batches do (no reference forward in the step). ``adapter`` and ``live`` (bound by ``with_model``)
+        run their reference's no-grad forward in ``forward_loss``, as in training."""
+        pairs = L.as_pairs(batch)
+        if self.reference != "precompute":
+            return pairs
+        return {**pairs, "ref_logps": torch.zeros(pairs["loss_weight"].shape[0], 2, device=batch["input_ids"].device)}
+
     def precompute(self, model, batch: dict) -> torch.Tensor:
         return self.reference_logps(model, batch)
 
@@ -193,12 +209,12 @@ class Preference(CausalLM):
                                 "(a model trained from model.config records none): evaluate against one with "
                                 "model.name=<the reference> is not supported yet")
             ref = self._frozen[0].to(batch["input_ids"].device)  # a no-op once there
-            off = nullcontext()
+            context = self._autocast() if self._autocast is not None else nullcontext()  # the policy's precision
         else:  # adapter, or precompute's own pass: the model itself, adapters off when it has them
             ref = unwrapped(model)
-            off = ref.disable_adapter() if hasattr(ref, "disable_adapter") and hasattr(ref, "peft_config") \
+            context = ref.disable_adapter() if hasattr(ref, "disable_adapter") and hasattr(ref, "peft_config") \
                 else nullcontext()
-        with off, frozen_forward(ref):
+        with context, frozen_forward(ref):
             logps, _ = L.sequence_logps(self.token_losses(ref, lm_batch(batch)), batch["labels"])
         first, second = L.split_pairs(logps)
         return torch.stack([first, second], dim=-1)

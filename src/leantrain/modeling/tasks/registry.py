@@ -19,7 +19,8 @@ The seam every training and evaluation path calls (the engine's step and evaluat
 - ``Task.eval_outputs(model, batch) -> tuple of tensors``: what one eval batch gathers over the processes (the
   forward happens inside; ``(logits.float(), labels)`` by default), handed to ``eval_batch``;
 - ``Task.calibration_labels(model, input_ids)``: the labels of a synthetic batch of these ids (the memory model's
-  calibration passes run ``forward_loss`` on it).
+  calibration passes run ``forward_loss`` on it), and ``Task.calibration_batch(batch)`` what else the task's
+  batches carry (the preference task's precomputed reference log-probs).
 
 A task that needs more than one forward (two sequences per row, a frozen reference) overrides ``forward_loss`` and
 ``eval_outputs``; the engine does not change. The causal LM's ``token_losses(model, batch)`` (per-token losses of the
@@ -184,6 +185,9 @@ class Task:
                     label2id={n: i for i, n in enumerate(label_names)})
 
     scratch_needs_tokenizer = False  # a model from a config needs model.tokenizer (causal LM), not model.name's
+    # every token of a row gets the same incoming gradient from the loss (the row's loss_weight): what Liger's fused
+    # cross-entropy needs (efficiency.chunked_loss=auto: leantrain.modeling.output_loss); preference losses do not
+    uniform_token_gradients = True
 
     def scratch_fields(self, processor) -> dict:
         """Config fields of a model built from a config (``model.config`` / ``model.config_type``) that follow its
@@ -219,6 +223,12 @@ class Task:
 
         return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
 
+    def calibration_batch(self, batch: dict) -> dict:
+        """The memory model's synthetic ``batch`` (input ids, attention mask, ``calibration_labels``, weights) with
+        what this task's training batches carry beside (the preference task's precomputed reference log-probs, so
+        that the passes run no reference forward where training runs none); as it is by default."""
+        return batch
+
     def merge_check_value(self, model, batch: dict):
         """A number of the model alone that merging LoRA into its weights must keep (checked after every merge): the
         loss by default; a task whose loss compares with the adapters switched off (preference) returns the model's
@@ -234,9 +244,11 @@ class Task:
         tokens (causal LM: its target tokens)."""
         return None
 
-    def with_model(self, model) -> "Task":
+    def with_model(self, model, autocast=None) -> "Task":
         """This task bound to the built model, before training and before a resume restores trained weights (the
-        preference task's ``live`` reference: a frozen copy made here). Itself by default."""
+        preference task's ``live`` reference: a frozen copy made here). ``autocast``: a callable giving the precision
+        context the model's forward runs in (the Accelerator's ``autocast``), for the other models a task runs beside
+        it. Itself by default."""
         return self
 
     def reference_model_name(self) -> str | None:
@@ -244,8 +256,9 @@ class Task:
         it was tuned against, as recorded), then hands to ``with_reference``; None by default."""
         return None
 
-    def with_reference(self, model) -> "Task":
-        """This task evaluating against ``model`` (frozen); itself by default."""
+    def with_reference(self, model, autocast=None) -> "Task":
+        """This task evaluating against ``model`` (frozen), run under ``autocast()`` (the policy's precision context;
+        None: as called); itself by default."""
         return self
 
     def precomputed_columns(self, columns: list[str]) -> tuple[str, ...]:
