@@ -65,7 +65,8 @@ def test_chunked_run_equals_the_plain_run(job):
 
 
 def test_leantrain_eval_of_a_causal_lm_with_the_chunked_loss(job):
-    from leantrain.commands.eval_lm import evaluate_language_model
+    from leantrain.commands.eval import evaluate_as_training
+    from leantrain.modeling.tasks import get_task
     from leantrain.config import resolve
 
     root, _, plain, _ = job
@@ -73,7 +74,7 @@ def test_leantrain_eval_of_a_causal_lm_with_the_chunked_loss(job):
     seen = Lines()
     logging.getLogger("leantrain").addHandler(seen)
     try:
-        result = evaluate_language_model(str(root / "plain" / "model"), "causal-lm", cfg, None, batch_size=4)
+        result = evaluate_as_training(str(root / "plain" / "model"), get_task("causal-lm"), cfg, None, batch_size=4)
     finally:
         logging.getLogger("leantrain").removeHandler(seen)
     assert any(line.startswith("chunked loss: on") for line in seen.lines)

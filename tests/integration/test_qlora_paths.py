@@ -26,7 +26,7 @@ def marked_4bit(monkeypatch):
         model.is_loaded_in_4bit = True  # what transformers' bitsandbytes quantizer marks
         return model
 
-    monkeypatch.setattr(loop, "check_qlora", lambda *a, **k: None)
+    monkeypatch.setattr(loop, "check_qlora_precision", lambda *a, **k: None)
     monkeypatch.setattr(preflight, "check_qlora", lambda *a, **k: None)
     monkeypatch.setattr(loop, "qlora_load_kwargs", lambda *a, **k: {})
     monkeypatch.setattr(loop, "build_model", build_marked)

@@ -1,5 +1,10 @@
-"""``leantrain eval``: the metrics of a fine-tuned model folder on labelled data (``data.eval``), per class too,
-with a confusion matrix (JSON and PNG)."""
+"""``leantrain eval``: the metrics of a fine-tuned model folder on ``data.eval``. A task evaluated by rows
+(``Task.evaluated_by_rows``: classifiers, regression, tagging) on labelled rows: its metrics from each row's
+prediction, per class too, with a confusion matrix (JSON and PNG). Any other (``evaluate_as_training``): as a
+training run's evaluation computes them (the same data side, blocks of the run's ``data.block_size``, the task's
+eval outputs): a causal language model's ``eval.loss`` (the mean cross-entropy over every target token) and
+``eval.perplexity``; a preference-tuned policy's rewards on pairs against the reference it recorded
+(``eval.reward_accuracy``, ``eval.reward_margin``, ...); a reward model's pairwise ``eval.accuracy``."""
 
 from __future__ import annotations
 
@@ -7,16 +12,20 @@ import json
 import logging
 from pathlib import Path
 
-
-from leantrain.commands.eval_lm import evaluate_language_model
 from leantrain.commands.predict import load_trained, logits_in_row_order
 from leantrain.config import Config, resolve
-from leantrain.engine.preflight import check_output_file
-from leantrain.engine.run_settings import eval_precision, stored_task, with_run_settings
+from leantrain.data.loaders import eval_loader
+from leantrain.engine.accelerator import has_accelerator, setup_logging
+from leantrain.engine.efficiency import ACCELERATE_PRECISION
+from leantrain.engine.evaluate import evaluate
+from leantrain.engine.preflight import check_max_length, check_output_file, check_weights
+from leantrain.engine.run_settings import eval_precision, trained_task, with_run_settings
+from leantrain.engine.training_data import data_side
 from leantrain.errors import UserError
-from leantrain.modeling import resolve_task
+from leantrain.modeling import load_processor, load_trained_model
+from leantrain.modeling.chunked_loss import apply_chunked_loss
 from leantrain.modeling.names import resolve_model_name
-from leantrain.modeling.tasks import TASKS, get_task
+from leantrain.modeling.tasks import Task
 from leantrain.report.eval_report import confusion, confusion_stem, format_table, per_class, write_confusion
 from leantrain.report.logs import write_json
 
@@ -30,12 +39,9 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
         raise UserError("leantrain eval needs labelled data: data.eval=path/to/file")
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
-    task_name = resolve_task(cfg.model_copy(update={"model": mcfg}))
-    recorded = stored_task(model_dir)
-    if cfg.model.task == "auto" and recorded in TASKS and get_task(recorded).spec.labels == "pairs":
-        task_name = recorded  # a preference-tuned policy or a reward model: its metrics on pairs
-    if not get_task(task_name).labelled or get_task(task_name).spec.labels == "pairs":  # a language model: loss
-        return evaluate_language_model(model_dir, task_name, cfg, output_path, batch_size)  # and perplexity; rewards
+    task = trained_task(model_dir, cfg.model_copy(update={"model": mcfg}))
+    if not task.evaluated_by_rows:  # a language model: loss and perplexity; a paired task: its metrics on pairs
+        return evaluate_as_training(model_dir, task, cfg, output_path, batch_size)
     precision = eval_precision(model_dir, cfg)  # the run's own, so that both report the same metrics
     accelerator, model, side, labels, task = load_trained(model_dir, cfg, precision)
     cfg = with_run_settings(model_dir, cfg, cfg.data.eval)  # the run's columns and max_length, unless set here
@@ -64,6 +70,51 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
         log.info("confusion matrix: %s, %s", json_path, png_path)
         if output_path:
             write_json(output_path, result)
+    return result
+
+
+def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: str | None,
+                         batch_size: int = 64) -> dict:
+    """The metrics of ``task``'s evaluation in a training run: {"model", "data", "block_size", "precision", "eval":
+    (a language model) {"loss", "perplexity", "samples", "tokens"}}; written to ``output_path`` (rank 0). Computed
+    in the run's precision unless efficiency.precision is set here."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
+    cfg = with_run_settings(model_dir, cfg, None)  # the run's data.block_size unless set here
+    cfg = check_max_length(cfg.model_copy(update={"model": mcfg}))  # data.block_size within the model's positions
+    AcceleratorState._reset_state()  # a training run earlier in this process must not leave its autocast behind
+    precision, why = eval_precision(model_dir, cfg)  # the run's own, so that both report the same loss
+    accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision=ACCELERATE_PRECISION[precision])
+    setup_logging(accelerator.is_main_process)
+    log.info(why)
+    check_weights(model_dir, mcfg.allow_pickle)
+    model = load_trained_model(model_dir, task, mcfg)
+    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # per-token losses, no [B, T, V] logits
+    if chunked:
+        log.info(chunked)
+    tokenizer = load_processor(mcfg, task)
+    side = data_side(task)
+    split, notes = side.load_rows(cfg.data.eval, cfg.data, require_labels=False, known_labels=None)
+    for n in notes:
+        log.info(n)
+    blocks = side.process(split, tokenizer, cfg.data, desc="Processing eval")
+    collator = side.collator(tokenizer, cfg.data, train=False, device_type=accelerator.device.type)
+    configured = task.configured(cfg, model.config)  # preference: the recorded method, beta, reference
+    reference = configured.reference_model_name()
+    if reference:  # against the reference the policy was tuned from, frozen
+        log.info("reference: %s", reference)
+        folder = resolve_model_name(reference, None)  # a short name (smollm2-135m) or a folder
+        check_weights(folder, mcfg.allow_pickle)
+        configured = configured.with_reference(load_trained_model(folder, task, mcfg.model_copy(
+            update={"name": folder})).to(accelerator.device), accelerator.autocast)  # the policy's precision
+    model, loader = accelerator.prepare(model, eval_loader(blocks, batch_size, collator))
+    metrics = evaluate(model, loader, accelerator, 0, configured, [])
+    result = {"model": model_dir, "data": cfg.data.eval, "block_size": cfg.data.block_size, "precision": precision,
+              "eval": metrics}
+    if accelerator.is_main_process and output_path:
+        write_json(output_path, result)
     return result
 
 

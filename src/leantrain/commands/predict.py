@@ -21,7 +21,7 @@ from leantrain.engine.efficiency import ACCELERATE_PRECISION
 from leantrain.engine.run_settings import with_run_settings
 from leantrain.modeling import load_config, load_processor, load_trained_model, resolve_task, trained_label_names
 from leantrain.modeling.names import resolve_model_name
-from leantrain.modeling.tasks import Task, get_task
+from leantrain.modeling.tasks import Task
 
 log = logging.getLogger("leantrain")
 
@@ -34,8 +34,8 @@ def load_trained(model_dir: str, cfg: Config, precision: tuple[str, str] | None 
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
     task = resolve_task(cfg.model_copy(update={"model": mcfg}))
-    if get_task(task).spec.labels == "none":  # a language model has no labels to predict
-        raise UserError(f"{model_dir} is a language model ({task}): it has no labels to predict; continue text with "
+    if not task.labelled:  # a language model has no labels to predict
+        raise UserError(f"{model_dir} is a language model ({task.name}): it has no labels to predict; continue text with "
                         f"`leantrain generate {model_dir} --prompt \"...\"`, or measure its loss and perplexity on a "
                         f"file with `leantrain eval {model_dir} data.eval=path`")
     labels = trained_label_names(load_config(mcfg))
@@ -53,7 +53,7 @@ def load_trained(model_dir: str, cfg: Config, precision: tuple[str, str] | None 
     check_weights(model_dir, mcfg.allow_pickle)  # a pickle-only folder: a clear refusal, not an OSError
     model = load_trained_model(model_dir, task, mcfg)
     processor = load_processor(mcfg, task)
-    configured = get_task(task).configured(cfg, model.config)  # multi-label: the threshold it was saved with
+    configured = task.configured(cfg, model.config)  # multi-label: the threshold it was saved with
     return accelerator, accelerator.prepare(model), (data_side(task), processor), labels, configured
 
 

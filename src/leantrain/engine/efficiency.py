@@ -20,7 +20,7 @@ from leantrain.modeling.chunked_loss import apply_chunked_loss, output_layer
 from leantrain.modeling.load import load_config
 from leantrain.modeling.output_loss import plain_logits_bytes
 from leantrain.modeling.switches import enable_checkpointing
-from leantrain.modeling.tasks import auto_model_class, get_task
+from leantrain.modeling.tasks import Task
 from leantrain.perf.auto_micro_batch import default_budget, parse_bytes
 
 log = logging.getLogger("leantrain")
@@ -161,14 +161,14 @@ class ModelChoices:
                 "compile_reason": self.compile_reason}
 
 
-def resolve_model_choices(cfg: Config, task: str, device_type: str, precision: str) -> ModelChoices:
+def resolve_model_choices(cfg: Config, task: Task, device_type: str, precision: str) -> ModelChoices:
     """The attention implementation (:func:`leantrain.modeling.attention.choose_attention`, from the model class
     ``task`` builds for the model's config) and compile (:func:`choose_compile`) of a run on ``device_type`` in the
     resolved ``precision``. Raises ConfigError for an explicit attention the model, device or precision cannot run."""
-    support = attention_support(auto_model_class(task), load_config(cfg.model))
+    support = attention_support(task.model_class(), load_config(cfg.model))
     attention, why = choose_attention(cfg.model.attn_implementation, device_type, precision, flash_attn_usable(),
                                       support, fp32_uses(cfg))
-    compiled, compile_why = choose_compile(cfg.efficiency.compile, device_type, get_task(task).token_blocks,
+    compiled, compile_why = choose_compile(cfg.efficiency.compile, device_type, task.token_blocks,
                                            cfg.distributed.strategy)
     return ModelChoices(attention, why, compiled, compile_why)
 

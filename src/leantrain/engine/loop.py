@@ -33,14 +33,14 @@ from leantrain.engine.host_allocator import host_memory
 from leantrain.engine.loop_state import LoopState
 from leantrain.engine.nonfinite import NonFiniteGuard
 from leantrain.engine.optimizer_setup import place
-from leantrain.engine.preflight import check_stop_when, check_train
 from leantrain.engine.run_parts import Run, RunStart
-from leantrain.engine.samples import check_sample_prompts, write_samples
+from leantrain.engine.run_description import RunDescription, describe_run
+from leantrain.engine.samples import check_sample_room, write_samples
 from leantrain.engine.step import train_step
 from leantrain.engine.training_data import prepare_training_data
 from leantrain.modeling import build_model, flop_parameters, parameter_counts
 from leantrain.modeling.lora import apply_trainable
-from leantrain.modeling.qlora import check_qlora, load_kwargs as qlora_load_kwargs
+from leantrain.modeling.qlora import check_qlora_precision, load_kwargs as qlora_load_kwargs
 from leantrain.optim import state_report
 from leantrain.optim.state import describe as describe_optim_state
 from leantrain.perf.auto_micro_batch import auto_micro_batch
@@ -69,23 +69,24 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def train(cfg: Config) -> dict:
-    """Fine-tune ``cfg.model`` on ``cfg.data``; returns the summary (also written to output_dir/summary.json)."""
-    cfg = check_train(cfg)  # output_dir writable, data.max_length within the model's limit: before any work
-    with host_memory(cfg.efficiency.cpu_allocator, device_type()) as allocator:
+def train(run: RunDescription | Config) -> dict:
+    """Fine-tune the described run (a ``Config``: described and checked here first, ``describe_run``); returns the
+    summary (also written to output_dir/summary.json)."""
+    run = describe_run(run) if isinstance(run, Config) else run  # every check once, before any work
+    with host_memory(run.cfg.efficiency.cpu_allocator, device_type()) as allocator:
         try:
-            return _train(cfg, allocator)
+            return _train(run, allocator)
         finally:
             release_lock()
 
 
-def _train(cfg: Config, allocator: str) -> dict:
+def _train(described: RunDescription, allocator: str) -> dict:
     """Set up, run, finish."""
     t_start = time.perf_counter()
-    start = start_run(cfg, allocator)
+    start = start_run(described.cfg, allocator)
     if start.decision.kind == "complete":
         return start.decision.summary
-    run, state = build_run(start)
+    run, state = build_run(start, described)
     loop = Loop(run, state)
     run_loop(loop)
     return finish(loop, wall_seconds=time.perf_counter() - t_start)
@@ -94,7 +95,7 @@ def _train(cfg: Config, allocator: str) -> dict:
 def start_run(cfg: Config, allocator: str) -> RunStart:
     """Precision, the Accelerator, logging, the run folder (agreed by all ranks) and the resume decision."""
     precision, why = resolve_precision(cfg.efficiency.precision, device_type())
-    check_qlora(cfg, device_type(), precision)  # peft.method=qlora: CUDA, bitsandbytes, bf16; before any model
+    check_qlora_precision(cfg, precision)  # peft.method=qlora computes in bf16; before any model
     accelerator = make_accelerator(cfg, None, ACCELERATE_PRECISION[precision])
     setup_logging(accelerator.is_main_process)
     log.info("precision: %s (%s)", precision, why)
@@ -108,14 +109,13 @@ def start_run(cfg: Config, allocator: str) -> RunStart:
     return RunStart(cfg, accelerator, out, decision, precision, why, allocator)
 
 
-def build_run(start: RunStart) -> tuple[Run, LoopState]:
-    """Data, batch layout, model (with its switches, the automatic micro-batch, compilation), optimizer, schedule,
+def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopState]:
+    """Data (as ``described``), batch layout, model (with its switches, the automatic micro-batch, compilation), optimizer, schedule,
     trackers, checkpointer and meters; and the loop's state, fresh or restored from the checkpoint."""
     cfg, accelerator, out = start.cfg, start.accelerator, start.out
     set_seed(cfg.train.seed)
-    data = prepare_training_data(cfg, accelerator)
-    check_stop_when(cfg, len(data.label_names), data.task)  # the task's metrics; eval.mcc is for 2 classes
-    check_sample_prompts(cfg, data.task, data)  # and their room in the model's positions
+    data = prepare_training_data(cfg, accelerator, described)
+    check_sample_room(cfg, data)  # report.sample_prompts: their room in the model's positions, with its tokenizer
     layout = batch_layout(cfg, len(data.train), accelerator.num_processes)
     if cfg.train.micro_batch_size != "auto":  # with auto, the batch line comes once the micro-batch is chosen
         for note in layout.notes:

@@ -26,7 +26,7 @@ def optimizer_and_schedule(cfg: Config, model: nn.Module, data: TrainingData, to
                                data.task_object.head_lr_factor)
     if head:
         log.info("classifier head: its own learning rate %.3g (%s; the rest %.3g)", head_lr, "train.head_lr" if
-                 cfg.train.head_lr is not None else f"{data.task}'s default, train.head_lr to change", cfg.train.lr)
+                 cfg.train.head_lr is not None else f"{data.task.name}'s default, train.head_lr to change", cfg.train.lr)
     optimizer = build_optimizer(model, cfg.optim, cfg.train.lr, head, head_lr)
     return optimizer, build_scheduler(optimizer, cfg.optim, total_steps)
 

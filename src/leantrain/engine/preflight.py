@@ -1,8 +1,7 @@
 """Checks made before any work (before a worker process starts, a model loads or data is tokenised), each failing
 with a UserError (exit status 2) that names the key or option and the value: what the model's position limit
 allows for ``data.max_length``, whether ``output_dir`` / ``--output`` can be written, that a model folder has
-weights leantrain will load, that an explicit ``model.attn_implementation`` can run, and that ``train.stop_when``
-names a metric evaluation reports for this data.
+weights leantrain will load, and that an explicit ``model.attn_implementation`` can run.
 See docs/exit-codes.md."""
 
 from __future__ import annotations
@@ -13,12 +12,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from leantrain.config.metric_names import check_metric
-from leantrain.config.training import parse_stop_when
 from leantrain.engine.accelerator import device_type
 from leantrain.engine.batch_layout import batch_layout
 from leantrain.engine.efficiency import resolve_model_choices, resolve_precision
-from leantrain.engine.training_data import run_task
 from leantrain.errors import ConfigError, UserError
 from leantrain.units import format_bytes
 from leantrain.modeling import load_config, resolve_task
@@ -27,17 +23,18 @@ from leantrain.modeling.load import meta_model
 from leantrain.modeling.lora import check_rank, lora_parameters, lora_targets
 from leantrain.modeling.positions import model_position_limit
 from leantrain.modeling.qlora import check_qlora
-from leantrain.modeling.tasks import get_task
+from leantrain.modeling.tasks import Task
 
 log = logging.getLogger("leantrain")
 
 # Where a config keeps its position limit, in the order transformers' configs use them.
-def check_max_length(cfg, config=None):  # noqa: ANN001 - leantrain Config, transformers config
-    """``cfg`` with ``data.max_length`` within the model's position limit (text models only).
+def check_max_length(cfg, task: Task | None = None, config=None):  # noqa: ANN001 - leantrain Config, transformers config
+    """``cfg`` with ``data.max_length`` within the model's position limit (text models only); ``task``: the run's
+    (unset: what the model's config says).
 
     Set explicitly above the limit: ConfigError naming both numbers. Left at its default (128) above a small
     model's limit: lowered to the limit, with a log note. Returns the (possibly updated) config."""
-    task = get_task(resolve_task(cfg))
+    task = task or resolve_task(cfg)
     if not task.tokenized:  # a position limit is in tokens
         return cfg
     found = model_position_limit(cfg, config)
@@ -74,11 +71,10 @@ def _check_block_size(cfg, limit: int, source: str):  # noqa: ANN001, ANN202 - l
     return cfg.model_copy(update={"data": cfg.data.model_copy(update={"block_size": limit})})
 
 
-def check_model_plan(cfg, config=None) -> None:  # noqa: ANN001 - leantrain Config, transformers config
-    """Before any weight loads, on the model built on the meta device (``meta_model``): ``model.config_overrides``
-    through the number checks, LoRA's target modules and rank (``peft.*``), and the memory the weights and gradients
-    need at the least, against this machine's (exit 2 naming the keys)."""
-    task = resolve_task(cfg)
+def check_model_plan(cfg, task: Task, config=None) -> None:  # noqa: ANN001 - leantrain Config, transformers config
+    """Before any weight loads, on the model of ``task`` built on the meta device (``meta_model``):
+    ``model.config_overrides`` through the number checks, LoRA's target modules and rank (``peft.*``), and the memory
+    the weights and gradients need at the least, against this machine's (exit 2 naming the keys)."""
     config = config if config is not None else load_config(cfg.model)
     check_config_overrides(config, cfg.model.config_overrides)
     model = meta_model(cfg.model, task, config)
@@ -116,26 +112,12 @@ def check_planned_memory(cfg, total: int, trainable: int) -> None:  # noqa: ANN0
                           f"({format_bytes(budget)}); choose a smaller {keys}")
 
 
-def check_attention(cfg) -> None:  # noqa: ANN001 - leantrain Config
-    """An explicit ``model.attn_implementation`` the model class, the device or the precision cannot run: exit 2
-    before any model loads (``auto`` always finds one)."""
+def check_attention(cfg, task: Task) -> None:  # noqa: ANN001 - leantrain Config
+    """An explicit ``model.attn_implementation`` the model class of ``task``, the device or the precision cannot run:
+    exit 2 before any model loads (``auto`` always finds one)."""
     if cfg.model.attn_implementation != "auto":
         precision = resolve_precision(cfg.efficiency.precision, device_type())[0]
-        resolve_model_choices(cfg, resolve_task(cfg), device_type(), precision)
-
-
-def check_stop_when(cfg, num_labels: int, task: str | None = None) -> None:  # noqa: ANN001
-    """train.stop_when must name a metric evaluation reports for ``task`` (unset: the run's) with ``num_labels``
-    classes (mcc: 2 only)."""
-    task = task or run_task(cfg)
-    for key, value in (("train.stop_when", cfg.train.stop_when), ("checkpoint.best_metric", cfg.checkpoint.best_metric)):
-        if value is None:
-            continue
-        name = parse_stop_when(value)[0] if key == "train.stop_when" else value.removeprefix("eval.")
-        try:
-            check_metric(name, num_labels, task)
-        except ValueError as e:
-            raise ConfigError(f"{key}={value}: {e}") from None
+        resolve_model_choices(cfg, task, device_type(), precision)
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -184,21 +166,19 @@ def check_weights(folder: str, allow_pickle: bool, key: str = "model") -> None:
     raise UserError(f"{key} {folder}: no model weights (*.safetensors) in this folder")
 
 
-def check_train(cfg, data=None, world_size: int = 1):  # noqa: ANN001 - Config, PreparedData
-    """Everything checkable before a worker or model starts; returns ``cfg`` (data.max_length maybe lowered).
-
-    ``data`` (validated, from validate_data) adds the checks that need the labels and the row count."""
-    check_qlora(cfg, device_type())  # peft.method=qlora on a device without bitsandbytes' 4-bit training: exit 2
+def check_train(cfg, task: Task | None = None, data=None, world_size: int = 1, device: str | None = None) -> None:  # noqa: ANN001
+    """What the model and the output folder need, checked before a worker or model starts (``cfg`` as
+    ``check_max_length`` returned it): QLoRA on this ``device``, output_dir writable, the model's plan (overrides,
+    LoRA, memory); ``task``: the run's (unset: what the model's config says). ``data`` (loaded and checked) adds the
+    batch arithmetic over ``world_size`` processes."""
+    task = task or resolve_task(cfg)
+    check_qlora(cfg, device or device_type())  # peft.method=qlora on a device without bitsandbytes' 4-bit training
     if cfg.output_dir is not None:
         check_writable_dir(cfg.output_dir, f"output_dir={cfg.output_dir}")
     else:
         check_writable_dir("runs", "output_dir (unset: runs/<date-time>)")
-    cfg = check_max_length(cfg)
-    check_model_plan(cfg)
-    check_attention(cfg)
-    if data is not None:
-        check_stop_when(cfg, len(data.label_names))
-        if world_size > 1 and hasattr(data.train, "__len__"):  # batch arithmetic over the processes (rows known:
-            # not for token blocks, cut after tokenising)
-            batch_layout(cfg, len(data.train), world_size)
-    return cfg
+    check_model_plan(cfg, task)
+    check_attention(cfg, task)
+    if data is not None and world_size > 1 and hasattr(data.train, "__len__"):  # batch arithmetic over the
+        # processes (rows known: not for token blocks, cut after tokenising)
+        batch_layout(cfg, len(data.train), world_size)

@@ -17,7 +17,8 @@ from leantrain.data.text_loader import open_rows
 from leantrain.engine.accelerator import device_type
 from leantrain.engine.efficiency import resolve_precision
 from leantrain.errors import UserError
-from leantrain.modeling.tasks import get_task
+from leantrain.modeling import resolve_task
+from leantrain.modeling.tasks import TASKS, Task
 
 log = logging.getLogger("leantrain")
 
@@ -29,7 +30,7 @@ TOKEN_KEYS = ("block_size", "document_separator", "document_mask",  # language m
 RENDERING_KEYS = ("format", "prompt")  # instruction / preference data: the format its prompts were rendered in
 
 
-def run_settings(cfg: Config, task: str, columns: dict, precision: str | None = None,
+def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None = None,
                  saved: dict | None = None) -> dict:
     """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}, "precision":
     the precision the run trained and evaluated in}, and the task's ``saved`` record (``Task.saved_config``: a
@@ -37,14 +38,14 @@ def run_settings(cfg: Config, task: str, columns: dict, precision: str | None = 
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
     rendering = {}
-    if get_task(task).token_blocks:  # a language model's eval cuts the text as the run did
+    if task.token_blocks:  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
         rendering = {k: columns[k] for k in RENDERING_KEYS if columns.get(k)}
-    return {"task": task, "data": data, **({"prompt_format": rendering} if rendering else {}),
+    return {"task": task.name, "data": data, **({"prompt_format": rendering} if rendering else {}),
             **({"precision": precision} if precision else {}), **(saved or {})}
 
 
-def write_run_settings(model_dir: Path, cfg: Config, task: str, columns: dict, precision: str | None = None,
+def write_run_settings(model_dir: Path, cfg: Config, task: Task, columns: dict, precision: str | None = None,
                        saved: dict | None = None) -> None:
     (Path(model_dir) / FILE).write_text(json.dumps(run_settings(cfg, task, columns, precision, saved), indent=2) + "\n")
 
@@ -75,6 +76,15 @@ def stored_task(model_dir: str | Path) -> str | None:
     """The task the run recorded in ``model/leantrain.json``, or None."""
     stored = read_run_settings(model_dir) or {}
     return stored.get("task")
+
+
+def trained_task(model_dir: str | Path, cfg: Config) -> Task:
+    """The task of a trained model folder (``cfg.model`` naming it): ``model.task``, or what ``auto`` decides from its
+    config; under auto, a run that recorded a paired task (a preference-tuned policy, a reward model: their config
+    says causal LM or sequence classifier) keeps it."""
+    task = resolve_task(cfg)
+    recorded = TASKS.get(stored_task(model_dir) or "")
+    return recorded if cfg.model.task == "auto" and recorded is not None and recorded.paired else task
 
 
 def read_run_settings(model_dir: str | Path) -> dict | None:

@@ -17,26 +17,30 @@ import logging
 from leantrain.data.lm.sft import sample_inputs
 from leantrain.errors import ConfigError
 from leantrain.modeling.generation import check_room, continuations, prompt_lengths, prompt_texts
-from leantrain.modeling.tasks import get_task
+from leantrain.modeling.tasks import Task
 from leantrain.modeling.positions import model_position_limit
 
 log = logging.getLogger("leantrain")
 
 
-def check_sample_prompts(cfg, task: str, data=None) -> None:  # noqa: ANN001 - leantrain Config, TrainingData
-    """``report.sample_prompts`` needs a model that generates text, and prompts that are not empty; with the run's
-    ``data`` (its tokenizer), each prompt plus ``report.sample_max_new_tokens`` must fit the model's positions
-    (exit 2, before the model loads)."""
+def check_sample_prompts(cfg, task: Task) -> None:  # noqa: ANN001 - leantrain Config
+    """``report.sample_prompts`` needs a model that generates text, and prompts that are not empty (exit 2)."""
     prompts = cfg.report.sample_prompts
     if not prompts:
         return
-    if not get_task(task).generates:
+    if not task.generates:
         raise ConfigError(f"report.sample_prompts is for language models (model.task=causal-lm); this run's task is "
-                          f"{task}")
+                          f"{task.name}")
     empty = [i for i, p in enumerate(prompts) if not p.strip()]
     if empty:
         raise ConfigError(f"report.sample_prompts[{empty[0]}] is empty: give each prompt some text")
-    if data is not None and data.processor is not None:  # the prompts as generation sees them, and their room
+
+
+def check_sample_room(cfg, data) -> None:  # noqa: ANN001 - leantrain Config, TrainingData
+    """With the run's ``data`` (its tokenizer), each of ``report.sample_prompts`` plus
+    ``report.sample_max_new_tokens`` must fit the model's positions (exit 2, before the model loads)."""
+    prompts = cfg.report.sample_prompts
+    if prompts and data.processor is not None:  # the prompts as generation sees them, and their room
         rendered = sample_inputs(prompts, data.processor, cfg.data, data.columns)
         texts, templated = prompt_texts(data.processor, rendered.texts, **rendered.context())
         check_room(prompt_lengths(data.processor, texts, templated), cfg.report.sample_max_new_tokens,

@@ -13,6 +13,8 @@ from accelerate import Accelerator
 
 from leantrain.data.caches import using_cache_dir
 from leantrain.config import Config
+from leantrain.config.metric_names import check_metric
+from leantrain.config.training import parse_stop_when
 from leantrain.errors import ConfigError
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
@@ -20,7 +22,7 @@ from leantrain.engine.precompute import with_precomputed
 from leantrain.engine.samples import check_sample_prompts
 from leantrain.modeling import load_processor, model_name, resolve_task_reason
 from leantrain.modeling.load import check_tokenizer_key
-from leantrain.modeling.tasks import TEXT, Task, get_task, task_for_labels
+from leantrain.modeling.tasks import Task, task_for_labels
 from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task
 from leantrain.modeling.tasks.multilabel import check_pos_weight_task
 
@@ -40,7 +42,7 @@ class TrainingData:
     columns: dict = field(default_factory=dict)
     eval_batch_size: int | None = None
     num_workers: int = 0
-    task: str = TEXT
+    task: Task | None = None  # the run's task (as registered); task_object: configured for this data
     eval_collator: object | None = None  # unset: the training collator
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
     class_weights: list[float] | None = None  # train.class_weights resolved: one per label id; None = unweighted
@@ -52,8 +54,7 @@ class TrainingData:
         """The registered task (loss, units, metrics) of ``task``, configured and set for the training data
         (``Task.for_training``); with class weights, its weighted form."""
         if self._task is None:
-            task = get_task(self.task)
-            task = task.configured(self.config) if self.config is not None else task
+            task = self.task.configured(self.config) if self.config is not None else self.task
             task = task.for_training(lambda: self.train["labels"], self.label_names)
             if self.class_weights is not None:
                 task = weighted_task(task, self.class_weights, self.train["labels"])
@@ -91,85 +92,131 @@ class TrainingData:
                            self.eval_collator or self.collator, num_workers=self.num_workers)
 
 
-def data_side(task: str) -> Modality:
+def data_side(task: Task) -> Modality:
     """The data side (loader, processor step, collator) of a task: its modality's, as the task adapts it."""
-    entry = get_task(task)
-    return entry.data_side(for_modality(entry.modality))
+    return task.data_side(for_modality(task.modality))
 
 
-def run_task(cfg: Config) -> str:
+def run_task(cfg: Config) -> Task:
     """``model.task``, or what ``auto`` decides from the model (``resolve_task``) and then from the training labels
     (numbers that are not all whole: the modality's score task, e.g. text-regression)."""
     return run_task_reason(cfg)[0]
 
 
-def run_task_reason(cfg: Config) -> tuple[str, str]:
-    """``run_task`` and why ``model.task=auto`` chose it ("" when set)."""
+def run_task_reason(cfg: Config) -> tuple[Task, str]:
+    """``run_task`` and why ``model.task=auto`` chose it ("" when set). Reads the model's config.json (under auto):
+    a run resolves its task once (``engine.run_description``) and passes the Task on."""
     task, why = resolve_task_reason(cfg)
     if cfg.model.task != "auto":
         return task, why
-    labelled = task_for_labels(task, for_modality(get_task(task).modality).label_kind(cfg.data))
-    return labelled, why if labelled == task else f"{why}, and the labels"
+    labelled = task_for_labels(task, for_modality(task.modality).label_kind(cfg.data))
+    return labelled, why if labelled is task else f"{why}, and the labels"
+
+
+def load_data(cfg: Config, task: Task):
+    """The run's data loaded and validated by the task's data side (no model, no processor): raises DataError
+    listing every problem."""
+    with using_cache_dir(cfg.data.cache_dir):
+        return data_side(task).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
 
 
 def validate_data(cfg: Config):
-    """Load and check the data (no model, no processor): raises DataError listing every problem; also checks
-    ``train.class_weights`` against the labels."""
-    with using_cache_dir(cfg.data.cache_dir):
-        task = run_task(cfg)
-        check_tokenizer_key(cfg.model, task)  # exit 2 naming model.tokenizer, before any worker starts
-        data = data_side(task).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
-    check_sample_prompts(cfg, task)
-    if cfg.train.class_weights is not None:
-        resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
-    check_regression_keys(cfg, task)
-    check_preference_keys(cfg, task)
-    check_pos_weight_task(cfg.train.pos_weight, get_task(task))
-    get_task(task).configured(cfg).for_training(lambda: data.train["label"], data.label_names)  # pos_weight
-    get_task(task).configured(cfg).check_data(data.columns)  # e.g. preference.loss=kto on pairs
+    """The run's data loaded and checked, with the keys that depend on its task (``check_task_keys``) and the checks
+    the data needs (``check_loaded_data``): what ``describe_run`` checks of the data, without the model's checks."""
+    task = run_task(cfg)
+    check_task_keys(cfg, task)
+    data = load_data(cfg, task)
+    check_loaded_data(cfg, task, data)
     return data
 
 
-def check_regression_keys(cfg: Config, task: str) -> None:
+def check_task_keys(cfg: Config, task: Task) -> None:
+    """The keys that only some tasks take, against the run's task (exit 2 naming the key): model.tokenizer (a causal
+    LM from a config), report.sample_prompts, the regression keys, preference.*, train.pos_weight."""
+    check_tokenizer_key(cfg.model, task)
+    check_sample_prompts(cfg, task)
+    check_regression_keys(cfg, task)
+    check_preference_keys(cfg, task)
+    check_pos_weight_task(cfg.train.pos_weight, task)
+
+
+def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - PreparedData
+    """The settings the loaded ``data`` can contradict: ``train.class_weights`` against the labels, the task's
+    training settings (``Task.for_training``: pos_weight), its data check (e.g. preference.loss=kto on pairs), the
+    metric ``train.stop_when`` names (eval.mcc: 2 classes)."""
+    if cfg.train.class_weights is not None:
+        resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
+    configured = task.configured(cfg)
+    configured.for_training(lambda: data.train["label"], data.label_names)  # pos_weight
+    configured.check_data(data.columns)
+    check_stop_when(cfg, len(data.label_names), task)
+
+
+def check_stop_when(cfg, num_labels: int, task: Task | None = None) -> None:  # noqa: ANN001
+    """train.stop_when must name a metric evaluation reports for ``task`` (unset: the run's) with ``num_labels``
+    classes (mcc: 2 only)."""
+    task = (task or run_task(cfg)).name
+    for key, value in (("train.stop_when", cfg.train.stop_when), ("checkpoint.best_metric", cfg.checkpoint.best_metric)):
+        if value is None:
+            continue
+        name = parse_stop_when(value)[0] if key == "train.stop_when" else value.removeprefix("eval.")
+        try:
+            check_metric(name, num_labels, task)
+        except ValueError as e:
+            raise ConfigError(f"{key}={value}: {e}") from None
+
+
+def check_regression_keys(cfg: Config, task: Task) -> None:
     """train.loss=huber and data.standardize_targets are for a task with score labels (regression) only."""
-    if get_task(task).score_labels:
+    if task.score_labels:
         return
     for key, value, default in (("train.loss", cfg.train.loss, "mse"),
                                 ("data.standardize_targets", cfg.data.standardize_targets, False)):
         if value != default:
-            raise ConfigError(f"{key}={str(value).lower()}: for regression (scores) only; this run's task is {task} "
-                              "(model.task=text-regression, or a label column of numbers that are not all whole)")
+            raise ConfigError(f"{key}={str(value).lower()}: for regression (scores) only; this run's task is "
+                              f"{task.name} (model.task=text-regression, or a label column of numbers that are not all "
+                              "whole)")
 
 
-def check_preference_keys(cfg: Config, task: str) -> None:
+def check_preference_keys(cfg: Config, task: Task) -> None:
     """preference.* keys are for preference tuning and reward models (chosen / rejected data) only. A key counts as
     given when its value is not the default (the workers read the resolved config, every key written out)."""
     fields = type(cfg.preference).model_fields
     given = sorted(k for k, f in fields.items()
                    if getattr(cfg.preference, k) != f.get_default(call_default_factory=True))
-    if given and get_task(task).spec.labels != "pairs":
+    if given and not task.paired:
         raise ConfigError(f"preference.{given[0]}: for preference tuning and reward models only; this run's task is "
-                          f"{task} (chosen / rejected or prompt / completion / label data make model.task=auto choose "
-                          "preference, or reward-model on a sequence classifier)")
+                          f"{task.name} (chosen / rejected or prompt / completion / label data make model.task=auto "
+                          "choose preference, or reward-model on a sequence classifier)")
 
 
-def prepare_training_data(cfg: Config, accelerator: Accelerator) -> TrainingData:
-    """Validate (main process first), load the processor, process and cache the data, build the collators."""
-    with accelerator.main_process_first(), using_cache_dir(cfg.data.cache_dir):
+def prepare_training_data(cfg: Config, accelerator: Accelerator, run=None) -> TrainingData:  # noqa: ANN001
+    """The processor loaded, the data processed and cached, the collators built. ``run`` (a ``RunDescription``):
+    the task and the data as the run was described and checked; its data, when it holds it (one process), is used
+    as is; else it is loaded here, the main process first, and checked unless the description says it was (the
+    workers of ``leantrain train --nproc``). Without ``run`` (``leantrain plan``) the task is resolved and its keys
+    and the data checked here."""
+    if run is None:
         task, why = run_task_reason(cfg)
         check_tokenizer_key(cfg.model, task)
         check_regression_keys(cfg, task)
         check_preference_keys(cfg, task)
-        modality = data_side(task)
-        data = modality.load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
-        get_task(task).configured(cfg).check_data(data.columns)  # before the model: e.g. preference.loss=kto on pairs
-    log.info("task: %s%s", task, f" (model.task=auto: {why})" if why else "")
+        data, checked = None, False
+    else:
+        task, why, data, checked = run.task, run.task_reason, run.take_data(), run.data_checked
+    if data is None:
+        with accelerator.main_process_first():
+            data = load_data(cfg, task)
+            if not checked:  # before the model: e.g. preference.loss=kto on pairs
+                check_loaded_data(cfg, task, data)
+    log.info("task: %s%s", task.name, f" (model.task=auto: {why})" if why else "")
     for note in data.notes:
         log.info(note)
     for warning in data.warnings:
         log.warning("warning: %s", warning)
     name = model_name(cfg.model) if not (cfg.model.config or cfg.model.config_type) else \
         f"{cfg.model.config or cfg.model.config_type} (from config)"
+    modality = data_side(task)
     processor = load_processor(cfg.model, task)
     with accelerator.main_process_first():
         train = modality.process(data.train, processor, cfg.data, desc="Processing train")

@@ -2,7 +2,8 @@
 
 leantrain writes no launcher of its own: ``--nproc`` / ``--nnodes`` / ``--node-rank`` / ``--master-addr`` /
 ``--master-port`` map onto torchrun's flags. The config and data are validated once, here, before any worker
-starts; the workers read the resolved config from a file. Under your own launcher (``torchrun ... -m leantrain
+starts; the workers read the resolved config from a file, and what else the parent checked from another
+(``engine.run_file``). Under your own launcher (``torchrun ... -m leantrain
 train cfg.yaml`` or ``accelerate launch --multi_gpu --num_processes N -m leantrain train cfg.yaml``) nothing here
 runs: each worker finds its rank in the environment.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from leantrain.config import Config
 from leantrain.engine.checkpoint.preempt import EXIT_PREEMPTED, GRACE_SECONDS, STATUS_FILE, read_status
+from leantrain.engine.run_file import inside_launcher, write_run_file  # noqa: F401 - inside_launcher: for cli
 from leantrain.errors import UserError
 from leantrain.launch.supervise import run_group
 
@@ -85,11 +87,6 @@ def check_host(addr: str, option: str, timeout: float = 10.0) -> None:
                         "the machine with --node-rank 0")
 
 
-def inside_launcher() -> bool:
-    """True in a worker started by torchrun / accelerate launch (never launch again from there)."""
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def torchrun_command(opts: LaunchOptions, config_file: Path) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={opts.nproc}",
            f"--shutdown-timeout={GRACE_SECONDS}"]  # time the workers get to checkpoint after SIGTERM / SIGINT
@@ -111,8 +108,9 @@ def worker_env(opts: LaunchOptions) -> dict[str, str]:
     return env
 
 
-def launch(cfg: Config, opts: LaunchOptions) -> int:
-    """Run ``cfg`` on ``opts.nproc`` processes here (x ``opts.nnodes`` machines); returns the exit status."""
+def launch(cfg: Config, opts: LaunchOptions, facts: dict | None = None) -> int:
+    """Run ``cfg`` on ``opts.nproc`` processes here (x ``opts.nnodes`` machines); returns the exit status. ``facts``:
+    what the parent checked beside the config (``RunDescription.facts``: the task), which the workers trust."""
     opts.check()
     with tempfile.TemporaryDirectory(prefix="leantrain-launch-") as tmp:
         config_file = Path(tmp) / "config.yaml"
@@ -120,7 +118,8 @@ def launch(cfg: Config, opts: LaunchOptions) -> int:
         cmd = torchrun_command(opts, config_file)
         total = opts.nproc * opts.nnodes
         log.info("launching %d process(es) on this machine (%d in all): %s", opts.nproc, total, " ".join(cmd))
-        env = {**worker_env(opts), STATUS_FILE: str(Path(tmp) / "status.json")}
+        env = {**worker_env(opts), STATUS_FILE: str(Path(tmp) / "status.json"),
+               **(write_run_file(Path(tmp), facts) if facts is not None else {})}
         rc, signum = run_group(cmd, env)
         status = read_status(Path(tmp) / "status.json")
     if status and status.get("preempted"):

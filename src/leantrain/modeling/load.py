@@ -25,7 +25,7 @@ from leantrain.modeling.pad_token import ensure_pad_token, set_model_pad_token
 from leantrain.modeling.pooling import apply_pooling
 from leantrain.modeling.switches import embeddings_of
 from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch
-from leantrain.modeling.tasks import TEXT, auto_model_class, default_task, get_task, task_of_config
+from leantrain.modeling.tasks import TEXT, Task, auto_model_class, default_task, get_task, task_of_config
 from leantrain.modeling.tasks.detect import CLASSIFIER_ARCHS, detect_task
 from leantrain.modeling.peft_import import import_peft, peft_quiet
 
@@ -85,11 +85,11 @@ def load_tokenizer(cfg: ModelConfig, *, say: bool = True):
     return tokenizer
 
 
-def load_processor(cfg: ModelConfig, task: str):
+def load_processor(cfg: ModelConfig, task: Task):
     """The model's own processor: tokenizer (text), image processor (images) or feature extractor (audio).
 
     A model trained from scratch (model.config / model.config_type) gets one built from its config."""
-    kind = get_task(task).processor
+    kind = task.processor
     if kind == "tokenizer":
         return load_tokenizer(cfg)
     if from_scratch(cfg):
@@ -117,26 +117,28 @@ def trained_label_names(config) -> list[str] | None:
     return None if all(_DEFAULT_LABEL.match(n) for n in names) else names
 
 
-def build_model(cfg: ModelConfig, label_names: list[str], task: str = TEXT, extra: dict | None = None,
+def build_model(cfg: ModelConfig, label_names: list[str], task: Task | None = None, extra: dict | None = None,
                 attention: str | None = None):
-    """The task's AutoModelFor... with the data's labels; a new head when the label set changes.
+    """The task's AutoModelFor... (unset: the text classifier's) with the data's labels; a new head when the label
+    set changes.
 
     With model.config / model.config_type: random initialisation from that config (seeded by the caller).
     ``extra``: more ``from_pretrained`` keywords (QLoRA's quantization_config / device_map / dtype); ``attention``:
     transformers' ``attn_implementation`` (None: its default, SDPA where the class has it;
     ``leantrain.modeling.attention.choose_attention`` decides it for a run)."""
-    auto = auto_model_class(task)
+    task = task or get_task(TEXT)
+    auto = task.model_class()
     attn = {"attn_implementation": attention} if attention else {}
     config = load_config(cfg)
     check_config_overrides(config, cfg.config_overrides)
-    labels = get_task(task).model_fields(label_names)  # num_labels, label maps, problem_type: the task's
+    labels = task.model_fields(label_names)  # num_labels, label maps, problem_type: the task's
     if from_scratch(cfg):
         config.update(labels)
         config.update(_scratch_fields(cfg, task, config))
         try:
             model = auto.from_config(config, **attn)
         except ValueError as e:
-            raise UserError(f"cannot build a {task} model from {config.model_type!r} config: {e}") from None
+            raise UserError(f"cannot build a {task.name} model from {config.model_type!r} config: {e}") from None
         log.info("new model: random initialisation from a %s config (train.seed)", config.model_type)
         return _with_pad_token(model, cfg, task)
     trained = trained_label_names(config)
@@ -168,7 +170,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: str = TEXT, extr
     return _with_pad_token(model, cfg, task)
 
 
-def meta_model(cfg: ModelConfig, task: str, config=None):  # noqa: ANN001 - a transformers config
+def meta_model(cfg: ModelConfig, task: Task, config=None):  # noqa: ANN001 - a transformers config
     """The task's model on the meta device (shapes, no weights, milliseconds), from its config with
     ``model.config_overrides``: what the preflight checks measure before any weight loads. None when the
     architecture cannot be built so (remote code, a model that computes in its constructor)."""
@@ -179,27 +181,26 @@ def meta_model(cfg: ModelConfig, task: str, config=None):  # noqa: ANN001 - a tr
         config.update(cfg.config_overrides)
     try:
         with torch.device("meta"):
-            return auto_model_class(task).from_config(config, trust_remote_code=cfg.trust_remote_code)
+            return task.model_class().from_config(config, trust_remote_code=cfg.trust_remote_code)
     except Exception:  # noqa: BLE001 - a best-effort look: the real build reports its own errors
         return None
 
 
-def check_tokenizer_key(cfg: ModelConfig, task: str) -> None:
+def check_tokenizer_key(cfg: ModelConfig, task: Task) -> None:
     """A causal LM built from a config needs ``model.tokenizer`` (the vocabulary it is trained on): exit 2 naming it."""
-    if from_scratch(cfg) and get_task(task).scratch_needs_tokenizer and not cfg.tokenizer:
+    if from_scratch(cfg) and task.scratch_needs_tokenizer and not cfg.tokenizer:
         key = "model.config" if cfg.config else "model.config_type"
-        raise ConfigError(f"model.tokenizer is required with {key} for model.task={task}: set model.tokenizer=<a "
+        raise ConfigError(f"model.tokenizer is required with {key} for model.task={task.name}: set model.tokenizer=<a "
                           "tokenizer folder or Hub id> (the vocabulary the new model is trained on)")
 
 
-def _scratch_fields(cfg: ModelConfig, task: str, config) -> dict:
+def _scratch_fields(cfg: ModelConfig, task: Task, config) -> dict:
     """The task's processor-dependent fields of a model from a config (causal LM: vocab_size = len(tokenizer),
-    special token ids). A vocab_size the user set larger than the tokenizer's is kept (e.g. padded to a multiple of
+    special token ids; ``check_tokenizer_key`` checked model.tokenizer before, with the run). A vocab_size the user set larger than the tokenizer's is kept (e.g. padded to a multiple of
     64); a smaller one cannot hold the token ids: exit 2."""
-    if not get_task(task).tokenized:
+    if not task.tokenized:
         return {}
-    check_tokenizer_key(cfg, task)
-    fields = get_task(task).scratch_fields(load_tokenizer(cfg, say=False))
+    fields = task.scratch_fields(load_tokenizer(cfg, say=False))
     given = cfg.config_overrides.get("vocab_size")
     if given is not None and "vocab_size" in fields:
         if given < fields["vocab_size"]:
@@ -211,12 +212,12 @@ def _scratch_fields(cfg: ModelConfig, task: str, config) -> dict:
     return fields
 
 
-def _with_pad_token(model, cfg: ModelConfig, task: str):
+def _with_pad_token(model, cfg: ModelConfig, task: Task):
     """A text model whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...); a sequence
     classifier's pooler as ``model.pooling`` says (``leantrain.modeling.pooling``)."""
-    if get_task(task).sequence_classifier:
-        apply_pooling(model, cfg.pooling, get_task(task).untrained_pooler)
-    if get_task(task).tokenized and getattr(model.config, "pad_token_id", None) is None:
+    if task.sequence_classifier:
+        apply_pooling(model, cfg.pooling, task.untrained_pooler)
+    if task.tokenized and getattr(model.config, "pad_token_id", None) is None:
         set_model_pad_token(model, load_tokenizer(cfg, say=False))
     return model
 
@@ -263,14 +264,14 @@ def save_dtype(cfg: ModelConfig) -> torch.dtype:
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
-def load_trained_model(model_dir: str, task: str, cfg: ModelConfig):
+def load_trained_model(model_dir: str, task: Task, cfg: ModelConfig):
     """A trained model folder for eval / predict: the task's AutoModelFor..., fp32 weights (``WEIGHTS_DTYPE``),
     safetensors unless ``model.allow_pickle``. A LoRA adapter folder (``peft.merge=false``) is loaded over its base
     and merged."""
     kwargs = {"dtype": WEIGHTS_DTYPE, **_weights_kwargs(cfg)}
     if is_adapter_folder(model_dir):
-        return load_adapter_model(model_dir, auto_model_class(task), kwargs)
-    return auto_model_class(task).from_pretrained(model_dir, **kwargs)
+        return load_adapter_model(model_dir, task.model_class(), kwargs)
+    return task.model_class().from_pretrained(model_dir, **kwargs)
 
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -335,15 +336,16 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
             "labels": trained_label_names(config), "config": config.to_diff_dict()}
 
 
-def resolve_task(cfg: Config) -> str:
+def resolve_task(cfg: Config) -> Task:
     """``model.task``, or what ``auto`` decides (``leantrain.modeling.tasks.detect``). Reads config.json at most."""
     return resolve_task_reason(cfg)[0]
 
 
-def resolve_task_reason(cfg: Config) -> tuple[str, str]:
+def resolve_task_reason(cfg: Config) -> tuple[Task, str]:
     """(the task, why ``model.task=auto`` chose it; "" when model.task is set): ``detect_task`` on the model's
     config, read here (only under auto)."""
-    return detect_task(cfg, detection_config(cfg.model) if cfg.model.task == "auto" else None)
+    name, why = detect_task(cfg, detection_config(cfg.model) if cfg.model.task == "auto" else None)
+    return get_task(name), why
 
 
 def detection_config(m: ModelConfig):

@@ -25,6 +25,7 @@ from leantrain.config import Config
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling.load import build_model
 from leantrain.modeling.peft_import import import_peft, peft_quiet
+from leantrain.modeling.tasks import Task
 
 log = logging.getLogger("leantrain")
 
@@ -54,7 +55,14 @@ def check_qlora(cfg: Config, device: str, precision: str | None = None) -> None:
         raise ConfigError(refusal(device))
     if importlib.util.find_spec("bitsandbytes") is None:
         raise UserError(f"peft.method=qlora needs bitsandbytes, which is not installed: {BNB_INSTALL}")
-    if precision is not None and precision != "bf16":
+    if precision is not None:
+        check_qlora_precision(cfg, precision)
+
+
+def check_qlora_precision(cfg: Config, precision: str) -> None:
+    """``peft.method=qlora`` computes in bf16: exit 2 when ``efficiency.precision`` resolves to anything else here
+    (the check the run makes once it knows its precision; ``check_qlora`` checked the device before)."""
+    if cfg.peft.method == "qlora" and precision != "bf16":
         raise ConfigError(f"peft.method=qlora: efficiency.precision resolves to {precision} here, but the 4-bit "
                           "layers compute in bf16 (bnb_4bit_compute_dtype=bfloat16); this GPU needs bf16 support. "
                           f"{ALTERNATIVE}")
@@ -107,7 +115,7 @@ def record() -> dict:
 # ------------------------------------------------------------------------------------------------------ saving
 
 
-def merged_full_precision(cfg: Config, label_names: list[str], task: str, adapter_dir: Path,
+def merged_full_precision(cfg: Config, label_names: list[str], task: Task, adapter_dir: Path,
                           config_fields: dict | None = None) -> nn.Module:
     """The merged model of a QLoRA run: the base reloaded bf16 on CPU (not 4-bit), the adapter folder loaded onto
     it, ``merge_and_unload``: a plain transformers model that loads without peft or bitsandbytes. Costs one more

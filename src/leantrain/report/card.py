@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from leantrain.modeling.tasks import TASKS, TEXT, get_task
+from leantrain.modeling.tasks import TEXT, Task, get_task
 from leantrain.units import format_bytes
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")
@@ -93,14 +93,15 @@ def _hparam_rows(config: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def write_model_card(
     model_dir: str | os.PathLike, *, base_model: str, label_names: list[str], summary: dict, config: dict,
-    task: str = TEXT,
+    task: Task | None = None,
 ) -> Path:
-    """Write model_dir/README.md (YAML front matter + Markdown) and return its path."""
+    """Write model_dir/README.md (YAML front matter + Markdown) for a model of ``task`` (unset: the text
+    classifier) and return its path."""
     model_dir = Path(model_dir)
     summary, config = summary or {}, config or {}
     ev, tr = summary.get("eval") or {}, summary.get("train") or {}
     hub = looks_like_hub_id(base_model)
-    entry = get_task(task if task in TASKS else TEXT)  # the task's card lines and pipeline name
+    entry = task or get_task(TEXT)  # the task's card lines and pipeline name
     meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": entry.spec.pipeline_task}
     if hub:
         meta["base_model"] = base_model

@@ -98,7 +98,7 @@ def test_stop_when_unknown_metric_is_refused_with_did_you_mean():
 
 
 def test_stop_when_mcc_needs_two_classes():
-    from leantrain.engine.preflight import check_stop_when
+    from leantrain.engine.training_data import check_stop_when
 
     cfg = resolve(None, ["train.stop_when=eval.mcc>=0.5"])
     check_stop_when(cfg, 2)

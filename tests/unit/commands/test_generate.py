@@ -14,6 +14,7 @@ import torch
 from leantrain.cli import main
 from leantrain.errors import UserError
 from leantrain.modeling.generation import continuations, prompt_texts
+from leantrain.modeling.tasks import get_task
 from tests.helpers import CHATML, make_tiny_chat_tokenizer, make_tiny_llama, make_tiny_lm_tokenizer
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
@@ -151,7 +152,7 @@ def test_generate_renders_the_prompt_as_the_run_trained(tmp_path, capsys):
 
     def trained_with(*keys):
         cfg = resolve(None, ["model.task=causal-lm", "data.system_prompt=Answer briefly.", *keys])
-        write_run_settings(model_dir, cfg, "causal-lm", {"format": "alpaca"})
+        write_run_settings(model_dir, cfg, get_task("causal-lm"), {"format": "alpaca"})
 
     def run(*extra):
         code = main(["generate", str(model_dir), "--prompt", "Hi", "--max-new-tokens", "3", "--json", *extra])

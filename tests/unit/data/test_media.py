@@ -15,6 +15,7 @@ from leantrain.config import DataConfig, resolve
 from leantrain.data import audio
 from leantrain.errors import DataError
 from leantrain.modeling import resolve_task
+from leantrain.modeling.tasks import get_task
 from tests.helpers import TINY_AST, TINY_VIT, write_rows
 
 pytestmark = pytest.mark.usefixtures("own_datasets_cache")  # each test its own Arrow cache, never ~/.cache
@@ -58,24 +59,24 @@ def test_processors_built_from_the_config(tmp_path):
     from leantrain.modeling import load_processor
 
     vit = resolve(None, TINY_VIT).model
-    proc = load_processor(vit, "image-classification")
+    proc = load_processor(vit, get_task("image-classification"))
     assert proc.size["height"] == 32  # the config's image size, not ViT's default 224
     proc.save_pretrained(tmp_path / "v")
     assert AutoImageProcessor.from_pretrained(tmp_path / "v").size["height"] == 32
     w2v = resolve(None, ["model.config_type=wav2vec2", "model.config_overrides.feat_extract_norm=layer"]).model
-    fe = load_processor(w2v, "audio-classification")
+    fe = load_processor(w2v, get_task("audio-classification"))
     assert fe.return_attention_mask and fe.sampling_rate == 16000
-    ast = load_processor(resolve(None, TINY_AST).model, "audio-classification")
+    ast = load_processor(resolve(None, TINY_AST).model, get_task("audio-classification"))
     assert (ast.num_mel_bins, ast.max_length) == (32, 100)
     fe.save_pretrained(tmp_path / "a")
     assert AutoFeatureExtractor.from_pretrained(tmp_path / "a").return_attention_mask
 
 
 def test_task_auto_detection(tmp_path):
-    assert resolve_task(resolve(None, TINY_VIT)) == "image-classification"
-    assert resolve_task(resolve(None, TINY_AST)) == "audio-classification"
-    assert resolve_task(resolve(None, [])) == "text-classification"
-    assert resolve_task(resolve(None, ["data.audio_column=f"])) == "audio-classification"
+    assert resolve_task(resolve(None, TINY_VIT)).name == "image-classification"
+    assert resolve_task(resolve(None, TINY_AST)).name == "audio-classification"
+    assert resolve_task(resolve(None, [])).name == "text-classification"
+    assert resolve_task(resolve(None, ["data.audio_column=f"])).name == "audio-classification"
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "convnext", "image_size": 32}))
-    assert resolve_task(resolve(None, [f"model.config={tmp_path / 'config.json'}"])) == "image-classification"
+    assert resolve_task(resolve(None, [f"model.config={tmp_path / 'config.json'}"])).name == "image-classification"
     assert main(["train", "model.config_type=vitt"]) == 2  # unknown type: a config error ("did you mean 'vit'")

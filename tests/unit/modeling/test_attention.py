@@ -12,7 +12,7 @@ from leantrain.errors import ConfigError
 from leantrain.modeling.attention import (AttentionSupport, attention_support, choose_attention, flash_attn_usable,
                                          fp32_uses)
 from leantrain.modeling.load import build_model
-from leantrain.modeling.tasks import TEXT
+from leantrain.modeling.tasks import TEXT, get_task
 
 LLAMA = AttentionSupport("LlamaForCausalLM", sdpa=True, flash=True)
 NO_FLASH = AttentionSupport("SomeForCausalLM", sdpa=True, flash=False)
@@ -82,9 +82,9 @@ def test_auto_on_cpu_builds_the_model_transformers_builds_by_default(tiny_bert):
     choice, _ = choose_attention(cfg.attn_implementation, "cpu", "fp32", flash_attn_usable(), support)
     assert choice == "sdpa"
     torch.manual_seed(0)
-    before = build_model(cfg, ["a", "b"], TEXT)
+    before = build_model(cfg, ["a", "b"], get_task(TEXT))
     torch.manual_seed(0)
-    now = build_model(cfg, ["a", "b"], TEXT, attention=choice)
+    now = build_model(cfg, ["a", "b"], get_task(TEXT), attention=choice)
     assert now.config._attn_implementation == before.config._attn_implementation == "sdpa"
     for (name, p), q in zip(now.state_dict().items(), before.state_dict().values()):
         assert torch.equal(p, q), name

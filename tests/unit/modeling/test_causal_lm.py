@@ -170,7 +170,8 @@ def test_eval_loss_is_the_token_mean_over_uneven_batches(model):
 def _reason(*overrides):
     from leantrain.modeling import resolve_task_reason
 
-    return resolve_task_reason(resolve(None, list(overrides)))
+    task, why = resolve_task_reason(resolve(None, list(overrides)))
+    return task.name, why
 
 
 def test_auto_picks_causal_lm_and_says_why(tiny, tmp_path):
@@ -191,9 +192,9 @@ def test_config_without_tokenizer_exits_2_naming_the_key(tmp_path):
 
     cfg = resolve(None, [*TINY_LLAMA, "model.task=causal-lm"])
     with pytest.raises(ConfigError, match="model.tokenizer is required with model.config_type") as e:
-        check_tokenizer_key(cfg.model, "causal-lm")
+        check_tokenizer_key(cfg.model, get_task("causal-lm"))
     assert e.value.exit_code == 2
-    check_tokenizer_key(cfg.model, "text-classification")  # a classifier takes model.name's tokenizer
+    check_tokenizer_key(cfg.model, get_task("text-classification"))  # a classifier takes model.name's tokenizer
 
 
 def test_model_from_config_takes_the_tokenizers_vocabulary(tiny):
@@ -204,15 +205,15 @@ def test_model_from_config_takes_the_tokenizers_vocabulary(tiny):
     tok = tiny[0]
     n = len(AutoTokenizer.from_pretrained(tok))
     cfg = resolve(None, [*TINY_LLAMA, f"model.tokenizer={tok}", "model.task=causal-lm"])
-    model = build_model(cfg.model, [], "causal-lm")
+    model = build_model(cfg.model, [], get_task("causal-lm"))
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.config.vocab_size == n and model.get_input_embeddings().num_embeddings == n
     assert model.config.eos_token_id == 1 and model.config.pad_token_id == 1  # pad = EOS (the tokenizer has none)
     bigger = resolve(None, [*TINY_LLAMA, f"model.tokenizer={tok}", "model.config_overrides.vocab_size=512"])
-    assert build_model(bigger.model, [], "causal-lm").config.vocab_size == 512  # padded up: kept
+    assert build_model(bigger.model, [], get_task("causal-lm")).config.vocab_size == 512  # padded up: kept
     smaller = resolve(None, [*TINY_LLAMA, f"model.tokenizer={tok}", "model.config_overrides.vocab_size=8"])
     with pytest.raises(ConfigError, match="smaller than the tokenizer's vocabulary"):
-        build_model(smaller.model, [], "causal-lm")
+        build_model(smaller.model, [], get_task("causal-lm"))
 
 
 def test_block_size_within_the_models_position_limit(tiny):
@@ -230,9 +231,9 @@ def test_sample_prompts_are_for_language_models():
     from leantrain.engine.samples import check_sample_prompts
 
     cfg = resolve(None, ['report.sample_prompts=["Once upon a time"]'])
-    check_sample_prompts(cfg, "causal-lm")
+    check_sample_prompts(cfg, get_task("causal-lm"))
     with pytest.raises(ConfigError, match="report.sample_prompts is for language models") as e:
-        check_sample_prompts(cfg, "text-classification")
+        check_sample_prompts(cfg, get_task("text-classification"))
     assert e.value.exit_code == 2
     with pytest.raises(ConfigError, match=r"report.sample_prompts\[1\] is empty"):
-        check_sample_prompts(resolve(None, ['report.sample_prompts=["a", " "]']), "causal-lm")
+        check_sample_prompts(resolve(None, ['report.sample_prompts=["a", " "]']), get_task("causal-lm"))

@@ -41,7 +41,7 @@ def test_balanced_weights_are_sklearns():
     from sklearn.utils.class_weight import compute_class_weight
 
     labels = np.array([0] * 7 + [1] * 2 + [2] * 3)
-    got = resolve_class_weights("balanced", ["a", "b", "c"], labels, TEXT)
+    got = resolve_class_weights("balanced", ["a", "b", "c"], labels, get_task(TEXT))
     assert got == pytest.approx(list(compute_class_weight("balanced", classes=np.arange(3), y=labels)), rel=1e-12)
 
 

@@ -95,7 +95,7 @@ def test_list_labels_choose_multilabel_train_predict_pipeline(tmp_path, tiny_ber
     from leantrain import train
     from leantrain.engine.training_data import run_task
 
-    assert run_task(resolve(None, args(tiny_bert, data, tmp_path / "x"))) == "multi-label"
+    assert run_task(resolve(None, args(tiny_bert, data, tmp_path / "x"))).name == "multi-label"
     out = tmp_path / "run"
     summary = train(None, args(tiny_bert, data, out, "checkpoint.best_metric=eval.f1_micro"))
     ev = summary["eval"]
@@ -139,7 +139,7 @@ def test_separator_strings(tmp_path, tiny_bert):
     first = data.train[0]
     assert first["label"] == [float(n in rows_of(data, rows, first)) for n in EMOTIONS]
     assert run_task(resolve(None, [f"model.name={tiny_bert}", f"data.train={f}", "data.label_separator=,"])
-                    ) == "multi-label"
+                    ).name == "multi-label"
 
 
 def rows_of(data, rows, first):
@@ -159,7 +159,7 @@ def test_eval_names_the_training_data_lacks_are_refused_with_the_file(tmp_path):
 
 
 def test_stop_when_on_a_multilabel_metric(tiny_bert, data):
-    from leantrain.engine.preflight import check_stop_when
+    from leantrain.engine.training_data import check_stop_when
     from leantrain.errors import ConfigError
 
     check_stop_when(resolve(None, args(tiny_bert, data, "unused", "train.stop_when=eval.subset_accuracy>=0.9")), 4)
@@ -291,7 +291,7 @@ def test_zero_one_columns_problems_name_file_and_row(tmp_path):
     rows[3]["joy"] = 2
     bad = write_jsonl(tmp_path / "bad.jsonl", rows)
     cfg = resolve(None, [f"data.train={bad}", "data.label_column=[sadness,joy,nope]"])
-    assert run_task(cfg) == "multi-label"
+    assert run_task(cfg).name == "multi-label"
     with pytest.raises(DataError) as e:
         validate_data(cfg)
     text = str(e.value) + " ".join(getattr(e.value, "problems", []))

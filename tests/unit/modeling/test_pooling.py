@@ -74,11 +74,11 @@ def test_auto_on_an_untrained_pooler_is_the_tasks_choice(flat_bert, tiny_bert):
 
     assert get_task("multi-label").untrained_pooler == "cls"
     assert {get_task(t).untrained_pooler for t in ("text-classification", "text-regression")} == {"pooler"}
-    ml = build_model(ModelConfig(name=str(flat_bert)), ["a", "b", "c"], "multi-label")
+    ml = build_model(ModelConfig(name=str(flat_bert)), ["a", "b", "c"], get_task("multi-label"))
     assert torch.equal(ml.bert.pooler.dense.weight, torch.eye(32))  # auto, untrained-looking: cls
-    single = build_model(ModelConfig(name=str(flat_bert)), ["a", "b"], "text-classification")
+    single = build_model(ModelConfig(name=str(flat_bert)), ["a", "b"], get_task("text-classification"))
     assert not torch.equal(single.bert.pooler.dense.weight, torch.eye(32))  # kept
-    fresh = build_model(ModelConfig(name=str(tiny_bert)), ["a", "b", "c"], "multi-label")
+    fresh = build_model(ModelConfig(name=str(tiny_bert)), ["a", "b", "c"], get_task("multi-label"))
     assert not torch.equal(fresh.bert.pooler.dense.weight, torch.eye(32))  # a pooler that looks trained: kept
 
 

@@ -324,5 +324,5 @@ def test_loss_and_data_that_contradict_each_other_exit_2_before_the_model():
         task_for("ipo").check_data({"format": "feedback"})
     task_for("auto").check_data({"format": "feedback"})
     with pytest.raises(UserError, match="preference.beta: for preference tuning and reward models only"):
-        check_preference_keys(resolve(None, ["preference.beta=0.2"]), "text-classification")
-    check_preference_keys(resolve(None, ["preference.beta=0.2"]), "preference")
+        check_preference_keys(resolve(None, ["preference.beta=0.2"]), get_task("text-classification"))
+    check_preference_keys(resolve(None, ["preference.beta=0.2"]), get_task("preference"))

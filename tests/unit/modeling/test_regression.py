@@ -31,10 +31,10 @@ def test_float_labels_choose_regression_and_whole_ones_classification(tmp_path, 
     from leantrain.engine.training_data import run_task
 
     assert run_task(resolve(None, [f"model.name={tiny_bert}", f"data.train={data[0]}", "data.label_column=score"])
-                    ) == "text-regression"
+                    ).name == "text-regression"
     whole = write_rows(tmp_path / "w.csv", [{"text": "a b", "score": 1.0}, {"text": "c", "score": 0.0}])
     assert run_task(resolve(None, [f"model.name={tiny_bert}", f"data.train={whole}", "data.label_column=score"])
-                    ) == "text-classification"
+                    ).name == "text-classification"
 
 
 def test_regression_metrics():
@@ -78,7 +78,7 @@ def test_train_predict_eval_and_pipeline(tmp_path, tiny_bert, data, capsys):
 
 
 def test_explicit_task_and_stop_when_on_a_regression_metric(tiny_bert, data):
-    from leantrain.engine.preflight import check_stop_when
+    from leantrain.engine.training_data import check_stop_when
     from leantrain.errors import ConfigError
 
     cfg = resolve(None, args(tiny_bert, data, "unused", "train.stop_when=eval.pearson>=0.9"))

@@ -82,7 +82,7 @@ def test_a_registered_task_trains_through_the_engine(tmp_path, tiny_bert, toy_ta
 
 def test_a_registered_task_is_a_config_value_and_its_metrics_are_checked(toy_task):
     from leantrain.config import resolve
-    from leantrain.engine.preflight import check_stop_when
+    from leantrain.engine.training_data import check_stop_when
     from leantrain.errors import ConfigError
 
     cfg = resolve(None, [f"model.task={TOY}", "train.stop_when=eval.mse<=0.1"])

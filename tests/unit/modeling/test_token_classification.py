@@ -172,7 +172,7 @@ def test_conll_file_read_with_lines_and_auto_detected(tmp_path, tiny_bert):
     assert data.label_names == ["O", "B-MISC", "B-ORG", "B-PER", "I-PER"]
     assert data.train["tokens"] == [["EU", "rejects", "German"], ["Peter", "Blackburn"]]
     assert data.train["label"] == [[2, 0, 1], [3, 4]]
-    assert run_task(resolve(None, [f"model.name={tiny_bert}", f"data.train={f}"])) == "token-classification"
+    assert run_task(resolve(None, [f"model.name={tiny_bert}", f"data.train={f}"])).name == "token-classification"
     notes = tmp_path / "notes.txt"  # not CoNLL columns: auto leaves it to the text loader's message
     notes.write_text("hello\n")
     with pytest.raises(DataError, match="unsupported file type"):
@@ -226,7 +226,7 @@ def test_jsonl_tokens_auto_detected_train_predict_eval_pipeline(tmp_path, tiny_b
     from leantrain import train
     from leantrain.engine.training_data import run_task
 
-    assert run_task(resolve(None, args(tiny_bert, data, tmp_path / "x"))) == "token-classification"
+    assert run_task(resolve(None, args(tiny_bert, data, tmp_path / "x"))).name == "token-classification"
     out = tmp_path / "run"
     summary = train(None, args(tiny_bert, data, out, "checkpoint.best_metric=eval.entity_f1"))
     ev = summary["eval"]

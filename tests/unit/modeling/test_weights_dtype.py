@@ -8,6 +8,7 @@ import torch
 
 from leantrain.config import resolve
 from leantrain.modeling import build_model, load_trained_model
+from leantrain.modeling.tasks import get_task
 from leantrain.optim import build_optimizer
 from tests.helpers import make_tiny_llama, make_tiny_lm_tokenizer
 
@@ -24,7 +25,7 @@ def bf16_checkpoint(tmp_path):
 def test_a_bf16_checkpoint_trains_fp32_master_weights(tmp_path):
     folder, stored = bf16_checkpoint(tmp_path)
     cfg = resolve(None, [f"model.name={folder}", "model.task=causal-lm"])
-    model = build_model(cfg.model, [], "causal-lm")
+    model = build_model(cfg.model, [], get_task("causal-lm"))
     params = dict(model.named_parameters())
     assert {p.dtype for p in params.values()} == {torch.float32}
     assert all(torch.equal(params[n], stored[n].float()) for n in stored)  # the checkpoint's values, exactly
@@ -37,7 +38,7 @@ def test_a_bf16_checkpoint_trains_fp32_master_weights(tmp_path):
 
 def test_eval_and_predict_load_a_bf16_checkpoint_in_fp32(tmp_path):
     folder, _ = bf16_checkpoint(tmp_path)
-    model = load_trained_model(str(folder), "causal-lm", resolve(None, []).model)
+    model = load_trained_model(str(folder), get_task("causal-lm"), resolve(None, []).model)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
@@ -64,5 +65,5 @@ def test_the_fine_tune_of_a_bf16_checkpoint_is_saved_in_bf16_unless_float32_is_a
         with safe_open(str(out / "model" / "model.safetensors"), "pt") as f:
             assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"BF16" if save == "auto" else "F32"}
         assert json.loads((out / "model" / "config.json").read_text())["dtype"] == dtype
-        reloaded = load_trained_model(str(out / "model"), "causal-lm", resolve(None, []).model)
+        reloaded = load_trained_model(str(out / "model"), get_task("causal-lm"), resolve(None, []).model)
         assert {p.dtype for p in reloaded.parameters()} == {torch.float32}  # eval / predict still compute in fp32

@@ -15,17 +15,17 @@ import torch
 
 from leantrain.errors import ConfigError, DataError
 from leantrain.modeling.tasks.classification import Classification, per_example_loss
-from leantrain.modeling.tasks.registry import Task, get_task
+from leantrain.modeling.tasks.registry import Task
 
 
-def resolve_class_weights(setting, label_names: list[str], labels, task: str) -> list[float] | None:
+def resolve_class_weights(setting, label_names: list[str], labels, task: Task) -> list[float] | None:
     """``train.class_weights`` as one weight per label id (None when unset), from the training ``labels`` (ids).
     Raises a UserError (exit 2) for a task that is not single-label classification, a list of the wrong length,
     or ``balanced`` with a class that has no training example."""
     if setting is None:
         return None
-    if not isinstance(get_task(task), Classification):
-        raise ConfigError(f"train.class_weights is for single-label classification; this run's task is {task}")
+    if not isinstance(task, Classification):
+        raise ConfigError(f"train.class_weights is for single-label classification; this run's task is {task.name}")
     n = len(label_names)
     if setting == "balanced":
         from sklearn.utils.class_weight import compute_class_weight

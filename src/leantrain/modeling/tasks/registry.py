@@ -96,6 +96,19 @@ class Task:
         return self.spec.labels == "classes"
 
     @property
+    def paired(self) -> bool:
+        """Its rows are chosen / rejected pairs or rated completions (preference tuning, reward models): the
+        preference.* keys, and ``leantrain eval`` reports the task's pair metrics."""
+        return self.spec.labels == "pairs"
+
+    @property
+    def evaluated_by_rows(self) -> bool:
+        """``leantrain eval`` scores it from each row's prediction, in the rows' order (per-class values and a
+        confusion matrix for classes); otherwise as a training run's evaluation does (a language model's loss and
+        perplexity, the metrics of a paired task)."""
+        return self.labelled and not self.paired
+
+    @property
     def score_labels(self) -> bool:
         """Its labels are scores (regression: train.loss=huber, data.standardize_targets)."""
         return self.spec.labels == "scores"
@@ -347,17 +360,16 @@ def default_task(modality: str) -> str:
     return found[0]
 
 
-def task_for_labels(task: str, kind: str) -> str:
-    """``task``, or the task of the same modality whose labels are of ``kind`` (``model.task=auto``: float labels
+def task_for_labels(here: Task, kind: str) -> Task:
+    """``here``, or the task of the same modality whose labels are of ``kind`` (``model.task=auto``: float labels
     make a text task a regression), else of the same model class (chosen / rejected pairs make a causal LM a
     preference task and a sequence classifier a reward model)."""
-    here = get_task(task)
     if here.spec.labels == kind:
-        return task
-    found = [t.name for t in TASKS.values() if t.modality == here.modality and t.spec.labels == kind]
-    found = found or [t.name for t in TASKS.values() if t.auto_model == here.auto_model and t.spec.labels == kind]
-    found = found or [t.name for t in TASKS.values() if t.processor == here.processor and t.spec.labels == kind]
-    return found[0] if found else task  # words with tags (a data side of their own) make a text task NER
+        return here
+    found = [t for t in TASKS.values() if t.modality == here.modality and t.spec.labels == kind]
+    found = found or [t for t in TASKS.values() if t.auto_model == here.auto_model and t.spec.labels == kind]
+    found = found or [t for t in TASKS.values() if t.processor == here.processor and t.spec.labels == kind]
+    return found[0] if found else here  # words with tags (a data side of their own) make a text task NER
 
 
 def task_of_config(config) -> str | None:
