@@ -20,8 +20,9 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/leantrain train $(ARGS)
 
+# -n: one test worker per core (at most 4); --dist loadscope keeps a file's module fixtures on one worker
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadscope $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
