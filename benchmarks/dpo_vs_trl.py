@@ -41,10 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import functools
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -110,12 +107,13 @@ def run_trl(args, full: bool, out: Path) -> dict:
     import datasets
     import torch
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     from leantrain.data.lm.preference_formats import to_example
     from leantrain.modeling.names import resolve_model_name
     from vs_trainer_lm import default_precision, peak_bytes
+    from vs_trl import loop_clock
 
     train, _ = data_files(args)
     path = resolve_model_name(MODEL)
@@ -125,15 +123,6 @@ def run_trl(args, full: bool, out: Path) -> dict:
         ex = to_example(json.loads(line), "implicit")  # the same split leantrain makes
         rows.append({"prompt": ex.prompt, "chosen": ex.chosen, "rejected": ex.rejected})
     stamps: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, *a, **k):
-            stamps.append(time.perf_counter())
-
-        def on_train_end(self, *a, **k):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            stamps.append(time.perf_counter())
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     config = DPOConfig(
@@ -146,7 +135,7 @@ def run_trl(args, full: bool, out: Path) -> dict:
     lora = None if full else LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
                                         target_modules=LORA["targets"], task_type="CAUSAL_LM")
     trainer = DPOTrainer(model=model, args=config, train_dataset=datasets.Dataset.from_list(rows),
-                         processing_class=tok, peft_config=lora, callbacks=[Clock()])
+                         processing_class=tok, peft_config=lora, callbacks=[loop_clock(stamps)])
     trainer.train()
     result = {"loop_seconds": stamps[-1] - stamps[0], "wall_seconds": time.perf_counter() - START,
               "peak_memory_bytes": peak_bytes(), "steps": trainer.state.global_step,
@@ -167,34 +156,24 @@ def run_leantrain(args, name: str, out: Path) -> dict:
             f"peft.target_modules=[{','.join(LORA['targets'])}]"] if name.startswith("lora") else []
     lora += ["efficiency.gradient_checkpointing=true"] if name == "lora_ckpt" else []
     cache = out / "datasets-cache"  # a fresh datasets cache: the reference pass is in every full run
-    cmd = [sys.executable, "-m", "leantrain.cli", "train", f"model.name={MODEL}", f"data.train={train}",
-           f"data.eval={held_out}", "data.max_eval_samples=4", f"data.block_size={args.max_length}",
-           f"data.max_prompt_length={args.max_length - 1}", f"data.cache_dir={cache}", f"train.batch_size={MICRO}",
-           f"train.micro_batch_size={MICRO}", "train.epochs=1", f"train.lr={LR[name]}", "optim.warmup_ratio=0",
-           f"train.seed={SEED}", f"preference.beta={BETA}", "report.plots=false", "report.progress=plain",
-           "checkpoint.every_steps=0", f"output_dir={out / 'run'}", *lora]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    if r.returncode != 0:
-        raise SystemExit(f"leantrain failed:\n{r.stderr[-4000:]}")
-    summary = json.loads((out / "run" / "summary.json").read_text())
-    tr = summary["train"]
-    if args.eval_now:
-        shutil.copytree(out / "run" / "model", out / "model", dirs_exist_ok=True)
-    return {"loop_seconds": tr["loop_seconds"], "wall_seconds": tr["wall_seconds"],
-            "peak_memory_bytes": tr.get("cuda_max_allocated_bytes") or tr["peak_memory_bytes"], "steps": tr["steps"],
-            "trainable_parameters": summary["model"]["trainable_parameters"]}
+    from vs_trl import leantrain_train
+
+    summary, result = leantrain_train(
+        args, out, f"model.name={MODEL}", f"data.train={train}", f"data.eval={held_out}", "data.max_eval_samples=4",
+        f"data.block_size={args.max_length}", f"data.max_prompt_length={args.max_length - 1}",
+        f"data.cache_dir={cache}", f"train.batch_size={MICRO}", f"train.micro_batch_size={MICRO}", "train.epochs=1",
+        f"train.lr={LR[name]}", "optim.warmup_ratio=0", f"train.seed={SEED}", f"preference.beta={BETA}",
+        "report.plots=false", "report.progress=plain", "checkpoint.every_steps=0", *lora)
+    return {**result, "trainable_parameters": summary["model"]["trainable_parameters"]}
 
 
 def held_out(args, model: str, out: Path) -> dict:
     """``leantrain eval`` of ``model`` on the held-out pairs: reward accuracy and margin against its reference."""
     _, pairs = data_files(args)
-    cmd = [sys.executable, "-m", "leantrain.cli", "eval", model, f"data.eval={pairs}",
-           f"data.block_size={args.max_length}", f"data.max_prompt_length={args.max_length - 1}",
-           "--output", str(out / "eval.json")]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"leantrain eval failed:\n{r.stderr[-4000:]}")
-    return json.loads((out / "eval.json").read_text())["eval"]
+    from vs_trl import leantrain_eval
+
+    return leantrain_eval(model, [f"data.eval={pairs}", f"data.block_size={args.max_length}",
+                                  f"data.max_prompt_length={args.max_length - 1}"], out)
 
 
 def worker(args) -> None:
@@ -224,13 +203,9 @@ def main() -> None:
     p.add_argument("--eval-rows", type=int, default=64, help="held-out pairs (the first short ones of test.jsonl)")
     p.add_argument("--max-length", type=int, default=256, help="tokens of the longest transcript kept")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from vs_trainer import driver_arguments, fresh_rounds
+    from vs_trl import bench_main
 
-    driver_arguments(p, CONTENDERS, "/tmp/leantrain-dpo-bench", "dpo", "no held-out reward accuracy")
-    args = p.parse_args()
-    if args.worker:
-        return worker(args)
-    fresh_rounds(__file__, args, table, "dpo")
+    bench_main(__file__, p, CONTENDERS, "/tmp/leantrain-dpo-bench", "dpo", "no held-out reward accuracy", worker, table)
 
 
 def table(results: dict[str, list[dict]]) -> str:

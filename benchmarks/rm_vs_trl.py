@@ -22,6 +22,10 @@ Contenders:
   trl          RewardTrainer, its defaults otherwise (gradient checkpointing on, dropout disabled, random order)
   trl_nockpt   the same with gradient_checkpointing=False (TRL's faster switch on a model this small)
   leantrain    leantrain's defaults (model.task=reward-model auto-detected; length-grouped batches; dropout kept)
+  leantrain_nodropout  the same with MiniLM's dropout off (model.config_overrides.hidden_dropout_prob=0 and
+               attention_probs_dropout_prob=0), as RewardTrainer's disable_dropout does. Attention dropout is what
+               keeps torch's CPU SDPA off its fused kernel: ~190 MiB of attention weights and masks kept per layer at
+               16 x 256 tokens, about 1.1 GiB of the peak (benchmarks/RESULTS.md)
 
 Measured, the same way for every contender: pairs/s = the --rows pairs / the seconds of the training loop; tokens/s
 = their non-padding tokens (chosen + rejected) / the same seconds; wall seconds of the process up to the trained
@@ -36,9 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,7 +48,8 @@ from pathlib import Path
 START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
 HH = REPO.parent / "shared" / "data" / "hh_rlhf"
-CONTENDERS = ["trl", "trl_nockpt", "leantrain"]
+CONTENDERS = ["trl", "trl_nockpt", "leantrain", "leantrain_nodropout"]
+NO_DROPOUT = ("hidden_dropout_prob", "attention_probs_dropout_prob")  # BERT's: what TRL's disable_dropout turns off
 MODEL, BATCH, SEED, LR, WEIGHT_DECAY = "minilm", 8, 0, 1e-4, 0.01
 
 
@@ -55,7 +58,7 @@ def rendered(rows: list[dict], max_length: int):
     the encode_scored output, whose flags say which rows would be cut, trimmed or dropped."""
     from transformers import AutoTokenizer
 
-    from leantrain.data.preference_render import encode_scored
+    from leantrain.data.lm.preference_render import encode_scored
     from leantrain.modeling.names import resolve_model_name
 
     tok = AutoTokenizer.from_pretrained(resolve_model_name(MODEL))
@@ -128,32 +131,29 @@ def run_trl(args, checkpointing: bool, out: Path) -> dict:
     return result
 
 
-def run_leantrain(args, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "leantrain.cli", "train", f"model.name={MODEL}", f"data.train={train_file(args)}",
-           f"data.eval={eval_file(args)}", "data.max_eval_samples=8", f"data.block_size={args.max_length}",
-           f"data.max_prompt_length={args.max_length - 1}", f"train.batch_size={BATCH}",
-           f"train.micro_batch_size={BATCH}", "train.epochs=1", f"train.lr={LR}", f"optim.weight_decay={WEIGHT_DECAY}",
-           "optim.warmup_ratio=0", f"train.seed={SEED}", "report.plots=false", "report.progress=plain",
-           "checkpoint.every_steps=0", f"output_dir={out / 'run'}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    if r.returncode != 0:
-        raise SystemExit(f"leantrain failed:\n{r.stderr[-4000:]}")
-    summary = json.loads((out / "run" / "summary.json").read_text())
+def run_leantrain(args, out: Path, dropout: bool) -> dict:
+    from vs_trl import leantrain_train
+
+    off = [] if dropout else [f"model.config_overrides.{k}=0" for k in NO_DROPOUT]
+    _, result = leantrain_train(
+        args, out, f"model.name={MODEL}", f"data.train={train_file(args)}", f"data.eval={eval_file(args)}",
+        "data.max_eval_samples=8", f"data.block_size={args.max_length}", f"data.max_prompt_length={args.max_length - 1}",
+        f"train.batch_size={BATCH}", f"train.micro_batch_size={BATCH}", "train.epochs=1", f"train.lr={LR}",
+        f"optim.weight_decay={WEIGHT_DECAY}", "optim.warmup_ratio=0", f"train.seed={SEED}", "report.plots=false",
+        "report.progress=plain", "checkpoint.every_steps=0", *off)
     task = json.loads((out / "run" / "model" / "leantrain.json").read_text())["task"]
     if task != "reward-model":
         raise SystemExit(f"leantrain ran model.task={task}, not reward-model")
-    tr = summary["train"]
-    if args.eval_now:
-        shutil.copytree(out / "run" / "model", out / "model", dirs_exist_ok=True)
-    return {"loop_seconds": tr["loop_seconds"], "wall_seconds": tr["wall_seconds"],
-            "peak_memory_bytes": tr.get("cuda_max_allocated_bytes") or tr["peak_memory_bytes"], "steps": tr["steps"]}
+    return result
 
 
 def worker(args) -> None:
-    from vs_trl import evaluated, leantrain_eval, worker_dir
+    from vs_trainer import evaluated, worker_folder
+    from vs_trl import leantrain_eval
 
-    out = worker_dir(args)
-    result = run_leantrain(args, out) if args.worker == "leantrain" else run_trl(args, args.worker == "trl", out)
+    out = worker_folder(args)  # sets args.eval_now: the first round only
+    result = run_leantrain(args, out, args.worker == "leantrain") if args.worker.startswith("leantrain") else \
+        run_trl(args, args.worker == "trl", out)
     enc = rendered([json.loads(line) for line in open(train_file(args))], args.max_length)
     tokens = sum(map(len, enc["chosen_input_ids"])) + sum(map(len, enc["rejected_input_ids"]))
     result.update(pairs_per_second=args.rows / result["loop_seconds"],
@@ -171,19 +171,19 @@ def worker(args) -> None:
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from vs_trl import bench_main
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--rows", type=int, default=384, help="training pairs (the first that fit), one epoch")
     p.add_argument("--eval-rows", type=int, default=300, help="held-out pairs of test.jsonl (300: all of them)")
     p.add_argument("--max-length", type=int, default=256, help="tokens of the longest sequence kept")
-    bench_main(__file__, p, CONTENDERS, "/tmp/leantrain-rm-bench", "rm", worker, table)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from vs_trl import bench_main
+
+    bench_main(__file__, p, CONTENDERS, "/tmp/leantrain-rm-bench", "rm", "no held-out evaluation", worker, table)
 
 
 def table(results: dict[str, list[dict]]) -> str:
-    from vs_trl import median, ratio
+    from vs_trainer import median, ratio
 
     def med(name: str, key: str):
         return median(results, name, key)

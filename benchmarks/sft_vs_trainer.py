@@ -44,10 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import functools
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -94,13 +91,14 @@ def run_trl(args, packed: bool, out: Path) -> dict:
     import datasets
     import torch
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     from leantrain.data.lm.instruction_formats import detect_format, to_messages
     from leantrain.modeling.names import resolve_model_name
     from leantrain.optim import state_bytes
     from vs_trainer_lm import default_precision, peak_bytes
+    from vs_trl import loop_clock
 
     train, _ = data_files(args)
     path = resolve_model_name(MODEL)
@@ -113,15 +111,6 @@ def run_trl(args, packed: bool, out: Path) -> dict:
         pairs.append({"prompt": messages[:-1], "completion": messages[-1:]})
     stamps: list[float] = []
 
-    class Clock(TrainerCallback):
-        def on_train_begin(self, *a, **k):
-            stamps.append(time.perf_counter())
-
-        def on_train_end(self, *a, **k):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            stamps.append(time.perf_counter())
-
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     config = SFTConfig(
         output_dir=str(out / "trl"), per_device_train_batch_size=MICRO, gradient_accumulation_steps=1 if packed else 4,
@@ -133,7 +122,7 @@ def run_trl(args, packed: bool, out: Path) -> dict:
     lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
                       target_modules=LORA["targets"], task_type="CAUSAL_LM")
     trainer = SFTTrainer(model=model, args=config, train_dataset=datasets.Dataset.from_list(pairs),
-                         processing_class=tok, peft_config=lora, callbacks=[Clock()])
+                         processing_class=tok, peft_config=lora, callbacks=[loop_clock(stamps)])
     trainer.train()
     result = {"loop_seconds": stamps[-1] - stamps[0], "wall_seconds": time.perf_counter() - START,
               "peak_memory_bytes": peak_bytes(), "steps": trainer.state.global_step,
@@ -160,20 +149,15 @@ def run_leantrain(args, name: str, out: Path) -> dict:
     extra = {"lora": lora, "lora_ckpt": [*lora, "efficiency.gradient_checkpointing=true"],
              "freeze": [f"model.freeze=[embeddings,model.layers.0-{AutoConfig.from_pretrained(path).num_hidden_layers // 2 - 1}]"],
              "full": []}[name]
-    cmd = [sys.executable, "-m", "leantrain.cli", "train", f"model.name={MODEL}", f"data.train={train}",
-           f"data.eval={check}", f"data.block_size={BLOCK}", f"train.batch_size={MICRO}", f"train.micro_batch_size={MICRO}", "train.epochs=1",
-           f"train.lr={LR[name]}", "optim.warmup_ratio=0", f"train.seed={SEED}", "report.plots=false",
-           "report.progress=plain", "checkpoint.every_steps=0", f"output_dir={out / 'run'}", *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    if r.returncode != 0:
-        raise SystemExit(f"leantrain failed:\n{r.stderr[-4000:]}")
-    summary = json.loads((out / "run" / "summary.json").read_text())
+    from vs_trl import leantrain_train
+
+    summary, result = leantrain_train(
+        args, out, f"model.name={MODEL}", f"data.train={train}", f"data.eval={check}", f"data.block_size={BLOCK}",
+        f"train.batch_size={MICRO}", f"train.micro_batch_size={MICRO}", "train.epochs=1", f"train.lr={LR[name]}",
+        "optim.warmup_ratio=0", f"train.seed={SEED}", "report.plots=false", "report.progress=plain",
+        "checkpoint.every_steps=0", *extra)
     tr = summary["train"]
-    if args.eval_now:
-        shutil.copytree(out / "run" / "model", out / "model", dirs_exist_ok=True)
-    return {"loop_seconds": tr["loop_seconds"], "wall_seconds": tr["wall_seconds"],
-            "peak_memory_bytes": tr.get("cuda_max_allocated_bytes") or tr["peak_memory_bytes"], "steps": tr["steps"],
-            "trainable_parameters": summary["model"]["trainable_parameters"],
+    return {**result, "trainable_parameters": summary["model"]["trainable_parameters"],
             "optimizer_state_bytes": summary["optim"]["state_bytes"],
             "tokens_trained": tr["tokens_seen"], "target_tokens": target_tokens(train, AutoTokenizer.from_pretrained(path))}
 
@@ -181,12 +165,9 @@ def run_leantrain(args, name: str, out: Path) -> dict:
 def eval_loss(args, model: str, out: Path) -> float:
     """``leantrain eval`` of ``model`` (a folder or the preset) on the held-out rows: the mean over response tokens."""
     _, held_out = data_files(args)
-    cmd = [sys.executable, "-m", "leantrain.cli", "eval", model, f"data.eval={held_out}", f"data.block_size={BLOCK}",
-           "--output", str(out / "eval.json")]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"leantrain eval failed:\n{r.stderr[-4000:]}")
-    return json.loads((out / "eval.json").read_text())["eval"]["loss"]
+    from vs_trl import leantrain_eval
+
+    return leantrain_eval(model, [f"data.eval={held_out}", f"data.block_size={BLOCK}"], out)["loss"]
 
 
 def worker(args) -> None:
