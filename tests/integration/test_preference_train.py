@@ -125,16 +125,17 @@ def test_kto_on_prompt_completion_label_data(root):
     assert json.loads((root / "kto" / "model" / "leantrain.json").read_text())["preference"]["loss"] == "kto"
 
 
-def test_reward_model_on_pairs_pairwise_accuracy_pipeline_and_predict(root, tmp_path):
+def test_reward_model_on_pairs_pairwise_accuracy_pipeline_and_predict(root, tmp_path, capfd):
     from transformers import pipeline
 
-    bert = make_tiny_bert(tmp_path / "bert", layers=1, hidden=16)
+    bert = make_tiny_bert(tmp_path / "bert", layers=1, hidden=16, dropout=0.1)
     assert main(["train", f"model.name={bert}", f"data.train={root / 'prefs.jsonl'}",
                  f"data.eval={root / 'prefs_dev.jsonl'}", "train.batch_size=4", "train.max_steps=3",
                  "preference.center_rewards=0.01", "efficiency.precision=fp32", "report.plots=false",
                  "report.progress=none",
                  "checkpoint.every_steps=0", f"output_dir={tmp_path / 'rm'}"]) == 0
     s = summary(tmp_path / "rm")
+    assert "dropout: off in" in capfd.readouterr().err  # preference.dropout=off by default, as TRL
     assert json.loads((tmp_path / "rm" / "model" / "leantrain.json").read_text())["task"] == "reward-model"
     assert {"accuracy", "margin", "loss"} <= set(s["eval"]) and s["eval"]["samples"] == 6
     model_dir = tmp_path / "rm" / "model"

@@ -37,6 +37,12 @@ class PreferenceConfig(Section):
         "computed once before training and cached on disk beside the data (keyed by the model and the data), read "
         "per batch; live: a frozen copy of the model in memory; none: reference-free losses only"
     )
+    dropout: Literal["off", "keep"] = Field(
+        "off", description="preference tuning and reward models: off = every dropout of the model (and of LoRA's "
+        "branch) at 0 while training, as TRL's disable_dropout=True: the policy's log-probs are the ones its "
+        "reference sees, and a BERT-style model's attention keeps SDPA's fused CPU kernel (which has no dropout: "
+        "the reward model's peak 0.63x, benchmarks/RESULTS.md); keep = the model's own dropout"
+    )
     center_rewards: float = Field(
         0.0, ge=0, description="reward model: the weight of the reward-centring term, mean((r_chosen + r_rejected)^2) "
         "(TRL's center_rewards_coefficient; 0.01 in Eisenstein et al.); 0 = off"

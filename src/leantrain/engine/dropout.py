@@ -66,6 +66,18 @@ def resolve_dropout(requested: str, device_type: str) -> str:
     return requested
 
 
+def disable_dropout(model: nn.Module) -> int:
+    """Set every ``nn.Dropout`` of ``model`` (LoRA's branch dropout included) to p = 0, as TRL's
+    ``disable_dropout``; returns how many had p > 0. The dropout a transformers attention passes to SDPA is its
+    ``nn.Dropout``'s p, so that goes too. The model's config (what it saves) is unchanged."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, nn.Dropout) and module.p > 0:
+            module.p = 0.0
+            changed += 1
+    return changed
+
+
 def use_fast_dropout(model: nn.Module) -> int:
     """Replace every plain ``nn.Dropout`` in ``model`` by a ``FastDropout`` of the same p; returns how many.
     Dropout modules hold no parameters or buffers, so state_dict keys and save_pretrained are unchanged."""

@@ -25,6 +25,7 @@ from leantrain.engine.checkpoint.preempt import Preemption
 from leantrain.engine.checkpoint.resume import decide, prior_records, restore, resume_problems
 from leantrain.engine.checkpoint.save import Checkpointer, data_fingerprint
 from leantrain.engine.distributed import distributed_summary, local_sgd, replica_spread
+from leantrain.engine.dropout import disable_dropout
 from leantrain.engine.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, output_loss_sizes,
                                          resolve_model_choices, resolve_precision)
 from leantrain.engine.eval_schedule import eval_due, evaluate_and_log, evaluate_at
@@ -131,6 +132,8 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
         log.info("%s", note)
     model, trainable = apply_trainable(model, cfg.model, cfg.peft,  # LoRA (peft.*) and model.freeze
                                        gradient_checkpointing=cfg.efficiency.gradient_checkpointing)
+    if not data.task_object.keeps_dropout and (off := disable_dropout(model)):
+        log.info("dropout: off in %d modules (preference.dropout=off, as TRL's disable_dropout)", off)
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)

@@ -275,6 +275,28 @@ def test_reward_model_under_gradient_checkpointing_equals_the_plain_computation(
         torch.testing.assert_close(ckpt_grads[name], g, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_dropout_is_off_while_training_unless_kept_and_the_saved_config_keeps_it():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from leantrain.engine.dropout import disable_dropout
+
+    off = get_task("reward-model").configured(resolve(None, ["model.task=reward-model"]))
+    keep = get_task("reward-model").configured(resolve(None, ["model.task=reward-model", "preference.dropout=keep"]))
+    assert not off.keeps_dropout and keep.keeps_dropout and get_task("text-classification").keeps_dropout
+    assert not task_for("dpo").keeps_dropout and task_for("dpo", "preference.dropout=keep").keeps_dropout
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, **off.model_fields([]))).train()
+    batch = pairs(3, seed=8)
+    batch.pop("labels")
+    assert not torch.equal(off.scores(model, batch)[0], off.scores(model, batch)[0])  # dropout draws differ
+    assert disable_dropout(model) > 0 and disable_dropout(model) == 0
+    trained = off.scores(model, batch)[0]
+    torch.testing.assert_close(trained, off.scores(model.eval(), batch)[0], rtol=1e-6, atol=1e-7)  # = eval mode
+    assert model.config.hidden_dropout_prob == 0.1 and model.config.attention_probs_dropout_prob == 0.1
+
+
 def test_reference_resolves_per_loss_and_lora():
     assert task_for("dpo").reference == "precompute"
     assert task_for("dpo", "peft.method=lora").reference == "adapter"

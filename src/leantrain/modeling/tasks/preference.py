@@ -108,7 +108,7 @@ class Preference(CausalLM):
         return dataclasses.replace(
             self, loss=p.loss, beta=p.resolved_beta(p.loss), gamma=p.gamma, label_smoothing=p.label_smoothing,
             desirable_weight=p.desirable_weight, undesirable_weight=p.undesirable_weight,
-            reference=p.resolved_reference(p.loss, cfg.peft.method != "none"),
+            reference=p.resolved_reference(p.loss, cfg.peft.method != "none"), keeps_dropout=p.dropout == "keep",
             reference_name=None if cfg.model.config or cfg.model.config_type else local_or_hub(cfg.model.name))
 
     def check_data(self, columns: dict) -> None:

@@ -75,6 +75,7 @@ class Task:
     default_for: tuple[str, ...] = field(default=())  # modalities whose data picks this task under model.task=auto
     head_lr_factor: float = 1.0  # the classifier head's peak lr / train.lr when train.head_lr is unset (head_start)
     untrained_pooler: str = "pooler"  # what model.pooling=auto does with an untrained-looking BERT pooler (pooling)
+    keeps_dropout: bool = True  # False: every nn.Dropout at p = 0 while training (preference.dropout=off)
 
     @property
     def name(self) -> str:

@@ -41,7 +41,8 @@ class RewardModel(Task):
         if model_config is not None:
             return dataclasses.replace(self, center=float((getattr(model_config, RECORD, None) or {})
                                                           .get("center_rewards", 0.0)))
-        return dataclasses.replace(self, center=cfg.preference.center_rewards)
+        return dataclasses.replace(self, center=cfg.preference.center_rewards,
+                                   keeps_dropout=cfg.preference.dropout == "keep")
 
     def model_fields(self, label_names: list[str]) -> dict:
         return dict(num_labels=1, problem_type=self.spec.problem_type, id2label={0: "score"}, label2id={"score": 0})
