@@ -16,7 +16,7 @@ from leantrain.data import audio, image, tagged, text_loader
 from leantrain.data.lm import corpus, preference
 from leantrain.data.lm.sft import with_instructions
 from leantrain.data.loaders import make_collator
-from leantrain.data.text import tokenize
+from leantrain.data.text import pad_multiple, tokenize
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def _text_process(dataset, tokenizer, cfg: DataConfig, desc: str = "Tokenizing")
 
 def _text_collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0, device_type: str = "cpu"):
     return make_collator(tokenizer, batching=cfg.batching, max_length=cfg.max_length,
-                         pad_multiple=8 if device_type == "cuda" else None)
+                         pad_multiple=pad_multiple(device_type))
 
 
 MODALITIES = {

@@ -30,7 +30,7 @@ from leantrain.data.caches import using_cache_dir
 from leantrain.data.conll import is_conll_path, read_conll, tags_column, tokens_column
 from leantrain.data.labels import capped, listing
 from leantrain.data.sources import Part, SourceError, open_source, pick_split
-from leantrain.data.text import MODEL_INPUTS, TextCollator
+from leantrain.data.text import MODEL_INPUTS, TextCollator, pad_multiple
 from leantrain.data.text_loader import PreparedData, data_error, open_rows, prepared, source_warnings
 from leantrain.errors import UserError
 
@@ -337,4 +337,4 @@ def collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0, device_t
     word (the metrics are per word)."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return TokenCollator(pad_id, pad_to=cfg.max_length if cfg.batching == "padded" else None,
-                         multiple_of=8 if device_type == "cuda" else None, all_tokens=train and cfg.label_all_tokens)
+                         multiple_of=pad_multiple(device_type), all_tokens=train and cfg.label_all_tokens)

@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from leantrain.config import resolve
 from leantrain.data.lm import rendering as rd
 from leantrain.data.lm import sft
+from leantrain.data.text import padded_width
 from leantrain.data.lm.collate import pad_id_of
 from leantrain.data.modalities import for_modality
 from leantrain.data.lm.preference import detect_format
@@ -180,7 +181,7 @@ def test_pair_collator_puts_chosen_then_rejected_padded(tmp_path, tok):
     out = out.add_column("ref_chosen_logps", [-1.0, -2.0]).add_column("ref_rejected_logps", [-3.0, -4.0])
     batch = for_modality("pairs").collator(tok, c, train=True)([out[0], out[1]])
     ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
-    assert ids.shape == mask.shape == labels.shape == (4, max(out["length"]))
+    assert ids.shape == mask.shape == labels.shape == (4, padded_width(max(out["length"])))  # few widths on a CPU
     for i, (name, row) in enumerate([("chosen", 0), ("chosen", 1), ("rejected", 0), ("rejected", 1)]):
         seq = out[row][f"{name}_input_ids"]
         assert ids[i, :len(seq)].tolist() == seq and int(mask[i].sum()) == len(seq)

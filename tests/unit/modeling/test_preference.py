@@ -257,6 +257,32 @@ def test_dpo_under_gradient_checkpointing_and_bf16_equals_the_plain_fp32_computa
             assert (low_grads[name] - g).norm() <= 0.05 * g.norm() + 1e-6, name
 
 
+def test_the_padding_of_bucketed_widths_changes_no_loss_or_gradient(model):
+    """The CPU collators pad a batch to one of a few widths (leantrain.data.text.padded_width): the extra columns are
+    masked, so DPO's loss and gradients (a live reference, the chunked output layer) equal the exact-width batch's."""
+    from leantrain.data.text import padded_width
+
+    batch = pairs(3, seed=11)
+    width = batch["input_ids"].shape[1]
+    extra = padded_width(width, 16) - width
+    assert extra > 0
+    wide = {"input_ids": F.pad(batch["input_ids"], (0, extra), value=0),
+            "attention_mask": F.pad(batch["attention_mask"], (0, extra), value=0),
+            "labels": F.pad(batch["labels"], (0, extra), value=IGNORE)}
+    ref_model = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    task = task_for("dpo", "preference.reference=live").with_reference(ref_model)
+    policy = copy.deepcopy(model)
+    assert install_chunked_loss(policy, chunk_tokens=5)
+    loss, grads = _loss_and_grads(policy, task, batch)
+    wide_loss, wide_grads = _loss_and_grads(policy, task, wide)
+    torch.testing.assert_close(wide_loss, loss, rtol=1e-5, atol=1e-6)
+    for name, g in grads.items():
+        torch.testing.assert_close(wide_grads[name], g, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_reward_model_under_gradient_checkpointing_equals_the_plain_computation():
     from transformers import BertConfig, BertForSequenceClassification
 

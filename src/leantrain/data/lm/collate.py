@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from leantrain.data.text import padded_width
+
 IGNORE = -100
 
 
@@ -26,10 +28,9 @@ class LMCollator:
         n = len(rows)
         lengths = [len(r["input_ids"]) for r in rows]
         width = max(lengths)
-        if self.multiple_of:
-            width = -(-width // self.multiple_of) * self.multiple_of
-            if self.max_length:
-                width = max(min(width, self.max_length), max(lengths))
+        width = padded_width(width, self.multiple_of)
+        if self.max_length:
+            width = max(min(width, self.max_length), max(lengths))
         ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
         labels = torch.full((n, width), IGNORE, dtype=torch.long)
         with_positions = any("position_ids" in r for r in rows)

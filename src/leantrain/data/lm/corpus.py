@@ -17,6 +17,7 @@ from leantrain.data.lm.blocks import Blocks
 from leantrain.data.caches import using_cache_dir
 from leantrain.data.lm.collate import LMCollator, pad_id_of
 from leantrain.data.sources import SourceError
+from leantrain.data.text import pad_multiple
 from leantrain.data.text_loader import PreparedData, data_error
 from leantrain.data.lm.shard_cache import prepared_shards
 from leantrain.data.lm.token_sources import TokenSource, open_token_source
@@ -119,7 +120,7 @@ def process(split: LMSplit, tokenizer, cfg: DataConfig, desc: str = "Tokenizing"
 
 
 def collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0, device_type: str = "cpu") -> LMCollator:  # noqa: ANN001
-    return LMCollator(pad_id_of(tokenizer), multiple_of=8 if device_type == "cuda" else None)
+    return LMCollator(pad_id_of(tokenizer), multiple_of=pad_multiple(device_type))
 
 
 def label_kind(cfg: DataConfig) -> str:

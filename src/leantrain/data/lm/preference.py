@@ -52,6 +52,7 @@ from leantrain.data.caches import using_cache_dir
 from leantrain.data.lm.collate import pad_id_of
 from leantrain.data.lm.preference_collate import FeedbackCollator, PairCollator
 from leantrain.data.sources import Part, quiet
+from leantrain.data.text import pad_multiple
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
 from leantrain.data.text_loader import first_rows
 from leantrain.errors import DataError
@@ -228,7 +229,7 @@ def show_example(row: dict, tokenizer, side: str = "pairs") -> str:  # noqa: ANN
 
 def collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0, device_type: str = "cpu",  # noqa: ANN001
              side: str = "pairs"):  # noqa: ANN201
-    multiple = 8 if device_type == "cuda" else None
+    multiple = pad_multiple(device_type)
     if side == "feedback":
         return FeedbackCollator(pad_id_of(tokenizer), multiple_of=multiple)
     return PairCollator(pad_id_of(tokenizer), multiple_of=multiple, labels=side == "pairs")

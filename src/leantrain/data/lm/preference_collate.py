@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 import torch
 
+from leantrain.data.text import padded_width
+
 IGNORE = -100
 PAIR_REF = ("ref_chosen_logps", "ref_rejected_logps")
 FEEDBACK_REF = ("ref_logps", "ref_kl_logps")
@@ -24,8 +26,7 @@ FEEDBACK_REF = ("ref_logps", "ref_kl_logps")
 def pad(sequences: Sequence[Sequence[int]], value: int, multiple_of: int | None = None) -> torch.Tensor:
     """Right-padded (N, T) long tensor; T the longest, rounded up to ``multiple_of``."""
     width = max((len(s) for s in sequences), default=0)
-    if multiple_of:
-        width = -(-width // multiple_of) * multiple_of
+    width = padded_width(width, multiple_of)
     out = torch.full((len(sequences), width), value, dtype=torch.long)
     for i, s in enumerate(sequences):
         out[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
