@@ -21,10 +21,10 @@ medians.
 Contenders:
   trl          RewardTrainer, its defaults otherwise (gradient checkpointing on, dropout disabled, random order)
   trl_nockpt   the same with gradient_checkpointing=False (TRL's faster switch on a model this small)
-  leantrain    leantrain's defaults (model.task=reward-model auto-detected; length-grouped batches; dropout kept)
-  leantrain_nodropout  the same with MiniLM's dropout off (model.config_overrides.hidden_dropout_prob=0 and
-               attention_probs_dropout_prob=0), as RewardTrainer's disable_dropout does. Attention dropout is what
-               keeps torch's CPU SDPA off its fused kernel: ~190 MiB of attention weights and masks kept per layer at
+  leantrain    leantrain's defaults (model.task=reward-model auto-detected; length-grouped batches; dropout off,
+               preference.dropout=off, as RewardTrainer's disable_dropout)
+  leantrain_dropout  the same with MiniLM's own dropout kept (preference.dropout=keep). Attention dropout keeps
+               torch's CPU SDPA off its fused kernel: ~190 MiB of attention weights and masks kept per layer at
                16 x 256 tokens, about 1.1 GiB of the peak (benchmarks/RESULTS.md)
 
 Measured, the same way for every contender: pairs/s = the --rows pairs / the seconds of the training loop; tokens/s
@@ -48,8 +48,7 @@ from pathlib import Path
 START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
 HH = REPO.parent / "shared" / "data" / "hh_rlhf"
-CONTENDERS = ["trl", "trl_nockpt", "leantrain", "leantrain_nodropout"]
-NO_DROPOUT = ("hidden_dropout_prob", "attention_probs_dropout_prob")  # BERT's: what TRL's disable_dropout turns off
+CONTENDERS = ["trl", "trl_nockpt", "leantrain", "leantrain_dropout"]
 MODEL, BATCH, SEED, LR, WEIGHT_DECAY = "minilm", 8, 0, 1e-4, 0.01
 
 
@@ -134,13 +133,13 @@ def run_trl(args, checkpointing: bool, out: Path) -> dict:
 def run_leantrain(args, out: Path, dropout: bool) -> dict:
     from vs_trl import leantrain_train
 
-    off = [] if dropout else [f"model.config_overrides.{k}=0" for k in NO_DROPOUT]
+    keep = ["preference.dropout=keep"] if dropout else []
     _, result = leantrain_train(
         args, out, f"model.name={MODEL}", f"data.train={train_file(args)}", f"data.eval={eval_file(args)}",
         "data.max_eval_samples=8", f"data.block_size={args.max_length}", f"data.max_prompt_length={args.max_length - 1}",
         f"train.batch_size={BATCH}", f"train.micro_batch_size={BATCH}", "train.epochs=1", f"train.lr={LR}",
         f"optim.weight_decay={WEIGHT_DECAY}", "optim.warmup_ratio=0", f"train.seed={SEED}", "report.plots=false",
-        "report.progress=plain", "checkpoint.every_steps=0", *off)
+        "report.progress=plain", "checkpoint.every_steps=0", *keep)
     task = json.loads((out / "run" / "model" / "leantrain.json").read_text())["task"]
     if task != "reward-model":
         raise SystemExit(f"leantrain ran model.task={task}, not reward-model")
@@ -152,7 +151,7 @@ def worker(args) -> None:
     from vs_trl import leantrain_eval
 
     out = worker_folder(args)  # sets args.eval_now: the first round only
-    result = run_leantrain(args, out, args.worker == "leantrain") if args.worker.startswith("leantrain") else \
+    result = run_leantrain(args, out, args.worker == "leantrain_dropout") if args.worker.startswith("leantrain") else \
         run_trl(args, args.worker == "trl", out)
     enc = rendered([json.loads(line) for line in open(train_file(args))], args.max_length)
     tokens = sum(map(len, enc["chosen_input_ids"])) + sum(map(len, enc["rejected_input_ids"]))
