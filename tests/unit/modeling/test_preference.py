@@ -232,18 +232,23 @@ def _loss_and_grads(model, task, batch, precision: str = "fp32", checkpointing: 
     return loss.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
 
 
+def _live_dpo(model):
+    """DPO with a live reference (the policy's weights nudged) and a policy through the chunked output layer."""
+    ref_model = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    policy = copy.deepcopy(model)
+    assert install_chunked_loss(policy, chunk_tokens=5)
+    return task_for("dpo", "preference.reference=live").with_reference(ref_model), policy
+
+
 def test_dpo_under_gradient_checkpointing_and_bf16_equals_the_plain_fp32_computation(model):
     """DPO with a live reference, through the chunked output layer. Gradient checkpointing recomputes the same fp32
     forward: loss and gradients equal to rtol 1e-5. bf16 autocast (policy and reference both in bf16, as a run
     runs them): the loss within 1% of the fp32 one, each gradient within 5% of its norm (bf16 keeps 8 bits)."""
     batch = pairs(3, seed=7)
-    ref_model = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in ref_model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    task = task_for("dpo", "preference.reference=live").with_reference(ref_model)
-    policy = copy.deepcopy(model)
-    assert install_chunked_loss(policy, chunk_tokens=5)
+    task, policy = _live_dpo(model)
     loss, grads = _loss_and_grads(policy, task, batch)
     ckpt_loss, ckpt_grads = _loss_and_grads(policy, task, batch, checkpointing=True)
     torch.testing.assert_close(ckpt_loss, loss, rtol=1e-5, atol=1e-6)
@@ -269,13 +274,7 @@ def test_the_padding_of_bucketed_widths_changes_no_loss_or_gradient(model):
     wide = {"input_ids": F.pad(batch["input_ids"], (0, extra), value=0),
             "attention_mask": F.pad(batch["attention_mask"], (0, extra), value=0),
             "labels": F.pad(batch["labels"], (0, extra), value=IGNORE)}
-    ref_model = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in ref_model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    task = task_for("dpo", "preference.reference=live").with_reference(ref_model)
-    policy = copy.deepcopy(model)
-    assert install_chunked_loss(policy, chunk_tokens=5)
+    task, policy = _live_dpo(model)
     loss, grads = _loss_and_grads(policy, task, batch)
     wide_loss, wide_grads = _loss_and_grads(policy, task, wide)
     torch.testing.assert_close(wide_loss, loss, rtol=1e-5, atol=1e-6)
