@@ -15,8 +15,8 @@ cuts or drops anything). TRL gets those very token ids (its documented pre-token
 columns), so both train on the same tokens. Bradley-Terry loss -log sigmoid(r_chosen - r_rejected), no centring;
 batch 8 pairs a step (16 sequences, no accumulation), one epoch, AdamW lr 1e-4 (TRL's RewardConfig default), weight
 decay 0.01, linear decay without warm-up, clipping 1.0, bf16 autocast over fp32 weights where the CPU runs bf16
-natively, seed 0. Every contender runs in a fresh process, interleaved (A B C A B C ...) over --repeats rounds;
-medians.
+natively, seed 0 (--seed). Every contender runs in a fresh process, interleaved (A B C A B C ...) over --repeats
+rounds; medians.
 
 Contenders:
   trl          RewardTrainer, its defaults otherwise (gradient checkpointing on, dropout disabled, random order)
@@ -26,6 +26,8 @@ Contenders:
   leantrain_dropout  the same with MiniLM's own dropout kept (preference.dropout=keep). Attention dropout keeps
                torch's CPU SDPA off its fused kernel: ~190 MiB of attention weights and masks kept per layer at
                16 x 256 tokens, about 1.1 GiB of the peak (benchmarks/RESULTS.md)
+  leantrain_random  the same with batches in random order, padded to their longest (data.batching=dynamic), as
+               RewardTrainer batches, instead of length-grouped ones
 
 Measured, the same way for every contender: pairs/s = the --rows pairs / the seconds of the training loop; tokens/s
 = their non-padding tokens (chosen + rejected) / the same seconds; wall seconds of the process up to the trained
@@ -48,8 +50,8 @@ from pathlib import Path
 START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
 HH = REPO.parent / "shared" / "data" / "hh_rlhf"
-CONTENDERS = ["trl", "trl_nockpt", "leantrain", "leantrain_dropout"]
-MODEL, BATCH, SEED, LR, WEIGHT_DECAY = "minilm", 8, 0, 1e-4, 0.01
+CONTENDERS = ["trl", "trl_nockpt", "leantrain", "leantrain_dropout", "leantrain_random"]
+MODEL, BATCH, LR, WEIGHT_DECAY = "minilm", 8, 1e-4, 0.01
 
 
 def rendered(rows: list[dict], max_length: int):
@@ -108,13 +110,13 @@ def run_trl(args, checkpointing: bool, out: Path) -> dict:
     path = resolve_model_name(MODEL)
     tok = AutoTokenizer.from_pretrained(path)
     stamps: list[float] = []
-    torch.manual_seed(SEED)
+    torch.manual_seed(args.seed)
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
     config = RewardConfig(
         output_dir=str(out / "trl"), per_device_train_batch_size=BATCH, gradient_accumulation_steps=1,
         num_train_epochs=1, learning_rate=LR, weight_decay=WEIGHT_DECAY, lr_scheduler_type="linear", warmup_steps=0,
         max_grad_norm=1.0, max_length=args.max_length, gradient_checkpointing=checkpointing,
-        bf16=default_precision() == "bf16", seed=SEED, logging_strategy="no", save_strategy="no", report_to=[],
+        bf16=default_precision() == "bf16", seed=args.seed, logging_strategy="no", save_strategy="no", report_to=[],
         dataloader_num_workers=0, disable_tqdm=True, use_cpu=not torch.cuda.is_available())
     trainer = RewardTrainer(model=model, args=config, train_dataset=data, processing_class=tok,
                             callbacks=[loop_clock(stamps)])
@@ -130,16 +132,17 @@ def run_trl(args, checkpointing: bool, out: Path) -> dict:
     return result
 
 
-def run_leantrain(args, out: Path, dropout: bool) -> dict:
+def run_leantrain(args, out: Path, name: str) -> dict:
     from vs_trl import leantrain_train
 
-    keep = ["preference.dropout=keep"] if dropout else []
+    extra = {"leantrain_dropout": ["preference.dropout=keep"], "leantrain_random": ["data.batching=dynamic"]}
+    keep = extra.get(name, [])
     _, result = leantrain_train(
         args, out, f"model.name={MODEL}", f"data.train={train_file(args)}", f"data.eval={eval_file(args)}",
         "data.max_eval_samples=8", f"data.block_size={args.max_length}", f"data.max_prompt_length={args.max_length - 1}",
         f"train.batch_size={BATCH}", f"train.micro_batch_size={BATCH}", "train.epochs=1", f"train.lr={LR}",
-        f"optim.weight_decay={WEIGHT_DECAY}", "optim.warmup_ratio=0", f"train.seed={SEED}", "report.plots=false",
-        "report.progress=plain", "checkpoint.every_steps=0", *keep)
+        f"optim.weight_decay={WEIGHT_DECAY}", "optim.warmup_ratio=0", f"train.seed={args.seed}",
+        "report.plots=false", "report.progress=plain", "checkpoint.every_steps=0", *keep)
     task = json.loads((out / "run" / "model" / "leantrain.json").read_text())["task"]
     if task != "reward-model":
         raise SystemExit(f"leantrain ran model.task={task}, not reward-model")
@@ -151,7 +154,7 @@ def worker(args) -> None:
     from vs_trl import leantrain_eval
 
     out = worker_folder(args)  # sets args.eval_now: the first round only
-    result = run_leantrain(args, out, args.worker == "leantrain_dropout") if args.worker.startswith("leantrain") else \
+    result = run_leantrain(args, out, args.worker) if args.worker.startswith("leantrain") else \
         run_trl(args, args.worker == "trl", out)
     enc = rendered([json.loads(line) for line in open(train_file(args))], args.max_length)
     tokens = sum(map(len, enc["chosen_input_ids"])) + sum(map(len, enc["rejected_input_ids"]))
@@ -175,6 +178,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=384, help="training pairs (the first that fit), one epoch")
     p.add_argument("--eval-rows", type=int, default=300, help="held-out pairs of test.jsonl (300: all of them)")
     p.add_argument("--max-length", type=int, default=256, help="tokens of the longest sequence kept")
+    p.add_argument("--seed", type=int, default=0, help="both tools' training seed (the score head's initialisation "
+                   "and the order of the pairs); another seed shows how far held-out accuracy moves with them alone")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from vs_trl import bench_main
 
