@@ -215,6 +215,22 @@ def test_feedback_rows_carry_their_label_and_a_kl_row_of_the_next_completion(tmp
         processed(tmp_path, tok, rows, side="pairs")
 
 
+def test_feedback_with_one_label_only_is_counted_and_warned(tmp_path, tok, caplog):
+    rows = [{"prompt": Q, "completion": GOOD, "label": True}, {"prompt": "Hello", "completion": BAD, "label": True}]
+    with caplog.at_level(logging.INFO, logger="leantrain"):
+        processed(tmp_path, tok, rows, side="feedback")
+    assert "data.train: 2 desirable, 0 undesirable rows" in caplog.text
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "data.train: no undesirable rows (every label is true)" in warned[0]
+    assert "eval.rejected_reward" in warned[0] and "learns from one kind" in warned[0]
+    caplog.clear()
+    (tmp_path / "both").mkdir()
+    with caplog.at_level(logging.INFO, logger="leantrain"):
+        processed(tmp_path / "both", tok, [rows[0], {**rows[1], "label": False}], side="feedback")
+    assert "1 desirable, 1 undesirable rows" in caplog.text
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
 def test_reward_model_rows_are_the_plain_text_with_the_tokenizers_special_tokens(tmp_path, caplog):
     from leantrain.modeling import packaged_model_path
 

@@ -191,6 +191,8 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
         out = out.remove_columns(list(flags))
     for note in _notes(where, fmt, side, n, len(out), counts, budget, cap):
         log.info(note)
+    if side == "feedback" and len(out):
+        _one_sided(where, out["desirable"])
     if len(out) and where != "data.eval":
         log.info("rendered example (trained spans in [[...]]):\n%s", show_example(out[0], tokenizer, side))
     if not len(out):
@@ -212,6 +214,19 @@ def _notes(where: str, fmt: str, side: str, n: int, kept: int, counts: dict, bud
     if counts.get("cut"):
         notes.append(f"{where}: {counts['cut']} {unit} with a response cut to fit data.block_size={cap} tokens")
     return notes
+
+
+def _one_sided(where: str, desirable: list[int]) -> None:
+    """Feedback rows: how many of each label; a warning when every row has the same one (KTO then learns from one
+    kind only, and the metrics of the missing kind are undefined: nan)."""
+    good = int(sum(desirable))
+    log.info("%s: %d desirable, %d undesirable rows", where, good, len(desirable) - good)
+    if good in (0, len(desirable)):
+        missing = "undesirable" if good else "desirable"
+        side = "rejected" if good else "chosen"
+        log.warning("warning: %s: no %s rows (every label is %s): eval.%s_reward, eval.%s_logps and "
+                    "eval.reward_margin are undefined (nan) on it%s", where, missing, str(bool(good)).lower(), side,
+                    side, "" if where == "data.eval" else ", and KTO learns from one kind of answer only")
 
 
 def show_example(row: dict, tokenizer, side: str = "pairs") -> str:  # noqa: ANN001
