@@ -51,6 +51,7 @@ START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
 HH = REPO.parent / "shared" / "data" / "hh_rlhf"
 CONTENDERS = ["trl", "trl_nockpt", "leantrain", "leantrain_dropout", "leantrain_random"]
+OVERRIDES = {"leantrain_dropout": ["preference.dropout=keep"], "leantrain_random": ["data.batching=dynamic"]}
 MODEL, BATCH, LR, WEIGHT_DECAY = "minilm", 8, 1e-4, 0.01
 
 
@@ -135,14 +136,12 @@ def run_trl(args, checkpointing: bool, out: Path) -> dict:
 def run_leantrain(args, out: Path, name: str) -> dict:
     from vs_trl import leantrain_train
 
-    extra = {"leantrain_dropout": ["preference.dropout=keep"], "leantrain_random": ["data.batching=dynamic"]}
-    keep = extra.get(name, [])
     _, result = leantrain_train(
         args, out, f"model.name={MODEL}", f"data.train={train_file(args)}", f"data.eval={eval_file(args)}",
         "data.max_eval_samples=8", f"data.block_size={args.max_length}", f"data.max_prompt_length={args.max_length - 1}",
         f"train.batch_size={BATCH}", f"train.micro_batch_size={BATCH}", "train.epochs=1", f"train.lr={LR}",
         f"optim.weight_decay={WEIGHT_DECAY}", "optim.warmup_ratio=0", f"train.seed={args.seed}",
-        "report.plots=false", "report.progress=plain", "checkpoint.every_steps=0", *keep)
+        "report.plots=false", "report.progress=plain", "checkpoint.every_steps=0", *OVERRIDES.get(name, []))
     task = json.loads((out / "run" / "model" / "leantrain.json").read_text())["task"]
     if task != "reward-model":
         raise SystemExit(f"leantrain ran model.task={task}, not reward-model")

@@ -27,8 +27,7 @@ class LMCollator:
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         n = len(rows)
         lengths = [len(r["input_ids"]) for r in rows]
-        width = max(lengths)
-        width = padded_width(width, self.multiple_of)
+        width = padded_width(max(lengths), self.multiple_of)
         if self.max_length:
             width = max(min(width, self.max_length), max(lengths))
         ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)

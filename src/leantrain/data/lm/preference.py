@@ -176,6 +176,7 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
         raw = dataset.map(render.encode_feedback, **common,
                           fn_kwargs={"tokenizer": tokenizer, "template": cfg.template})
         rows, counts = render.feedback_rows(raw["prompt_ids"], raw["completion_ids"], raw["desirable"], budget, cap)
+        counts["desirable"] = int(sum(rows["desirable"]))
         out = datasets.Dataset.from_dict(rows)
     else:
         encode = render.encode_pairs if side == "pairs" else render.encode_scored
@@ -191,8 +192,8 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
         out = out.remove_columns(list(flags))
     for note in _notes(where, fmt, side, n, len(out), counts, budget, cap):
         log.info(note)
-    if side == "feedback" and len(out):
-        _one_sided(where, out["desirable"])
+    if side == "feedback" and len(out) and counts["desirable"] in (0, len(out)):
+        _warn_one_label(where, good=bool(counts["desirable"]))
     if len(out) and where != "data.eval":
         log.info("rendered example (trained spans in [[...]]):\n%s", show_example(out[0], tokenizer, side))
     if not len(out):
@@ -204,6 +205,8 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
 def _notes(where: str, fmt: str, side: str, n: int, kept: int, counts: dict, budget: int, cap: int) -> list[str]:
     unit = "rows" if side == "feedback" else "pairs"
     notes = [f"{where}: preference data, format {pf.describe(fmt)}: {kept} of {n} {unit} kept"]
+    if "desirable" in counts:
+        notes.append(f"{where}: {counts['desirable']} desirable, {kept - counts['desirable']} undesirable rows")
     if counts.get("tie"):
         notes.append(f"{where}: {counts['tie']} pairs with chosen == rejected (after the cut below) dropped")
     if counts.get("empty"):
@@ -216,17 +219,13 @@ def _notes(where: str, fmt: str, side: str, n: int, kept: int, counts: dict, bud
     return notes
 
 
-def _one_sided(where: str, desirable: list[int]) -> None:
-    """Feedback rows: how many of each label; a warning when every row has the same one (KTO then learns from one
-    kind only, and the metrics of the missing kind are undefined: nan)."""
-    good = int(sum(desirable))
-    log.info("%s: %d desirable, %d undesirable rows", where, good, len(desirable) - good)
-    if good in (0, len(desirable)):
-        missing = "undesirable" if good else "desirable"
-        side = "rejected" if good else "chosen"
-        log.warning("warning: %s: no %s rows (every label is %s): eval.%s_reward, eval.%s_logps and "
-                    "eval.reward_margin are undefined (nan) on it%s", where, missing, str(bool(good)).lower(), side,
-                    side, "" if where == "data.eval" else ", and KTO learns from one kind of answer only")
+def _warn_one_label(where: str, good: bool) -> None:
+    """Feedback rows that all have one label (``good``: all desirable): KTO learns from one kind of answer only, and
+    the metrics of the missing kind are undefined (nan)."""
+    missing, metric = ("undesirable", "rejected") if good else ("desirable", "chosen")
+    log.warning("warning: %s: no %s rows (every label is %s): eval.%s_reward, eval.%s_logps and eval.reward_margin "
+                "are undefined (nan) on it%s", where, missing, str(good).lower(), metric, metric,
+                "" if where == "data.eval" else ", and KTO learns from one kind of answer only")
 
 
 def show_example(row: dict, tokenizer, side: str = "pairs") -> str:  # noqa: ANN001
