@@ -48,6 +48,7 @@ def write_rows(path: Path, rows: list[dict], sep: str = ",") -> Path:
     return path
 
 
+YES_NO = {"yes": ["good", "fine", "great"], "no": ["bad", "poor", "awful"]}
 WORDS = {"pos": ["great", "lovely", "superb", "fine"], "neg": ["awful", "bad", "broken", "poor"]}
 
 
@@ -291,3 +292,44 @@ def make_tiny_chat_tokenizer(folder: Path, *, vocab_size: int = 320, chat_templa
         fast.chat_template = chat_template
     fast.save_pretrained(folder)
     return folder
+
+
+NER_TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+PEOPLE = [["Anna", "Smith"], ["Bob"], ["Carla", "Jones"]]
+PLACES = [["Paris"], ["New", "York"], ["Rome"]]
+FILLER = ["went", "to", "the", "and", "saw", "today", "with"]
+
+
+def ner_rows(n: int, seed: int = 0) -> list[dict]:
+    """Sentences of filler words, people (B-PER I-PER) and places (B-LOC I-LOC)."""
+    r = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        tokens, tags = [], []
+        for _ in range(r.randint(1, 3)):
+            kind = r.choice(["PER", "LOC", None])
+            if kind is None:
+                w = r.sample(FILLER, 2)
+                tokens += w
+                tags += ["O"] * len(w)
+            else:
+                w = r.choice(PEOPLE if kind == "PER" else PLACES)
+                tokens += w
+                tags += [f"B-{kind}"] + [f"I-{kind}"] * (len(w) - 1)
+        rows.append({"tokens": tokens, "ner_tags": tags})
+    return rows
+
+
+EMOTIONS = ["anger", "joy", "love", "sadness"]
+
+
+def set_rows(n: int, seed: int = 0) -> list[dict]:
+    """Texts made of the words of their labels (0 to 3 labels; some rows have none)."""
+    r = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        labels = sorted(r.sample(EMOTIONS, r.randint(0, 3)))
+        words = [w for w in labels for _ in range(r.randint(1, 3))] or ["plain"]
+        r.shuffle(words)
+        rows.append({"text": " ".join(words), "labels": labels})
+    return rows

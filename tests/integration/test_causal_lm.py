@@ -25,7 +25,7 @@ from leantrain.cli import main
 from leantrain.report.logs import read_metrics
 from tests.helpers import (LM_WORDS, TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer, model_params, shared_data,
                            trajectory, write_jsonl)
-from tests.integration.test_distributed import BIN, assert_same_training, run
+from tests.processes import BIN, assert_same_training, run
 
 SAMPLE = "ba be"
 

@@ -13,7 +13,7 @@ import yaml
 
 from leantrain import train
 from tests.helpers import TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer
-from tests.integration.test_distributed import BIN, assert_same_training, run
+from tests.processes import BIN, assert_same_training, run
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from tests.helpers import model_params, word_rows, write_rows
-from tests.integration.test_distributed import one_and_two_processes
+from tests.processes import one_and_two_processes
 from leantrain import train
 from leantrain.report.logs import read_metrics
 

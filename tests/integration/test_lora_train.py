@@ -15,7 +15,8 @@ import torch
 
 from tests.helpers import (make_tiny_bert, model_params, resume_data, run_train_process, trajectory, word_rows,
                            write_rows)
-from tests.integration.test_distributed import YES_NO, one_and_two_processes
+from tests.helpers import YES_NO
+from tests.processes import one_and_two_processes
 
 pytest.importorskip("peft")
 LORA = ["peft.method=lora", "peft.r=4", "peft.alpha=8"]

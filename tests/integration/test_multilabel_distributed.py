@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from tests.integration.test_distributed import one_and_two_processes
-from tests.unit.modeling.test_multilabel import set_rows, write_jsonl
+from tests.processes import one_and_two_processes
+from tests.helpers import set_rows, write_jsonl
 
 pytestmark = pytest.mark.distributed
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from tests.helpers import write_rows
-from tests.integration.test_distributed import one_and_two_processes
-from tests.unit.modeling.test_regression import score_rows
+from tests.processes import one_and_two_processes
+from tests.helpers import score_rows
 
 pytestmark = pytest.mark.distributed
 

@@ -11,7 +11,7 @@ import pytest
 
 from leantrain.report.logs import read_metrics
 from tests.helpers import CHATML, make_tiny_chat_tokenizer, make_tiny_llama
-from tests.integration.test_distributed import BIN, one_and_two_processes, run
+from tests.processes import BIN, one_and_two_processes, run
 
 WORDS = "what is two and four hello world once upon a time there was small model numbers colours animals".split()
 

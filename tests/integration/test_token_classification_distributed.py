@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.helpers import make_tiny_bert, model_params, run_train_process, trajectory
-from tests.integration.test_distributed import one_and_two_processes
-from tests.unit.modeling.test_token_classification import ner_rows, write_jsonl
+from tests.processes import one_and_two_processes
+from tests.helpers import ner_rows, write_jsonl
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

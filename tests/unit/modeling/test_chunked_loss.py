@@ -10,58 +10,18 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from leantrain.errors import ConfigError
+from tests.tiny_models import LOSS_VOCAB, assert_close, loss_batch, loss_llama, losses_and_grads
 from leantrain.modeling.chunked_loss import (apply_chunked_loss, default_chunk_tokens, install_chunked_loss,
                                              is_installed, labels_for_loss, per_token_losses, why_not_chunked)
-
-VOCAB = 300
-
-
-def tiny_llama(tied: bool = True, vocab: int = VOCAB, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=tied, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    return LlamaForCausalLM(cfg).float()
-
-
-def batch(b: int = 3, t: int = 11, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (b, t), generator=g)
-    labels = ids.clone()
-    labels[0, :4] = -100  # a prompt
-    labels[1, -3:] = -100  # padding
-    labels[2, 5] = -100
-    weights = torch.rand(b, t - 1, generator=g) + 0.5  # a non-uniform incoming gradient per token
-    return ids, labels, weights
-
-
-def losses_and_grads(model, ids, labels, weights, chunked: bool):
-    model.zero_grad(set_to_none=True)
-    if chunked:
-        with labels_for_loss(model, labels):
-            out = model(input_ids=ids)
-    else:
-        out = model(input_ids=ids)
-    losses = per_token_losses(out, labels)
-    (losses * weights).sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return losses.detach(), grads
-
-
-def assert_close(a: torch.Tensor, b: torch.Tensor, what: str):
-    err = (a - b).abs().max().item() / max(b.abs().max().item(), 1e-12)
-    assert err <= 1e-5, f"{what}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("chunk", [7, 64])  # 7 does not divide the 30 targets; 64 is more than all of them
 def test_loss_and_gradients_equal_the_plain_computation(tied, chunk):
-    plain = tiny_llama(tied)
+    plain = loss_llama(tied)
     chunked = copy.deepcopy(plain)
     assert install_chunked_loss(chunked, chunk_tokens=chunk)
-    ids, labels, weights = batch()
+    ids, labels, weights = loss_batch()
     loss_p, grads_p = losses_and_grads(plain, ids, labels, weights, chunked=False)
     loss_c, grads_c = losses_and_grads(chunked, ids, labels, weights, chunked=True)
     assert loss_c.shape == (3, 10) and loss_c.dtype == torch.float32
@@ -77,9 +37,9 @@ def test_gradient_of_the_hidden_states_weight_and_bias_equal_plain():
     from leantrain.modeling.chunked_loss import chunked_token_losses
 
     torch.manual_seed(0)
-    layer = torch.nn.Linear(16, VOCAB, bias=True)
+    layer = torch.nn.Linear(16, LOSS_VOCAB, bias=True)
     hidden = torch.randn(2, 9, 16, requires_grad=True)
-    labels = torch.randint(0, VOCAB, (2, 9))
+    labels = torch.randint(0, LOSS_VOCAB, (2, 9))
     labels[1, 3] = -100
     w = torch.rand(2, 8)
     plain = per_token_losses(layer(hidden), labels)
@@ -94,10 +54,10 @@ def test_gradient_of_the_hidden_states_weight_and_bias_equal_plain():
 
 
 def test_bf16_autocast_is_close_to_plain():
-    plain = tiny_llama()
+    plain = loss_llama()
     chunked = copy.deepcopy(plain)
     install_chunked_loss(chunked, chunk_tokens=8)
-    ids, labels, weights = batch()
+    ids, labels, weights = loss_batch()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss_p, grads_p = losses_and_grads(plain, ids, labels, weights, chunked=False)
         loss_c, grads_c = losses_and_grads(chunked, ids, labels, weights, chunked=True)
@@ -123,22 +83,22 @@ class LargestTensor(TorchDispatchMode):
 
 @pytest.mark.parametrize("chunked", [True, False])
 def test_no_tokens_x_vocab_tensor_exists_in_forward_or_backward(chunked):
-    model = tiny_llama()
+    model = loss_llama()
     if chunked:
         install_chunked_loss(model, chunk_tokens=16)
-    ids, labels, weights = batch(b=4, t=17)  # 64 targets > hidden 32: tokens x vocab is the largest possible size
+    ids, labels, weights = loss_batch(b=4, t=17)  # 64 targets > hidden 32: tokens x vocab is the largest possible size
     tokens = 4 * 16
     with LargestTensor() as seen:
         losses_and_grads(model, ids, labels, weights, chunked=chunked)
     if chunked:
         # the largest are the weight's gradient (vocab x hidden) or one chunk's logits, far below tokens x vocab
-        assert seen.largest <= max(16 * VOCAB, VOCAB * 32) < tokens * VOCAB, f"a tensor of {seen.largest} elements"
+        assert seen.largest <= max(16 * LOSS_VOCAB, LOSS_VOCAB * 32) < tokens * LOSS_VOCAB, f"a tensor of {seen.largest} elements"
     else:  # the check can fail: the plain path makes the full logits
-        assert seen.largest >= tokens * VOCAB
+        assert seen.largest >= tokens * LOSS_VOCAB
 
 
 def test_state_dict_tied_weights_and_generation_unchanged():
-    model = tiny_llama(tied=True)
+    model = loss_llama(tied=True)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     ids = torch.tensor([[5, 6, 7, 8]])
     gen_before = model.generate(ids, max_new_tokens=6, do_sample=False)
@@ -152,7 +112,7 @@ def test_state_dict_tied_weights_and_generation_unchanged():
     assert torch.equal(model(input_ids=ids).logits, logits_before)  # outside labels_for_loss: the plain layer
     with labels_for_loss(model, ids):
         assert model(input_ids=ids).logits.shape == (1, 3)
-    assert model(input_ids=ids).logits.shape == (1, 4, VOCAB)  # the labels are cleared on exit
+    assert model(input_ids=ids).logits.shape == (1, 4, LOSS_VOCAB)  # the labels are cleared on exit
 
 
 def test_a_deep_copy_of_an_installed_model_computes_with_its_own_weights():
@@ -160,7 +120,7 @@ def test_a_deep_copy_of_an_installed_model_computes_with_its_own_weights():
     layer, not the one it was copied from (whose weights train on)."""
     import copy
 
-    model = tiny_llama()
+    model = loss_llama()
     assert install_chunked_loss(model, chunk_tokens=3)
     twin = copy.deepcopy(model)
     ids = torch.tensor([[5, 6, 7, 8]])
@@ -179,20 +139,20 @@ def test_labels_reach_the_layer_through_a_wrapper():
         def forward(self, **kw):
             return self.module(**kw)
 
-    model = tiny_llama()
+    model = loss_llama()
     install_chunked_loss(model)
-    ids, labels, _ = batch()
+    ids, labels, _ = loss_batch()
     with labels_for_loss(Wrapper(model), labels):
         out = Wrapper(model)(input_ids=ids)
     assert out.logits.shape == (3, 10)
-    with labels_for_loss(tiny_llama(), labels):  # not installed: a no-op
-        assert tiny_llama()(input_ids=ids).logits.shape == (3, 11, VOCAB)
+    with labels_for_loss(loss_llama(), labels):  # not installed: a no-op
+        assert loss_llama()(input_ids=ids).logits.shape == (3, 11, LOSS_VOCAB)
 
 
 def test_models_that_postprocess_their_logits_are_refused():
     from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaForCausalLM
 
-    gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+    gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=LOSS_VOCAB, hidden_size=32, intermediate_size=64,
                                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                            head_dim=16, final_logit_softcapping=30.0))
     assert "final_logit_softcapping" in why_not_chunked(gemma)
@@ -207,7 +167,7 @@ def test_models_that_postprocess_their_logits_are_refused():
             out.logits = out.logits * 2
             return out
 
-    scaled = ScaledForCausalLM(tiny_llama().config)
+    scaled = ScaledForCausalLM(loss_llama().config)
     assert "differ from the output layer" in why_not_chunked(scaled)
     assert not install_chunked_loss(scaled)
 
@@ -224,12 +184,12 @@ def test_not_a_causal_lm(tmp_path):
 
 
 def test_the_setting():
-    small = tiny_llama()
+    small = loss_llama()
     assert "off (auto: vocabulary 300 < 8192" in apply_chunked_loss(small, "auto") and not is_installed(small)
     assert "on (as configured" in apply_chunked_loss(small, True) and is_installed(small)
-    big = tiny_llama(vocab=8192)
+    big = loss_llama(vocab=8192)
     assert "on (auto: cpu has no fused kernel; vocabulary 8192, chunks of 2048 tokens on CPU, 4096 on GPUs" in apply_chunked_loss(big, "auto")
-    off = tiny_llama(vocab=8192)
+    off = loss_llama(vocab=8192)
     assert "off (efficiency.chunked_loss=false)" in apply_chunked_loss(off, False) and not is_installed(off)
     assert default_chunk_tokens(50257) == 256 and default_chunk_tokens(151936) == 64
     assert default_chunk_tokens(50257, "cuda") == 1024 and default_chunk_tokens(151936, "cuda") == 256

@@ -13,7 +13,7 @@ from leantrain.config import resolve
 from leantrain.errors import ConfigError
 from leantrain.modeling.lora import apply_trainable, pattern_regex
 from leantrain.optim import build_optimizer
-from tests.unit.modeling.test_lora import tiny_bert_classifier, tiny_gpt2, tiny_llama
+from tests.tiny_models import tiny_bert_classifier, tiny_gpt2, tiny_llama
 
 
 def frozen_by(model, *patterns: str, caplog=None):

@@ -16,32 +16,9 @@ from leantrain.modeling.switches import enable_checkpointing, is_checkpointing, 
 from leantrain.optim import build_optimizer
 from leantrain.optim.builders import BUILDERS
 from leantrain.optim.state import state_tensors
+from tests.tiny_models import tiny_bert_classifier, tiny_gpt2, tiny_llama
 
 pytest.importorskip("peft")
-
-
-def tiny_bert_classifier(layers: int = 2):
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    return BertForSequenceClassification(BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=64, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
-
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64))
-
-
-def tiny_gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=2, n_positions=64))
 
 
 def lora(model, *overrides: str):

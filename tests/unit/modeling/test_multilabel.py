@@ -4,7 +4,6 @@ summed over labels / (examples x labels), micro / macro F1 and subset accuracy, 
 from __future__ import annotations
 
 import json
-import random
 
 import numpy as np
 import pytest
@@ -12,21 +11,7 @@ import torch
 
 from leantrain.cli import main
 from leantrain.config import resolve
-from tests.helpers import tiny_run_args, write_jsonl, write_rows
-
-EMOTIONS = ["anger", "joy", "love", "sadness"]
-
-
-def set_rows(n: int, seed: int = 0) -> list[dict]:
-    """Texts made of the words of their labels (0 to 3 labels; some rows have none)."""
-    r = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        labels = sorted(r.sample(EMOTIONS, r.randint(0, 3)))
-        words = [w for w in labels for _ in range(r.randint(1, 3))] or ["plain"]
-        r.shuffle(words)
-        rows.append({"text": " ".join(words), "labels": labels})
-    return rows
+from tests.helpers import EMOTIONS, set_rows, tiny_run_args, write_jsonl, write_rows
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import torch
 
 from leantrain.modeling.chunked_loss import apply_chunked_loss, is_installed
 from leantrain.modeling.output_loss import PLAIN_SHARE, choose_output_loss, plain_logits_bytes
-from tests.unit.modeling.test_chunked_loss import assert_close, batch, losses_and_grads, tiny_llama
+from tests.tiny_models import assert_close, loss_batch, loss_llama, losses_and_grads
 
 GIB = 2**30
 
@@ -41,7 +41,7 @@ def test_auto_does_not_choose_liger_for_a_task_whose_token_gradients_differ(monk
     assert choose_output_loss("cuda", True, GIB, 80 * GIB, uniform=False)[0] == "plain"
     assert choose_output_loss("cuda", True, GIB, 80 * GIB, uniform=True)[0] == "liger"
     monkeypatch.setattr("leantrain.modeling.chunked_loss.liger_available", lambda: True)  # as on CUDA with liger
-    model = tiny_llama(vocab=8192)
+    model = loss_llama(vocab=8192)
     note = apply_chunked_loss(model, "auto", "cuda", None, None,
                               uniform=get_task("preference").uniform_token_gradients)
     assert note.startswith("chunked loss: on (auto: this task's loss weighs tokens differently")
@@ -56,12 +56,12 @@ def test_plain_logits_bytes_counts_the_gradient_too():
                                                     ("cuda", 100 * GIB, "chunked")])
 def test_auto_on_a_model_logs_why_and_its_loss_equals_the_plain_one(device, logits, chosen, monkeypatch):
     monkeypatch.setattr("leantrain.modeling.chunked_loss.liger_available", lambda: False)  # not installed here
-    plain = tiny_llama(vocab=8192)
+    plain = loss_llama(vocab=8192)
     model = copy.deepcopy(plain)
     note = apply_chunked_loss(model, "auto", device, logits, 80 * GIB if logits else None)  # no CUDA run here
     assert is_installed(model) == (chosen == "chunked")
     assert ("chunked loss: on (auto:" in note) if chosen == "chunked" else note.startswith("output loss: plain")
-    ids, labels, weights = batch()
+    ids, labels, weights = loss_batch()
     loss_p, grads_p = losses_and_grads(plain, ids, labels, weights, chunked=False)
     loss_a, grads_a = losses_and_grads(model, ids, labels, weights, chunked=True)
     assert_close(loss_a, loss_p, "per-token losses")
@@ -73,10 +73,10 @@ def test_auto_on_a_model_logs_why_and_its_loss_equals_the_plain_one(device, logi
 @pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("liger_kernel") is None,
                     reason="needs a CUDA device and liger-kernel (pip install leantrain[liger])")
 def test_liger_loss_and_gradients_equal_the_plain_computation():
-    plain = tiny_llama(vocab=8192).cuda()
+    plain = loss_llama(vocab=8192).cuda()
     fused = copy.deepcopy(plain)
     assert apply_chunked_loss(fused, "auto", "cuda", None, None).startswith("output loss: Liger")
-    ids, labels, _ = batch()
+    ids, labels, _ = loss_batch()
     ids, labels = ids.cuda(), labels.cuda()
     uniform = torch.full((3, 10), 0.7, device="cuda")  # the engine's gradient: a row's loss_weight on each token
     loss_p, grads_p = losses_and_grads(plain, ids, labels, uniform, chunked=False)
@@ -104,7 +104,7 @@ def test_the_sizes_auto_decides_from():
     from leantrain.config import resolve
     from leantrain.engine.efficiency import output_loss_sizes
 
-    model, cuda = tiny_llama(vocab=8192), torch.device("cuda")  # a device object only: nothing runs on it
+    model, cuda = loss_llama(vocab=8192), torch.device("cuda")  # a device object only: nothing runs on it
     eff = resolve(None, ["efficiency.memory_budget=8GiB"]).efficiency
     assert output_loss_sizes(model, eff, cuda, 4, 512) == (plain_logits_bytes(4 * 512, 8192), 8 * GIB)
     assert output_loss_sizes(model, eff, cuda, "auto", 512) == (None, 8 * GIB)  # the micro-batch is not known yet

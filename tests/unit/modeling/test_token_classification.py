@@ -17,32 +17,7 @@ from leantrain.config import DataConfig, resolve
 from leantrain.errors import DataError
 from leantrain.config.tasks import TOKEN_CLASSIFICATION
 from leantrain.modeling.tasks import get_task
-from tests.helpers import tiny_run_args, write_jsonl
-
-TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
-PEOPLE = [["Anna", "Smith"], ["Bob"], ["Carla", "Jones"]]
-PLACES = [["Paris"], ["New", "York"], ["Rome"]]
-FILLER = ["went", "to", "the", "and", "saw", "today", "with"]
-
-
-def ner_rows(n: int, seed: int = 0) -> list[dict]:
-    """Sentences of filler words, people (B-PER I-PER) and places (B-LOC I-LOC)."""
-    r = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        tokens, tags = [], []
-        for _ in range(r.randint(1, 3)):
-            kind = r.choice(["PER", "LOC", None])
-            if kind is None:
-                w = r.sample(FILLER, 2)
-                tokens += w
-                tags += ["O"] * len(w)
-            else:
-                w = r.choice(PEOPLE if kind == "PER" else PLACES)
-                tokens += w
-                tags += [f"B-{kind}"] + [f"I-{kind}"] * (len(w) - 1)
-        rows.append({"tokens": tokens, "ner_tags": tags})
-    return rows
+from tests.helpers import NER_TAGS as TAGS, ner_rows, tiny_run_args, write_jsonl
 
 
 @pytest.fixture(scope="module")
