@@ -14,6 +14,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the Hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _share_the_cores() -> None:
+    """Under pytest-xdist each worker gets its share of the cores (torch's intra-op threads, and OMP_NUM_THREADS for
+    the processes a test starts without setting it): N workers x all cores each oversubscribes the CPU, and the
+    tiny models here lose more to thread hand-offs than they gain from a second thread."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+_share_the_cores()
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
