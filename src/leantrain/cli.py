@@ -26,6 +26,7 @@ examples:
   leantrain predict runs/x/model --input new.csv --output preds.jsonl
   leantrain eval runs/x/model data.eval=dev.csv
   leantrain generate smollm2-135m --prompt "Write a haiku about rain." --max-new-tokens 40
+  leantrain export runs/x/model --format gguf --outtype q8_0   # -> runs/x/model.q8_0.gguf + Modelfile (Ollama)
   leantrain plan my.yaml --memory 8GiB --json
   leantrain bench my.yaml --sweep optim.name=adamw,adafactor,adamw8bit,sgd train.max_steps=20 output_dir=runs/b
 """
@@ -38,6 +39,19 @@ examples:
   leantrain generate smollm2-135m --prompt "Write a haiku." --temperature 0.8 --top-p 0.95 --seed 1
   leantrain generate runs/sft --prompt "Hello" --system "You answer in French."  # else the run's system prompt
   leantrain generate runs/x --prompt "To be" --prompt "The king" --json     # several prompts: one batch
+"""
+
+
+EXPORT_EXAMPLES = """\
+examples:
+  leantrain export runs/x/model --format gguf --outtype q8_0        # -> runs/x/model.q8_0.gguf + runs/x/Modelfile
+  leantrain export runs/x/model --format gguf --outtype f16 --check  # read it back, compare logits and greedy tokens
+  leantrain export runs/x --outtype bf16 --output exports/x.gguf     # a run folder stands for its model/
+  leantrain export runs/lora/adapter --outtype f16                   # a LoRA adapter: merged into its base first
+  leantrain export smollm2-135m --outtype q8_0 --output smollm2.q8_0.gguf
+then:
+  llama-cli -m runs/x/model.q8_0.gguf -p "Hello"                     # llama.cpp
+  ollama create x -f runs/x/Modelfile && ollama run x                # Ollama
 """
 
 
@@ -131,6 +145,28 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    "given to the chat template as training gives a row's tools")
     g.add_argument("--json", action="store_true", help="print one JSON object: the settings and, per prompt, "
                    "{prompt, text}")
+    x = sub.add_parser("export", help="write a causal LM folder as a GGUF file for llama.cpp / Ollama / LM Studio",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXPORT_EXAMPLES,
+                       description="Writes one GGUF file (the format llama.cpp, Ollama and LM Studio run) from a "
+                       "Llama, SmolLM2, Mistral, Qwen2 or Qwen3 folder: the weights tensor by tensor (Q/K reordered "
+                       "for llama.cpp's rotary layout; tied embeddings kept tied), the tokenizer (vocabulary, merges, "
+                       "special tokens, the pre-tokenizer's name) and the chat template; a LoRA adapter folder is "
+                       "merged into its base first. An Ollama Modelfile is written beside it. Written to a temporary "
+                       "file and renamed: never a half file. See docs/after-the-run.md.")
+    x.add_argument("model", help="a run's model/ folder (runs/x/model), a run folder, a LoRA adapter folder, or "
+                   "smollm2-135m")
+    x.add_argument("--format", default="gguf", choices=["gguf"], help="the file format (default: %(default)s)")
+    x.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"],
+                   help="the weights' type: f32 (exact), f16 / bf16 (half the size), q8_0 (8-bit blocks of 32 with "
+                   "one scale, about a quarter of f32; llama.cpp's usual 'near lossless' choice); norms stay f32 "
+                   "(default: %(default)s)")
+    x.add_argument("--output", default=None, metavar="FILE", help="the .gguf file to write (its folder is created; "
+                   "default: beside the folder, MODEL.OUTTYPE.gguf)")
+    x.add_argument("--check", action="store_true", help="read the file back with transformers (gguf_file=) and "
+                   "compare with the folder: the token ids, the largest logit difference (within a tolerance per "
+                   "outtype) and greedy tokens on a few prompts; exit 1 when they differ")
+    x.add_argument("--check-tokens", type=int, default=8, metavar="N", help="greedy tokens per prompt that --check "
+                   "compares (default: %(default)s)")
     b = sub.add_parser("bench", help="short trials of a config across a sweep of key=value lists, side by side",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES + "\n" + keys,
                        description="Runs each point of the cartesian product of the sweeps in a fresh training "
@@ -191,7 +227,7 @@ examples:
     c_what.add_argument("--list", action="store_true", help="show each cache folder and its size (the default)")
     c_what.add_argument("--clear", action="store_true", help="remove them (asks nothing; prints what it removed)")
     return p, {"train": t, "inspect": i, "predict": pr, "eval": e, "generate": g, "bench": b, "plan": pl,
-               "cache": c, "prepare": pp}
+               "cache": c, "prepare": pp, "export": x}
 
 
 def _cmd_train(ns) -> int:
@@ -229,6 +265,13 @@ def _cmd_generate(ns) -> int:
     return generate_command(ns.model, ns.prompt, overrides, max_new_tokens=ns.max_new_tokens,
                             temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed, chat=ns.chat, system=ns.system,
                             tools_file=ns.tools, as_json=ns.json)
+
+
+def _cmd_export(ns) -> int:
+    from leantrain.commands.export import export_command  # lazy: torch, transformers and gguf load for the command only
+
+    return export_command(ns.model, fmt=ns.format, outtype=ns.outtype, output=ns.output, check=ns.check,
+                          new_tokens=ns.check_tokens)
 
 
 def _cmd_bench(ns) -> int:
@@ -287,7 +330,7 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         return {"train": _cmd_train, "inspect": _cmd_inspect, "predict": _cmd_predict, "eval": _cmd_eval,
                 "generate": _cmd_generate, "bench": _cmd_bench, "plan": _cmd_plan, "cache": _cmd_cache,
-                "prepare": _cmd_prepare}[argv[0]](ns)
+                "prepare": _cmd_prepare, "export": _cmd_export}[argv[0]](ns)
     except UserError as e:
         print(f"leantrain: error: {e}", file=sys.stderr)
         return e.exit_code
