@@ -196,15 +196,17 @@ def make_gpt2_tokenizer(folder: Path) -> Path:
 
 
 def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32,
-                    positions: int = 512) -> Path:
-    """A 2-layer, hidden-32 Llama with random weights (fp32, seed 0) and the tokenizer of ``tokenizer_folder``."""
+                    positions: int = 512, tie: bool = False) -> Path:
+    """A 2-layer, hidden-32 Llama with random weights (fp32, seed 0) and the tokenizer of ``tokenizer_folder``;
+    ``tie``: the output layer shares the embeddings."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_folder)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
-                         eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+                         eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
+                         tie_word_embeddings=tie)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)

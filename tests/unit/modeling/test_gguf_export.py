@@ -1,0 +1,122 @@
+"""``leantrain export --format gguf`` on a tiny random Llama (hidden 32, 2 layers) with a small byte-level BPE
+tokenizer and a ChatML template: the file transformers reads back (``gguf_file=``) gives the source's logits (f32:
+exactly, so the Q/K permutation is right) and token ids; the tokenizer keys, the chat template, the tensor types per
+outtype, tied embeddings, a LoRA adapter folder merged first, the Modelfile, and the errors (exit 2) for a model or a
+tokenizer llama.cpp cannot run. The pre-tokenizer name of GPT-2's real tokenizer comes from llama.cpp's hash table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from leantrain.cli import main
+from leantrain.modeling.gguf_export.arch import permute_qk, unpermute_qk
+from tests.helpers import CHATML, make_gpt2_tokenizer, make_tiny_chat_tokenizer, make_tiny_llama, make_tiny_lm_tokenizer
+
+gguf = pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def chat_tok(tmp_path_factory):
+    return make_tiny_chat_tokenizer(tmp_path_factory.mktemp("tok") / "tok", chat_template=CHATML)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, chat_tok):
+    return make_tiny_llama(tmp_path_factory.mktemp("llama") / "model", chat_tok)
+
+
+def fields(path) -> dict:
+    reader = gguf.GGUFReader(path)
+    return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}, \
+        {t.name: t for t in reader.tensors}
+
+
+def test_permute_is_llama_cpp_layout_and_invertible():
+    w = np.arange(2 * 8 * 3, dtype=np.float32).reshape(16, 3)  # 2 heads of 8 rows
+    p = permute_qk(w, 2)
+    assert p[:, 0].tolist()[:8] == [0, 12, 3, 15, 6, 18, 9, 21]  # head 0: rows 0,4,1,5,2,6,3,7 interleaved
+    assert np.array_equal(unpermute_qk(p, 2), w)
+
+
+def test_f32_export_reads_back_exactly(tiny, tmp_path, capsys):
+    out = tmp_path / "out" / "tiny.gguf"
+    assert main(["export", str(tiny), "--format", "gguf", "--outtype", "f32", "--output", str(out), "--check",
+                 "--check-tokens", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "largest logit difference: 0 " in text and "tokenizer: the same token ids" in text
+    assert "check passed" in text and text.count("greedy 4/4 tokens agree") == 3
+    kv, tensors = fields(out)
+    assert kv["general.architecture"] == "llama" and kv["general.file_type"] == 0
+    assert kv["tokenizer.ggml.model"] == "gpt2" and kv["tokenizer.ggml.pre"] == "gpt-2"
+    assert kv["tokenizer.chat_template"] == CHATML
+    assert kv["tokenizer.ggml.eos_token_id"] == 0 and len(kv["tokenizer.ggml.tokens"]) == 320
+    assert kv["tokenizer.ggml.tokens"][1] == "<|im_start|>" and kv["tokenizer.ggml.token_type"][1] == 3  # control
+    assert len(kv["tokenizer.ggml.merges"]) > 0 and kv["llama.attention.head_count_kv"] == 2
+    assert "output.weight" in tensors and not list(out.parent.glob(".*.tmp"))  # untied; no temporary left
+    modelfile = (out.parent / "Modelfile").read_text()
+    assert "FROM ./tiny.gguf" in modelfile and "<|im_start|>{{ .Role }}" in modelfile
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile
+
+
+def test_q8_0_within_its_tolerance_and_types_per_tensor(tiny, tmp_path, capsys):
+    assert main(["export", str(tiny), "--outtype", "q8_0", "--check", "--check-tokens", "4",
+                 "--output", str(tmp_path / "m.gguf")]) == 0
+    text = capsys.readouterr().out
+    assert "tolerance for q8_0" in text and "check passed" in text
+    _, tensors = fields(tmp_path / "m.gguf")
+    Q = gguf.GGMLQuantizationType
+    assert tensors["blk.0.attn_q.weight"].tensor_type == Q.Q8_0 and tensors["token_embd.weight"].tensor_type == Q.Q8_0
+    assert tensors["blk.0.attn_norm.weight"].tensor_type == Q.F32 and tensors["output_norm.weight"].tensor_type == Q.F32
+
+
+def test_tied_embeddings_write_no_output_layer(chat_tok, tmp_path, capsys):
+    folder = make_tiny_llama(tmp_path / "tied", chat_tok, tie=True)
+    assert main(["export", str(folder), "--outtype", "bf16", "--check", "--check-tokens", "2"]) == 0
+    assert "check passed" in capsys.readouterr().out
+    kv, tensors = fields(tmp_path / "tied.bf16.gguf")  # default: beside the folder
+    assert "output.weight" not in tensors and kv["general.file_type"] == 32
+    assert tensors["blk.1.ffn_down.weight"].tensor_type == gguf.GGMLQuantizationType.BF16
+
+
+def test_lora_adapter_folder_is_merged_first(tiny, tmp_path, capsys):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    torch.manual_seed(1)
+    peft_model = get_peft_model(base, LoraConfig(r=4, target_modules=["v_proj"], init_lora_weights=False))
+    adapter = tmp_path / "adapter"
+    peft_model.save_pretrained(adapter)
+    base.config.save_pretrained(adapter)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(adapter)
+    merged_v = peft_model.merge_and_unload().model.layers[0].self_attn.v_proj.weight.detach().numpy()
+    assert main(["export", str(adapter), "--outtype", "f32", "--check", "--check-tokens", "2"]) == 0
+    assert "check passed" in capsys.readouterr().out
+    _, tensors = fields(tmp_path / "adapter.f32.gguf")
+    written = np.asarray(tensors["blk.0.attn_v.weight"].data)
+    original = AutoModelForCausalLM.from_pretrained(tiny).model.layers[0].self_attn.v_proj.weight.detach().numpy()
+    assert np.array_equal(written, merged_v) and not np.allclose(written, original)
+
+
+def test_unsupported_architecture_exits_2_naming_it(tiny_bert, tmp_path, capsys):
+    assert main(["export", str(tiny_bert), "--output", str(tmp_path / "b.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert "BertModel" in err and "supported: LlamaForCausalLM" in err
+    assert not (tmp_path / "b.gguf").exists()
+
+
+def test_word_level_tokenizer_exits_2(tmp_path, capsys):
+    folder = make_tiny_llama(tmp_path / "m", make_tiny_lm_tokenizer(tmp_path / "tok"))
+    assert main(["export", str(folder), "--output", str(tmp_path / "m.gguf")]) == 2
+    assert "WordLevel tokenizer" in capsys.readouterr().err and not (tmp_path / "m.gguf").exists()
+
+
+def test_gpt2_tokenizer_is_known_by_its_hash(tmp_path):
+    from transformers import AutoTokenizer
+
+    from leantrain.modeling.gguf_export.vocab import PRE_TOKENIZERS, pre_tokenizer_hash
+
+    tok = AutoTokenizer.from_pretrained(make_gpt2_tokenizer(tmp_path / "gpt2"))
+    assert PRE_TOKENIZERS[pre_tokenizer_hash(tok)] == "gpt-2"
