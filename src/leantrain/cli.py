@@ -25,6 +25,7 @@ examples:
   leantrain inspect path/or/hub-id                 # no argument: the default model (also: minilm)
   leantrain predict runs/x/model --input new.csv --output preds.jsonl
   leantrain eval runs/x/model data.eval=dev.csv
+  leantrain eval runs/x/model --harness my_tasks/ --tasks arith,qa --output m.json   # lm-evaluation-harness
   leantrain generate smollm2-135m --prompt "Write a haiku about rain." --max-new-tokens 40
   leantrain export runs/x/model --format gguf --outtype q8_0   # -> runs/x/model.q8_0.gguf + Modelfile (Ollama)
   leantrain plan my.yaml --memory 8GiB --json
@@ -111,12 +112,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     pr.add_argument("--id-column", default=None,
                     help="a column of the input whose value each prediction carries (as \"id\") instead of the text")
 
-    e = sub.add_parser("eval", help="metrics of a fine-tuned model folder on labelled data (data.eval=...)")
+    e = sub.add_parser("eval", help="metrics of a fine-tuned model folder on labelled data (data.eval=...), or the "
+                      "lm-evaluation-harness's scores (--harness DIR --tasks a,b)")
     e.add_argument("model", help="a fine-tuned model folder, e.g. runs/x/model")
     e.add_argument("args", nargs="*", metavar="key=value")
     e.add_argument("--output", default=None, help="also write the metrics as JSON here; the confusion matrix goes "
                    "next to it (X.confusion.json/.png), else into the run folder (eval_confusion.json/.png)")
     e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--harness", default=None, metavar="DIR", help="EleutherAI's lm-evaluation-harness instead, with "
+                   "the task YAMLs of DIR (e.g. dataset_path: json + local data_files, relative to DIR; works "
+                   "offline) on a causal LM folder; prints the harness's table; --output gets {\"harness\": {task: "
+                   "{metric: value}}} (pip install 'leantrain[eval]')")
+    e.add_argument("--tasks", default=None, metavar="A,B", help="the harness tasks to run, comma-separated")
+    e.add_argument("--limit", type=int, default=None, help="with --harness: at most this many documents per task")
     g = sub.add_parser("generate", help="continue prompts with a causal language model (greedy, or sampled)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=GENERATE_EXAMPLES,
                        description="Prints the text a causal LM writes after each prompt (only the new text). Greedy "
@@ -255,7 +263,9 @@ def _cmd_eval(ns) -> int:
     from leantrain.commands.eval import eval_command  # lazy: torch and transformers load for the command only
 
     _, overrides = _split_positionals(ns.args)
-    return eval_command(ns.model, overrides, ns.output, batch_size=ns.batch_size)
+    tasks = [t.strip() for t in ns.tasks.split(",") if t.strip()] if ns.tasks else None
+    return eval_command(ns.model, overrides, ns.output, batch_size=ns.batch_size, harness=ns.harness, tasks=tasks,
+                        limit=ns.limit)
 
 
 def _cmd_generate(ns) -> int:

@@ -109,9 +109,10 @@ def read_vocab(folder: Path, tokenizer, n_vocab: int) -> GgufVocab:  # noqa: ANN
     return GgufVocab("gpt2", pre, tokens, types)
 
 
-def add_vocab(writer, vocab: GgufVocab, folder: Path) -> None:  # noqa: ANN001 - a gguf.GGUFWriter
-    """The tokenizer keys: model, pre-tokenizer, tokens, types (scores), then merges, special token ids, add BOS/EOS
-    and the chat template from the folder (gguf's ``SpecialVocab``, as llama.cpp's converter uses it)."""
+def add_vocab(writer, vocab: GgufVocab, folder: Path, tokenizer) -> None:  # noqa: ANN001 - a gguf.GGUFWriter
+    """The tokenizer keys: model, pre-tokenizer, tokens, types (scores), then merges, special token ids and the chat
+    template from the folder (gguf's ``SpecialVocab``, as llama.cpp's converter uses it), and add BOS / EOS as the
+    tokenizer does."""
     import gguf  # lazy: the optional gguf package
 
     writer.add_tokenizer_model(vocab.model)
@@ -122,5 +123,14 @@ def add_vocab(writer, vocab: GgufVocab, folder: Path) -> None:  # noqa: ANN001 -
         writer.add_token_scores(vocab.scores)
     if vocab.model == "gpt2":
         writer.add_add_space_prefix(False)
-    gguf.SpecialVocab(folder, load_merges=vocab.model == "gpt2", n_vocab=len(vocab.tokens)).add_to_gguf(
-        writer, quiet=True)
+    special = gguf.SpecialVocab(folder, load_merges=vocab.model == "gpt2", n_vocab=len(vocab.tokens))
+    special.add_special_token.update(added_specials(tokenizer))
+    special.add_to_gguf(writer, quiet=True)
+
+
+def added_specials(tokenizer) -> dict[str, bool]:  # noqa: ANN001
+    """Whether encoding adds BOS at the start / EOS at the end, as the tokenizer does it (written explicitly: llama.cpp's
+    default for a vocabulary type need not be the tokenizer's)."""
+    ids = tokenizer("a")["input_ids"]
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    return {"bos": bos is not None and ids[:1] == [bos], "eos": eos is not None and len(ids) > 1 and ids[-1:] == [eos]}

@@ -106,7 +106,7 @@ def write_gguf(src: ExportSource, output: Path, outtype: str, name: str) -> Expo
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for key, value, kind in hparams(config, arch, n_vocab):
             (writer.add_uint32 if kind == "uint32" else writer.add_float32)(key, value)
-        add_vocab(writer, vocab, src.tokenizer_folder)
+        add_vocab(writer, vocab, src.tokenizer_folder, src.tokenizer)
         types = [tensor_type(outtype, shapes[hf]) for _, hf, _ in plan]
         for (gname, hf, _), qtype in zip(plan, types):
             declare(writer, gname, shapes[hf], qtype)
