@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from leantrain.errors import UserError
+from leantrain.modeling.load import is_adapter_folder, load_adapter_model
 
 log = logging.getLogger("leantrain")
 
@@ -82,3 +83,34 @@ def run_harness(model, tokenizer, tasks: list[str], folder: str | None, *, batch
         results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
                                           log_samples=False)
     return scores(results), make_table(results)
+
+
+def check_harness(eval_cfg, task) -> None:  # noqa: ANN001 - an EvalConfig and the run's Task
+    """Before training: ``eval.harness_tasks`` needs a causal LM, lm-eval, and tasks that are defined and load."""
+    if not eval_cfg.harness_tasks:
+        return
+    if not task.generates:
+        raise UserError(f"eval.harness_tasks: the evaluation harness scores language models; this run trains a "
+                        f"{task.name} model")
+    import_lm_eval()
+    manager = task_manager(eval_cfg.harness_dir)
+    where = Path(eval_cfg.harness_dir).expanduser().resolve() if eval_cfg.harness_dir else Path.cwd()
+    with contextlib.chdir(where):
+        check_tasks(list(eval_cfg.harness_tasks), manager, eval_cfg.harness_dir)
+
+
+def harness_of_folder(model_dir: Path, tasks: list[str], folder: str | None) -> tuple[dict, str]:
+    """The harness's scores of a saved model folder (a LoRA adapter folder: merged over its base), as loaded from
+    disk: the model a user gets."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"dtype": torch.float32}
+    if is_adapter_folder(str(model_dir)):
+        model = load_adapter_model(str(model_dir), AutoModelForCausalLM, kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return run_harness(model, tokenizer, tasks, folder)
