@@ -120,3 +120,16 @@ def test_gpt2_tokenizer_is_known_by_its_hash(tmp_path):
 
     tok = AutoTokenizer.from_pretrained(make_gpt2_tokenizer(tmp_path / "gpt2"))
     assert PRE_TOKENIZERS[pre_tokenizer_hash(tok)] == "gpt-2"
+
+
+def test_modelfile_per_chat_format():
+    from leantrain.modeling.gguf_export.modelfile import modelfile
+
+    llama3 = modelfile("m.gguf", "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>' }}", "<|end_of_text|>",
+                       131072, {"do_sample": True, "temperature": 0.6, "top_p": 0.9})
+    assert "<|start_header_id|>{{ .Role }}<|end_header_id|>" in llama3 and 'PARAMETER stop "<|eot_id|>"' in llama3
+    assert "PARAMETER num_ctx 8192" in llama3 and "PARAMETER temperature 0.6" in llama3 and "top_p 0.9" in llama3
+    base = modelfile("m.gguf", None, "</s>", 2048)
+    assert 'TEMPLATE """{{ .Prompt }}"""' in base and 'PARAMETER stop "</s>"' in base and "temperature" not in base
+    other = modelfile("m.gguf", "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}", "</s>", 4096)
+    assert "TEMPLATE" not in other.replace("no TEMPLATE", "") and "FROM ./m.gguf" in other

@@ -14,7 +14,7 @@ from pathlib import Path
 
 # largest |logit difference| / largest |source logit|, per outtype: about 3x the largest measured on the tiny test
 # Llama and on SmolLM2-135M (docs/after-the-run.md has the measurements).
-TOLERANCES = {"f32": 1e-5, "f16": 5e-3, "bf16": 3e-2, "q8_0": 5e-2}
+TOLERANCES = {"f32": 1e-5, "f16": 5e-3, "bf16": 3e-2, "q8_0": 1e-1}
 PROMPTS = ("The capital of France is", "Once upon a time, there was a", "def add(a, b):\n    return")
 
 
