@@ -133,3 +133,19 @@ def test_modelfile_per_chat_format():
     assert 'TEMPLATE """{{ .Prompt }}"""' in base and 'PARAMETER stop "</s>"' in base and "temperature" not in base
     other = modelfile("m.gguf", "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}", "</s>", 4096)
     assert "TEMPLATE" not in other.replace("no TEMPLATE", "") and "FROM ./m.gguf" in other
+
+
+def test_qwen2_biases_and_unpermuted_rotary_read_back_exactly(chat_tok, tmp_path, capsys):
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(chat_tok)
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "qwen")
+    tok.save_pretrained(tmp_path / "qwen")
+    assert main(["export", str(tmp_path / "qwen"), "--outtype", "f32", "--check", "--check-tokens", "2"]) == 0
+    assert "largest logit difference: 0 " in capsys.readouterr().out
+    kv, tensors = fields(tmp_path / "qwen.f32.gguf")
+    assert kv["general.architecture"] == "qwen2" and "blk.0.attn_q.bias" in tensors

@@ -80,7 +80,7 @@ def hparams(config, arch: GgufArch, n_vocab: int) -> list[tuple[str, object, str
             (f"{a}.attention.layer_norm_rms_epsilon", config.rms_norm_eps, "float32"),
             (f"{a}.vocab_size", n_vocab, "uint32"),
             (f"{a}.rope.dimension_count", head_dim(config), "uint32")]
-    if head_dim(config) != config.hidden_size // config.num_attention_heads:
+    if getattr(config, "head_dim", None) or head_dim(config) != config.hidden_size // config.num_attention_heads:
         keys += [(f"{a}.attention.key_length", head_dim(config), "uint32"),
                  (f"{a}.attention.value_length", head_dim(config), "uint32")]
     return keys
