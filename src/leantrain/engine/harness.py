@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from pathlib import Path
 
 from leantrain.errors import UserError
 from leantrain.modeling.load import is_adapter_folder, load_adapter_model
 
 log = logging.getLogger("leantrain")
+
+
+@contextlib.contextmanager
+def working_dir(path: Path):
+    """Run the block in ``path`` (the harness reads a task's relative data files from there); back afterwards."""
+    before = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 def import_lm_eval():
@@ -77,7 +89,7 @@ def run_harness(model, tokenizer, tasks: list[str], folder: str | None, *, batch
 
     manager = task_manager(folder)
     where = Path(folder).expanduser().resolve() if folder else Path.cwd()
-    with contextlib.chdir(where):
+    with working_dir(where):
         check_tasks(tasks, manager, folder)
         lm = HFLM(pretrained=model.eval(), tokenizer=tokenizer, batch_size=batch_size)
         results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit,
@@ -95,7 +107,7 @@ def check_harness(eval_cfg, task) -> None:  # noqa: ANN001 - an EvalConfig and t
     import_lm_eval()
     manager = task_manager(eval_cfg.harness_dir)
     where = Path(eval_cfg.harness_dir).expanduser().resolve() if eval_cfg.harness_dir else Path.cwd()
-    with contextlib.chdir(where):
+    with working_dir(where):
         check_tasks(list(eval_cfg.harness_tasks), manager, eval_cfg.harness_dir)
 
 
