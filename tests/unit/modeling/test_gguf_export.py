@@ -149,3 +149,33 @@ def test_qwen2_biases_and_unpermuted_rotary_read_back_exactly(chat_tok, tmp_path
     assert "largest logit difference: 0 " in capsys.readouterr().out
     kv, tensors = fields(tmp_path / "qwen.f32.gguf")
     assert kv["general.architecture"] == "qwen2" and "blk.0.attn_q.bias" in tensors
+
+
+def byte_fallback_tokenizer(folder):
+    """A Llama-2-style BPE (▁ for spaces, byte fallback, BOS added) trained on a small corpus."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.helpers import CHAT_CORPUS
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    tok.train_from_iterator([CHAT_CORPUS] * 4, trainer=trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                                                           show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(
+        folder)
+    return folder
+
+
+def test_byte_fallback_vocabulary_is_llama_with_byte_tokens(tmp_path, capsys):
+    folder = make_tiny_llama(tmp_path / "spm", byte_fallback_tokenizer(tmp_path / "tok"))
+    assert main(["export", str(folder), "--outtype", "f32", "--check", "--check-tokens", "2"]) == 0
+    assert "tokenizer: the same token ids" in capsys.readouterr().out
+    kv, _ = fields(tmp_path / "spm.f32.gguf")
+    assert kv["tokenizer.ggml.model"] == "llama" and kv["tokenizer.ggml.pre"] == "default"
+    assert kv["tokenizer.ggml.add_bos_token"] is True and kv["tokenizer.ggml.bos_token_id"] == 1
+    assert kv["tokenizer.ggml.token_type"][3] == gguf.TokenType.BYTE  # <0x00>
