@@ -54,6 +54,8 @@ def export_command(name: str, *, fmt: str = "gguf", outtype: str = "f16", output
     if outtype not in OUTTYPES:
         raise UserError(f"--outtype {outtype}: one of {', '.join(OUTTYPES)}")
     folder = Path(model_folder(name))
+    if not (folder / "config.json").is_file() and (folder / "adapter" / "adapter_config.json").is_file():
+        folder = folder / "adapter"  # a LoRA run with peft.merge=false: its adapter, merged below
     if not folder.is_dir():
         raise UserError(f"{name}: not a local model folder; export a run's model/ folder (or a run folder)")
     check_weights(str(folder), allow_pickle=False)
