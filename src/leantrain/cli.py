@@ -25,7 +25,9 @@ examples:
   leantrain inspect path/or/hub-id                 # no argument: the default model (also: minilm)
   leantrain predict runs/x/model --input new.csv --output preds.jsonl
   leantrain eval runs/x/model data.eval=dev.csv
+  leantrain eval runs/x/model --harness my_tasks/ --tasks arith,qa --output m.json   # lm-evaluation-harness
   leantrain generate smollm2-135m --prompt "Write a haiku about rain." --max-new-tokens 40
+  leantrain export runs/x/model --format gguf --outtype q8_0   # -> runs/x/model.q8_0.gguf + Modelfile (Ollama)
   leantrain plan my.yaml --memory 8GiB --json
   leantrain bench my.yaml --sweep optim.name=adamw,adafactor,adamw8bit,sgd train.max_steps=20 output_dir=runs/b
 """
@@ -38,6 +40,19 @@ examples:
   leantrain generate smollm2-135m --prompt "Write a haiku." --temperature 0.8 --top-p 0.95 --seed 1
   leantrain generate runs/sft --prompt "Hello" --system "You answer in French."  # else the run's system prompt
   leantrain generate runs/x --prompt "To be" --prompt "The king" --json     # several prompts: one batch
+"""
+
+
+EXPORT_EXAMPLES = """\
+examples:
+  leantrain export runs/x/model --format gguf --outtype q8_0        # -> runs/x/model.q8_0.gguf + runs/x/Modelfile
+  leantrain export runs/x/model --format gguf --outtype f16 --check  # read it back, compare logits and greedy tokens
+  leantrain export runs/x --outtype bf16 --output exports/x.gguf     # a run folder stands for its model/
+  leantrain export runs/lora/adapter --outtype f16                   # a LoRA adapter: merged into its base first
+  leantrain export smollm2-135m --outtype q8_0 --output smollm2.q8_0.gguf
+then:
+  llama-cli -m runs/x/model.q8_0.gguf -p "Hello"                     # llama.cpp
+  ollama create x -f runs/x/Modelfile && ollama run x                # Ollama
 """
 
 
@@ -97,12 +112,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     pr.add_argument("--id-column", default=None,
                     help="a column of the input whose value each prediction carries (as \"id\") instead of the text")
 
-    e = sub.add_parser("eval", help="metrics of a fine-tuned model folder on labelled data (data.eval=...)")
+    e = sub.add_parser("eval", help="metrics of a fine-tuned model folder on labelled data (data.eval=...), or the "
+                      "lm-evaluation-harness's scores (--harness DIR --tasks a,b)")
     e.add_argument("model", help="a fine-tuned model folder, e.g. runs/x/model")
     e.add_argument("args", nargs="*", metavar="key=value")
     e.add_argument("--output", default=None, help="also write the metrics as JSON here; the confusion matrix goes "
                    "next to it (X.confusion.json/.png), else into the run folder (eval_confusion.json/.png)")
     e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--harness", default=None, metavar="DIR", help="EleutherAI's lm-evaluation-harness instead, with "
+                   "the task YAMLs of DIR (e.g. dataset_path: json + local data_files, relative to DIR; works "
+                   "offline) on a causal LM folder; prints the harness's table; --output gets {\"harness\": {task: "
+                   "{metric: value}}} (pip install 'leantrain[eval]')")
+    e.add_argument("--tasks", default=None, metavar="A,B", help="the harness tasks to run, comma-separated")
+    e.add_argument("--limit", type=int, default=None, help="with --harness: at most this many documents per task")
     g = sub.add_parser("generate", help="continue prompts with a causal language model (greedy, or sampled)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=GENERATE_EXAMPLES,
                        description="Prints the text a causal LM writes after each prompt (only the new text). Greedy "
@@ -131,6 +153,28 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    "given to the chat template as training gives a row's tools")
     g.add_argument("--json", action="store_true", help="print one JSON object: the settings and, per prompt, "
                    "{prompt, text}")
+    x = sub.add_parser("export", help="write a causal LM folder as a GGUF file for llama.cpp / Ollama / LM Studio",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXPORT_EXAMPLES,
+                       description="Writes one GGUF file (the format llama.cpp, Ollama and LM Studio run) from a "
+                       "Llama, SmolLM2, Mistral, Qwen2 or Qwen3 folder: the weights tensor by tensor (Q/K reordered "
+                       "for llama.cpp's rotary layout; tied embeddings kept tied), the tokenizer (vocabulary, merges, "
+                       "special tokens, the pre-tokenizer's name) and the chat template; a LoRA adapter folder is "
+                       "merged into its base first. An Ollama Modelfile is written beside it. Written to a temporary "
+                       "file and renamed: never a half file. See docs/after-the-run.md.")
+    x.add_argument("model", help="a run's model/ folder (runs/x/model), a run folder, a LoRA adapter folder, or "
+                   "smollm2-135m")
+    x.add_argument("--format", default="gguf", choices=["gguf"], help="the file format (default: %(default)s)")
+    x.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"],
+                   help="the weights' type: f32 (exact), f16 / bf16 (half the size), q8_0 (8-bit blocks of 32 with "
+                   "one scale, about a quarter of f32; llama.cpp's usual 'near lossless' choice); norms stay f32 "
+                   "(default: %(default)s)")
+    x.add_argument("--output", default=None, metavar="FILE", help="the .gguf file to write (its folder is created; "
+                   "default: beside the folder, MODEL.OUTTYPE.gguf)")
+    x.add_argument("--check", action="store_true", help="read the file back with transformers (gguf_file=) and "
+                   "compare with the folder: the token ids, the largest logit difference (within a tolerance per "
+                   "outtype) and greedy tokens on a few prompts; exit 1 when they differ")
+    x.add_argument("--check-tokens", type=int, default=8, metavar="N", help="greedy tokens per prompt that --check "
+                   "compares (default: %(default)s)")
     b = sub.add_parser("bench", help="short trials of a config across a sweep of key=value lists, side by side",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES + "\n" + keys,
                        description="Runs each point of the cartesian product of the sweeps in a fresh training "
@@ -191,7 +235,7 @@ examples:
     c_what.add_argument("--list", action="store_true", help="show each cache folder and its size (the default)")
     c_what.add_argument("--clear", action="store_true", help="remove them (asks nothing; prints what it removed)")
     return p, {"train": t, "inspect": i, "predict": pr, "eval": e, "generate": g, "bench": b, "plan": pl,
-               "cache": c, "prepare": pp}
+               "cache": c, "prepare": pp, "export": x}
 
 
 def _cmd_train(ns) -> int:
@@ -219,7 +263,9 @@ def _cmd_eval(ns) -> int:
     from leantrain.commands.eval import eval_command  # lazy: torch and transformers load for the command only
 
     _, overrides = _split_positionals(ns.args)
-    return eval_command(ns.model, overrides, ns.output, batch_size=ns.batch_size)
+    tasks = [t.strip() for t in ns.tasks.split(",") if t.strip()] if ns.tasks else None
+    return eval_command(ns.model, overrides, ns.output, batch_size=ns.batch_size, harness=ns.harness, tasks=tasks,
+                        limit=ns.limit)
 
 
 def _cmd_generate(ns) -> int:
@@ -229,6 +275,13 @@ def _cmd_generate(ns) -> int:
     return generate_command(ns.model, ns.prompt, overrides, max_new_tokens=ns.max_new_tokens,
                             temperature=ns.temperature, top_p=ns.top_p, seed=ns.seed, chat=ns.chat, system=ns.system,
                             tools_file=ns.tools, as_json=ns.json)
+
+
+def _cmd_export(ns) -> int:
+    from leantrain.commands.export import export_command  # lazy: torch, transformers and gguf load for the command only
+
+    return export_command(ns.model, fmt=ns.format, outtype=ns.outtype, output=ns.output, check=ns.check,
+                          new_tokens=ns.check_tokens)
 
 
 def _cmd_bench(ns) -> int:
@@ -287,7 +340,7 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         return {"train": _cmd_train, "inspect": _cmd_inspect, "predict": _cmd_predict, "eval": _cmd_eval,
                 "generate": _cmd_generate, "bench": _cmd_bench, "plan": _cmd_plan, "cache": _cmd_cache,
-                "prepare": _cmd_prepare}[argv[0]](ns)
+                "prepare": _cmd_prepare, "export": _cmd_export}[argv[0]](ns)
     except UserError as e:
         print(f"leantrain: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -1,9 +1,10 @@
 """File helpers every layer uses: the one sha256 of a file (checkpoints, token shards, converted presets) and of a
-JSON-able value (the fingerprints of token-shard sources, tokenizers and cache keys); a text file written
+JSON-able value (the fingerprints of token-shard sources, tokenizers and cache keys); a file written
 atomically and durably; a full disk recognised and named."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -27,15 +28,15 @@ def sha256_json(obj) -> str:  # noqa: ANN001
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, fsync it, rename it over ``path`` and fsync the folder: a
-    reader sees the old file or the whole new one, also after a crash."""
+@contextlib.contextmanager
+def atomic_file(path: Path):
+    """Yield a temporary path beside ``path`` to write; on success fsync it, rename it over ``path`` and fsync the
+    folder (a reader sees the old file or the whole new one, also after a crash); on error remove it."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
+        yield tmp
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
@@ -48,6 +49,12 @@ def write_atomic(path: Path, text: str) -> None:
             os.close(fd)
     except OSError:
         pass
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically and durably (``atomic_file``)."""
+    with atomic_file(path) as tmp:
+        Path(tmp).write_text(text)
 
 
 def disk_full(e: BaseException) -> bool:

@@ -4,7 +4,11 @@ prediction, per class too, with a confusion matrix (JSON and PNG). Any other (``
 training run's evaluation computes them (the same data side, blocks of the run's ``data.block_size``, the task's
 eval outputs): a causal language model's ``eval.loss`` (the mean cross-entropy over every target token) and
 ``eval.perplexity``; a preference-tuned policy's rewards on pairs against the reference it recorded
-(``eval.reward_accuracy``, ``eval.reward_margin``, ...); a reward model's pairwise ``eval.accuracy``."""
+(``eval.reward_accuracy``, ``eval.reward_margin``, ...); a reward model's pairwise ``eval.accuracy``.
+
+``--harness DIR --tasks a,b``: instead, EleutherAI's lm-evaluation-harness on a causal LM folder with the task YAMLs
+of DIR (``engine/harness.py``), its table printed and ``{"harness": {task: {metric: value}}}`` written to
+``--output``."""
 
 from __future__ import annotations
 
@@ -12,12 +16,14 @@ import json
 import logging
 from pathlib import Path
 
+from leantrain.commands.generate import load_causal_lm_model, load_causal_lm_tokenizer, model_folder
 from leantrain.commands.predict import load_trained, logits_in_row_order
 from leantrain.config import Config, resolve
 from leantrain.data.loaders import eval_loader
 from leantrain.engine.accelerator import has_accelerator, setup_logging
 from leantrain.engine.efficiency import ACCELERATE_PRECISION
 from leantrain.engine.evaluate import evaluate
+from leantrain.engine.harness import run_harness
 from leantrain.engine.preflight import check_max_length, check_output_file, check_weights
 from leantrain.engine.run_settings import eval_precision, trained_task, with_run_settings
 from leantrain.engine.training_data import data_side
@@ -118,11 +124,35 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     return result
 
 
-def eval_command(model_dir: str, overrides: list[str], output_path: str | None, *, batch_size: int = 64) -> int:
-    """``leantrain eval``: the metrics on labelled data (data.eval=...), printed as JSON, then a per-class table."""
+def harness_eval(name: str, harness: str | None, tasks: list[str], output_path: str | None, *,
+                 batch_size: int = 8, limit: int | None = None) -> dict:
+    """The harness's scores of a causal LM folder (a run folder stands for its model/; a LoRA adapter folder is
+    merged over its base), printed as the harness's table; written to ``output_path`` as ``{"harness": ...}``."""
+    setup_logging(True)
+    if not tasks:
+        raise UserError("--tasks: name at least one task of the harness folder, e.g. --tasks arith,qa")
+    folder = model_folder(name)
+    check_weights(folder, allow_pickle=False)
+    model = load_causal_lm_model(folder)
+    tokenizer = load_causal_lm_tokenizer(folder)
+    values, table = run_harness(model, tokenizer, tasks, harness, batch_size=batch_size, limit=limit)
+    print(table)
+    result = {"model": folder, "harness_dir": harness, "harness": values}
+    if output_path:
+        write_json(output_path, result)
+    return result
+
+
+def eval_command(model_dir: str, overrides: list[str], output_path: str | None, *, batch_size: int = 64,
+                 harness: str | None = None, tasks: list[str] | None = None, limit: int | None = None) -> int:
+    """``leantrain eval``: the metrics on labelled data (data.eval=...), printed as JSON, then a per-class table;
+    with ``--harness`` / ``--tasks``: the evaluation harness's scores."""
     cfg = resolve(None, overrides)
     if output_path:
         check_output_file(output_path, "--output", "metrics.json")
+    if harness is not None or tasks:
+        harness_eval(model_dir, harness, tasks or [], output_path, batch_size=min(batch_size, 8), limit=limit)
+        return 0
     result = evaluate_file(model_dir, cfg, output_path, batch_size=batch_size)
     print(json.dumps({k: v for k, v in result["eval"].items() if k != "per_class"}, indent=2))
     if "per_class" in result["eval"]:

@@ -147,6 +147,15 @@ class EvalConfig(Section):
         "config.json keeps it (threshold), which leantrain predict / eval then use unless eval.threshold is set. "
         "Setting eval.threshold alone turns tuning off"
     )
+    harness_tasks: list[str] = Field(
+        default_factory=list, description="causal LM: lm-evaluation-harness tasks run on the saved model at the end "
+        "of the run (as leantrain eval --harness does); the scores go into summary.json (harness) and the model card. "
+        "Needs pip install 'leantrain[eval]'; checked (defined, loadable offline) before training"
+    )
+    harness_dir: str | None = Field(
+        None, description="the folder of task YAMLs for eval.harness_tasks (e.g. dataset_path: json with local "
+        "data_files, relative to the folder); unset: the harness's built-in tasks (their data sets need the Hub)"
+    )
 
 
 class PeftConfig(Section):

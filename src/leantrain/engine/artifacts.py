@@ -25,6 +25,7 @@ from leantrain.engine.training_data import TrainingData
 from leantrain.errors import UserError
 from leantrain.files import disk_full, disk_of
 from leantrain.modeling.load import save_dtype
+from leantrain.engine.harness import harness_of_folder
 from leantrain.modeling.lora import is_peft_model, merged_for_saving, save_adapter, save_adapter_only
 from leantrain.modeling.names import display_name
 from leantrain.modeling.qlora import is_quantized, merged_full_precision
@@ -169,6 +170,9 @@ def _write_outputs(cfg: Config, model: nn.Module, out: Path, state_dict: dict | 
     data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
     write_run_settings(model_dir, cfg, data.task, data.columns,  # predict / eval default to them
                        (summary.get("efficiency") or {}).get("precision"), saved)
+    if cfg.eval.harness_tasks:  # the saved model, as a user loads it
+        summary["harness"], table = harness_of_folder(model_dir, cfg.eval.harness_tasks, cfg.eval.harness_dir)
+        log.info("evaluation harness:\n%s", table)
     _report_files(cfg, out, model_dir, data, summary, records)
     write_json(out / "summary.json", summary)
 

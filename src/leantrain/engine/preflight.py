@@ -15,6 +15,7 @@ from pathlib import Path
 from leantrain.engine.accelerator import device_type
 from leantrain.engine.batch_layout import batch_layout
 from leantrain.engine.efficiency import resolve_model_choices, resolve_precision
+from leantrain.engine.harness import check_harness
 from leantrain.errors import ConfigError, UserError
 from leantrain.units import format_bytes
 from leantrain.modeling import load_config, resolve_task
@@ -179,6 +180,7 @@ def check_train(cfg, task: Task | None = None, data=None, world_size: int = 1, d
         check_writable_dir("runs", "output_dir (unset: runs/<date-time>)")
     check_model_plan(cfg, task)
     check_attention(cfg, task)
+    check_harness(cfg.eval, task)  # eval.harness_tasks: defined and loadable, before any training
     if data is not None and world_size > 1 and hasattr(data.train, "__len__"):  # batch arithmetic over the
         # processes (rows known: not for token blocks, cut after tokenising)
         batch_layout(cfg, len(data.train), world_size)

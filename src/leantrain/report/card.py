@@ -124,6 +124,11 @@ def write_model_card(
         n = ev.get("samples", ev.get("eval.samples"))
         lines += ["## Evaluation", "", f"On {n:,} held-out examples:" if isinstance(n, int) else "On the eval set:", ""]
         lines += [*_table(("metric", "value"), _eval_rows(ev, entry.spec.metrics)), ""]
+    if harness := summary.get("harness"):  # eval.harness_tasks: lm-evaluation-harness's own scores
+        rows = [(f"{task} {metric}", value) for task, metrics in harness.items() for metric, value in metrics.items()
+                if metric != "sample_len"]
+        lines += ["## Evaluation harness", "", "EleutherAI's lm-evaluation-harness on the saved model "
+                  f"(tasks: {', '.join(harness)}):", "", *_table(("task metric", "value"), rows), ""]
     saved = model_dir / "config.json"
     lines += entry.card_notes(json.loads(saved.read_text()) if saved.is_file() else {})  # e.g. standardised scores
     if hparams := _hparam_rows(config):

