@@ -102,7 +102,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     e.add_argument("args", nargs="*", metavar="key=value")
     e.add_argument("--output", default=None, help="also write the metrics as JSON here; the confusion matrix goes "
                    "next to it (X.confusion.json/.png), else into the run folder (eval_confusion.json/.png)")
-    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--batch-size", type=int, default=None,
+                   help="rows a batch (default: a language or preference model: the run's own evaluation width, "
+                   "recorded with the model, planned against the memory budget; a classifier: 64)")
     g = sub.add_parser("generate", help="continue prompts with a causal language model (greedy, or sampled)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=GENERATE_EXAMPLES,
                        description="Prints the text a causal LM writes after each prompt (only the new text). Greedy "

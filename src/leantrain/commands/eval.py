@@ -17,9 +17,10 @@ from leantrain.config import Config, resolve
 from leantrain.data.loaders import eval_loader
 from leantrain.engine.accelerator import has_accelerator, setup_logging
 from leantrain.engine.efficiency import ACCELERATE_PRECISION
+from leantrain.engine.eval_plan import UNRECORDED_WIDTH, planned_eval_width, with_eval_reference
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.preflight import check_max_length, check_output_file, check_weights
-from leantrain.engine.run_settings import eval_precision, trained_task, with_run_settings
+from leantrain.engine.run_settings import eval_precision, stored_eval_width, trained_task, with_run_settings
 from leantrain.engine.training_data import data_side
 from leantrain.errors import UserError
 from leantrain.modeling import load_processor, load_trained_model
@@ -30,9 +31,10 @@ from leantrain.report.eval_report import confusion, confusion_stem, format_table
 from leantrain.report.logs import write_json
 
 log = logging.getLogger("leantrain")
+ROWS_BATCH = 64  # rows a batch of a task evaluated by rows (its logits are one row of classes each)
 
 
-def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_size: int = 64) -> dict:
+def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_size: int | None = None) -> dict:
     """Metrics of a saved model on a labelled file (``data.eval``), per class too, and a confusion matrix written
     next to ``output_path`` (x.json -> x.confusion.json / .png) or into the run folder (eval_confusion.*)."""
     if not cfg.data.eval:
@@ -49,7 +51,7 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     for n in notes:
         log.info(n)
     processed: list = []
-    logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size, processed)
+    logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size or ROWS_BATCH, processed)
     y = task.row_labels(rows, processed[0])
     values = {k: v.numpy() for k, v in task.eval_batch(logits, y).items()}
     y = y.numpy()
@@ -74,10 +76,12 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
 
 
 def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: str | None,
-                         batch_size: int = 64) -> dict:
-    """The metrics of ``task``'s evaluation in a training run: {"model", "data", "block_size", "precision", "eval":
-    (a language model) {"loss", "perplexity", "samples", "tokens"}}; written to ``output_path`` (rank 0). Computed
-    in the run's precision unless efficiency.precision is set here."""
+                         batch_size: int | None = None) -> dict:
+    """The metrics of ``task``'s evaluation in a training run: {"model", "data", "block_size", "precision",
+    "batch_size", "eval": (a language model) {"loss", "perplexity", "samples", "tokens"}}; written to
+    ``output_path`` (rank 0). As the run's evaluation computes them (``engine.eval_plan``): in the run's precision
+    unless efficiency.precision is set here, at the run's width (``batch_size``, train.eval_batch_size or the
+    recorded one) planned against the memory budget, the chunked output layer on the policy and its reference."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -90,8 +94,8 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     setup_logging(accelerator.is_main_process)
     log.info(why)
     check_weights(model_dir, mcfg.allow_pickle)
-    model = load_trained_model(model_dir, task, mcfg)
-    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # per-token losses, no [B, T, V] logits
+    model = load_trained_model(model_dir, task, mcfg).to(accelerator.device)
+    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss, accelerator.device.type)  # no [B, T, V] logits
     if chunked:
         log.info(chunked)
     tokenizer = load_processor(mcfg, task)
@@ -107,18 +111,39 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
         log.info("reference: %s", reference)
         folder = resolve_model_name(reference, None)  # a short name (smollm2-135m) or a folder
         check_weights(folder, mcfg.allow_pickle)
-        configured = configured.with_reference(load_trained_model(folder, task, mcfg.model_copy(
+        configured = with_eval_reference(configured, model, load_trained_model(folder, task, mcfg.model_copy(
             update={"name": folder})).to(accelerator.device), accelerator.autocast)  # the policy's precision
-    model, loader = accelerator.prepare(model, eval_loader(blocks, batch_size, collator))
+    width = eval_batch_width(model_dir, cfg, batch_size, model, configured, blocks, precision)
+    model, loader = accelerator.prepare(model, eval_loader(blocks, width, collator))
     metrics = evaluate(model, loader, accelerator, 0, configured, [])
     result = {"model": model_dir, "data": cfg.data.eval, "block_size": cfg.data.block_size, "precision": precision,
-              "eval": metrics}
+              "batch_size": width, "eval": metrics}
     if accelerator.is_main_process and output_path:
         write_json(output_path, result)
     return result
 
 
-def eval_command(model_dir: str, overrides: list[str], output_path: str | None, *, batch_size: int = 64) -> int:
+def eval_batch_width(model_dir: str, cfg: Config, batch_size: int | None, model, task: Task, blocks,
+                     precision: str) -> int:
+    """Rows a batch: --batch-size, else train.eval_batch_size set here, else the run's own (recorded with the model),
+    else at most ``UNRECORDED_WIDTH``; then halved until an evaluation forward fits the memory budget."""
+    if batch_size:
+        wanted, source = batch_size, "--batch-size"
+    elif "eval_batch_size" in cfg.train.model_fields_set and cfg.train.eval_batch_size:
+        wanted, source = cfg.train.eval_batch_size, "train.eval_batch_size"
+    elif (recorded := stored_eval_width(model_dir)) is not None:
+        wanted, source = recorded, "the training run's evaluation"
+    else:
+        wanted, source = UNRECORDED_WIDTH, "the folder does not record its run's"
+    seq_len = cfg.data.block_size or int(max(blocks["length"], default=1))
+    width, why = planned_eval_width(model, task, wanted, seq_len, precision, cfg.efficiency.memory_budget)
+    log.info("eval batch: %d rows a process (%s%s; %s)", width, source,
+             "" if width == wanted else f": {wanted}, halved to fit", why)
+    return width
+
+
+def eval_command(model_dir: str, overrides: list[str], output_path: str | None, *,
+                 batch_size: int | None = None) -> int:
     """``leantrain eval``: the metrics on labelled data (data.eval=...), printed as JSON, then a per-class table."""
     cfg = resolve(None, overrides)
     if output_path:

@@ -168,7 +168,8 @@ def _write_outputs(cfg: Config, model: nn.Module, out: Path, state_dict: dict | 
     model_dir = _save_model(cfg, model, out, state_dict, data)
     data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
     write_run_settings(model_dir, cfg, data.task, data.columns,  # predict / eval default to them
-                       (summary.get("efficiency") or {}).get("precision"), saved)
+                       (summary.get("efficiency") or {}).get("precision"), saved,
+                       data.eval_width(summary["train"]["micro_batch_size"]))
     _report_files(cfg, out, model_dir, data, summary, records)
     write_json(out / "summary.json", summary)
 
