@@ -315,4 +315,4 @@ class Preference(CausalLM):
 PREFERENCE_TASK = register(Preference(
     task_spec(PREFERENCE), "AutoModelForCausalLM", None, "tokenizer",
     CardText("preference tuning", "preference-tuned language model", '"Once upon a time", max_new_tokens=40'),
-    unit="pairs"))
+    unit="pairs", headline_loss=True))
