@@ -20,11 +20,13 @@ from leantrain.engine.efficiency import ACCELERATE_PRECISION
 from leantrain.engine.eval_plan import UNRECORDED_WIDTH, planned_eval_width, with_eval_reference
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.preflight import check_max_length, check_output_file, check_weights
-from leantrain.engine.run_settings import eval_precision, stored_eval_width, trained_task, with_run_settings
+from leantrain.engine.run_settings import FILE as RUN_FILE, eval_precision, stored_eval_width, trained_task, with_run_settings
 from leantrain.engine.training_data import data_side
-from leantrain.errors import UserError
+from leantrain.errors import ConfigError, UserError
 from leantrain.modeling import load_processor, load_trained_model
 from leantrain.modeling.chunked_loss import apply_chunked_loss
+from leantrain.modeling.hubcheck import check_model_name, looks_local
+from leantrain.modeling.load import load_config
 from leantrain.modeling.names import resolve_model_name
 from leantrain.modeling.tasks import Task
 from leantrain.report.eval_report import confusion, confusion_stem, format_table, per_class, write_confusion
@@ -93,6 +95,10 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision=ACCELERATE_PRECISION[precision])
     setup_logging(accelerator.is_main_process)
     log.info(why)
+    configured = task.configured(cfg, load_config(mcfg))  # preference: the recorded method, beta, reference
+    configured.check_evaluable()  # before any weight or data loads
+    reference = configured.reference_model_name()
+    folder = reference_folder(reference, model_dir) if reference else None
     check_weights(model_dir, mcfg.allow_pickle)
     model = load_trained_model(model_dir, task, mcfg).to(accelerator.device)
     chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss, accelerator.device.type)  # no [B, T, V] logits
@@ -105,11 +111,8 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
         log.info(n)
     blocks = side.process(split, tokenizer, cfg.data, desc="Processing eval")
     collator = side.collator(tokenizer, cfg.data, train=False, device_type=accelerator.device.type)
-    configured = task.configured(cfg, model.config)  # preference: the recorded method, beta, reference
-    reference = configured.reference_model_name()
-    if reference:  # against the reference the policy was tuned from, frozen
+    if folder:  # against the reference the policy was tuned from, frozen
         log.info("reference: %s", reference)
-        folder = resolve_model_name(reference, None)  # a short name (smollm2-135m) or a folder
         check_weights(folder, mcfg.allow_pickle)
         configured = with_eval_reference(configured, model, load_trained_model(folder, task, mcfg.model_copy(
             update={"name": folder})).to(accelerator.device), accelerator.autocast)  # the policy's precision
@@ -121,6 +124,20 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     if accelerator.is_main_process and output_path:
         write_json(output_path, result)
     return result
+
+
+def reference_folder(reference: str, model_dir: str) -> str:
+    """The folder (or Hub id) of the reference ``model_dir`` recorded (a short name resolved); exit 2 naming it when
+    it is not there (a base folder deleted or moved since the run)."""
+    folder = resolve_model_name(reference, None)  # a short name (smollm2-135m) or a folder
+    try:
+        check_model_name(folder)
+    except ConfigError as e:
+        why = "no such folder (deleted or moved since the run?)" if looks_local(folder) else str(e).split(": ", 1)[-1]
+        raise UserError(f"{model_dir} was preference-tuned against the reference model {folder} (recorded in its "
+                        f"config.json and {RUN_FILE}), and leantrain eval compares the policy with it: {why}; put "
+                        "the reference back where it was") from None
+    return folder
 
 
 def eval_batch_width(model_dir: str, cfg: Config, batch_size: int | None, model, task: Task, blocks,

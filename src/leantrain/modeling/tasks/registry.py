@@ -262,6 +262,11 @@ class Task:
         it was tuned against, as recorded), then hands to ``with_reference``; None by default."""
         return None
 
+    def check_evaluable(self) -> None:
+        """``leantrain eval``, before any weight or data loads, on the task as the model recorded it
+        (``configured(cfg, model_config)``): a UserError when the trained model cannot be evaluated again (a
+        preference policy whose reference was never saved); nothing by default."""
+
     def with_reference(self, model, autocast=None) -> "Task":
         """This task evaluating against ``model`` (frozen), run under ``autocast()`` (the policy's precision context;
         None: as called); itself by default."""

@@ -1,7 +1,12 @@
-"""``leantrain eval`` of a DPO + LoRA model needs no more memory than the run's own evaluation: the same batch width
-(the run's, recorded with the model), the chunked output layer on the policy AND on the reference it loads (no
-``tokens x vocabulary`` fp32 logits), the run's precision. A tiny Llama with a 65,536-word output layer makes the
-plain logits of an eval batch several times one chunk's, so a skipped chunked path shows as the largest tensor."""
+"""``leantrain eval`` of a preference-tuned policy.
+
+A DPO + LoRA model needs no more memory than the run's own evaluation: the same batch width (the run's, recorded
+with the model), the chunked output layer on the policy AND on the reference it loads (no ``tokens x vocabulary``
+fp32 logits), the run's precision. A tiny Llama with a 65,536-word output layer makes the plain logits of an eval
+batch several times one chunk's, so a skipped chunked path shows as the largest tensor.
+
+And what cannot be evaluated is refused first (exit 2, no traceback, before the policy or the data load): a reference
+folder deleted or moved since the run; a policy tuned from ``model.config`` (its reference was never saved)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ import pytest
 
 from leantrain.cli import main
 from leantrain.modeling.chunked_loss import default_chunk_tokens
-from tests.helpers import CHATML, LargestTensor, make_tiny_chat_tokenizer, make_tiny_llama, write_jsonl
+from tests.helpers import (CHATML, TINY_LLAMA, LargestTensor, make_tiny_chat_tokenizer, make_tiny_llama,
+                           write_jsonl)
 
 pytestmark = pytest.mark.usefixtures("own_datasets_cache")
 VOCAB = 2**16
@@ -55,3 +61,28 @@ def test_eval_of_a_dpo_lora_model_keeps_the_runs_width_and_the_chunked_layer_on_
     chunk = default_chunk_tokens(VOCAB, "cpu") * VOCAB * 4  # one chunk's fp32 logits
     assert seen.bytes <= chunk, f"{seen.bytes / 2**20:.0f} MiB allocated at once; one chunk's logits are " \
                                 f"{chunk / 2**20:.0f} MiB"
+
+
+def test_eval_against_a_reference_folder_that_was_moved_exits_2_naming_it(dpo_run, capsys):
+    base, moved = dpo_run / "llama", dpo_run / "llama-moved"
+    base.rename(moved)
+    try:
+        code = main(["eval", str(dpo_run / "run" / "model"), f"data.eval={dpo_run / 'missing.jsonl'}"])
+    finally:
+        moved.rename(base)
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert f"reference model {base}" in err and "no such folder" in err and "Traceback" not in err
+    assert "missing.jsonl" not in err  # refused before the data loads
+
+
+def test_eval_of_a_policy_tuned_from_a_config_is_refused_first(dpo_run, capsys):
+    out = dpo_run / "scratch"
+    assert main(["train", *TINY_LLAMA, f"model.tokenizer={dpo_run / 'tok'}", f"data.train={dpo_run / 'train.jsonl'}",
+                 "data.block_size=64", "train.batch_size=2", "train.max_steps=1", "report.plots=false",
+                 "report.progress=none", "checkpoint.every_steps=0", f"output_dir={out}"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(out / "model"), f"data.eval={dpo_run / 'missing.jsonl'}"]) == 2
+    err = capsys.readouterr().err
+    assert "built from model.config with random weights that were not saved" in err and "Traceback" not in err
+    assert "not supported yet" not in err and "missing.jsonl" not in err  # refused before the model and the data
