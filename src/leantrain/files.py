@@ -1,6 +1,6 @@
 """File helpers every layer uses: the one sha256 of a file (checkpoints, token shards, converted presets) and of a
-JSON-able value (the fingerprints of token-shard sources, tokenizers and cache keys); a text file written
-atomically and durably; a full disk recognised and named."""
+JSON-able value (the fingerprints of token-shard sources, tokenizers and cache keys); a text file and whole folders
+(a run's model/) written atomically and durably; a full disk recognised and named."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import json
 import os
 import shutil
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 def sha256_file(path: Path) -> str:
@@ -40,14 +42,60 @@ def write_atomic(path: Path, text: str) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a folder (its entries: renames into it are durable); a file system that cannot is left as it is."""
     try:
-        fd = os.open(path.parent, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
     except OSError:
         pass
+
+
+def fsync_tree(folder: Path) -> None:
+    """fsync every file under ``folder`` and every folder in it, itself included."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(Path(root) / name, "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(Path(root))
+
+
+def replace_folder(src: Path, dst: Path) -> None:
+    """Move the whole folder ``src`` to ``dst`` (same disk), replacing a folder there: the old one moved aside to
+    ``.old-<name>`` first and removed after, the parent fsynced. ``dst`` is the old folder or the whole new one."""
+    old = dst.with_name(f".old-{dst.name}")
+    shutil.rmtree(old, ignore_errors=True)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    fsync_dir(dst.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def staged_folders(parent: Path) -> Iterator[Path]:
+    """A fresh folder ``parent/.staging-<id>`` to write whole folders in (a run's model/, adapter/); when the block
+    ends without an error, each folder in it is fsynced and moved into ``parent`` (``replace_folder``), as the
+    checkpoints are committed. On an error, or a kill (its leftover is removed by the next call), no folder in
+    ``parent`` changes: a reader never sees one half-written."""
+    parent = Path(parent)
+    for stale in [*parent.glob(".staging-*"), *parent.glob(".old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    stage = parent / f".staging-{uuid.uuid4().hex[:8]}"
+    stage.mkdir(parents=True)
+    try:
+        yield stage
+        for child in sorted(p for p in stage.iterdir() if p.is_dir()):
+            fsync_tree(child)
+            replace_folder(child, parent / child.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def disk_full(e: BaseException) -> bool:
