@@ -101,7 +101,8 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     folder = reference_folder(reference, model_dir) if reference else None
     check_weights(model_dir, mcfg.allow_pickle)
     model = load_trained_model(model_dir, task, mcfg).to(accelerator.device)
-    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss, accelerator.device.type)  # no [B, T, V] logits
+    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss, accelerator.device.type,  # as training chose:
+                                 uniform=task.uniform_token_gradients)  # no [B, T, V] logits
     if chunked:
         log.info(chunked)
     tokenizer = load_processor(mcfg, task)
