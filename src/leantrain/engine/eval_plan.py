@@ -44,7 +44,10 @@ def planned_eval_width(model, task: Task, wanted: int, seq_len: int, precision: 
     held = resident_bytes(device) or 0
     width = max(1, int(wanted))
     while True:
-        need = held + int(fake_eval_peak(model, task, width, seq_len, precision) * (1 + MARGIN))
+        try:
+            need = held + int(fake_eval_peak(model, task, width, seq_len, precision) * (1 + MARGIN))
+        except Exception as e:  # noqa: BLE001 - a model whose forward fake tensors cannot run: said, not planned
+            return width, f"not planned: a fake evaluation forward failed ({type(e).__name__}: {e})"
         if need <= budget or width == 1:
             break
         width = max(1, width // 2)
