@@ -20,7 +20,8 @@ from leantrain.engine.efficiency import ACCELERATE_PRECISION
 from leantrain.engine.eval_plan import UNRECORDED_WIDTH, planned_eval_width, with_eval_reference
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.preflight import check_max_length, check_output_file, check_weights
-from leantrain.engine.run_settings import FILE as RUN_FILE, eval_precision, stored_eval_width, trained_task, with_run_settings
+from leantrain.engine.run_settings import (FILE as RUN_FILE, eval_precision, stored_eval_width, trained_task,
+                                          with_run_settings)
 from leantrain.engine.training_data import data_side
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling import load_processor, load_trained_model

@@ -1,8 +1,9 @@
-"""One evaluation, in a training run and in ``leantrain eval``: the same batch width (the run's: ``train.eval_batch_size``
-or 2 x its micro-batch, recorded with the model), the same output layer on every model the task runs (the policy's
-chunked loss on its reference too: no ``tokens x vocabulary`` fp32 logits), and the width planned against the
-memory budget as the micro-batch is (``efficiency.memory_budget``, else the device's default), priced by a fake
-evaluation forward (``perf.estimate.fake_eval_peak``) before any real one."""
+"""One evaluation, in a training run and in ``leantrain eval``: the same batch width (the run's:
+``train.eval_batch_size`` or 2 x its micro-batch, recorded with the model), the same output layer on every model the
+task runs (the policy's chunked loss on its reference too: no ``tokens x vocabulary`` fp32 logits), and, in
+``leantrain eval``, the width planned against the memory budget as the micro-batch is (``efficiency.memory_budget``,
+else the device's default), priced by a fake evaluation forward (``perf.estimate.fake_eval_peak``) before any real
+one."""
 
 from __future__ import annotations
 

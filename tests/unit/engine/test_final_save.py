@@ -125,6 +125,7 @@ def test_a_kill_during_the_final_save_leaves_no_half_written_model_folder(corpus
     env.pop("LEANTRAIN_TEST_CRASH_IN_FINAL_SAVE")
     rerun = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert {"model.safetensors", "leantrain.json", "README.md", "config.json"} <= {p.name for p in (out / "model").iterdir()}
+    saved = {p.name for p in (out / "model").iterdir()}
+    assert {"model.safetensors", "leantrain.json", "README.md", "config.json"} <= saved
     assert f'model="{(out / "model").as_posix()}"' in (out / "model" / "README.md").read_text()
     assert not [p.name for p in out.iterdir() if p.name.startswith((".staging-", ".old-"))]
