@@ -185,7 +185,8 @@ def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hi
 
     tok = AutoTokenizer.from_pretrained(tokenizer_folder)
     config = LlamaConfig(vocab_size=vocab_size or len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=positions,
                          eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
