@@ -197,17 +197,18 @@ def make_gpt2_tokenizer(folder: Path) -> Path:
 
 
 def make_tiny_llama(folder: Path, tokenizer_folder: Path, *, layers: int = 2, hidden: int = 32,
-                    positions: int = 512, tie: bool = False) -> Path:
+                    positions: int = 512, tie: bool = False, vocab_size: int | None = None) -> Path:
     """A 2-layer, hidden-32 Llama with random weights (fp32, seed 0) and the tokenizer of ``tokenizer_folder``;
-    ``tie``: the output layer shares the embeddings."""
+    ``tie``: the output layer shares the embeddings; ``vocab_size``: an output layer wider than the tokenizer (ids it
+    never produces), e.g. to make logits large."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_folder)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
-                         eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
-                         tie_word_embeddings=tie)
+    config = LlamaConfig(vocab_size=vocab_size or len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=positions, eos_token_id=tok.eos_token_id,
+                         bos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, tie_word_embeddings=tie)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
@@ -354,3 +355,39 @@ def set_rows(n: int, seed: int = 0) -> list[dict]:
         r.shuffle(words)
         rows.append({"text": " ".join(words), "labels": labels})
     return rows
+
+
+# ------------------------------------------------------------------------------------------------ memory bounds
+
+
+class LargestTensor:
+    """A TorchDispatchMode (as a context manager) that records the largest tensor any operation creates (bytes) and
+    the most rows an embedding lookup reads (``rows``): what a pass allocates at its widest. Fake tensors (a memory
+    estimate's) allocate nothing and are left out."""
+
+    def __init__(self):
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        record = self
+        self.bytes = self.rows = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    if hasattr(t, "untyped_storage") and not isinstance(t, FakeTensor):
+                        record.bytes = max(record.bytes, t.numel() * t.element_size())
+                if "embedding" in str(func) and len(args) > 1 and not isinstance(args[1], FakeTensor):
+                    record.rows = max(record.rows, int(args[1].shape[0]) if args[1].dim() > 1 else 1)
+                return out
+
+        self.mode = Mode()
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)

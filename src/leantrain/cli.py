@@ -118,7 +118,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     e.add_argument("args", nargs="*", metavar="key=value")
     e.add_argument("--output", default=None, help="also write the metrics as JSON here; the confusion matrix goes "
                    "next to it (X.confusion.json/.png), else into the run folder (eval_confusion.json/.png)")
-    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--batch-size", type=int, default=None,
+                   help="rows a batch (default: a language or preference model: the run's own evaluation width, "
+                   "recorded with the model, planned against the memory budget; a classifier: 64)")
     e.add_argument("--harness", default=None, metavar="DIR", help="EleutherAI's lm-evaluation-harness instead, with "
                    "the task YAMLs of DIR (e.g. dataset_path: json + local data_files, relative to DIR; works "
                    "offline) on a causal LM folder; prints the harness's table; --output gets {\"harness\": {task: "

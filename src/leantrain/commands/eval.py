@@ -22,23 +22,28 @@ from leantrain.config import Config, resolve
 from leantrain.data.loaders import eval_loader
 from leantrain.engine.accelerator import has_accelerator, setup_logging
 from leantrain.engine.efficiency import ACCELERATE_PRECISION
+from leantrain.engine.eval_plan import UNRECORDED_WIDTH, planned_eval_width, with_eval_reference
 from leantrain.engine.evaluate import evaluate
 from leantrain.engine.harness import run_harness
 from leantrain.engine.preflight import check_max_length, check_output_file, check_weights
-from leantrain.engine.run_settings import eval_precision, trained_task, with_run_settings
+from leantrain.engine.run_settings import (FILE as RUN_FILE, eval_precision, stored_eval_width, trained_task,
+                                          with_run_settings)
 from leantrain.engine.training_data import data_side
-from leantrain.errors import UserError
+from leantrain.errors import ConfigError, UserError
 from leantrain.modeling import load_processor, load_trained_model
 from leantrain.modeling.chunked_loss import apply_chunked_loss
+from leantrain.modeling.hubcheck import check_model_name, looks_local
+from leantrain.modeling.load import load_config
 from leantrain.modeling.names import resolve_model_name
 from leantrain.modeling.tasks import Task
 from leantrain.report.eval_report import confusion, confusion_stem, format_table, per_class, write_confusion
 from leantrain.report.logs import write_json
 
 log = logging.getLogger("leantrain")
+ROWS_BATCH = 64  # rows a batch of a task evaluated by rows (its logits are one row of classes each)
 
 
-def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_size: int = 64) -> dict:
+def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_size: int | None = None) -> dict:
     """Metrics of a saved model on a labelled file (``data.eval``), per class too, and a confusion matrix written
     next to ``output_path`` (x.json -> x.confusion.json / .png) or into the run folder (eval_confusion.*)."""
     if not cfg.data.eval:
@@ -55,7 +60,7 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     for n in notes:
         log.info(n)
     processed: list = []
-    logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size, processed)
+    logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size or ROWS_BATCH, processed)
     y = task.row_labels(rows, processed[0])
     values = {k: v.numpy() for k, v in task.eval_batch(logits, y).items()}
     y = y.numpy()
@@ -80,10 +85,12 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
 
 
 def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: str | None,
-                         batch_size: int = 64) -> dict:
-    """The metrics of ``task``'s evaluation in a training run: {"model", "data", "block_size", "precision", "eval":
-    (a language model) {"loss", "perplexity", "samples", "tokens"}}; written to ``output_path`` (rank 0). Computed
-    in the run's precision unless efficiency.precision is set here."""
+                         batch_size: int | None = None) -> dict:
+    """The metrics of ``task``'s evaluation in a training run: {"model", "data", "block_size", "precision",
+    "batch_size", "eval": (a language model) {"loss", "perplexity", "samples", "tokens"}}; written to
+    ``output_path`` (rank 0). As the run's evaluation computes them (``engine.eval_plan``): in the run's precision
+    unless efficiency.precision is set here, at the run's width (``batch_size``, train.eval_batch_size or the
+    recorded one) planned against the memory budget, the chunked output layer on the policy and its reference."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
@@ -95,9 +102,14 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision=ACCELERATE_PRECISION[precision])
     setup_logging(accelerator.is_main_process)
     log.info(why)
+    configured = task.configured(cfg, load_config(mcfg))  # preference: the recorded method, beta, reference
+    configured.check_evaluable()  # before any weight or data loads
+    reference = configured.reference_model_name()
+    folder = reference_folder(reference, model_dir) if reference else None
     check_weights(model_dir, mcfg.allow_pickle)
-    model = load_trained_model(model_dir, task, mcfg)
-    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # per-token losses, no [B, T, V] logits
+    model = load_trained_model(model_dir, task, mcfg).to(accelerator.device)
+    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss, accelerator.device.type,  # as training chose:
+                                 uniform=task.uniform_token_gradients)  # no [B, T, V] logits
     if chunked:
         log.info(chunked)
     tokenizer = load_processor(mcfg, task)
@@ -107,18 +119,16 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
         log.info(n)
     blocks = side.process(split, tokenizer, cfg.data, desc="Processing eval")
     collator = side.collator(tokenizer, cfg.data, train=False, device_type=accelerator.device.type)
-    configured = task.configured(cfg, model.config)  # preference: the recorded method, beta, reference
-    reference = configured.reference_model_name()
-    if reference:  # against the reference the policy was tuned from, frozen
+    if folder:  # against the reference the policy was tuned from, frozen
         log.info("reference: %s", reference)
-        folder = resolve_model_name(reference, None)  # a short name (smollm2-135m) or a folder
         check_weights(folder, mcfg.allow_pickle)
-        configured = configured.with_reference(load_trained_model(folder, task, mcfg.model_copy(
+        configured = with_eval_reference(configured, model, load_trained_model(folder, task, mcfg.model_copy(
             update={"name": folder})).to(accelerator.device), accelerator.autocast)  # the policy's precision
-    model, loader = accelerator.prepare(model, eval_loader(blocks, batch_size, collator))
+    width = eval_batch_width(model_dir, cfg, batch_size, model, configured, blocks, precision)
+    model, loader = accelerator.prepare(model, eval_loader(blocks, width, collator))
     metrics = evaluate(model, loader, accelerator, 0, configured, [])
     result = {"model": model_dir, "data": cfg.data.eval, "block_size": cfg.data.block_size, "precision": precision,
-              "eval": metrics}
+              "batch_size": width, "eval": metrics}
     if accelerator.is_main_process and output_path:
         write_json(output_path, result)
     return result
@@ -143,7 +153,40 @@ def harness_eval(name: str, harness: str | None, tasks: list[str], output_path: 
     return result
 
 
-def eval_command(model_dir: str, overrides: list[str], output_path: str | None, *, batch_size: int = 64,
+def reference_folder(reference: str, model_dir: str) -> str:
+    """The folder (or Hub id) of the reference ``model_dir`` recorded (a short name resolved); exit 2 naming it when
+    it is not there (a base folder deleted or moved since the run)."""
+    folder = resolve_model_name(reference, None)  # a short name (smollm2-135m) or a folder
+    try:
+        check_model_name(folder)
+    except ConfigError as e:
+        why = "no such folder (deleted or moved since the run?)" if looks_local(folder) else str(e).split(": ", 1)[-1]
+        raise UserError(f"{model_dir} was preference-tuned against the reference model {folder} (recorded in its "
+                        f"config.json and {RUN_FILE}), and leantrain eval compares the policy with it: {why}; put "
+                        "the reference back where it was") from None
+    return folder
+
+
+def eval_batch_width(model_dir: str, cfg: Config, batch_size: int | None, model, task: Task, blocks,
+                     precision: str) -> int:
+    """Rows a batch: --batch-size, else train.eval_batch_size set here, else the run's own (recorded with the model),
+    else at most ``UNRECORDED_WIDTH``; then halved until an evaluation forward fits the memory budget."""
+    if batch_size:
+        wanted, source = batch_size, "--batch-size"
+    elif "eval_batch_size" in cfg.train.model_fields_set and cfg.train.eval_batch_size:
+        wanted, source = cfg.train.eval_batch_size, "train.eval_batch_size"
+    elif (recorded := stored_eval_width(model_dir)) is not None:
+        wanted, source = recorded, "the training run's evaluation"
+    else:
+        wanted, source = UNRECORDED_WIDTH, "the folder does not record its run's"
+    seq_len = cfg.data.block_size or int(max(blocks["length"], default=1))
+    width, why = planned_eval_width(model, task, wanted, seq_len, precision, cfg.efficiency.memory_budget)
+    log.info("eval batch: %d rows a process (%s%s; %s)", width, source,
+             "" if width == wanted else f": {wanted}, halved to fit", why)
+    return width
+
+
+def eval_command(model_dir: str, overrides: list[str], output_path: str | None, *, batch_size: int | None = None,
                  harness: str | None = None, tasks: list[str] | None = None, limit: int | None = None) -> int:
     """``leantrain eval``: the metrics on labelled data (data.eval=...), printed as JSON, then a per-class table;
     with ``--harness`` / ``--tasks``: the evaluation harness's scores."""
@@ -151,7 +194,7 @@ def eval_command(model_dir: str, overrides: list[str], output_path: str | None, 
     if output_path:
         check_output_file(output_path, "--output", "metrics.json")
     if harness is not None or tasks:
-        harness_eval(model_dir, harness, tasks or [], output_path, batch_size=min(batch_size, 8), limit=limit)
+        harness_eval(model_dir, harness, tasks or [], output_path, batch_size=min(batch_size or 8, 8), limit=limit)
         return 0
     result = evaluate_file(model_dir, cfg, output_path, batch_size=batch_size)
     print(json.dumps({k: v for k, v in result["eval"].items() if k != "per_class"}, indent=2))

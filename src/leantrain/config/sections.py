@@ -55,6 +55,11 @@ class Config(Section):
             raise ValueError(f"peft.method={self.peft.method} with distributed.strategy={d.strategy} is not supported: "
                              "the adapters are a small share of the parameters, so sharding buys little, and merging "
                              "them into sharded weights at save time is not implemented; use DDP (the default)")
+        if self.peft.method == "lora" and not self.peft.merge and (self.model.config or self.model.config_type):
+            raise ValueError("peft.method=lora with peft.merge=false on a model built from model.config / "
+                             "model.config_type would save only the adapter, and the base's random initial weights "
+                             "are saved nowhere: the adapter could never be loaded again; use peft.merge=true (the "
+                             "default: the merged model is saved), or train the model in full (peft.method=none)")
         if self.peft.method == "qlora":  # the device (CUDA only) is checked before any worker or model starts
             if self.model.config or self.model.config_type:
                 raise ValueError("peft.method=qlora quantises pretrained weights; a model built from model.config / "

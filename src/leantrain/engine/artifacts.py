@@ -21,11 +21,12 @@ from leantrain.engine.checkpoint.save import complete_checkpoints
 from leantrain.engine.distributed import full_state_dict
 from leantrain.engine.dropout import resolve_dropout
 from leantrain.engine.efficiency import ModelChoices, compile_seconds
+from leantrain.engine.faults import FaultInjector
+from leantrain.engine.harness import harness_of_folder
 from leantrain.engine.training_data import TrainingData
 from leantrain.errors import UserError
-from leantrain.files import disk_full, disk_of
+from leantrain.files import disk_full, disk_of, staged_folders
 from leantrain.modeling.load import save_dtype
-from leantrain.engine.harness import harness_of_folder
 from leantrain.modeling.lora import is_peft_model, merged_for_saving, save_adapter, save_adapter_only
 from leantrain.modeling.names import display_name
 from leantrain.modeling.qlora import is_quantized, merged_full_precision
@@ -105,7 +106,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             "samples": meter.all_samples,
             "samples_per_second": meter.samples_per_second,
             "tokens_per_second": meter.tokens_per_second,
-            "speed_unit": "tokens" if data.task_object.unit == "tokens" else "samples",  # what the final line shows
+            "speed_unit": data.task_object.speed_unit,  # what the final line shows: the task declares it
             "tokens_seen": meter.all_tokens if meter.counts_tokens else None,  # what tokens/s counts, this run's
             "measured_steps": meter.measured_steps,
             "warmup_steps_excluded": min(meter.skip, meter.steps) if meter.steps > meter.skip else 0,
@@ -161,25 +162,35 @@ def save_outputs(cfg: Config, accelerator: Accelerator, model: nn.Module, data: 
 
 def _write_outputs(cfg: Config, model: nn.Module, out: Path, state_dict: dict | None, data: TrainingData,
                    summary: dict, records: list) -> None:
-    """config.yaml, model/ (weights, processor, run settings, card), loss_curve.png, and summary.json LAST: a run
-    killed before summary.json is written is not complete, and its rerun writes every file again."""
+    """config.yaml, model/ (weights, processor, run settings, card; with LoRA adapter/ too) written whole in a staging
+    folder and moved in place (``leantrain.files.staged_folders``: never half-written, as the checkpoints),
+    loss_curve.png, and summary.json LAST: a run killed before summary.json is written is not complete, and its
+    rerun writes every file again."""
     (out / "config.yaml").write_text(cfg.to_yaml())
     saved = data.task_object.saved_config(summary["eval"])
     model.config.update(saved)
-    model_dir = _save_model(cfg, model, out, state_dict, data)
-    data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
-    write_run_settings(model_dir, cfg, data.task, data.columns,  # predict / eval default to them
-                       (summary.get("efficiency") or {}).get("precision"), saved)
-    if cfg.eval.harness_tasks:  # the saved model, as a user loads it
-        summary["harness"], table = harness_of_folder(model_dir, cfg.eval.harness_tasks, cfg.eval.harness_dir)
-        log.info("evaluation harness:\n%s", table)
-    _report_files(cfg, out, model_dir, data, summary, records)
+    with staged_folders(out) as stage:
+        staged = _save_model(cfg, model, out, state_dict, data, stage)
+        data.processor.save_pretrained(staged)  # tokenizer / preprocessor_config.json: pipeline() loads it
+        FaultInjector(0).in_final_save()
+        write_run_settings(staged, cfg, data.task, data.columns,  # predict / eval default to them
+                           (summary.get("efficiency") or {}).get("precision"), saved,
+                           data.eval_width(summary["train"]["micro_batch_size"]))
+        if cfg.eval.harness_tasks:  # the saved model, as a user loads it (the card below shows the scores)
+            summary["harness"], table = harness_of_folder(staged, cfg.eval.harness_tasks, cfg.eval.harness_dir)
+            log.info("evaluation harness:\n%s", table)
+        base = data.model_name if cfg.model.config or cfg.model.config_type else display_name(cfg.model.name)
+        write_model_card(staged, base_model=base, label_names=data.label_names, summary=summary,
+                         config=cfg.to_dict(), task=data.task, final_dir=out / staged.name)
+    if cfg.report.plots:
+        plot_loss_curve(records, out / "loss_curve.png", title=f"{short_model_name(data.model_name)} — {out.name}")
     write_json(out / "summary.json", summary)
 
 
 def _disk_full_error(out: Path) -> UserError:
-    """The final save ran out of space: the half-written model/ goes (a rerun writes it again); the newest
-    checkpoint, kept until the model is saved, is where the rerun resumes."""
+    """The final save ran out of space: nothing half-written stays (the staging folder goes with its error; a model/
+    already moved in place goes too: a rerun writes it again); the newest checkpoint, kept until the model is saved,
+    is where the rerun resumes."""
     shutil.rmtree(out / "model", ignore_errors=True)
     found = complete_checkpoints(out)
     kept = (f"the newest checkpoint ({found[0]}) and metrics.jsonl; run the same command again to resume from it"
@@ -195,13 +206,15 @@ def eval_rows(data: TrainingData) -> dict:
     if "position_ids" in columns:
         starts = sum(sum(1 for p in row if p == 0) for row in data.eval.with_format(None)["position_ids"])
         return {"eval_row_kind": "blocks", "eval_examples": int(starts)}
-    lm_text = data.task_object.unit == "tokens" and "format" not in (data.columns or {})  # text cut into blocks
-    return {"eval_row_kind": "blocks" if lm_text else "examples"}
+    blocks = data.task_object.eval_row_kind == "blocks" and "format" not in (data.columns or {})  # text, cut
+    return {"eval_row_kind": "blocks" if blocks else "examples"}
 
 
-def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | None, data: TrainingData) -> Path:
-    """model/ (save_pretrained). A LoRA run: the adapter in adapter/ and, with peft.merge (default), the merged
-    model in model/ (loads without peft); else the adapter folder is the run's model folder. Returns that folder.
+def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | None, data: TrainingData,
+                stage: Path) -> Path:
+    """model/ (save_pretrained), written into ``stage`` (moved to ``out`` once whole). A LoRA run: the adapter in
+    adapter/ and, with peft.merge (default), the merged model in model/ (loads without peft); else the adapter folder
+    is the run's model folder. Returns that folder in ``stage``.
     QLoRA: the merged model is the base reloaded bf16 on CPU with the adapter merged (no 4-bit weights saved), saved
     in bf16 unless ``model.save_dtype=float32``."""
     processor = data.processor
@@ -210,25 +223,25 @@ def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | Non
         model.to(dtype)  # the end of the run: nothing trains on (a sharded model's gathered state dict is cast)
         state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()} \
             if state_dict is not None else None
-        model.save_pretrained(out / "model", state_dict=state_dict, safe_serialization=True)
+        model.save_pretrained(stage / "model", state_dict=state_dict, safe_serialization=True)
         _say_dtype(dtype)
-        return out / "model"
+        return stage / "model"
     if not cfg.peft.merge:
-        log.info(save_adapter_only(model, out / "adapter"))
-        processor.save_pretrained(out / "adapter")
-        return out / "adapter"
-    save_adapter(model, out / "adapter")
+        log.info(save_adapter_only(model, stage / "adapter").replace(str(stage), str(out)))
+        processor.save_pretrained(stage / "adapter")
+        return stage / "adapter"
+    save_adapter(model, stage / "adapter")
     if is_quantized(model):
         log.info("QLoRA: merging the adapter into the base reloaded in bf16 on CPU (not 4-bit)")
-        merged = merged_full_precision(cfg, data.label_names, data.task, out / "adapter",
+        merged = merged_full_precision(cfg, data.label_names, data.task, stage / "adapter",
                                        data.task_object.saved_config(None))
         dtype = torch.float32 if cfg.model.save_dtype == "float32" else torch.bfloat16  # its weights are bf16 values
     else:
         merged = _checked_merge(model, data)
-    merged.to(dtype).save_pretrained(out / "model", safe_serialization=True)
+    merged.to(dtype).save_pretrained(stage / "model", safe_serialization=True)
     _say_dtype(dtype)
     log.info("LoRA: adapter in %s, merged model in %s (loads without peft)", out / "adapter", out / "model")
-    return out / "model"
+    return stage / "model"
 
 
 MERGE_CHECK_ROWS = 4  # eval rows (else training rows) both models compute the loss of
@@ -274,14 +287,6 @@ def _say_dtype(dtype: torch.dtype) -> None:
     if dtype != torch.float32:
         log.info("model/: saved in %s, the checkpoint's dtype (model.save_dtype=auto; float32 keeps the trained fp32 "
                  "weights)", str(dtype).removeprefix("torch."))
-
-
-def _report_files(cfg: Config, out: Path, model_dir: Path, data: TrainingData, summary: dict, records: list) -> None:
-    base = data.model_name if cfg.model.config or cfg.model.config_type else display_name(cfg.model.name)
-    write_model_card(model_dir, base_model=base, label_names=data.label_names, summary=summary,
-                     config=cfg.to_dict(), task=data.task)
-    if cfg.report.plots:
-        plot_loss_curve(records, out / "loss_curve.png", title=f"{short_model_name(data.model_name)} — {out.name}")
 
 
 def _device_name(device: torch.device) -> str:

@@ -7,6 +7,8 @@ NaN is caught. Read once when the run starts; unset, each costs one comparison p
 ``LEANTRAIN_TEST_NAN_AT_STEP=k``       the loss of optimizer step k becomes NaN (and so its gradients).
 ``LEANTRAIN_TEST_KILL_AT_STEP=k``      SIGKILL this process right after step k (and its checkpoint save, if any).
 ``LEANTRAIN_TEST_CRASH_IN_SAVE=k``     die half-way through the checkpoint save of step k (files written, no manifest).
+``LEANTRAIN_TEST_CRASH_IN_FINAL_SAVE=1``  die half-way through the final save of model/ (weights written, not the
+                                       run settings).
 ``LEANTRAIN_TEST_SIGNAL_AT_STEP=SIG@k[:RANK]``  process RANK (default 0) sends itself SIG (TERM, INT) after step k,
                                        as a scheduler preempting the job would (see ``engine.checkpoint.preempt``).
 """
@@ -20,6 +22,7 @@ FAULT = "LEANTRAIN_FAULT"
 NAN_AT_STEP = "LEANTRAIN_TEST_NAN_AT_STEP"
 KILL_AT_STEP = "LEANTRAIN_TEST_KILL_AT_STEP"
 CRASH_IN_SAVE = "LEANTRAIN_TEST_CRASH_IN_SAVE"
+CRASH_IN_FINAL_SAVE = "LEANTRAIN_TEST_CRASH_IN_FINAL_SAVE"
 SIGNAL_AT_STEP = "LEANTRAIN_TEST_SIGNAL_AT_STEP"
 
 
@@ -61,6 +64,7 @@ class FaultInjector:
         self.nan_at = _step_of(NAN_AT_STEP)
         self.kill_at = _step_of(KILL_AT_STEP)
         self.crash_in_save_at = _step_of(CRASH_IN_SAVE)
+        self.crash_in_final_save = _step_of(CRASH_IN_FINAL_SAVE) == 1
         self.signal_at = _signal_of(os.environ.get(SIGNAL_AT_STEP), rank)
 
     def poison(self, micro_batches: list[dict], step: int) -> list[dict]:
@@ -80,6 +84,11 @@ class FaultInjector:
     def in_save(self, step: int) -> None:
         """Half-way through the checkpoint save of step ``step``: ``LEANTRAIN_TEST_CRASH_IN_SAVE``."""
         if self.crash_in_save_at == step:
+            os._exit(137)
+
+    def in_final_save(self) -> None:
+        """Half-way through the final save of model/: ``LEANTRAIN_TEST_CRASH_IN_FINAL_SAVE``."""
+        if self.crash_in_final_save:
             os._exit(137)
 
     def after_step(self, step: int) -> None:

@@ -325,7 +325,7 @@ class Loop:
             run.metrics_log.write(logged)
             state.running.zero_()
             state.running_count = 0
-        speed = "tokens_per_second" if run.data.task_object.unit == "tokens" else "samples_per_second"
+        speed = f"{run.data.task_object.speed_unit}_per_second"
         self.progress.update(step, {k: logged[k] for k in ("loss", "lr", speed)} if logged else None)
         if eval_due(cfg.train.eval_every_steps, step, run.layout):
             self.evaluate(step)

@@ -31,10 +31,10 @@ RENDERING_KEYS = ("format", "prompt")  # instruction / preference data: the form
 
 
 def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None = None,
-                 saved: dict | None = None) -> dict:
+                 saved: dict | None = None, eval_batch_size: int | None = None) -> dict:
     """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}, "precision":
-    the precision the run trained and evaluated in}, and the task's ``saved`` record (``Task.saved_config``: a
-    preference-tuned policy's method, beta and reference)."""
+    the precision the run trained and evaluated in, "eval_batch_size": the rows a process evaluated at once}, and the
+    task's ``saved`` record (``Task.saved_config``: a preference-tuned policy's method, beta and reference)."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = cfg.data.max_length
     rendering = {}
@@ -42,12 +42,14 @@ def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None =
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
         rendering = {k: columns[k] for k in RENDERING_KEYS if columns.get(k)}
     return {"task": task.name, "data": data, **({"prompt_format": rendering} if rendering else {}),
-            **({"precision": precision} if precision else {}), **(saved or {})}
+            **({"precision": precision} if precision else {}),
+            **({"eval_batch_size": eval_batch_size} if eval_batch_size else {}), **(saved or {})}
 
 
 def write_run_settings(model_dir: Path, cfg: Config, task: Task, columns: dict, precision: str | None = None,
-                       saved: dict | None = None) -> None:
-    (Path(model_dir) / FILE).write_text(json.dumps(run_settings(cfg, task, columns, precision, saved), indent=2) + "\n")
+                       saved: dict | None = None, eval_batch_size: int | None = None) -> None:
+    settings = run_settings(cfg, task, columns, precision, saved, eval_batch_size)
+    (Path(model_dir) / FILE).write_text(json.dumps(settings, indent=2) + "\n")
 
 
 def eval_precision(model_dir: str | Path, cfg: Config) -> tuple[str, str]:
@@ -70,6 +72,12 @@ def stored_prompt_format(model_dir: str | Path) -> dict | None:
     """How the run's prompts were rendered ({"format": instruction or preference format, "prompt": text or messages}
     from model/leantrain.json), for ``leantrain.data.lm.sft.sample_inputs``; None for plain text or no record."""
     return (read_run_settings(model_dir) or {}).get("prompt_format")
+
+
+def stored_eval_width(model_dir: str | Path) -> int | None:
+    """The rows a process of the run evaluated at once (model/leantrain.json), or None (not recorded)."""
+    value = (read_run_settings(model_dir) or {}).get("eval_batch_size")
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def stored_task(model_dir: str | Path) -> str | None:

@@ -18,6 +18,7 @@ from leantrain.config.training import parse_stop_when
 from leantrain.errors import ConfigError
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
+from leantrain.engine.eval_plan import eval_width
 from leantrain.engine.precompute import with_precomputed
 from leantrain.engine.samples import check_sample_prompts
 from leantrain.modeling import load_processor, model_name, resolve_task_reason
@@ -87,8 +88,12 @@ class TrainingData:
             return counted
         return int(self.token_lengths[indices].sum()) if self.token_lengths is not None else None
 
+    def eval_width(self, micro_batch_size: int) -> int:
+        """Rows a process evaluates at once (``engine.eval_plan.eval_width``), recorded with the model for eval."""
+        return eval_width(self.eval_batch_size, micro_batch_size)
+
     def eval_loader(self, micro_batch_size: int):
-        return eval_loader(self.eval, self.eval_batch_size or 2 * micro_batch_size,
+        return eval_loader(self.eval, self.eval_width(micro_batch_size),
                            self.eval_collator or self.collator, num_workers=self.num_workers)
 
 

@@ -255,6 +255,15 @@ def install_chunked_loss(model: nn.Module, chunk_tokens: int | None = None, kern
     return True
 
 
+def same_output_layer(source: nn.Module, target: nn.Module) -> bool:
+    """Give ``target`` (a model run beside ``source``: a preference policy's reference) the output layer ``source``
+    has: its chunked (or Liger) loss when installed, with the same chunk size. True when installed on ``target``."""
+    layer = chunked_layer(source)
+    if layer is None:
+        return False
+    return install_chunked_loss(_unwrap(target), getattr(layer, MARK) or None, getattr(layer, KERNEL))
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     """The model inside DDP / FSDP1 (``.module``) and torch.compile (``._orig_mod``) wrappers."""
     seen = 0

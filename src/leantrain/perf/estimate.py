@@ -26,7 +26,8 @@ from torch.utils._pytree import tree_flatten
 
 from leantrain.modeling.switches import is_checkpointing, set_checkpointing
 from leantrain.perf.flops import peak_flops
-from leantrain.perf.memory_model import Calibration, SavedBytes, storage_key, autocast_for, forward_backward
+from leantrain.perf.memory_model import (Calibration, SavedBytes, autocast_for, calibration_batch, forward_backward,
+                                         storage_key)
 
 EFFICIENCY = 0.3  # share of the matmul probe's FLOP/s a whole forward/backward reaches (CPU, eager)
 
@@ -77,6 +78,24 @@ def fake_pass(model, task, m: int, seq_len: int, precision: str) -> tuple[int, i
             model.zero_grad(set_to_none=True)
         del fakes
     return saved.total(), live.peak
+
+
+def fake_eval_peak(model, task, rows: int, seq_len: int, precision: str) -> int:
+    """Peak live bytes of one evaluation forward (``Task.eval_outputs``: no gradients, eval mode; the task's own
+    reference model too) of ``rows`` examples of ``seq_len`` tokens, on fake tensors: what an eval batch of that width
+    allocates above the weights, priced without computing it."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+            batch = calibration_batch(model, task, rows, seq_len)
+            live = LiveBytes()
+            with live, autocast_for(precision, device)():
+                task.eval_outputs(model, batch)
+    finally:
+        model.train(was_training)
+    return live.peak
 
 
 def estimate(model, seq_len: int, precision: str, checkpointing: bool, *, task) -> Calibration:

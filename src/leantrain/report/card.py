@@ -93,11 +93,13 @@ def _hparam_rows(config: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def write_model_card(
     model_dir: str | os.PathLike, *, base_model: str, label_names: list[str], summary: dict, config: dict,
-    task: Task | None = None,
+    task: Task | None = None, final_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Write model_dir/README.md (YAML front matter + Markdown) for a model of ``task`` (unset: the text
-    classifier) and return its path."""
+    classifier) and return its path. ``final_dir``: where the folder will be once moved in place (a folder written
+    whole and then moved: ``leantrain.files.staged_folders``), the path its usage example names; default model_dir."""
     model_dir = Path(model_dir)
+    shown_dir = Path(final_dir) if final_dir is not None else model_dir
     summary, config = summary or {}, config or {}
     ev, tr = summary.get("eval") or {}, summary.get("train") or {}
     hub = looks_like_hub_id(base_model)
@@ -140,7 +142,7 @@ def write_model_card(
     var = "generator" if entry.generates else "classifier"
     lines += [
         "## Usage", "", "```python", "from transformers import pipeline", "",
-        f'{var} = pipeline("{entry.spec.pipeline_task}", model="{model_dir.as_posix()}")  # or its Hub id once pushed',
+        f'{var} = pipeline("{entry.spec.pipeline_task}", model="{shown_dir.as_posix()}")  # or its Hub id once pushed',
         f"print({var}({entry.card.example}))", "```", "",
     ]
     model_dir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,12 @@
-"""The end of a run (engine/artifacts.py, issue 27 items 5 and 16): summary.json, which marks a run complete, is
-written after every other file; a full disk during the final save exits 2 naming the disk and what was kept."""
+"""The end of a run (engine/artifacts.py, issue 27 items 5 and 16, issue 35 probe 12): summary.json, which marks a
+run complete, is written after every other file; a full disk during the final save exits 2 naming the disk and what
+was kept; a kill during the final save leaves no half-written model/ (it is written whole, then moved in place)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +110,22 @@ def test_disk_full_while_preparing_exits_2_and_removes_the_partial_shards(corpus
     assert f"disk full while writing the token shards to {out}; the partial shards were removed; free some space on " \
            "the disk mounted at" in err
     assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
+def test_a_kill_during_the_final_save_leaves_no_half_written_model_folder(corpus, tmp_path):
+    """Probe 12: SIGKILL-like death after the weights are written and before the run settings: no model/ at all (a
+    reader never sees weights without leantrain.json), no summary.json; the rerun resumes and writes the whole folder,
+    and nothing of the staging is left."""
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "LEANTRAIN_TEST_CRASH_IN_FINAL_SAVE": "1"}
+    args = [sys.executable, "-m", "leantrain", *lm_args(corpus, out, "report.plots=false")]
+    killed = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == 137, killed.stderr[-3000:]
+    assert not (out / "model").exists() and not (out / "summary.json").exists()
+    env.pop("LEANTRAIN_TEST_CRASH_IN_FINAL_SAVE")
+    rerun = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    saved = {p.name for p in (out / "model").iterdir()}
+    assert {"model.safetensors", "leantrain.json", "README.md", "config.json"} <= saved
+    assert f'model="{(out / "model").as_posix()}"' in (out / "model" / "README.md").read_text()
+    assert not [p.name for p in out.iterdir() if p.name.startswith((".staging-", ".old-"))]

@@ -164,3 +164,19 @@ def test_planned_optimizer_state_of_a_lora_model_is_the_real_optimizers(name):
             p.grad = torch.randn_like(p)
     opt.step()
     assert meta_state_bytes(model, cfg) == state_bytes(opt) > 0
+
+
+def test_an_adapter_only_over_a_model_built_from_a_config_is_refused_before_training(tmp_path, capsys):
+    """peft.merge=false saves the adapter alone; over a model built from a config (random initial weights, saved
+    nowhere) it could never be loaded again: exit 2 naming both keys, before any data, model or run folder."""
+    from leantrain.cli import main
+    from tests.helpers import TINY_LLAMA
+
+    with pytest.raises(ConfigError, match=r"peft.merge=false on a model built from model.config.*peft.merge=true"):
+        resolve(None, ["peft.method=lora", "peft.merge=false", "model.config_type=llama"])
+    resolve(None, ["peft.method=lora", "model.config_type=llama"])  # merged (the default): the whole model is saved
+    resolve(None, ["peft.method=lora", "peft.merge=false"])  # over a pretrained base: the adapter loads over it
+    out = tmp_path / "run"
+    assert main(["train", *TINY_LLAMA, "peft.method=lora", "peft.merge=false", "data.train=missing.jsonl",
+                 f"output_dir={out}"]) == 2
+    assert "peft.merge=false" in capsys.readouterr().err and not out.exists()

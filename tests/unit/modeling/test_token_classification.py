@@ -231,6 +231,19 @@ def test_jsonl_tokens_auto_detected_train_predict_eval_pipeline(tmp_path, tiny_b
     assert all(g["entity_group"] in ("PER", "LOC") for g in got)
 
 
+def test_a_ner_run_reports_examples_and_samples_per_second_and_keeps_the_loss(tmp_path, tiny_bert, data, capsys):
+    """Token classification counts its loss in tokens but is no language model: its eval rows are examples (not
+    "blocks"), its speed samples/s, and the final line keeps the loss its headline does not show."""
+    out = tmp_path / "run"
+    assert main(["train", *args(tiny_bert, data, out, "model.task=token-classification", "train.max_steps=2")]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["data"]["eval_row_kind"] == "examples"
+    assert summary["train"]["speed_unit"] == "samples"
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("eval entity F1:") and f", loss {summary['eval']['loss']:.4f} on 12 examples" in line
+    assert "blocks" not in line and "tokens/s" not in line and "samples/s" in line
+
+
 def test_plan_calibrates_a_token_classifier(tiny_bert):
     """``leantrain plan``'s calibration passes take per-token logits (batch, length, labels)."""
     from transformers import AutoModelForTokenClassification

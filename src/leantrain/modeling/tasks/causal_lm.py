@@ -126,4 +126,4 @@ class CausalLM(Task):
 CAUSAL_LM_TASK = register(CausalLM(
     task_spec(CAUSAL_LM), "AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "tokenizer",
     CardText("causal language modelling", "causal language model", '"Once upon a time", max_new_tokens=40'),
-    unit="tokens"))
+    unit="tokens", speed_unit="tokens", eval_row_kind="blocks", headline_loss=True))

@@ -160,6 +160,16 @@ class Preference(CausalLM):
         """``leantrain eval``: the recorded reference model (none for the reference-free losses)."""
         return None if self.loss in REFERENCE_FREE else self.reference_name
 
+    def check_evaluable(self) -> None:
+        """A loss that compares with a reference needs the recorded one: a policy tuned from ``model.config`` was
+        compared with the random weights it started from, which were never saved."""
+        if self.loss not in REFERENCE_FREE and not self.reference_name:
+            raise UserError(f"this model was tuned with preference.loss={self.loss} against the model it started from, "
+                            "built from model.config with random weights that were not saved: its rewards cannot be "
+                            "computed again, so leantrain eval cannot evaluate it (the run's own evaluation is in its "
+                            "summary.json and metrics.jsonl). To evaluate with leantrain eval, tune a saved model "
+                            "(model.name=<folder>) or use a reference-free loss (preference.loss=simpo or orpo)")
+
     def precomputed_columns(self, columns: list[str]) -> tuple[str, ...]:
         """The per-row columns the engine computes once before training with ``precompute`` (reference=precompute)
         for a processed dataset with these ``columns`` (feedback rows: row and KL row; pairs: chosen, rejected)."""
@@ -206,8 +216,7 @@ class Preference(CausalLM):
         if self.reference == "live":
             if not self._frozen:
                 raise UserError(f"preference.loss={self.loss} compares with a reference model and none is known "
-                                "(a model trained from model.config records none): evaluate against one with "
-                                "model.name=<the reference> is not supported yet")
+                                "(a model trained from model.config records none)")
             ref = self._frozen[0].to(batch["input_ids"].device)  # a no-op once there
             context = self._autocast() if self._autocast is not None else nullcontext()  # the policy's precision
         else:  # adapter, or precompute's own pass: the model itself, adapters off when it has them
@@ -315,4 +324,4 @@ class Preference(CausalLM):
 PREFERENCE_TASK = register(Preference(
     task_spec(PREFERENCE), "AutoModelForCausalLM", None, "tokenizer",
     CardText("preference tuning", "preference-tuned language model", '"Once upon a time", max_new_tokens=40'),
-    unit="pairs"))
+    unit="pairs", headline_loss=True))

@@ -76,6 +76,11 @@ class Task:
     head_lr_factor: float = 1.0  # the classifier head's peak lr / train.lr when train.head_lr is unset (head_start)
     untrained_pooler: str = "pooler"  # what model.pooling=auto does with an untrained-looking BERT pooler (pooling)
     keeps_dropout: bool = True  # False: every nn.Dropout at p = 0 while training (preference.dropout=off)
+    # What the task is, declared (read by the engine and the reports instead of guessing from ``unit``; issue 32's
+    # traits record absorbs them):
+    speed_unit: str = "samples"  # what its speed is counted in: "tokens" (a language model's tokens/s) or "samples"
+    eval_row_kind: str = "examples"  # one eval row: "examples", or "blocks" (token blocks cut from text)
+    headline_loss: bool = False  # its ``headline`` says the eval loss itself (the final line does not add it)
 
     @property
     def name(self) -> str:
@@ -256,6 +261,11 @@ class Task:
         """A model ``leantrain eval`` loads beside a trained one of this task (the preference task: the reference
         it was tuned against, as recorded), then hands to ``with_reference``; None by default."""
         return None
+
+    def check_evaluable(self) -> None:
+        """``leantrain eval``, before any weight or data loads, on the task as the model recorded it
+        (``configured(cfg, model_config)``): a UserError when the trained model cannot be evaluated again (a
+        preference policy whose reference was never saved); nothing by default."""
 
     def with_reference(self, model, autocast=None) -> "Task":
         """This task evaluating against ``model`` (frozen), run under ``autocast()`` (the policy's precision context;

@@ -97,4 +97,4 @@ class RewardModel(Task):
 REWARD_MODEL_TASK = register(RewardModel(
     task_spec(REWARD_MODEL), "AutoModelForSequenceClassification", None, "tokenizer",
     CardText("reward modelling", "reward model", '"Human: hi Assistant: hello", function_to_apply="none"'),
-    unit="pairs"))
+    unit="pairs", headline_loss=True))
