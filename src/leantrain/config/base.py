@@ -1,5 +1,5 @@
 """The base of every config section (``extra="forbid"``, assignment validated) and the sanity check of its
-numbers: finite, within a magnitude no key means."""
+numbers: finite, within a magnitude no key means, and not so small that float32 holds it as 0."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 MAX_MAGNITUDE = 1e9  # no float key means anything beyond this (train.epochs=1e300 is a typo, not a plan)
 MAX_INT = 2**53  # integers beyond exact float range are typos too (and overflow numpy / torch)
+MIN_MAGNITUDE = 1.1754944e-38  # float32's least normal number: a non-zero key below it is 0 (or a denormal) there
 
 
 def check_number(v: Any) -> None:
@@ -21,6 +22,9 @@ def check_number(v: Any) -> None:
             raise ValueError("must be a finite number")
         if abs(v) > MAX_MAGNITUDE:
             raise ValueError(f"{v:g} is out of range: at most {MAX_MAGNITUDE:g} in magnitude")
+        if v and abs(v) < MIN_MAGNITUDE:
+            raise ValueError(f"{v:g} is 0 in float32, in which training computes (its least normal number is "
+                             f"{MIN_MAGNITUDE:.3g})")
     elif isinstance(v, int) and abs(v) > MAX_INT:
         raise ValueError(f"{v} is out of range: at most 2**53 in magnitude")
     elif isinstance(v, (tuple, list)):

@@ -85,7 +85,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _preference(self) -> "Config":
-        check_preference(self.preference, self.peft.method)
+        check_preference(self.preference, self.peft.method, self.data, self.model.task)
         return self
 
     @model_validator(mode="after")

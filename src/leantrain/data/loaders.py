@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 from leantrain.data.batching import EpochMicroBatches, WeightedView, epoch_batches
 from leantrain.data.text import TextCollator
+from leantrain.processes import bind_to_parent
 
 
 def make_collator(tokenizer, *, batching: str, max_length: int, pad_multiple: int | None = None) -> TextCollator:
@@ -34,6 +35,7 @@ def train_loader(dataset, micro_batches: EpochMicroBatches, collator, *, num_wor
         pin_memory=pin_memory,
         persistent_workers=False,
         generator=_own_generator(),
+        worker_init_fn=bound_worker,
     )
 
 
@@ -47,7 +49,15 @@ def eval_loader(dataset, batch_size: int, collator, *, num_workers: int = 0) -> 
         collate_fn=collator,
         num_workers=num_workers,
         generator=_own_generator(),
+        worker_init_fn=bound_worker,
     )
+
+
+def bound_worker(worker_id: int) -> None:
+    """A DataLoader worker (``data.num_workers``) dies with the process it loads for, at once and silently: torch's
+    own watchdog notices a dead parent only within 5 s, time in which a SIGKILLed run's workers printed
+    ConnectionResetError (``leantrain.processes``, as every process leantrain starts)."""
+    bind_to_parent()
 
 
 def _own_generator() -> torch.Generator:

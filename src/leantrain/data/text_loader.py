@@ -299,8 +299,7 @@ def label_kind(cfg: DataConfig) -> str:
     if looks_like_conll(train_spec):
         return "tags"
     train_part, _ = open_parts(cfg, train_spec, None, [])
-    if cfg.label_column is None and pf.detect_format(train_part.ds.column_names,
-                                                     train_part.ds[0] if len(train_part.ds) else None):
+    if cfg.label_column is None and pf.table_format(train_part.ds):
         return "pairs"  # chosen / rejected pairs: a reward model on a sequence classifier
     if looks_like_tags(train_part.ds, cfg.tokens_column, cfg.label_column):
         return "tags"

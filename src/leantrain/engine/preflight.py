@@ -12,13 +12,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
 from leantrain.engine.accelerator import device_type
 from leantrain.engine.batch_layout import batch_layout
 from leantrain.engine.efficiency import resolve_model_choices, resolve_precision
 from leantrain.engine.harness import check_harness
 from leantrain.errors import ConfigError, UserError
 from leantrain.units import format_bytes
-from leantrain.modeling import load_config, resolve_task
+from leantrain.modeling import load_config, model_name, resolve_task
 from leantrain.modeling.from_scratch import check_config_overrides
 from leantrain.modeling.load import meta_model
 from leantrain.modeling.lora import check_rank, lora_parameters, lora_targets
@@ -33,8 +35,10 @@ def check_max_length(cfg, task: Task | None = None, config=None):  # noqa: ANN00
     """``cfg`` with ``data.max_length`` within the model's position limit (text models only); ``task``: the run's
     (unset: what the model's config says).
 
-    Set explicitly above the limit: ConfigError naming both numbers. Left at its default (128) above a small
-    model's limit: lowered to the limit, with a log note. Returns the (possibly updated) config."""
+    Set explicitly above the limit: ConfigError naming both numbers (``data.block_size`` too, for a task whose rows
+    are cut at it, and ``data.max_length`` set above the limit whatever the task: a reward model's MiniLM takes 512).
+    Left at its default above a small model's limit: lowered to the limit, with a log note. Returns the (possibly
+    updated) config."""
     task = task or resolve_task(cfg)
     if not task.tokenized:  # a position limit is in tokens
         return cfg
@@ -42,8 +46,10 @@ def check_max_length(cfg, task: Task | None = None, config=None):  # noqa: ANN00
     if found is None:
         return cfg
     limit, source = found
-    if task.token_blocks:  # language models: the rows are blocks of data.block_size tokens
-        return _check_block_size(cfg, limit, source)
+    if task.token_blocks:  # language models, preference pairs: the rows are cut at data.block_size tokens
+        cfg = _check_block_size(cfg, limit, source)
+        if "max_length" not in cfg.data.model_fields_set:  # then only a data.max_length set above the limit says more
+            return cfg
     asked = cfg.data.max_length
     if asked <= limit:
         return cfg
@@ -78,6 +84,7 @@ def check_model_plan(cfg, task: Task, config=None) -> None:  # noqa: ANN001 - le
     the weights and gradients need at the least, against this machine's (exit 2 naming the keys)."""
     config = config if config is not None else load_config(cfg.model)
     check_config_overrides(config, cfg.model.config_overrides)
+    check_causal_attention(cfg, task, config)
     model = meta_model(cfg.model, task, config)
     if model is None:
         return
@@ -88,6 +95,24 @@ def check_model_plan(cfg, task: Task, config=None) -> None:  # noqa: ANN001 - le
         check_rank(model, targets, cfg.peft.r)
         trainable = lora_parameters(model, targets, cfg.peft.r)
     check_planned_memory(cfg, total, trainable)
+
+
+def check_causal_attention(cfg, task: Task, config) -> None:  # noqa: ANN001 - leantrain Config, transformers config
+    """A task trained as a causal LM (``task.auto_model``: AutoModelForCausalLM; SFT, preference tuning) needs a model
+    whose attention sees only earlier tokens: an encoder (BERT, RoBERTa, ... whose causal-LM class runs bidirectional
+    attention unless its config says ``is_decoder``) would train on what it can see ahead. Exit 2 naming the model
+    type, before any weight loads."""
+    if task.auto_model != "AutoModelForCausalLM":
+        return
+    kind = getattr(config, "model_type", "")
+    decoder = cfg.model.config_overrides.get("is_decoder", getattr(config, "is_decoder", False))
+    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not decoder and not getattr(config, "is_encoder_decoder", False):
+        key = f"model.config={cfg.model.config}" if cfg.model.config else f"model.name={cfg.model.name or model_name(cfg.model)}"
+        raise ConfigError(
+            f"{key}: model type {kind} is an encoder (bidirectional attention: its config has is_decoder=false), and "
+            f"model.task={task.name} trains a causal language model, each token predicted from the ones before it "
+            "(an encoder sees the token it predicts); choose a decoder (e.g. model.name=smollm2-135m), or train this "
+            "model as a reward model (model.task=reward-model) or a classifier")
 
 
 def check_planned_memory(cfg, total: int, trainable: int) -> None:  # noqa: ANN001 - leantrain Config

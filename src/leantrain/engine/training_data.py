@@ -14,6 +14,7 @@ from accelerate import Accelerator
 from leantrain.data.caches import using_cache_dir
 from leantrain.config import Config
 from leantrain.config.metric_names import check_metric
+from leantrain.config.preference import check_method_keys
 from leantrain.config.training import parse_stop_when
 from leantrain.errors import ConfigError
 from leantrain.data.loaders import eval_loader
@@ -154,6 +155,10 @@ def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - 
     configured = task.configured(cfg)
     configured.for_training(lambda: data.train["label"], data.label_names)  # pos_weight
     configured.check_data(data.columns)
+    try:  # the keys the method the data resolved does not read (preference.loss=auto: dpo on pairs, kto on feedback)
+        check_method_keys(cfg.preference, cfg.data, configured.method(data.columns))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     check_stop_when(cfg, len(data.label_names), task)
 
 

@@ -46,12 +46,19 @@ def run_group(cmd: list[str], env: dict[str, str]) -> tuple[int, int]:
 def run_module_dying_with_parent(argv: list[str]) -> None:
     """``python -m leantrain.launch.supervise MODULE ARGS``: run ``python -m MODULE ARGS`` (torchrun) in a process
     that the kernel SIGKILLs when its parent (the launcher) dies. Done here rather than in a ``preexec_fn``, which is
-    not safe in a parent that has threads (pyarrow's)."""
+    not safe in a parent that has threads (pyarrow's). The signal the launcher forwards ends torchrun with its
+    ``SignalException`` once the workers have stopped: that ends this process quietly with status 128 + signal."""
     import runpy
 
     bind_to_parent()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     sys.argv = [argv[0], *argv[1:]]
-    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+    except SignalException as e:  # the forwarded SIGTERM / SIGINT: torchrun stopped its workers, as it should; its
+        # exception would print a traceback over the launcher's own "stopped by ..." line
+        sys.exit(128 + int(e.sigval))
 
 
 if __name__ == "__main__":

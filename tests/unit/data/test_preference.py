@@ -70,13 +70,27 @@ FORMATS = {  # format -> (a row, the SFT conversation it renders as, chosen's tr
 }
 
 
-def test_formats_are_detected_from_columns_and_first_row():
+def test_formats_are_detected_from_columns_and_the_label_columns_values():
     for name, (row, *_) in FORMATS.items():
-        assert detect_format(list(row), row) == name.split("-")[0]
-    assert detect_format(["prompt", "completion", "label"], {"label": True}) == "feedback"
-    assert detect_format(["messages", "label"], {"label": 0}) == "feedback"
-    assert detect_format(["messages", "label"], {"label": "sports"}) is None  # a class label: not feedback
-    assert detect_format(["messages"], {}) is None and detect_format(["text", "label"], {"label": 1}) is None
+        assert detect_format(list(row)) == name.split("-")[0]
+    assert detect_format(["prompt", "completion", "label"], [True, False]) == "feedback"
+    assert detect_format(["messages", "label"], [0, 1]) == "feedback"
+    assert detect_format(["messages", "label"], ["sports", "news"]) is None  # a class label: not feedback
+    assert detect_format(["messages", "label"], ["1", "sports"]) is None  # every value decides, not the first
+    assert detect_format(["messages"]) is None and detect_format(["text", "label"], [1]) is None
+
+
+@pytest.mark.parametrize("labels", [["1", "0"], ["true", "false"], ["True", "False"]])
+def test_feedback_labels_written_as_text_are_kto_data_not_instruction_data(tmp_path, tok, labels):
+    """Issue 35 item 15: a KTO file whose labels are the strings "1" / "0" was taken for instruction data with a
+    class column, and supervised fine-tuning was proposed."""
+    rows = [{"prompt": Q, "completion": GOOD, "label": labels[0]}, {"prompt": "Hello", "completion": BAD,
+                                                                    "label": labels[1]}]
+    prepared, out, _ = processed(tmp_path, tok, rows * 2, side="feedback")
+    assert prepared.columns["format"] == "feedback" and out["desirable"] == [1, 0, 1, 0]
+    with pytest.raises(DataError, match="unpaired feedback data"):  # not "a 'label' column beside instruction data"
+        for_modality("tokens").load_and_validate(cfg(train=write(tmp_path / "sft.jsonl", rows * 2)), seed=0,
+                                                 batch_size=1)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -151,6 +165,27 @@ def test_a_pair_without_a_prompt_is_named_by_file_and_line(tmp_path):
     with pytest.raises(DataError, match=r"line 3: no common prompt: chosen differs from the other at turn 1"):
         for_modality("pairs").load_and_validate(cfg(train=write(tmp_path / "chat.jsonl", [chat, chat, other])),
                                                 seed=0, batch_size=1)
+
+
+@pytest.mark.parametrize("fmt,blank", [
+    ("explicit", {"chosen": ""}),
+    ("explicit-chat", {"chosen": [{"role": "assistant", "content": " \n "}]}),
+    ("implicit", {"chosen": f"\n\nHuman: {Q}\n\nAssistant:  "}),
+    ("feedback", {"completion": "   "}),
+])
+def test_a_blank_chosen_answer_or_completion_is_refused_naming_file_and_line(tmp_path, fmt, blank):
+    """Issue 35 item 17: it trained as an answer of one end-of-sequence token, uncounted (a blank prompt is
+    refused). A blank rejected answer stays (HH-RLHF has some: the chosen is preferred to saying nothing)."""
+    good = {"prompt": Q, "completion": GOOD, "label": True} if fmt == "feedback" else FORMATS[fmt][0]
+    side = "feedback" if fmt == "feedback" else "pairs"
+    with pytest.raises(DataError, match=r"train.jsonl: line 2: the (chosen answer|completion) is blank") as e:
+        for_modality(side).load_and_validate(cfg(train=write(tmp_path / "train.jsonl", [good, {**good, **blank}])),
+                                             seed=0, batch_size=1)
+    assert e.value.exit_code == 2
+    if side == "pairs":
+        kept = {**FORMATS["explicit"][0], "rejected": " "}
+        for_modality(side).load_and_validate(cfg(train=write(tmp_path / "ok.jsonl", [kept] * 2)), seed=0,
+                                             batch_size=1)
 
 
 def test_ties_are_dropped_and_long_prompts_and_responses_counted(tmp_path, tok, caplog):

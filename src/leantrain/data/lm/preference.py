@@ -32,7 +32,8 @@ text, with the tokenizer's special tokens; cut at the tokenizer's ``model_max_le
 Lengths: a prompt longer than ``data.max_prompt_length`` tokens (unset: half of ``data.block_size``) keeps its end;
 a sequence longer than ``data.block_size`` is cut at the end of its response. Pairs whose chosen and rejected are
 the same (after that cut) are dropped, as are rows left with no response token; every count is logged.
-``detect_format(columns, first_row)`` tells preference data from other data (None: not preference data).
+``table_format(dataset)`` (``detect_format`` of its columns and its label column's values) tells preference data
+from other data (None: not preference data).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def prompt_budget(cfg: DataConfig) -> int:
 def _part_format(part: Part, side: str) -> tuple[str | None, str | None]:
     """(format, problem) of one part for a data side."""
     columns = part.ds.column_names
-    fmt = detect_format(columns, part.ds[0] if len(part.ds) else None)
+    fmt = pf.table_format(part.ds)
     if fmt is None:
         return None, (f"{part.where}: not preference data; columns found: {', '.join(columns) or 'none'}; "
                       f"formats accepted: {'; '.join(pf.accepted())}")
@@ -162,7 +163,7 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
     """Rows of a preference format -> the contract's rows of this side (cached by datasets); logs the format, the
     counts and one rendered example with the trained spans in [[...]]."""
     where = {"Processing train": "data.train", "Processing eval": "data.eval"}.get(desc, "data")
-    fmt = detect_format(dataset.column_names, dataset[0] if len(dataset) else None)
+    fmt = pf.table_format(dataset)
     if fmt is None:
         raise DataError(f"{where}: not preference data; columns found: {', '.join(dataset.column_names)}")
     budget, cap, n = prompt_budget(cfg), cfg.block_size, len(dataset)
@@ -262,10 +263,10 @@ def is_feedback(data, cfg: DataConfig | None = None) -> bool:  # noqa: ANN001
     """Whether ``data`` is unpaired feedback: a dataset (its columns and first row), a file path (with ``cfg``) or a
     DataConfig (its data.train). Data that cannot be opened is not (the pairs side reports it)."""
     if isinstance(data, datasets.Dataset):
-        return detect_format(data.column_names, data[0] if len(data) else None) == "feedback"
+        return pf.table_format(data) == "feedback"
     try:
         part = open_rows(data, cfg) if isinstance(data, str) else \
             open_parts(data, data.train, None, [])[0] if data.train is not None else None
     except (DataError, OSError, ValueError):
         return False
-    return part is not None and detect_format(part.ds.column_names, part.ds[0] if len(part.ds) else None) == "feedback"
+    return part is not None and pf.table_format(part.ds) == "feedback"

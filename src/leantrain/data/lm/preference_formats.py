@@ -12,7 +12,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from leantrain.data.lm import instruction_formats as formats_
 
@@ -49,26 +49,51 @@ class Example:
         return isinstance(self.prompt, str)
 
 
+BOOL_TEXTS = {"true": True, "false": False, "1": True, "0": False}  # a feedback label written as text (CSV, JSON)
+
+
 def _bool_label(value: Any) -> bool | None:
+    """A feedback label as a bool: true / false, 1 / 0, or those as text ("true", "False", "1", "0"); else None."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, int) and value in (0, 1):
+    if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
+    if isinstance(value, str):
+        return BOOL_TEXTS.get(value.strip().lower())
     return None
 
 
-def detect_format(columns: Sequence[str], first_row: dict | None = None) -> str | None:
-    """The preference format of a table with these columns (its first row shows whether a ``label`` is KTO
-    feedback: true/false or 1/0), or None when it is not preference data: ``sharegpt``, ``alpaca``, ``explicit``,
-    ``implicit`` (pairs), ``feedback`` (unpaired)."""
+def feedback_labels(labels: Iterable[Any]) -> bool:
+    """Whether every given value of a ``label`` column reads as a feedback label (missing ones are the rows' own
+    problem, named row by row; with none given, the columns alone decide)."""
+    try:
+        values = set(labels)
+    except TypeError:  # lists, dicts: not feedback labels
+        return False
+    values.discard(None)
+    return all(_bool_label(v) is not None for v in values)
+
+
+def detect_format(columns: Sequence[str], labels: Iterable[Any] | None = None) -> str | None:
+    """The preference format of a table with these columns, or None when it is not preference data:
+    ``sharegpt``, ``alpaca``, ``explicit``, ``implicit`` (pairs), ``feedback`` (unpaired). ``labels``: the values
+    of its ``label`` column, which say whether it is KTO feedback (every value true / false or 1 / 0, as bools,
+    numbers or text) or a class label; unset: the columns alone decide."""
     cols = set(columns)
     for name in PAIRED:
         if set(FORMATS[name][0]) <= cols:
             return name
     if "label" in cols and ({"prompt", "completion"} <= cols or "messages" in cols):
-        if first_row is None or _bool_label(first_row.get("label")) is not None:
+        if labels is None or feedback_labels(labels):
             return "feedback"
     return None
+
+
+def table_format(ds) -> str | None:  # noqa: ANN001 - a datasets.Dataset
+    """``detect_format`` of a table: its columns and the values of its ``label`` column, all of them (a first row of
+    "1" must not make a file of "1" / "0" labels something else)."""
+    columns = ds.column_names
+    return detect_format(columns, ds["label"] if "label" in columns else None)
 
 
 def describe(fmt: str) -> str:
@@ -88,10 +113,14 @@ def keep_columns(fmt: str, columns: Sequence[str]) -> list[str]:
 
 
 def to_example(row: dict[str, Any], fmt: str) -> Example:
-    """One row of a detected format as an Example; raises ValueError saying what is wrong."""
-    if fmt == "feedback":
-        return to_feedback(row)
-    return to_pair(row, fmt)
+    """One row of a detected format as an Example; raises ValueError saying what is wrong (a blank chosen answer or
+    feedback completion included: it would train as an end-of-sequence token alone, as a blank prompt is refused)."""
+    example = to_feedback(row) if fmt == "feedback" else to_pair(row, fmt)
+    if not example.chosen.strip():
+        what = "the completion" if fmt == "feedback" else "the chosen answer"
+        raise ValueError(f"{what} is blank: there is no answer to learn (it would train as an end-of-sequence token "
+                         "alone); drop the row or give the answer")
+    return example
 
 
 def to_pair(row: dict[str, Any], fmt: str) -> Example:
@@ -117,7 +146,8 @@ def to_pair(row: dict[str, Any], fmt: str) -> Example:
 def to_feedback(row: dict[str, Any]) -> Example:
     desirable = _bool_label(row.get("label"))
     if desirable is None:
-        raise ValueError(f"'label' is {row.get('label')!r}; feedback labels are true / false (or 1 / 0)")
+        raise ValueError(f"'label' is {row.get('label')!r}; feedback labels are true / false (or 1 / 0, as numbers "
+                         "or text)")
     if row.get("messages") is not None and row.get("completion") is None:
         full = _chat("messages", _list(row["messages"], "messages"))
         return Example(full[:-1], _reply(full, "the last turn of messages"), desirable=desirable)

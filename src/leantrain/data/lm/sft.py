@@ -38,10 +38,11 @@ def _train_part(cfg: DataConfig) -> Part | None:
         return None
 
 
-def refuse_preference(columns, first_row: dict | None, where: str) -> None:  # noqa: ANN001
+def refuse_preference(ds, where: str) -> None:  # noqa: ANN001 - a datasets.Dataset
     """Preference data, or a chosen / rejected / label column beside instruction data, is not for supervised
     fine-tuning (it would learn every answer as a good one): a DataError saying what the data is."""
-    fmt = pf.detect_format(columns, first_row)
+    columns = ds.column_names
+    fmt = pf.table_format(ds)
     if fmt == "feedback":
         raise DataError(f"{where}: unpaired feedback data (format {pf.describe(fmt)}): supervised fine-tuning would "
                         "learn every answer, those labelled false too; it trains with model.task=preference (KTO)")
@@ -60,7 +61,7 @@ def refuse_preference(columns, first_row: dict | None, where: str) -> None:  # n
 
 def _refuse_part(part: Part | None) -> None:
     if part is not None:
-        refuse_preference(part.ds.column_names, part.ds[0] if len(part.ds) else None, part.where)
+        refuse_preference(part.ds, part.where)
 
 
 def with_formats(err: DataError) -> DataError:
@@ -281,4 +282,4 @@ def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modaliti
 
 def is_preference(part: Part) -> bool:
     """Whether an opened part is preference data (pairs or unpaired feedback)."""
-    return pf.detect_format(part.ds.column_names, part.ds[0] if len(part.ds) else None) is not None
+    return pf.table_format(part.ds) is not None

@@ -121,6 +121,12 @@ class Preference(CausalLM):
             raise UserError(f"preference.loss={self.loss} compares a chosen and a rejected answer; this data is "
                             "unpaired feedback (prompt / completion / label): use preference.loss=kto (or auto)")
 
+    def method(self, columns: dict) -> str:
+        """The loss: as configured; auto: kto on unpaired feedback, else dpo."""
+        if self.loss != "auto":
+            return self.loss
+        return "kto" if columns.get("format") == "feedback" else "dpo"
+
     def loss_for(self, batch: dict) -> str:
         """The loss of this batch: as configured; auto: kto for feedback rows (``desirable``), else dpo; a KTO
         policy evaluated on pairs: dpo's (its rewards are the same log-ratios)."""

@@ -165,6 +165,11 @@ class Task:
         """Raise a UserError (exit 2, before any model loads) for settings the loaded data contradicts (``columns``:
         what the data side detected, e.g. ``{"format": ...}``; preference.loss=kto on pairs). Nothing by default."""
 
+    def method(self, columns: dict) -> str:
+        """What this task trains with on data the data side described by ``columns`` (the key of
+        ``config.preference.READS``: preference tuning's resolved loss); its name by default."""
+        return self.name
+
     def summary(self, label_names: list[str]) -> dict:
         """Entries of summary.json's ``train`` section (multi-label: ``pos_weight``); none by default."""
         return {}
