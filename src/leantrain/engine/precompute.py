@@ -89,7 +89,7 @@ def with_precomputed(task, model, dataset, collator, accelerator: Accelerator, b
     if not columns or len(dataset) == 0:
         return dataset
     h = hashlib.sha256(model_fingerprint(model).encode())
-    h.update(data_fingerprint(dataset, columns=tuple(dataset.column_names)).encode())
+    h.update(data_fingerprint(dataset).encode())
     h.update(f"{columns}/{accelerator.mixed_precision}".encode())
     path = cache_file(dataset, h.hexdigest()[:32])
     with accelerator.main_process_first():
