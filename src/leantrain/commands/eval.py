@@ -22,7 +22,7 @@ from leantrain.engine.preflight import check_max_length, check_output_file, chec
 from leantrain.engine.run_settings import eval_precision, trained_task, with_run_settings
 from leantrain.engine.training_data import data_side
 from leantrain.errors import UserError
-from leantrain.modeling import load_processor, load_trained_model
+from leantrain.modeling import load_config, load_processor, load_trained_model
 from leantrain.modeling.chunked_loss import apply_chunked_loss
 from leantrain.modeling.names import resolve_model_name
 from leantrain.modeling.tasks import Task
@@ -90,18 +90,19 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     setup_logging(accelerator.is_main_process)
     log.info(why)
     check_weights(model_dir, mcfg.allow_pickle)
+    side = data_side(task)
+    split, notes = side.load_rows(cfg.data.eval, cfg.data, require_labels=False, known_labels=None)
+    configured = task.configured(cfg, load_config(mcfg))  # preference: the recorded loss settings, reference
+    configured.check_data(side.detected(split))  # training's check of the data against the loss, before the model
     model = load_trained_model(model_dir, task, mcfg)
     chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # per-token losses, no [B, T, V] logits
     if chunked:
         log.info(chunked)
     tokenizer = load_processor(mcfg, task)
-    side = data_side(task)
-    split, notes = side.load_rows(cfg.data.eval, cfg.data, require_labels=False, known_labels=None)
     for n in notes:
         log.info(n)
     blocks = side.process(split, tokenizer, cfg.data, desc="Processing eval")
     collator = side.collator(tokenizer, cfg.data, train=False, device_type=accelerator.device.type)
-    configured = task.configured(cfg, model.config)  # preference: the recorded method, beta, reference
     reference = configured.reference_model_name()
     if reference:  # against the reference the policy was tuned from, frozen
         log.info("reference: %s", reference)

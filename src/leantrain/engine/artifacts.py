@@ -33,7 +33,7 @@ from leantrain.perf.memory import device_memory, peak_rss_bytes
 from leantrain.perf.meter import Throughput
 from leantrain.report.card import write_model_card
 from leantrain.report.logs import write_json
-from leantrain.engine.run_settings import write_run_settings
+from leantrain.engine.run_settings import cut_like_training, write_run_settings
 from leantrain.report.plots import plot_loss_curve, short_model_name
 from leantrain.version import __version__
 
@@ -166,6 +166,7 @@ def _write_outputs(cfg: Config, model: nn.Module, out: Path, state_dict: dict | 
     saved = data.task_object.saved_config(summary["eval"])
     model.config.update(saved)
     model_dir = _save_model(cfg, model, out, state_dict, data)
+    cut_like_training(data.processor, data.task_object, cfg)  # pipeline(truncation=True) cuts as the run did
     data.processor.save_pretrained(model_dir)  # tokenizer / preprocessor_config.json: pipeline() loads it
     write_run_settings(model_dir, cfg, data.task, data.columns,  # predict / eval default to them
                        (summary.get("efficiency") or {}).get("precision"), saved)
