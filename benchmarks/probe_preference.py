@@ -135,14 +135,17 @@ def fingerprints() -> list[Case]:
     """Items 1, 2, 7: a resume, a cache hit and the precomputed log-probs depend on the content they read."""
     resume = ["train", "model.name=base", "data.train=p1.jsonl", *QUICK, "train.max_steps=24",
               "checkpoint.every_steps=4", "output_dir=r1"]
-    pre = ["train", "model.name=base", "data.train=p2.jsonl", *QUICK, "preference.reference=precompute"]
+    pre = ["train", "model.name=base", "data.train=p2.jsonl", "data.eval=p_dev.jsonl", *QUICK,
+           "preference.reference=precompute"]
+    train_ref = "train data: ref_chosen_logps, ref_rejected_logps"
     return [
         Case("resume on pairs with chosen/rejected swapped in row 6", "1", [], 2, "changed", owner="probe",
              run=lambda work, case: _resume_swapped(work, resume)),
         Case("precompute the reference (clean)", "2", [*pre, "output_dir=pc0"], 0, owner="probe",
-             before=copy("p.jsonl", "p2.jsonl"), check=says("computed for")),
+             before=copy("p.jsonl", "p2.jsonl"), check=says(f"{train_ref} computed for")),
         Case("a file rewritten, same size and mtime: not reused", "2", [*pre, "output_dir=pc1"], 0, owner="probe",
-             before=swap_row("p2.jsonl", 3, keep_time=True), check=says("computed for", "read from")),
+             before=swap_row("p2.jsonl", 3, keep_time=True),
+             check=says(f"{train_ref} computed for", f"{train_ref} read from")),
         Case("precomputed .npy +50 on a column: computed again", "7", [*pre, "output_dir=pc2"], 0, owner="probe",
              before=edit_precomputed("plus50"), check=says("not the file that was written")),
         Case("precomputed .npy re-saved as float16: computed again", "7", [*pre, "output_dir=pc3"], 0,
