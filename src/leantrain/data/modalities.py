@@ -31,6 +31,7 @@ class Modality:
     # "none" | "pairs" | "feedback": what auto reads
     describe: Callable = lambda train, evals, labels: (  # the run's one line about its processed data
         f"{len(train)} train / {len(evals)} eval rows, {len(labels)} label{'s' * (len(labels) != 1)} {labels[:10]}")
+    detected: Callable = lambda rows: {}  # (rows from load_rows) -> what Task.check_data reads of them (eval's format)
 
 
 def _sequences_and_tokens(train, evals, labels) -> str:
@@ -80,7 +81,7 @@ def either_side(pairs: Modality, feedback: Modality) -> Modality:
         "pairs-or-feedback", lambda cfg, **kw: pick(cfg).load_and_validate(cfg, **kw),
         lambda path, cfg, **kw: pick(path, cfg).load_rows(path, cfg, **kw),
         lambda ds, tokenizer, cfg, **kw: pick(ds).process(ds, tokenizer, cfg, **kw), collator, True,
-        lambda cfg: "pairs")
+        lambda cfg: "pairs", detected=lambda rows: pick(rows).detected(rows))
 
 
 MODALITIES["pairs-or-feedback"] = either_side(MODALITIES["pairs"], MODALITIES["feedback"])

@@ -35,7 +35,7 @@ from leantrain.perf.memory import device_memory, peak_rss_bytes
 from leantrain.perf.meter import Throughput
 from leantrain.report.card import write_model_card
 from leantrain.report.logs import write_json
-from leantrain.engine.run_settings import write_run_settings
+from leantrain.engine.run_settings import cut_like_training, write_run_settings
 from leantrain.report.plots import plot_loss_curve, short_model_name
 from leantrain.version import __version__
 
@@ -171,6 +171,7 @@ def _write_outputs(cfg: Config, model: nn.Module, out: Path, state_dict: dict | 
     model.config.update(saved)
     with staged_folders(out) as stage:
         staged = _save_model(cfg, model, out, state_dict, data, stage)
+        cut_like_training(data.processor, data.task_object, cfg)  # pipeline(truncation=True) cuts as the run did
         data.processor.save_pretrained(staged)  # tokenizer / preprocessor_config.json: pipeline() loads it
         FaultInjector(0).in_final_save()
         write_run_settings(staged, cfg, data.task, data.columns,  # predict / eval default to them

@@ -122,7 +122,8 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
         for note in layout.notes:
             log.info(note)
 
-    resume_problems(start.decision, cfg, accelerator, layout, data_fingerprint(data.train))  # refused: no model yet
+    fingerprint = data_fingerprint(data.train)  # the rows as read, before any precomputed column is added
+    resume_problems(start.decision, cfg, accelerator, layout, fingerprint)  # refused: no model yet
     set_seed(cfg.train.seed)  # the new head's initialisation depends on the seed alone
     choices = resolve_model_choices(cfg, data.task, accelerator.device.type, start.precision)  # attention, compile
     model = build_model(cfg.model, data.label_names, data.task, attention=choices.attention,  # qlora: 4-bit here
@@ -154,7 +155,7 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
     attach_trackers(cfg, accelerator, out)
 
     faults = FaultInjector(accelerator.process_index)
-    ckpt = Checkpointer(cfg, accelerator, out, layout, data_fingerprint(data.train), faults)
+    ckpt = Checkpointer(cfg, accelerator, out, layout, fingerprint, faults)
     state = restore(start.decision, cfg, accelerator, layout, ckpt.fingerprint, model, optimizer, scheduler)
     metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator,
                              prior=prior_records(out, state) if accelerator.is_main_process else None)

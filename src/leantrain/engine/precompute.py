@@ -6,14 +6,16 @@ The cache sits beside the run's processed data (the folder of the dataset's Arro
 cache), one ``.npy`` file per (model, data, columns, precision): the key is the sha256 of the model's class, config
 and weights, the processed rows' content, the columns and the autocast precision, so another run on the same model
 and data reads it, and anything that changes the values misses it. The file is written to a temporary name and
-renamed (a reader never sees half a file) and checked when read (its shape, finite values); a file that fails the
-check is computed again. The main process computes and writes; the others wait and read. The folder is recorded
+renamed (a reader never sees half a file), with a record beside it (``<key>.json``: the sha256 of its bytes and its
+dtype), and checked when read (those bytes, its dtype and shape, finite values); a file that fails the check is
+computed again, with a warning saying why. The main process computes and writes; the others wait and read. The folder is recorded
 with the caches, so ``leantrain cache --list`` / ``--clear`` show and remove it (``leantrain.data.caches``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -26,6 +28,7 @@ from accelerate import Accelerator
 from leantrain.data.caches import PRECOMPUTED, default_datasets_cache, record_cache_folder
 from leantrain.data.loaders import eval_loader
 from leantrain.engine.checkpoint.save import data_fingerprint
+from leantrain.files import sha256_file, write_atomic
 
 log = logging.getLogger("leantrain")
 FOLDER = PRECOMPUTED  # listed and cleared by leantrain cache --list / --clear
@@ -51,21 +54,41 @@ def cache_file(dataset, key: str) -> Path:
     return root / FOLDER / f"{key}.npy"
 
 
-def read_values(path: Path, rows: int, width: int) -> np.ndarray | None:
-    """The cached values, or None when missing, of another shape, unreadable or not finite."""
+def read_values(path: Path, rows: int, width: int) -> tuple[np.ndarray | None, str | None]:
+    """(the cached values, None), or (None, why not): missing, without its record, bytes other than the ones written
+    (the sha256 and dtype recorded beside the file at write time), another shape, unreadable or not finite."""
+    if not path.is_file():
+        return None, None
+    try:
+        record = json.loads(record_of(path).read_text())
+    except (OSError, ValueError):
+        return None, f"{path.name} has no readable record {record_of(path).name} of its checksum"
+    if record.get("sha256") != sha256_file(path) or record.get("dtype") != "float32":
+        return None, f"{path.name} is not the file that was written (its sha256 differs from {record_of(path).name})"
     try:
         values = np.load(path, allow_pickle=False)
     except (OSError, ValueError):
-        return None
-    return values if values.shape == (rows, width) and np.isfinite(values).all() else None
+        return None, f"{path.name} is not readable"
+    if values.dtype != np.float32 or values.shape != (rows, width) or not np.isfinite(values).all():
+        return None, f"{path.name} holds {values.dtype} {values.shape}, not finite float32 ({rows}, {width})"
+    return values, None
+
+
+def record_of(path: Path) -> Path:
+    """The record beside a cached ``.npy``: the sha256 of its bytes and its dtype, written after it."""
+    return path.with_suffix(".json")
 
 
 def write_values(path: Path, values: np.ndarray) -> None:
-    """Write atomically (temp file + rename)."""
+    """Write atomically (temp file + rename), then its record (sha256 of the bytes, dtype), atomically too: a file
+    without a matching record is never read."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    values = np.ascontiguousarray(values, dtype=np.float32)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")
     np.save(tmp, values, allow_pickle=False)
+    digest = sha256_file(tmp)
     os.replace(tmp, path)
+    write_atomic(record_of(path), json.dumps({"sha256": digest, "dtype": "float32", "shape": list(values.shape)}))
 
 
 def compute_values(task, model, dataset, collator, accelerator: Accelerator, batch_size: int) -> np.ndarray:
@@ -89,14 +112,16 @@ def with_precomputed(task, model, dataset, collator, accelerator: Accelerator, b
     if not columns or len(dataset) == 0:
         return dataset
     h = hashlib.sha256(model_fingerprint(model).encode())
-    h.update(data_fingerprint(dataset, columns=tuple(dataset.column_names)).encode())
+    h.update(data_fingerprint(dataset).encode())
     h.update(f"{columns}/{accelerator.mixed_precision}".encode())
     path = cache_file(dataset, h.hexdigest()[:32])
     with accelerator.main_process_first():
-        values = read_values(path, len(dataset), len(columns))
+        values, problem = read_values(path, len(dataset), len(columns))
         if values is not None:
             log.info("%s: %s read from %s (computed before, same model and data)", what, ", ".join(columns), path)
         elif accelerator.is_main_process:
+            if problem:
+                log.warning("%s: %s: %s; computing them again", what, ", ".join(columns), problem)
             start = time.perf_counter()
             values = compute_values(task, model, dataset, collator, accelerator, batch_size)
             write_values(path, values)
@@ -104,7 +129,9 @@ def with_precomputed(task, model, dataset, collator, accelerator: Accelerator, b
             log.info("%s: %s computed for %d rows in %.1f s, cached at %s", what, ", ".join(columns), len(dataset),
                      time.perf_counter() - start, path)
     if values is None:  # another process computed it meanwhile (main_process_first): read it now
-        values = read_values(path, len(dataset), len(columns))
+        values, problem = read_values(path, len(dataset), len(columns))
+        if values is None:
+            raise RuntimeError(f"{what}: {', '.join(columns)}: the main process's {path} cannot be read: {problem}")
     for i, name in enumerate(columns):
         dataset = dataset.add_column(name, values[:, i].tolist())
     return dataset

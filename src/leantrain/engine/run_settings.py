@@ -36,7 +36,7 @@ def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None =
     the precision the run trained and evaluated in, "eval_batch_size": the rows a process evaluated at once}, and the
     task's ``saved`` record (``Task.saved_config``: a preference-tuned policy's method, beta and reference)."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
-    data["max_length"] = cfg.data.max_length
+    data["max_length"] = task.sequence_length(cfg.data)  # the one length train, eval, predict and pipeline() cut at
     rendering = {}
     if task.token_blocks:  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
@@ -44,6 +44,14 @@ def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None =
     return {"task": task.name, "data": data, **({"prompt_format": rendering} if rendering else {}),
             **({"precision": precision} if precision else {}),
             **({"eval_batch_size": eval_batch_size} if eval_batch_size else {}), **(saved or {})}
+
+
+def cut_like_training(processor, task: Task, cfg: Config) -> None:  # noqa: ANN001 - a tokenizer
+    """The tokenizer about to be saved with a model that scores texts (not a text generator) gets the run's length as
+    its ``model_max_length`` when that is lower: ``pipeline(..., truncation=True)`` then cuts where training did."""
+    length = task.sequence_length(cfg.data)
+    if task.tokenized and not task.generates and length < (getattr(processor, "model_max_length", None) or length + 1):
+        processor.model_max_length = length
 
 
 def write_run_settings(model_dir: Path, cfg: Config, task: Task, columns: dict, precision: str | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import datasets
@@ -211,3 +212,29 @@ def test_load_rows_for_predict_and_eval(tmp_path):
         load_rows(labelled, DataConfig(), require_labels=True, known_labels=["neg", "pos"])
     rows, notes = load_rows(labelled, DataConfig(), require_labels=False, known_labels=["neg", "pos"])
     assert rows.column_names == ["text"] and any("left out" in n for n in notes)
+
+
+@pytest.mark.parametrize("name", ["pairs.jsonl", "pairs.csv"])
+def test_a_file_rewritten_with_the_same_size_and_time_is_read_again(tmp_path, name):
+    """datasets keys its Arrow copy of a file by its modification time: the rows (and every map over them) must follow
+    the content instead (issue 35, probe 2: chosen / rejected swapped in place, the time set back)."""
+    from leantrain.data.sources import open_source
+
+    rows = [{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad! {i}"} for i in range(4)]
+    swapped = [dict(r) for r in rows]
+    swapped[2]["chosen"], swapped[2]["rejected"] = rows[2]["rejected"], rows[2]["chosen"]
+    as_text = (lambda rs: "".join(json.dumps(r) + "\n" for r in rs)) if name.endswith(".jsonl") else \
+        (lambda rs: "prompt,chosen,rejected\n" + "".join(f"{r['prompt']},{r['chosen']},{r['rejected']}\n" for r in rs))
+    path = tmp_path / name
+    path.write_text(as_text(rows))
+    first = open_source(str(path), "data.train").data
+    assert first.map(lambda r: {"pair": r["chosen"] + "|" + r["rejected"]})[2]["pair"] == "good 2|bad! 2"
+    st = path.stat()
+    path.write_text(as_text(swapped))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    again = open_source(str(path), "data.train").data
+    assert again[2]["chosen"] == "bad! 2"
+    assert again.map(lambda r: {"pair": r["chosen"] + "|" + r["rejected"]})[2]["pair"] == "bad! 2|good 2"
+    path.write_text(as_text(rows))  # the first content again: its cache, the same rows
+    assert open_source(str(path), "data.train").data[2]["chosen"] == "good 2"

@@ -101,6 +101,25 @@ def test_cache_list_and_clear_know_the_precomputed_values(setup, tmp_path, monke
     assert str(folder) in capsys.readouterr().out and not folder.exists() and (tmp_path / "datasets").is_dir()
 
 
+@pytest.mark.parametrize("edit", ["plus-50", "float16"])
+def test_an_edited_cache_file_is_computed_again_saying_so(setup, tmp_path, monkeypatch, caplog, edit):
+    """The sha256 and dtype of the bytes written are recorded beside them: a file edited afterwards (+50 on one
+    column, or re-saved as float16: the same shape, finite) is not read as computed before (issue 35, probe 7)."""
+    accelerator, model, task, ds = setup
+    monkeypatch.setattr(precompute, "default_datasets_cache", lambda: tmp_path)
+    out = precompute.with_precomputed(task, model, ds, collate, accelerator, 3, "train data")
+    [cached] = list((tmp_path / precompute.FOLDER).glob("*.npy"))
+    values = np.load(cached)
+    if edit == "plus-50":
+        values[:, 0] += 50
+    np.save(cached, values.astype(np.float16) if edit == "float16" else values)
+    with caplog.at_level("INFO", logger="leantrain"):
+        again = precompute.with_precomputed(task, model, ds, collate, accelerator, 3, "train data")
+    assert "not the file that was written" in caplog.text and "computed for 7 rows" in caplog.text
+    assert again["ref_chosen_logps"] == out["ref_chosen_logps"]
+    assert np.load(cached).dtype == np.float32
+
+
 def test_live_adapter_and_precompute_give_the_same_reference_logps_under_bf16(setup):
     """The policy's forward runs under Accelerate's autocast (prepare wraps it); the live copy is not prepared, so it
     gets the same autocast from with_model; the adapter reference is the prepared model with its adapters off."""
@@ -129,3 +148,4 @@ def test_live_adapter_and_precompute_give_the_same_reference_logps_under_bf16(se
     torch.testing.assert_close(got_live, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_adapter, want, rtol=1e-5, atol=1e-5)
     assert (fp32 - want).abs().max() > 1e-4  # bf16 changes the values: the precision context is what matched them
+

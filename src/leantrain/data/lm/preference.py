@@ -158,6 +158,12 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_
     return _keep(part, fmt), [f"data: preference data, format {pf.describe(fmt)}"]
 
 
+def detected(rows: datasets.Dataset) -> dict:
+    """What ``leantrain eval`` found in its rows, as the run's ``columns`` name it for ``Task.check_data``:
+    {"eval_format": the preference format}."""
+    return {"eval_format": detect_format(rows.column_names, rows[0] if len(rows) else None)}
+
+
 def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "Rendering",  # noqa: ANN001
             side: str = "pairs") -> datasets.Dataset:
     """Rows of a preference format -> the contract's rows of this side (cached by datasets); logs the format, the
@@ -255,7 +261,7 @@ def side_functions(side: str) -> dict:
     kind = "feedback" if side == "feedback" else "pairs"
     return {"load_and_validate": functools.partial(load_and_validate, side=side),
             "load_rows": functools.partial(load_rows, side=side), "process": functools.partial(process, side=side),
-            "collator": functools.partial(collator, side=side), "counts_tokens": True,
+            "collator": functools.partial(collator, side=side), "counts_tokens": True, "detected": detected,
             "label_kind": lambda cfg: kind}
 
 

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 
 from leantrain.data.sources import SourceError, open_source, pick_split
 from leantrain.data.lm.token_shards import INDEX, MANIFEST, TokenShards
-from leantrain.files import sha256_json
+from leantrain.files import content_digest, sha256_json
 
 TEXT_SUFFIXES = (".txt", ".text")
 READ_ROWS = 1000  # a tabular source's texts are read in batches of this many rows
@@ -130,7 +130,7 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
     if texts:
         if separator == "":
             raise SourceError("data.document_separator: an empty separator; unset it for one document per file")
-        stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in texts]
+        stats = [(str(p.resolve()), content_digest(p)) for p in texts]  # the content: not size and time
         fp = sha256_json({"kind": "txt", "files": stats, "separator": separator})
         return TokenSource(key, specs, "txt", files=texts, separator=separator, fingerprint=fp, skipped=skipped)
     source = open_source(others[0], key, quoting=quoting)
@@ -145,8 +145,7 @@ def open_token_source(specs: str | Iterable[str], key: str, *, text_column: str 
     ds = part.ds
     column = _text_column(part, text_column)
     if source.path is not None and source.path.is_file():
-        st = source.path.stat()
-        content = [str(source.path.resolve()), st.st_size, st.st_mtime_ns]
+        content = [str(source.path.resolve()), content_digest(source.path)]
     else:
         content = [others[0], getattr(ds, "_fingerprint", None)]
     fp = sha256_json({"kind": "table", "source": content, "split": part.split, "column": column})

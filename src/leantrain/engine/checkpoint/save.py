@@ -144,34 +144,50 @@ def set_rng_state(state: dict) -> None:
         torch.mps.set_rng_state(state["mps"])
 
 
-FINGERPRINTED = ("input_ids", "length", "labels")  # what a resume compares (as int64: float labels truncated)
-
-
-def data_fingerprint(dataset, columns: tuple[str, ...] = FINGERPRINTED) -> str:
-    """sha256 over the processed training set's token ids, lengths and labels (cheap: Arrow buffers, no Python rows);
-    ``columns``: the integer or float columns hashed, those the dataset holds."""
+def data_fingerprint(dataset, columns: tuple[str, ...] | None = None) -> str:
+    """sha256 over the content of every column of a processed dataset (``columns``: only those), so that a resume, a
+    cache hit or an evaluation depends on the rows' values, not their count and lengths: pairs' chosen / rejected
+    tokens and labels, feedback's ``desirable``, precomputed values. Cheap: Arrow buffers, no Python rows (text
+    columns as their bytes); each column's name, type, row boundaries (list offsets) and values."""
     own = getattr(dataset, "data_fingerprint", None)
     if callable(own):  # not Arrow (token blocks over shards): the dataset names its own content
         return own()
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     h = hashlib.sha256()
     h.update(str(len(dataset)).encode())
     table = dataset.with_format("arrow")[:]  # the rows the dataset really holds (a hold-out is a selection)
-    for col in columns:
-        if col not in table.column_names:
-            continue
-        arr = table.column(col)
-        if col == "input_ids" or pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-            arr = pc.list_flatten(arr)  # token ids; multi-hot labels (multi-label)
-        if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type)):
-            continue  # text columns: their tokens are hashed
-        h.update(col.encode())
-        values = arr.to_numpy(zero_copy_only=False)
-        exact = values.dtype.kind == "f" and col not in FINGERPRINTED
-        h.update(np.ascontiguousarray(values.astype(np.float64 if exact else np.int64)).tobytes())
+    for col in columns if columns is not None else table.column_names:
+        if col in table.column_names:
+            h.update(f"{col}:{table.column(col).type}".encode())
+            _hash_array(h, table.column(col).combine_chunks())
     return h.hexdigest()
+
+
+def _hash_array(h, arr) -> None:  # noqa: ANN001 - hashlib object, pyarrow Array
+    """The values of ``arr`` into ``h``: list columns as their row lengths then their flattened values (recursively),
+    strings as their lengths and UTF-8 bytes, numbers and booleans as their values; nulls as a validity mask."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if arr.null_count:
+        h.update(np.asarray(arr.is_null()).tobytes())
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        h.update(np.asarray(pc.fill_null(pc.list_value_length(arr), 0), dtype=np.int64).tobytes())
+        _hash_array(h, pc.list_flatten(arr))
+    elif pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) or pa.types.is_binary(arr.type):
+        data = pc.fill_null(arr, "").cast(pa.large_binary())
+        h.update(np.asarray(pc.binary_length(data), dtype=np.int64).tobytes())
+        h.update(b"".join(data.to_pylist()))
+    elif pa.types.is_struct(arr.type):
+        for i in range(arr.type.num_fields):
+            h.update(arr.type.field(i).name.encode())
+            _hash_array(h, arr.field(i))
+    elif pa.types.is_fixed_size_list(arr.type):
+        _hash_array(h, arr.flatten())
+    else:
+        try:
+            h.update(np.ascontiguousarray(arr.to_numpy(zero_copy_only=False)).tobytes())
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, TypeError):  # another Arrow type: its values as text
+            h.update(repr(arr.to_pylist()).encode())
 
 
 class Checkpointer:

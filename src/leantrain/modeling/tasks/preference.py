@@ -43,7 +43,10 @@ REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")  # pairs
 FEEDBACK_REF_COLUMNS = ("ref_logps", "ref_kl_logps")  # feedback: the row's, its KL row's
 PAIR_VALUES = ("loss", "chosen_reward", "rejected_reward", "chosen_logps", "rejected_logps")
 KTO_VALUES = ("loss", "reward", "logps", "kl")
-RECORD = "preference"  # model/leantrain.json's and config.json's field: method, beta, reference
+RECORD = "preference"  # model/leantrain.json's and config.json's field: the loss settings, the reference
+# Every setting that changes the loss, recorded with the model and read back by ``leantrain eval`` (one list: a new
+# setting added here is saved and used by eval alike)
+LOSS_SETTINGS = ("loss", "beta", "gamma", "label_smoothing", "desirable_weight", "undesirable_weight")
 
 
 def local_or_hub(name: str | None) -> str | None:
@@ -101,8 +104,8 @@ class Preference(CausalLM):
         with ``model_config``, what a trained model recorded (``leantrain eval``: against a live reference)."""
         if model_config is not None:
             rec = getattr(model_config, RECORD, None) or {}
-            return dataclasses.replace(self, loss=rec.get("loss", "dpo"), beta=float(rec.get("beta", 0.1)),
-                                       gamma=float(rec.get("gamma", 0.5)), reference="live",
+            loss = {k: type(getattr(self, k))(rec[k]) for k in LOSS_SETTINGS if rec.get(k) is not None}
+            return dataclasses.replace(self, **{"loss": "dpo", **loss}, reference="live",
                                        reference_name=rec.get("reference_model"))
         p = cfg.preference
         return dataclasses.replace(
@@ -112,14 +115,19 @@ class Preference(CausalLM):
             reference_name=None if cfg.model.config or cfg.model.config_type else local_or_hub(cfg.model.name))
 
     def check_data(self, columns: dict) -> None:
-        """kto reads unpaired feedback, the other losses pairs."""
-        feedback = columns.get("format") == "feedback"
-        if self.loss == "kto" and not feedback:
+        """kto reads unpaired feedback, the other losses pairs: the training data (``format``; a run's data.eval of
+        another kind is refused by the data side) and ``leantrain eval``'s (``eval_format``, against the loss recorded
+        with the model). A KTO policy may be evaluated on pairs (dpo's rewards are the same log-ratios); no pair loss
+        on feedback rows."""
+        train, evaluated = columns.get("format"), columns.get("eval_format")
+        if self.loss == "kto" and train is not None and train != "feedback":
             raise UserError("preference.loss=kto is for unpaired feedback (prompt / completion / label, or messages / "
                             "label); this data is chosen / rejected pairs: use preference.loss=dpo (or auto)")
-        if self.loss not in ("auto", "kto") and feedback:
-            raise UserError(f"preference.loss={self.loss} compares a chosen and a rejected answer; this data is "
-                            "unpaired feedback (prompt / completion / label): use preference.loss=kto (or auto)")
+        for key, fmt in (("data.train", train), ("data.eval", evaluated)):
+            if self.loss not in ("auto", "kto") and fmt == "feedback":
+                raise UserError(f"{key}: unpaired feedback (prompt / completion / label), but preference.loss="
+                                f"{self.loss} compares a chosen and a rejected answer: use preference.loss=kto (or "
+                                "auto) for feedback, or chosen / rejected pairs for this loss")
 
     def method(self, columns: dict) -> str:
         """The loss: as configured; auto: kto on unpaired feedback, else dpo."""
@@ -136,7 +144,7 @@ class Preference(CausalLM):
 
     def saved_config(self, ev: dict | None) -> dict:
         loss = self.loss if self.loss != "auto" else ("kto" if ev and "kl" in ev else "dpo")
-        return {RECORD: {"loss": loss, "beta": self.beta, "gamma": self.gamma, "reference": self.reference,
+        return {RECORD: {**{k: getattr(self, k) for k in LOSS_SETTINGS}, "loss": loss, "reference": self.reference,
                          "reference_model": self.reference_name}}
 
     def card_notes(self, model_config: dict) -> list[str]:
@@ -145,8 +153,10 @@ class Preference(CausalLM):
             return []
         ref = "none (reference-free)" if rec.get("reference") == "none" else \
             f"{rec.get('reference_model')} ({rec.get('reference')})"
-        return ["## Preference tuning", "", f"Method: {rec.get('loss')}, beta {rec.get('beta')}; reference: {ref}.",
-                ""]
+        extra = "".join(f", {k.replace('_', ' ')} {rec[k]}" for k in LOSS_SETTINGS[3:] if k in rec
+                        and rec[k] != getattr(type(self), k) and (k == "label_smoothing") != (rec["loss"] == "kto"))
+        return ["## Preference tuning", "",
+                f"Method: {rec.get('loss')}, beta {rec.get('beta')}{extra}; reference: {ref}.", ""]
 
     # -- the reference
     def with_model(self, model, autocast=None) -> "Preference":

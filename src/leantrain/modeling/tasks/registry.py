@@ -125,6 +125,13 @@ class Task:
         are the run's data settings, and the model's position limit bounds ``data.block_size``."""
         return self.modality == "tokens"
 
+    def sequence_length(self, data) -> int:  # noqa: ANN001 - a DataConfig
+        """The tokens a row is cut at: ``data.block_size`` for token-block tasks (language models, preference pairs, a
+        reward model's pairs), else ``data.max_length``. Recorded with the model as its ``max_length`` (and as its
+        saved tokenizer's ``model_max_length``), so that predict, eval and ``pipeline(..., truncation=True)`` cut
+        where training did."""
+        return data.block_size if self.token_blocks else data.max_length
+
     @property
     def tokenized(self) -> bool:
         """Its inputs are text through the model's tokenizer (a pad token, a position limit in tokens)."""
