@@ -29,7 +29,7 @@ The switches run (`--only leantrain_sdpa,leantrain_compile,leantrain_flash --blo
 benchmarks/gpu_check.sh runs it) measures what would set `efficiency.compile=auto` and `model.attn_implementation=auto`
 on CUDA; without a Trainer contender the ratios are against the first contender.
 
-Quality (issue 37): `--size small --batch 8 --steps 300 --lr-warmup 30 --seeds 0,1,2 --repeats 3 --eval-blocks 0` (a
+Quality (issue 37): `--size small --batch 8 --steps 200 --lr-warmup 20 --seeds 0,1,2 --repeats 3 --eval-blocks 0` (a
 2 x 32 Llama, blocks of 32: what 2 shared cores run 3 seeds of in minutes; every block of valid.txt); the table's held-out perplexity is the mean of exp(eval loss) over the rounds,
 and its ratio is against trainer_default's (the Trainer at leantrain's CPU precision: fp32 without native bf16).
 
