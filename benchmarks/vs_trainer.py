@@ -328,7 +328,8 @@ def main() -> None:
 def interleaved(script: str, names: list[str], repeats: int, json_path: str | None = None
                 ) -> tuple[dict[str, list[dict]], dict]:
     """Run ``script --worker NAME <this command's arguments>`` for each name, interleaved (A B C ... A B C ...) over
-    ``repeats`` rounds, each in a fresh process; a worker prints its result as one ``RESULT {json}`` line. Returns
+    ``repeats`` rounds, each in a fresh process (its round, from 0, in ``$BENCH_ROUND``); a worker prints its result
+    as one ``RESULT {json}`` line. Returns
     the results per name (a failed run is left out and its error printed) and the run's meta (command, machine,
     start, load average before and after); ``json_path``: both saved there."""
     meta = {"command": f"python benchmarks/{Path(script).name} " + " ".join(sys.argv[1:]), "machine": machine(),
@@ -338,7 +339,7 @@ def interleaved(script: str, names: list[str], repeats: int, json_path: str | No
     for r in range(repeats):
         for name in names:
             cmd = [sys.executable, script, "--worker", name] + [a for a in sys.argv[1:] if a != "--worker"]
-            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            out = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, BENCH_ROUND=str(r)))
             line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
                 print(f"{name}: FAILED\n{out.stderr[-3000:]}", file=sys.stderr)

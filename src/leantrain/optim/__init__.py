@@ -81,8 +81,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
 
 def lr_factor(kind: str, warmup: int, total: int, step: int) -> float:
     """The learning rate's multiplier at ``step``: linear warm-up over ``warmup`` steps, then ``kind``
-    (transformers' definitions). Warm-up step s runs at (s + 1) / (warmup + 1) of the peak (transformers': s / warmup,
-    so its step 0 runs at lr 0 and ``train.max_steps=1`` trains nothing)."""
+    (transformers' definitions, as its floating-point expressions: after the warm-up the rate is bitwise the Trainer's,
+    tested). Warm-up step s runs at (s + 1) / (warmup + 1) of the peak (transformers': s / warmup, so its step 0 runs
+    at lr 0 and ``train.max_steps=1`` trains nothing)."""
     if step < warmup:
         return (step + 1) / (warmup + 1)
     if kind == "constant":
@@ -90,7 +91,7 @@ def lr_factor(kind: str, warmup: int, total: int, step: int) -> float:
     if kind == "inverse_sqrt":  # transformers' timescale: the warm-up (1 without one)
         timescale = max(warmup, 1)
         return 1.0 / math.sqrt((step + timescale - warmup) / timescale)
-    progress = (step - warmup) / max(1, total - warmup)
     if kind == "cosine":
+        progress = (step - warmup) / max(1, total - warmup)
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
-    return max(0.0, 1.0 - progress)  # linear
+    return max(0.0, (total - step) / max(1, total - warmup))  # linear (1 - progress differs in the last bit)
