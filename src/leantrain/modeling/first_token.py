@@ -14,7 +14,7 @@ computes); only the hidden states the model returns are cut to the first token i
 from __future__ import annotations
 
 import types
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -65,8 +65,7 @@ def first_token_last_layer(model: nn.Module):
     a model this does not apply to (:func:`last_layer` is None) runs as it is."""
     layer = last_layer(model)
     if layer is None:
-        with nullcontext():
-            yield
+        yield
         return
     layer.forward = types.MethodType(_first_token_forward, layer)
     try:
