@@ -4,6 +4,7 @@ detected from the chosen/rejected data on a sequence classifier) against TRL's R
     python benchmarks/rm_vs_trl.py                                   # 384 pairs, 2 interleaved rounds
     python benchmarks/rm_vs_trl.py --rows 32 --eval-rows 32 --repeats 1   # a smoke run
     python benchmarks/rm_vs_trl.py --json out.json --results benchmarks/RESULTS.md
+    python benchmarks/rm_vs_trl.py --long --rows 128 --eval-rows 100   # long pairs: every sequence 256 tokens
 
 Needs TRL beside leantrain's environment: `pip install -e '.[bench]' -c constraints.txt` (TRL 1.16 installs beside
 torch 2.13; it is not a leantrain dependency).
@@ -28,6 +29,8 @@ Contenders:
                16 x 256 tokens, about 1.1 GiB of the peak (benchmarks/RESULTS.md)
   leantrain_random  the same with batches in random order, padded to their longest (data.batching=dynamic), as
                RewardTrainer batches, instead of length-grouped ones
+  leantrain_system  the same with glibc's allocator left as it is (efficiency.cpu_allocator=system) instead of
+               leantrain's reuse of freed host memory
 
 Measured, the same way for every contender: pairs/s = the --rows pairs / the seconds of the training loop; tokens/s
 = their non-padding tokens (chosen + rejected) / the same seconds; wall seconds of the process up to the trained
@@ -36,6 +39,14 @@ held-out pairwise accuracy (share of pairs whose chosen scores higher; the trivi
 `leantrain eval <model> data.eval=<the first --eval-rows pairs of test.jsonl>` in fp32, cut at --max-length as
 leantrain cuts (the same evaluator and tokens for both tools; TRL's model is given leantrain's record of the task),
 first round only (training is seeded). Not a test.
+
+Long pairs (--long): where the short HH-RLHF pairs let length grouping win, these measure the per-token path. Every
+pair of train.jsonl gets the chosen transcripts of the pairs before it in the file (at least 1,500 characters of
+them) prepended to both its chosen and its rejected, as earlier turns of the same conversation; the prompt keeps its
+last --max-length - 2 - --long-response tokens (data.max_prompt_length, for both tools), the response the rest up to
+the cap. The first --rows pairs whose chosen and rejected both fill --max-length tokens (both responses at least
+--long-response tokens) and differ are trained on: 798 of the 1,758 at 256 / 24, so every training sequence is 256
+tokens and no batch pads. The held-out pairs are test.jsonl's built the same way, all kept (shorter ones too).
 """
 
 from __future__ import annotations
@@ -50,14 +61,17 @@ from pathlib import Path
 START = time.perf_counter()
 REPO = Path(__file__).resolve().parents[1]
 HH = REPO.parent / "shared" / "data" / "hh_rlhf"
-CONTENDERS = ["trl", "trl_nockpt", "leantrain", "leantrain_dropout", "leantrain_random"]
-OVERRIDES = {"leantrain_dropout": ["preference.dropout=keep"], "leantrain_random": ["data.batching=dynamic"]}
+CONTENDERS = ["trl", "trl_nockpt", "leantrain", "leantrain_dropout", "leantrain_random", "leantrain_system"]
+OVERRIDES = {"leantrain_dropout": ["preference.dropout=keep"], "leantrain_random": ["data.batching=dynamic"],
+             "leantrain_system": ["efficiency.cpu_allocator=system"]}
 MODEL, BATCH, LR, WEIGHT_DECAY = "minilm", 8, 1e-4, 0.01
+LONG_CONTEXT_CHARS = 1500  # --long: characters of earlier transcripts before each pair (> 256 MiniLM tokens)
 
 
-def rendered(rows: list[dict], max_length: int):
-    """leantrain's reward-model rendering of ``rows`` (implicit HH-RLHF pairs) with a prompt budget of the whole cap:
-    the encode_scored output, whose flags say which rows would be cut, trimmed or dropped."""
+def rendered(rows: list[dict], max_length: int, max_prompt: int | None = None):
+    """leantrain's reward-model rendering of ``rows`` (implicit HH-RLHF pairs) with a prompt budget of ``max_prompt``
+    tokens (default: the whole cap): the encode_scored output, whose flags say which rows would be cut, trimmed or
+    dropped."""
     from transformers import AutoTokenizer
 
     from leantrain.data.lm.preference_render import encode_scored
@@ -65,18 +79,45 @@ def rendered(rows: list[dict], max_length: int):
 
     tok = AutoTokenizer.from_pretrained(resolve_model_name(MODEL))
     batch = {k: [r[k] for r in rows] for k in ("chosen", "rejected")}
-    return encode_scored(batch, tok, "implicit", max_length - 1, max_length)
+    return encode_scored(batch, tok, "implicit", max_length - 1 if max_prompt is None else max_prompt, max_length)
+
+
+def prompt_budget(args) -> int:
+    """data.max_prompt_length of the job: the whole cap, or with --long the cap less --long-response tokens (and
+    [CLS], [SEP]), so that the response keeps at least that many."""
+    return args.max_length - 2 - args.long_response if args.long else args.max_length - 1
+
+
+def with_context(rows: list[dict], chars: int = LONG_CONTEXT_CHARS) -> list[dict]:
+    """--long: each pair with the chosen transcripts of the pairs before it (in file order, at least ``chars``
+    characters of them) prepended to both its chosen and its rejected, as earlier turns of the same conversation:
+    an HH-RLHF transcript still, whose prompt (the shared prefix) is long enough to be trimmed from its start."""
+    out = []
+    for i, row in enumerate(rows):
+        context, j = "", i
+        while len(context) < chars and j > 0:
+            j -= 1
+            context = rows[j]["chosen"] + context
+        out.append({k: context + row[k] for k in ("chosen", "rejected")})
+    return out
 
 
 def train_file(args) -> Path:
-    """The first --rows pairs of train.jsonl that neither tool cuts, drops or trims, as JSONL (kept in --workdir)."""
-    out = Path(args.workdir) / f"train_{args.rows}_{args.max_length}.jsonl"
+    """The first --rows pairs of train.jsonl that neither tool cuts, drops or trims, as JSONL (kept in --workdir).
+    --long: the first --rows pairs of ``with_context(train.jsonl)`` whose chosen and rejected both fill --max-length
+    tokens once the prompt keeps its last ``prompt_budget`` tokens and the response is cut at the cap (and differ)."""
+    out = Path(args.workdir) / f"train_{args.rows}_{args.max_length}{'_long' if args.long else ''}.jsonl"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(line) for line in open(HH / "train.jsonl")]
-    enc = rendered(rows, args.max_length)
-    keep = [r for i, r in enumerate(rows) if not (enc["cut"][i] or enc["trimmed"][i] or enc["tie"][i])]
+    rows = with_context(rows) if args.long else rows
+    enc = rendered(rows, args.max_length, prompt_budget(args))
+    if args.long:
+        keep = [r for i, r in enumerate(rows) if not enc["tie"][i] and
+                min(len(enc["chosen_input_ids"][i]), len(enc["rejected_input_ids"][i])) == args.max_length]
+    else:
+        keep = [r for i, r in enumerate(rows) if not (enc["cut"][i] or enc["trimmed"][i] or enc["tie"][i])]
     if len(keep) < args.rows:
         raise SystemExit(f"only {len(keep)} pairs of train.jsonl fit in {args.max_length} tokens")
     out.write_text("".join(json.dumps(r) + "\n" for r in keep[: args.rows]))
@@ -84,10 +125,12 @@ def train_file(args) -> Path:
 
 
 def eval_file(args) -> Path:
-    out = Path(args.workdir) / f"eval_{args.eval_rows}.jsonl"
+    """The first --eval-rows pairs of test.jsonl (--long: of ``with_context(test.jsonl)``, every one of them)."""
+    out = Path(args.workdir) / f"eval_{args.eval_rows}{'_long' if args.long else ''}.jsonl"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(open(HH / "test.jsonl").readlines()[: args.eval_rows]))
+        rows = [json.loads(line) for line in open(HH / "test.jsonl")][: args.eval_rows]
+        out.write_text("".join(json.dumps(r) + "\n" for r in (with_context(rows) if args.long else rows)))
     return out
 
 
@@ -105,7 +148,7 @@ def run_trl(args, checkpointing: bool, out: Path) -> dict:
     from vs_trl import loop_clock
 
     rows = [json.loads(line) for line in open(train_file(args))]
-    enc = rendered(rows, args.max_length)
+    enc = rendered(rows, args.max_length, prompt_budget(args))
     data = datasets.Dataset.from_dict({"chosen_ids": enc["chosen_input_ids"],
                                        "rejected_ids": enc["rejected_input_ids"]})
     path = resolve_model_name(MODEL)
@@ -138,8 +181,9 @@ def run_leantrain(args, out: Path, name: str) -> dict:
 
     _, result = leantrain_train(
         args, out, f"model.name={MODEL}", f"data.train={train_file(args)}", f"data.eval={eval_file(args)}",
-        "data.max_eval_samples=8", f"data.block_size={args.max_length}", f"data.max_prompt_length={args.max_length - 1}",
-        f"train.batch_size={BATCH}", f"train.micro_batch_size={BATCH}", "train.epochs=1", f"train.lr={LR}",
+        "data.max_eval_samples=8", f"data.block_size={args.max_length}",
+        f"data.max_prompt_length={prompt_budget(args)}", f"train.batch_size={BATCH}",
+        f"train.micro_batch_size={BATCH}", "train.epochs=1", f"train.lr={LR}",
         f"optim.weight_decay={WEIGHT_DECAY}", "optim.warmup_ratio=0", f"train.seed={args.seed}",
         "report.plots=false", "report.progress=plain", "checkpoint.every_steps=0", *OVERRIDES.get(name, []))
     task = json.loads((out / "run" / "model" / "leantrain.json").read_text())["task"]
@@ -155,13 +199,13 @@ def worker(args) -> None:
     out = worker_folder(args)  # sets args.eval_now: the first round only
     result = run_leantrain(args, out, args.worker) if args.worker.startswith("leantrain") else \
         run_trl(args, args.worker == "trl", out)
-    enc = rendered([json.loads(line) for line in open(train_file(args))], args.max_length)
+    enc = rendered([json.loads(line) for line in open(train_file(args))], args.max_length, prompt_budget(args))
     tokens = sum(map(len, enc["chosen_input_ids"])) + sum(map(len, enc["rejected_input_ids"]))
     result.update(pairs_per_second=args.rows / result["loop_seconds"],
                   tokens_per_second=tokens / result["loop_seconds"])
     if args.eval_now:  # the reward model on the held-out pairs, fp32, cut as leantrain cuts: accuracy and margin
         ev = leantrain_eval(str(out / "model"), [f"data.eval={eval_file(args)}", f"data.block_size={args.max_length}",
-                                                 f"data.max_prompt_length={args.max_length - 1}",
+                                                 f"data.max_prompt_length={prompt_budget(args)}",
                                                  "efficiency.precision=fp32"], out)
         result.update(accuracy=ev["accuracy"], margin=ev["margin"], eval_pairs=ev.get("samples"))
         evaluated(args)
@@ -177,6 +221,10 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=384, help="training pairs (the first that fit), one epoch")
     p.add_argument("--eval-rows", type=int, default=300, help="held-out pairs of test.jsonl (300: all of them)")
     p.add_argument("--max-length", type=int, default=256, help="tokens of the longest sequence kept")
+    p.add_argument("--long", action="store_true", help="long pairs: every training sequence --max-length tokens "
+                   "(earlier transcripts prepended, the prompt trimmed from its start; see with_context)")
+    p.add_argument("--long-response", type=int, default=24, help="--long: tokens each response keeps at least "
+                   "(pairs with a shorter response are left out of training)")
     p.add_argument("--seed", type=int, default=0, help="both tools' training seed (the score head's initialisation "
                    "and the order of the pairs); another seed shows how far held-out accuracy moves with them alone")
     sys.path.insert(0, str(Path(__file__).resolve().parent))

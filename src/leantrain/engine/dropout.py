@@ -79,12 +79,13 @@ def disable_dropout(model: nn.Module) -> int:
 
 
 def use_fast_dropout(model: nn.Module) -> int:
-    """Replace every plain ``nn.Dropout`` in ``model`` by a ``FastDropout`` of the same p; returns how many.
-    Dropout modules hold no parameters or buffers, so state_dict keys and save_pretrained are unchanged."""
+    """Replace every plain ``nn.Dropout`` of p > 0 in ``model`` by a ``FastDropout`` of the same p; returns how
+    many. One at p = 0 (:func:`disable_dropout`) drops nothing and stays as it is. Dropout modules hold no
+    parameters or buffers, so state_dict keys and save_pretrained are unchanged."""
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Dropout:
+            if type(child) is nn.Dropout and child.p > 0:
                 setattr(parent, name, FastDropout(child.p, child.inplace).train(child.training))
                 swapped += 1
     return swapped

@@ -84,6 +84,22 @@ def test_swapping_keeps_the_model_and_its_outputs(tiny_bert_dropout):
     torch.testing.assert_close(model(input_ids=ids).logits, before)  # eval: identity
 
 
+def test_dropout_switched_off_is_not_reported_fast(tiny_bert_dropout):
+    """preference.dropout=off sets every p to 0 before the switches: no module is swapped and no "dropout: fast"
+    line follows the "dropout: off" one (it said "fast (N nn.Dropout modules ...)" for the same N)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain.config import EfficiencyConfig
+    from leantrain.engine.dropout import disable_dropout
+    from leantrain.engine.efficiency import apply_model_switches
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert_dropout, num_labels=2).train()
+    assert disable_dropout(model) > 0
+    notes = apply_model_switches(model, EfficiencyConfig(), "cpu")
+    assert not [n for n in notes if "dropout" in n], notes
+    assert not any(isinstance(m, FastDropout) for m in model.modules())
+
+
 def test_checkpointing_recomputes_the_same_fast_dropout_masks(tiny_bert_dropout):
     """Recomputed forward passes (gradient checkpointing) draw the same masks: torch restores the generator."""
     from transformers import AutoModelForSequenceClassification

@@ -20,7 +20,9 @@ import numpy as np
 import torch
 
 from leantrain.config.tasks import REWARD_MODEL, task_spec
+from leantrain.modeling.first_token import first_token_last_layer
 from leantrain.modeling.tasks import preference_losses as L
+from leantrain.modeling.tasks.preference import unwrapped
 from leantrain.modeling.tasks.registry import CardText, Task, register
 
 MODEL_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -57,8 +59,11 @@ class RewardModel(Task):
                 "text, `pipeline(\"text-classification\", function_to_apply=\"none\")` returns it.", ""]
 
     def scores(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(chosen, rejected) rewards, fp32, from one forward of both halves."""
-        logits = model(**{k: batch[k] for k in MODEL_KEYS if k in batch}).logits.float().squeeze(-1)
+        """(chosen, rejected) rewards, fp32, from one forward of both halves; a BERT classifier's last layer
+        computes only the first token, the one its pooler reads (``modeling/first_token.py``: the same rewards and
+        gradients, about a seventh less work)."""
+        with first_token_last_layer(unwrapped(model)):
+            logits = model(**{k: batch[k] for k in MODEL_KEYS if k in batch}).logits.float().squeeze(-1)
         return L.split_pairs(logits)
 
     def forward_loss(self, model, batch: dict):

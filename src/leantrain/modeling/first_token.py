@@ -1,0 +1,74 @@
+"""A BERT sequence classifier's last layer for the first token only.
+
+``BertForSequenceClassification`` classifies from its pooler, which reads the last layer's output at the first token
+([CLS]) and nothing else. So in the last layer only that token's query, attention row, output projection and
+feed-forward reach the logits; the other positions' keys and values are still needed (the first token attends to
+them), their queries, attention rows, output projections and feed-forwards are not. :func:`first_token_last_layer`
+computes exactly that: the same weights, the same attention function (SDPA or eager), the same mask row, so the
+logits, the loss and every gradient are the plain model's up to float rounding (tests/unit/modeling/
+test_first_token.py). On MiniLM (6 layers, 256-token pairs) this is about 83% of the last layer's matmul work, a
+seventh of the model's. The model is unchanged outside the ``with`` (its weights, its saved form, what ``pipeline()``
+computes); only the hidden states the model returns are cut to the first token inside it.
+"""
+
+from __future__ import annotations
+
+import types
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+ATTENTION = ("sdpa", "eager")  # the attention functions whose query may be shorter than its keys, checked here
+
+
+def last_layer(model: nn.Module) -> nn.Module | None:
+    """The last encoder layer of a BERT sequence classifier whose logits read only the first token (the pooler);
+    None for any other model, attention function or layout."""
+    config = getattr(model, "config", None)
+    bert = getattr(model, "bert", None)
+    if (type(model).__name__ != "BertForSequenceClassification" or bert is None or bert.pooler is None
+            or getattr(config, "_attn_implementation", None) not in ATTENTION or config.is_decoder):
+        return None
+    layer = bert.encoder.layer[-1]
+    has_parts = all(hasattr(layer, p) for p in ("attention", "intermediate", "output", "feed_forward_chunk"))
+    return layer if has_parts and hasattr(layer.attention, "self") else None
+
+
+def _first_token_forward(layer: nn.Module, hidden_states: torch.Tensor, attention_mask=None, *args, **kwargs):
+    """``BertLayer.forward`` for the first position: keys and values of every position, the rest of it for the
+    first one. Returns (B, 1, H)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # lazy: transformers' import is slow
+    from transformers.models.bert.modeling_bert import eager_attention_forward  # lazy: as above
+
+    attn = layer.attention.self
+    b, t = hidden_states.shape[:2]
+    first = hidden_states[:, :1]
+
+    def heads(x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.view(b, n, -1, attn.attention_head_size).transpose(1, 2)
+
+    query = heads(attn.query(first), 1)
+    key, value = heads(attn.key(hidden_states), t), heads(attn.value(hidden_states), t)
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[2] > 1:
+        attention_mask = attention_mask[:, :, :1]  # the first query's row
+    function = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, eager_attention_forward)
+    out, _ = function(attn, query, key, value, attention_mask, dropout=attn.dropout.p if attn.training else 0.0,
+                      scaling=attn.scaling)
+    out = layer.attention.output(out.reshape(b, 1, -1).contiguous(), first)
+    return layer.feed_forward_chunk(out)
+
+
+@contextmanager
+def first_token_last_layer(model: nn.Module):
+    """Within the ``with``, ``model``'s last layer computes its first position only (see the module docstring);
+    a model this does not apply to (:func:`last_layer` is None) runs as it is."""
+    layer = last_layer(model)
+    if layer is None:
+        yield
+        return
+    layer.forward = types.MethodType(_first_token_forward, layer)
+    try:
+        yield
+    finally:
+        del layer.forward  # the class's forward again
