@@ -161,7 +161,7 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_
 def detected(rows: datasets.Dataset) -> dict:
     """What ``leantrain eval`` found in its rows, as the run's ``columns`` name it for ``Task.check_data``:
     {"eval_format": the preference format}."""
-    return {"eval_format": detect_format(rows.column_names, rows[0] if len(rows) else None)}
+    return {"eval_format": pf.table_format(rows)}
 
 
 def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "Rendering",  # noqa: ANN001
