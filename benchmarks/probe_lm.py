@@ -338,6 +338,17 @@ def _resume_changed_data(work: Path, case: Case) -> subprocess.CompletedProcess:
     return proc
 
 
+def wait_for_step(work: Path, proc: subprocess.Popen, run: str, timeout: float = 300) -> bool:
+    """Until the run's metrics.jsonl has a training step (False when the process ended or the time ran out first)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        log = work / run / "metrics.jsonl"
+        if log.is_file() and '"train"' in log.read_text():
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def _sigterm_in_eval(work: Path, case: Case) -> subprocess.CompletedProcess:
     """A long evaluation (many eval blocks, one per batch) at step 1; SIGTERM as it starts: exit 75 within 15 s."""
     (work / "eval-long.txt").write_text((work / "train.txt").read_text() * 40)
@@ -346,12 +357,7 @@ def _sigterm_in_eval(work: Path, case: Case) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     with tempfile.TemporaryFile("w+") as err:
         p = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        deadline = time.time() + 240
-        while time.time() < deadline and p.poll() is None:
-            log = work / "xs" / "metrics.jsonl"
-            if log.is_file() and '"train"' in log.read_text():
-                break
-            time.sleep(0.2)
+        wait_for_step(work, p, "xs", timeout=240)
         t0 = time.time()
         p.send_signal(signal.SIGTERM)
         try:

