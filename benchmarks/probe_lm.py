@@ -349,25 +349,32 @@ def wait_for_step(work: Path, proc: subprocess.Popen, run: str, timeout: float =
     return False
 
 
+def sigterm_after_step(work: Path, cmd: list[str], env: dict, run: str, stop_timeout: float,
+                       step_timeout: float = 300) -> tuple[int, str, float]:
+    """Start ``cmd`` in ``work``, SIGTERM it once the run ``run`` has logged a training step, wait up to
+    ``stop_timeout`` s (then SIGKILL): (exit status, what it printed on stderr, seconds from the signal to the exit)."""
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        wait_for_step(work, p, run, timeout=step_timeout)
+        t0 = time.time()
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=stop_timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = p.wait()
+        waited = time.time() - t0
+        err.seek(0)
+        return rc, err.read(), waited
+
+
 def _sigterm_in_eval(work: Path, case: Case) -> subprocess.CompletedProcess:
     """A long evaluation (many eval blocks, one per batch) at step 1; SIGTERM as it starts: exit 75 within 15 s."""
     (work / "eval-long.txt").write_text((work / "train.txt").read_text() * 40)
     cmd = [sys.executable, "-m", "leantrain", "train", *B, *QUICK, "data.eval=eval-long.txt", "train.max_steps=3",
            "train.eval_every_steps=1", "train.eval_batch_size=1", "train.log_every_steps=1", "output_dir=xs"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        wait_for_step(work, p, "xs", timeout=240)
-        t0 = time.time()
-        p.send_signal(signal.SIGTERM)
-        try:
-            rc = p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rc = p.wait()
-        waited = time.time() - t0
-        err.seek(0)
-        text = err.read()
+    rc, text, waited = sigterm_after_step(work, cmd, env, "xs", stop_timeout=60, step_timeout=240)
     if waited > 15:
         text += f"\nprobe: the stop took {waited:.0f} s"
         rc = 1

@@ -21,7 +21,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).parent))
 
 from probe_lm import (Case, eval_equals, jsonl, leantrain, no_traceback_and_says, run_case,  # noqa: E402
-                      wait_for_step)
+                      sigterm_after_step, wait_for_step)
 
 B = ["model.name=base", "data.train=p.jsonl"]
 QUICK = ["data.block_size=64", "train.batch_size=4", "train.max_steps=4", "report.plots=false",
@@ -271,17 +270,7 @@ def _sigterm_launcher(work: Path, case: Case) -> subprocess.CompletedProcess:
     argv = [*DPO, "train.max_steps=30", "train.log_every_steps=1", "checkpoint.every_steps=1", "--nproc", "2",
             "output_dir=x13"]
     cmd = [sys.executable, "-m", "leantrain", *argv]
-    with tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, cwd=work, env=ENV, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        wait_for_step(work, p, "x13")
-        p.send_signal(signal.SIGTERM)
-        try:
-            rc = p.wait(timeout=240)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rc = p.wait()
-        err.seek(0)
-        text = err.read()
+    rc, text, _ = sigterm_after_step(work, cmd, ENV, "x13", stop_timeout=240)
     if rc == 75:
         again = leantrain(work, argv, env={"GLOO_SOCKET_IFNAME": "lo"})
         if again.returncode != 0:
