@@ -244,8 +244,9 @@ def signals() -> list[Case]:
 def rows() -> list[Case]:
     """Items 15, 17: KTO labels written as text are read; a blank answer is refused naming its line."""
     return [
-        Case('KTO labels "1" / "0" as text', "15", [*KTO, "data.train=kto-text.jsonl", "output_dir=x15"], 0,
-             owner="probe", check=says("24 desirable, 24 undesirable")),
+        Case('KTO labels "1" / "0" as text', "15", [*KTO, "data.train=kto-text.jsonl", "data.eval=kto_dev.jsonl",
+                                           "output_dir=x15"], 0,
+             owner="probe", check=says("data.train: 24 desirable, 24 undesirable")),  # all 48 rows: data.eval given
         Case("a blank chosen answer", "17", [*DPO, "data.train=blank-chosen.jsonl", "output_dir=x17"], 2,
              "line 2: the chosen answer is blank", owner="probe"),
         Case("a blank KTO completion", "17", [*KTO, "data.train=blank-completion.jsonl", "output_dir=x17"], 2,
@@ -296,6 +297,7 @@ def _sigkill_with_workers(work: Path, case: Case) -> subprocess.CompletedProcess
         p.kill()
         rc = p.wait()
         _, alive = psutil.wait_procs(workers, timeout=1.0)
+        alive = [w for w in alive if _running(w)]  # a zombie has exited: only its orphaned entry waits to be reaped
         for w in alive:
             w.kill()
         time.sleep(3)  # what a surviving worker would print
@@ -307,6 +309,16 @@ def _sigkill_with_workers(work: Path, case: Case) -> subprocess.CompletedProcess
     if after.strip():
         problems.append("printed after the kill: " + after.strip().splitlines()[-1][:100])
     return subprocess.CompletedProcess(cmd, 1 if problems else rc, "", "\n".join(f"probe: {x}" for x in problems))
+
+
+def _running(proc) -> bool:
+    """The process still runs: it exists and is not a zombie (exited, its entry not yet reaped by init)."""
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 # ------------------------------------------------------------------------------------------------ the run
