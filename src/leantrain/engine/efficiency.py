@@ -126,7 +126,7 @@ def choose_compile(requested: str | bool, device_type: str, language_model: bool
     (causal LMs); ``strategy``: ``distributed.strategy``.
 
     ``auto`` is off everywhere today: on the CPU a compile gave no gain (benchmarks/RESULTS.md: ~45 s cold, forward 69
-    against 68.5 ms eager); on CUDA nobody has measured it yet. ``benchmarks/gpu_check.sh`` measures compile on/off
+    against 68.5 ms eager); on CUDA nobody has measured it yet. ``benchmarks/gpu/check.sh`` measures compile on/off
     for a GPT-2-small-sized Llama on the GPU: where it pays, the CUDA language-model branch below turns on."""
     if isinstance(requested, bool):
         return requested, "as configured (efficiency.compile)"
@@ -138,7 +138,7 @@ def choose_compile(requested: str | bool, device_type: str, language_model: bool
         return False, "auto: DeepSpeed's ZeRO hooks would be bypassed by a graph compiled before them"
     if not language_model:
         return False, "auto: on CUDA only causal-LM training is a candidate, and it is not measured yet"
-    return False, ("auto: not measured on CUDA yet (benchmarks/gpu_check.sh measures compile on/off); "
+    return False, ("auto: not measured on CUDA yet (benchmarks/gpu/check.sh measures compile on/off); "
                    "efficiency.compile=true to try it")
 
 
