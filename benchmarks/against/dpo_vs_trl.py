@@ -5,7 +5,7 @@ LoRA).
 
     python -m benchmarks.against.dpo_vs_trl                                        # 48 pairs, 2 interleaved rounds
     python -m benchmarks.against.dpo_vs_trl --rows 16 --eval-rows 16 --repeats 1   # a smoke run
-    python -m benchmarks.against.dpo_vs_trl --json out.json --results benchmarks/RESULTS.md
+    python -m benchmarks.against.dpo_vs_trl --json out.json --results benchmarks/results/dpo.md
 
 Needs TRL beside leantrain's environment: `pip install -e '.[bench]' -c constraints.txt` (TRL 1.16 installs beside
 torch 2.13; it is not a leantrain dependency).

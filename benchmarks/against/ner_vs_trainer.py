@@ -1,7 +1,7 @@
 """Token classification (NER): leantrain side by side with the Hugging Face Trainer on the same job.
 
     python -m benchmarks.against.ner_vs_trainer                               # 2,000 sentences, 1 epoch, 2 rounds
-    python -m benchmarks.against.ner_vs_trainer --train 640 --steps 20 --repeats 2 --results benchmarks/RESULTS.md
+    python -m benchmarks.against.ner_vs_trainer --train 640 --steps 20 --repeats 2 --results benchmarks/results/tasks.md
 
 Job: the packaged MiniLM, the first --train sentences of ../shared/data/conll2003/train.jsonl (IOB2, 9 tags), the
 first --eval sentences of validation.jsonl, max_length 128, global batch 32, AdamW lr 5e-5 (weight decay 0.01,

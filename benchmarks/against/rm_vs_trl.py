@@ -3,7 +3,7 @@ detected from the chosen/rejected data on a sequence classifier) against TRL's R
 
     python -m benchmarks.against.rm_vs_trl                                   # 384 pairs, 2 interleaved rounds
     python -m benchmarks.against.rm_vs_trl --rows 32 --eval-rows 32 --repeats 1   # a smoke run
-    python -m benchmarks.against.rm_vs_trl --json out.json --results benchmarks/RESULTS.md
+    python -m benchmarks.against.rm_vs_trl --json out.json --results benchmarks/results/reward-model.md
     python -m benchmarks.against.rm_vs_trl --long --rows 128 --eval-rows 100   # long pairs: every sequence 256 tokens
 
 Needs TRL beside leantrain's environment: `pip install -e '.[bench]' -c constraints.txt` (TRL 1.16 installs beside
@@ -26,7 +26,7 @@ Contenders:
                preference.dropout=off, as RewardTrainer's disable_dropout)
   leantrain_dropout  the same with MiniLM's own dropout kept (preference.dropout=keep). Attention dropout keeps
                torch's CPU SDPA off its fused kernel: ~190 MiB of attention weights and masks kept per layer at
-               16 x 256 tokens, about 1.1 GiB of the peak (benchmarks/RESULTS.md)
+               16 x 256 tokens, about 1.1 GiB of the peak (benchmarks/results/reward-model.md)
   leantrain_random  the same with batches in random order, padded to their longest (data.batching=dynamic), as
                RewardTrainer batches, instead of length-grouped ones
   leantrain_system  the same with glibc's allocator left as it is (efficiency.cpu_allocator=system) instead of

@@ -3,7 +3,7 @@ in leantrain, and leantrain's LoRA against TRL's SFTTrainer with the same LoRA.
 
     python -m benchmarks.against.sft_vs_trl                                        # 160 rows, 2 interleaved rounds (about 45 min on 2 cores)
     python -m benchmarks.against.sft_vs_trl --rows 48 --eval-rows 32 --repeats 1   # a smoke run (minutes)
-    python -m benchmarks.against.sft_vs_trl --json out.json --results benchmarks/RESULTS.md
+    python -m benchmarks.against.sft_vs_trl --json out.json --results benchmarks/results/instruction-tuning.md
 
 Needs TRL beside leantrain's environment: `pip install -e '.[bench]' -c constraints.txt` (TRL 1.16 installs beside
 torch 2.13; it is not a leantrain dependency).

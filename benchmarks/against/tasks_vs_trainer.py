@@ -1,6 +1,6 @@
 """The new tasks (issue 14) against the HF Trainer, and what model.pooling does, on real data.
 
-    python -m benchmarks.against.tasks_vs_trainer --rounds 2 --steps 300 --json tasks.json --results benchmarks/RESULTS.md
+    python -m benchmarks.against.tasks_vs_trainer --rounds 2 --steps 300 --json tasks.json --results benchmarks/results/tasks.md
     python -m benchmarks.against.tasks_vs_trainer --only pooling ...   # just the pooling study
     python -m benchmarks.against.tasks_vs_trainer --only vs_trainer ... # just leantrain vs the Trainer
 

@@ -13,7 +13,7 @@ features at full length, as a run with the defaults drives it (AdamW, global bat
 decay after 6% warm-up, weight decay 0.01 on the weight, BCE over examples x labels, seed 0), for each head
 learning rate / bias start / representation / ``train.pos_weight``; scored on the test rows at the one threshold that
 maximises micro-F1 on them (``eval.tune_threshold``, leantrain's default) and at 0.5 (the Trainer recipe's).
-It isolates what the head does: the fine-tuned body moves too in a real run (``leantrain train`` rows in RESULTS.md).
+It isolates what the head does: the fine-tuned body moves too in a real run (``leantrain train`` rows in results/multilabel-reuters.md).
 ``trainer``: the HF Trainer's recipe fine-tuning the whole model on all train rows, scored on all test rows
 (``against.tasks_vs_trainer.run_trainer``: AutoModelForSequenceClassification with problem_type=multi_label_classification,
 BCE, global batch 32, lr 5e-5, linear decay, no warm-up, seed 0, dynamic padding, group_by_length, bf16 where the
