@@ -1,6 +1,6 @@
 """Token classification on the real CoNLL-2003 files of ../shared/data/conll2003: the raw CoNLL column file (no
 extension, 4 columns, -DOCSTART- lines) reads to exactly the JSONL sentences. (Training MiniLM on a slice is not
-here: 480 sentences x 2 epochs took 6 minutes on the shared 2-core machine; benchmarks/vs_trainer_ner.py does it.)"""
+here: 480 sentences x 2 epochs took 6 minutes on the shared 2-core machine; benchmarks/against/ner_vs_trainer.py does it.)"""
 
 from __future__ import annotations
 

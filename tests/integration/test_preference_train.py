@@ -100,7 +100,7 @@ def test_dpo_without_lora_precomputes_the_reference_once_and_two_processes_train
     """Reference log-probs computed by the first run and read by the second, which runs as 2 processes x
     accumulation 1 and trains the same model as 1 process x accumulation 2 (parameters, per-step losses, eval over
     5 pairs, uneven over the processes)."""
-    from tests.integration.test_distributed import BIN, assert_same_training, run
+    from tests.processes import BIN, assert_same_training, run
 
     write_jsonl(root / "prefs_5.jsonl", pair_rows(5, 2))
     common = [a for a in args(root, "x", "train.log_every_steps=1", f"data.eval={root / 'prefs_5.jsonl'}",

@@ -84,7 +84,7 @@ def test_export_matches_llama_cpps_file(preset, tmp_path, capsys):
     """Every key the reference holds has the same value in our export (tokenizer, pre-tokenizer, special ids, chat
     template, hyper-parameters), except the descriptive ones, and the tensor names are the same. f16 and no --check:
     the check's arithmetic (logits, greedy tokens, per-outtype bounds) is tested on a tiny Llama in
-    tests/unit/modeling/test_gguf_export.py, and on this model by benchmarks/gguf_check.py."""
+    tests/unit/modeling/gguf_export/test_gguf_export.py, and on this model by benchmarks/export/gguf_check.py."""
     import gguf
 
     cache, folder, _, _ = preset

@@ -21,7 +21,8 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
 def _pages() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "examples").glob("*.md"))]
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "examples").glob("*.md")),
+            REPO / "benchmarks" / "RESULTS.md", *sorted((REPO / "benchmarks" / "results").glob("*.md"))]
 
 
 def test_config_reference_is_current():

@@ -227,7 +227,7 @@ def _largest_fitting(plan: Search, precision: str, ckpt: bool, optimizer: str) -
 def _calibrate_at(search: Search, precision: str, ckpt: bool, micro: int) -> None:
     """The config's own setting measured at its micro-batch rather than extrapolated to it, when the extrapolation
     says it fits the budget: on a busy machine the time-sized calibration pass is small (1-2 examples), and the
-    linear extrapolation from there is what misses (benchmarks/RESULTS.md, "Memory planner"); fit_micro_batch does
+    linear extrapolation from there is what misses (benchmarks/results/memory-planner.md); fit_micro_batch does
     the same for train.micro_batch_size=auto."""
     cal = search.calibration(precision, ckpt)
     if micro <= cal.sizes[1]:

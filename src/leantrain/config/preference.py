@@ -56,7 +56,7 @@ class PreferenceConfig(Section):
         "off", description="preference tuning and reward models: off = every dropout of the model (and of LoRA's "
         "branch) at 0 while training, as TRL's disable_dropout=True: the policy's log-probs are the ones its "
         "reference sees, and a BERT-style model's attention keeps SDPA's fused CPU kernel (which has no dropout: "
-        "the reward model's peak 0.63x, benchmarks/RESULTS.md); keep = the model's own dropout"
+        "the reward model's peak 0.63x, benchmarks/results/reward-model.md); keep = the model's own dropout"
     )
     center_rewards: float = Field(
         0.0, ge=0, description="reward model: the weight of the reward-centring term, mean((r_chosen + r_rejected)^2) "

@@ -54,7 +54,7 @@ class EfficiencyConfig(Section):
     )
     compile: Literal["auto"] | bool = Field(
         "auto", description="torch.compile the model (compile time is reported separately); auto: off today on every "
-        "device (no gain on the CPU; on CUDA not measured yet: benchmarks/gpu_check.sh measures it, and a measured "
+        "device (no gain on the CPU; on CUDA not measured yet: benchmarks/gpu/check.sh measures it, and a measured "
         "gain for causal-LM training on CUDA goes here), and the log says why; true is refused under DeepSpeed"
     )
     dropout: Literal["auto", "fast", "torch"] = Field(

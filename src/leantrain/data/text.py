@@ -21,7 +21,7 @@ def padded_width(width: int, multiple_of: int | None = None) -> int:
     average a few % more positions. Why: oneDNN (the CPU's bf16 matmuls) compiles and caches a kernel for every new
     shape and keeps it until the run ends, so a length per batch grows the process by ~0.3 MB per matmul shape and
     length (peak RSS +0.4 GiB over 24 DPO steps on SmolLM2-135M) and pays a compile each time; with few widths the
-    kernels are reused: peak flat and the step faster (benchmarks/RESULTS.md, "Batch widths on the CPU")."""
+    kernels are reused: peak flat and the step faster (benchmarks/results/dpo.md, "Batch widths on the CPU")."""
     if multiple_of is None:
         multiple_of = min(1 << max(0, width.bit_length() - 3), 16)
     return -(-width // multiple_of) * multiple_of

@@ -125,20 +125,20 @@ def choose_compile(requested: str | bool, device_type: str, language_model: bool
     """(compile the model?, why) for ``efficiency.compile``; ``language_model``: the task trains on token blocks
     (causal LMs); ``strategy``: ``distributed.strategy``.
 
-    ``auto`` is off everywhere today: on the CPU a compile gave no gain (benchmarks/RESULTS.md: ~45 s cold, forward 69
-    against 68.5 ms eager); on CUDA nobody has measured it yet. ``benchmarks/gpu_check.sh`` measures compile on/off
+    ``auto`` is off everywhere today: on the CPU a compile gave no gain (benchmarks/results/efficiency.md: ~45 s cold, forward 69
+    against 68.5 ms eager); on CUDA nobody has measured it yet. ``benchmarks/gpu/check.sh`` measures compile on/off
     for a GPT-2-small-sized Llama on the GPU: where it pays, the CUDA language-model branch below turns on."""
     if isinstance(requested, bool):
         return requested, "as configured (efficiency.compile)"
     if device_type == "cpu":
-        return False, "auto: a compile gave no gain on the CPU (benchmarks/RESULTS.md)"
+        return False, "auto: a compile gave no gain on the CPU (benchmarks/results/efficiency.md)"
     if device_type != "cuda":
         return False, f"auto: not measured on {device_type}"
     if strategy == "deepspeed":
         return False, "auto: DeepSpeed's ZeRO hooks would be bypassed by a graph compiled before them"
     if not language_model:
         return False, "auto: on CUDA only causal-LM training is a candidate, and it is not measured yet"
-    return False, ("auto: not measured on CUDA yet (benchmarks/gpu_check.sh measures compile on/off); "
+    return False, ("auto: not measured on CUDA yet (benchmarks/gpu/check.sh measures compile on/off); "
                    "efficiency.compile=true to try it")
 
 

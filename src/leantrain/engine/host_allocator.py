@@ -3,7 +3,7 @@
 glibc serves every allocation above 32 MiB (and, by default, many above 128 KiB) with a fresh ``mmap`` and gives it
 back with ``munmap`` when freed. A training step frees and re-allocates the same big buffers every step (the word
 embedding's dense gradient alone is 47 MB for MiniLM), so each step page-faults them in again and the kernel zeroes
-every page: ~5% of a CPU step on the vs_trainer job (``benchmarks/fast_paths.py``). ``reuse`` turns off mmap for big blocks and trimming, so freed
+every page: ~5% of a CPU step on the vs_trainer job (``benchmarks/speed/fast_paths.py``). ``reuse`` turns off mmap for big blocks and trimming, so freed
 blocks stay in the process's heap and the next step reuses them (what jemalloc/tcmalloc do, without a preload).
 The process keeps its peak until the run ends (fragmentation adds a little: 1.48 against 1.45 GiB on that job),
 when the settings are put back and the heap is trimmed. Linux with glibc only; elsewhere, or when the user set ``MALLOC_*`` / ``GLIBC_TUNABLES`` or preloads

@@ -7,7 +7,7 @@ transformers' ``attn_implementation`` when the model is loaded or built from its
 - ``flash_attention_2``: CUDA, bf16 or fp16, ``flash_attn`` usable (transformers' own check), a model class that
   supports it, and no pass of the run outside autocast (``fp32_uses``: report.sample_prompts' generation and the
   LoRA merge check run the fp32 model as it is, which flash-attn cannot compute). Not measured against SDPA on a
-  GPU yet (``benchmarks/gpu_check.sh`` measures it); flash-attn is no dependency of leantrain, so ``auto`` picks it
+  GPU yet (``benchmarks/gpu/check.sh`` measures it); flash-attn is no dependency of leantrain, so ``auto`` picks it
   only where the user installed it;
 - ``sdpa``: PyTorch's ``scaled_dot_product_attention`` where the class supports it: transformers' own default, so a
   CPU run (and any run without flash-attn) builds the same model as before the key existed;

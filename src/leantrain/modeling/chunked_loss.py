@@ -43,7 +43,7 @@ from leantrain.modeling.output_loss import choose_output_loss, liger_available, 
 
 IGNORE = -100
 # one chunk's logits: about this many fp32 values, whatever the vocabulary: 64 MiB on CPU; 256 MiB on GPUs, where
-# smaller chunks leave the matmuls too small to keep the GPU busy (measured on an H200: RESULTS.md)
+# smaller chunks leave the matmuls too small to keep the GPU busy (measured on an H200: benchmarks/results/causal-lm.md)
 CHUNK_ELEMENTS = {"cpu": 2**24, "cuda": 2**26}
 AUTO_MIN_VOCAB = 8192  # efficiency.chunked_loss=auto: on from this vocabulary size (below it the logits are small)
 # Config fields that post-process the output layer's logits (a value other than these "off" values refuses).

@@ -4,7 +4,7 @@ A new head (``nn.Linear``, weights ~N(0, 0.02), bias 0) under AdamW at the body'
 weight by about 5e-5 per step. On multi-label data with rare labels (Reuters-21578: 90 labels, most on under 1% of
 texts) the head first has to bring every label's logit from 0 (p = 0.5) to the label's prior (p = 0.01 is a logit of
 -4.6); at that speed that takes most of a short run, and the model ends at the prior: every text gets the same
-ranking of labels, and the tuned threshold picks the most frequent one (benchmarks/RESULTS.md, "Multi-label default
+ranking of labels, and the tuned threshold picks the most frequent one (benchmarks/results/multilabel-reuters.md, "Multi-label default
 on Reuters-21578"). Two remedies, each the task's to choose (``Task.head_lr_factor`` / ``Task.start_head``; multi-label
 takes both, the other tasks neither):
 

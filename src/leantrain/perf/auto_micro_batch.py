@@ -106,7 +106,7 @@ def fit_micro_batch(cfg: Config, model, task, per_process: int, seq_len: int, bu
     for m in divisors_desc(per_process):
         if need[m] <= budget and m > cal.sizes[1] and calibration is None:
             # extrapolated beyond the measured size (a short pass on a busy machine): measure at m itself before
-            # trusting it, since the extrapolation is what under-predicts (benchmarks/RESULTS.md, Memory planner)
+            # trusting it, since the extrapolation is what under-predicts (benchmarks/results/memory-planner.md)
             exact = memory_model.calibrate(model, seq_len, precision, ckpt, per_process, timing=False, size=m,
                                                task=task)
             need[m] = need_bytes(memory_model.lines(facts, exact, m, state))

@@ -174,7 +174,7 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_
 
 def packing_on(cfg: DataConfig) -> bool:
     """data.packing: true / false, or auto = on: a packed block's per-example losses equal the examples run alone
-    (tests/unit/data/test_sft_packing.py), the loss is normalised by target tokens either way, and packing only
+    (tests/unit/data/lm/test_sft_packing.py), the loss is normalised by target tokens either way, and packing only
     removes padding."""
     return cfg.packing is not False
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # largest |logit difference| / largest |source logit|, per outtype: f16 / bf16 about 10x the tiny fp32 test Llama's
-# (SmolLM2's bf16 weights convert exactly), q8_0 about 3x SmolLM2-135M's 3.07e-2 (benchmarks/RESULTS.md).
+# (SmolLM2's bf16 weights convert exactly), q8_0 about 3x SmolLM2-135M's 3.07e-2 (benchmarks/results/gguf-export.md).
 TOLERANCES = {"f32": 1e-5, "f16": 5e-3, "bf16": 3e-2, "q8_0": 1e-1}
 PROMPTS = ("The capital of France is", "Once upon a time, there was a", "def add(a, b):\n    return")
 
