@@ -51,7 +51,7 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
     task = trained_task(model_dir, cfg.model_copy(update={"model": mcfg}))
-    if not task.evaluated_by_rows:  # a language model: loss and perplexity; a paired task: its metrics on pairs
+    if not task.traits.evaluated_by_rows:  # a language model: loss and perplexity; a paired task: its metrics on pairs
         return evaluate_as_training(model_dir, task, cfg, output_path, batch_size)
     precision = eval_precision(model_dir, cfg)  # the run's own, so that both report the same metrics
     accelerator, model, side, labels, task = load_trained(model_dir, cfg, precision)
@@ -65,7 +65,7 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     values = {k: v.numpy() for k, v in task.eval_batch(logits, y).items()}
     y = y.numpy()
     metrics = task.all_metrics(values, labels)
-    classes = task.class_labels  # per class and a confusion matrix: for class labels
+    classes = task.traits.class_labels  # per class and a confusion matrix: for class labels
     preds = values.get("preds")  # multi-label has probabilities instead
     if classes:
         metrics["per_class"] = per_class(preds, y, labels)
@@ -109,10 +109,12 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     check_weights(model_dir, mcfg.allow_pickle)
     side = data_side(task)
     split, notes = side.load_rows(cfg.data.eval, cfg.data, require_labels=False, known_labels=None)
-    configured.check_data(side.detected(split))  # training's check of the data against the loss, before the model
+    detected = side.detected(split)
+    configured.check_data(detected)  # training's check of the data against the loss, before the model
+    configured = configured.for_data(detected)  # the method for this data (a KTO policy on pairs: DPO's metrics)
     model = load_trained_model(model_dir, task, mcfg).to(accelerator.device)
     chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss, accelerator.device.type,  # as training chose:
-                                 uniform=task.uniform_token_gradients)  # no [B, T, V] logits
+                                 uniform=task.traits.uniform_token_gradients)  # no [B, T, V] logits
     if chunked:
         log.info(chunked)
     tokenizer = load_processor(mcfg, task)

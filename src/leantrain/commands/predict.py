@@ -34,7 +34,7 @@ def load_trained(model_dir: str, cfg: Config, precision: tuple[str, str] | None 
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
     task = resolve_task(cfg.model_copy(update={"model": mcfg}))
-    if not task.labelled:  # a language model has no labels to predict
+    if not task.traits.labelled:  # a language model has no labels to predict
         raise UserError(f"{model_dir} is a language model ({task.name}): it has no labels to predict; continue text with "
                         f"`leantrain generate {model_dir} --prompt \"...\"`, or measure its loss and perplexity on a "
                         f"file with `leantrain eval {model_dir} data.eval=path`")
@@ -107,7 +107,7 @@ def predict(model_dir: str, input_path: str, output_path: str, cfg: Config, batc
 def _shown_fields(rows, task: Task, input_path: str, cfg: Config, id_column: str | None) -> dict[str, list]:
     """What each prediction carries beside its label: the user's id column, else the input (text or file path)."""
     if id_column is None:
-        if task.media_inputs:
+        if task.traits.media_inputs:
             return {"path": rows[task.modality]}  # each prediction names its file
         return {k: rows[k] for k in ("text", "text_pair", "tokens") if k in rows.column_names}
     ds = open_rows(input_path, cfg.data).ds

@@ -32,9 +32,8 @@ class TaskSpec:
     """What is known of a task before any data or model: its name (``model.task``), the data side it reads
     (``text``, ``image``, ``audio``: ``leantrain.data.modalities``), transformers' ``problem_type``, the metrics
     evaluation reports (``eval.<name>``; ``two_class_only`` ones only for 2 labels; ``lower_is_better`` ones pick
-    the best model by their minimum), the ``pipeline()`` task name of the saved model, and how its labels are read
-    (``classes``: names or ids; ``scores``: numbers; ``label_sets``: lists of names; ``tags``: one tag per word;
-    ``model.task=auto`` picks the task whose kind the data has)."""
+    the best model by their minimum). What the task is beyond that (its labels, units, what its saved model loads
+    as) is its traits record (``leantrain.modeling.tasks.traits``)."""
 
     name: str
     modality: str
@@ -42,12 +41,6 @@ class TaskSpec:
     metrics: tuple[str, ...]
     two_class_only: tuple[str, ...] = ()
     lower_is_better: tuple[str, ...] = ("loss",)
-    pipeline: str = ""
-    labels: str = "classes"
-
-    @property
-    def pipeline_task(self) -> str:
-        return self.pipeline or self.name
 
 
 SPECS: dict[str, TaskSpec] = {}
@@ -73,14 +66,9 @@ def task_spec(name: str) -> TaskSpec:
 for _name, _modality in ((TEXT, "text"), (IMAGE, "image"), (AUDIO, "audio")):
     register_spec(TaskSpec(_name, _modality, "single_label_classification", CLASSIFICATION_METRICS, ("mcc",)))
 register_spec(TaskSpec(TEXT_REGRESSION, "text", "regression", REGRESSION_METRICS,
-                       lower_is_better=("mse", "mae", "loss"), pipeline="text-classification", labels="scores"))
-register_spec(TaskSpec(MULTI_LABEL, "text", "multi_label_classification", MULTI_LABEL_METRICS,
-                       pipeline="text-classification", labels="label_sets"))
-register_spec(TaskSpec(TOKEN_CLASSIFICATION, "tagged", "token_classification", TOKEN_CLASSIFICATION_METRICS,
-                       pipeline="token-classification", labels="tags"))
-register_spec(TaskSpec(CAUSAL_LM, "tokens", "", ("loss", "perplexity"), lower_is_better=("loss", "perplexity"),
-                       pipeline="text-generation", labels="none"))
-register_spec(TaskSpec(PREFERENCE, "pairs-or-feedback", "", PREFERENCE_METRICS, pipeline="text-generation",
-                       labels="pairs"))
-register_spec(TaskSpec(REWARD_MODEL, "scored-pairs", "regression", REWARD_MODEL_METRICS, pipeline="text-classification",
-                       labels="pairs"))
+                       lower_is_better=("mse", "mae", "loss")))
+register_spec(TaskSpec(MULTI_LABEL, "text", "multi_label_classification", MULTI_LABEL_METRICS))
+register_spec(TaskSpec(TOKEN_CLASSIFICATION, "tagged", "token_classification", TOKEN_CLASSIFICATION_METRICS))
+register_spec(TaskSpec(CAUSAL_LM, "tokens", "", ("loss", "perplexity"), lower_is_better=("loss", "perplexity")))
+register_spec(TaskSpec(PREFERENCE, "pairs-or-feedback", "", PREFERENCE_METRICS))
+register_spec(TaskSpec(REWARD_MODEL, "scored-pairs", "regression", REWARD_MODEL_METRICS))

@@ -106,7 +106,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             "samples": meter.all_samples,
             "samples_per_second": meter.samples_per_second,
             "tokens_per_second": meter.tokens_per_second,
-            "speed_unit": data.task_object.speed_unit,  # what the final line shows: the task declares it
+            "speed_unit": data.task_object.traits.speed_unit,  # what the final line shows: the task declares it
             "tokens_seen": meter.all_tokens if meter.counts_tokens else None,  # what tokens/s counts, this run's
             "measured_steps": meter.measured_steps,
             "warmup_steps_excluded": min(meter.skip, meter.steps) if meter.steps > meter.skip else 0,
@@ -207,7 +207,7 @@ def eval_rows(data: TrainingData) -> dict:
     if "position_ids" in columns:
         starts = sum(sum(1 for p in row if p == 0) for row in data.eval.with_format(None)["position_ids"])
         return {"eval_row_kind": "blocks", "eval_examples": int(starts)}
-    blocks = data.task_object.eval_row_kind == "blocks" and "format" not in (data.columns or {})  # text, cut
+    blocks = data.task_object.traits.eval_row_kind == "blocks" and "format" not in (data.columns or {})  # text, cut
     return {"eval_row_kind": "blocks" if blocks else "examples"}
 
 

@@ -168,7 +168,7 @@ def resolve_model_choices(cfg: Config, task: Task, device_type: str, precision: 
     support = attention_support(task.model_class(), load_config(cfg.model))
     attention, why = choose_attention(cfg.model.attn_implementation, device_type, precision, flash_attn_usable(),
                                       support, fp32_uses(cfg))
-    compiled, compile_why = choose_compile(cfg.efficiency.compile, device_type, task.token_blocks,
+    compiled, compile_why = choose_compile(cfg.efficiency.compile, device_type, task.traits.token_blocks,
                                            cfg.distributed.strategy)
     return ModelChoices(attention, why, compiled, compile_why)
 

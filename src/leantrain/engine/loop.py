@@ -133,7 +133,7 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
         log.info("%s", note)
     model, trainable = apply_trainable(model, cfg.model, cfg.peft,  # LoRA (peft.*) and model.freeze
                                        gradient_checkpointing=cfg.efficiency.gradient_checkpointing)
-    if not data.task_object.keeps_dropout and (off := disable_dropout(model)):
+    if not data.task_object.traits.keeps_dropout and (off := disable_dropout(model)):
         log.info("dropout: off in %d modules (preference.dropout=off, as TRL's disable_dropout)", off)
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
@@ -141,7 +141,8 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
     micro = "auto" if cfg.train.micro_batch_size == "auto" else layout.micro_batch_size
     sizes = output_loss_sizes(model, cfg.efficiency, accelerator.device, micro, cfg.data.block_size)
     notes = [choices.attention_note(model), *apply_model_switches(
-        model, cfg.efficiency, accelerator.device.type, *sizes, uniform=data.task_object.uniform_token_gradients)]
+        model, cfg.efficiency, accelerator.device.type, *sizes,
+        uniform=data.task_object.traits.uniform_token_gradients)]
     data.bind_model(model, accelerator, cfg.train.eval_batch_size or 8)  # e.g. reference log-probs, before any resume
     if cfg.train.micro_batch_size == "auto":
         layout = batch_layout(cfg, len(data.train), accelerator.num_processes,
@@ -326,7 +327,7 @@ class Loop:
             run.metrics_log.write(logged)
             state.running.zero_()
             state.running_count = 0
-        speed = f"{run.data.task_object.speed_unit}_per_second"
+        speed = f"{run.data.task_object.traits.speed_unit}_per_second"
         self.progress.update(step, {k: logged[k] for k in ("loss", "lr", speed)} if logged else None)
         if eval_due(cfg.train.eval_every_steps, step, run.layout):
             self.evaluate(step)

@@ -40,13 +40,13 @@ def check_max_length(cfg, task: Task | None = None, config=None):  # noqa: ANN00
     Left at its default above a small model's limit: lowered to the limit, with a log note. Returns the (possibly
     updated) config."""
     task = task or resolve_task(cfg)
-    if not task.tokenized:  # a position limit is in tokens
+    if not task.traits.tokenized:  # a position limit is in tokens
         return cfg
     found = model_position_limit(cfg, config)
     if found is None:
         return cfg
     limit, source = found
-    if task.token_blocks:  # language models, preference pairs: the rows are cut at data.block_size tokens
+    if task.traits.token_blocks:  # language models, preference pairs: the rows are cut at data.block_size tokens
         cfg = _check_block_size(cfg, limit, source)
         if "max_length" not in cfg.data.model_fields_set:  # then only a data.max_length set above the limit says more
             return cfg
@@ -98,11 +98,11 @@ def check_model_plan(cfg, task: Task, config=None) -> None:  # noqa: ANN001 - le
 
 
 def check_causal_attention(cfg, task: Task, config) -> None:  # noqa: ANN001 - leantrain Config, transformers config
-    """A task trained as a causal LM (``task.auto_model``: AutoModelForCausalLM; SFT, preference tuning) needs a model
+    """A task trained as a causal LM (``traits.auto_model``: AutoModelForCausalLM; SFT, preference tuning) needs a model
     whose attention sees only earlier tokens: an encoder (BERT, RoBERTa, ... whose causal-LM class runs bidirectional
     attention unless its config says ``is_decoder``) would train on what it can see ahead. Exit 2 naming the model
     type, before any weight loads."""
-    if task.auto_model != "AutoModelForCausalLM":
+    if task.traits.auto_model != "AutoModelForCausalLM":
         return
     kind = getattr(config, "model_type", "")
     decoder = cfg.model.config_overrides.get("is_decoder", getattr(config, "is_decoder", False))

@@ -38,7 +38,7 @@ def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None =
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = task.sequence_length(cfg.data)  # the one length train, eval, predict and pipeline() cut at
     rendering = {}
-    if task.token_blocks:  # a language model's eval cuts the text as the run did
+    if task.traits.token_blocks:  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
         rendering = {k: columns[k] for k in RENDERING_KEYS if columns.get(k)}
     return {"task": task.name, "data": data, **({"prompt_format": rendering} if rendering else {}),
@@ -49,8 +49,8 @@ def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None =
 def cut_like_training(processor, task: Task, cfg: Config) -> None:  # noqa: ANN001 - a tokenizer
     """The tokenizer about to be saved with a model that scores texts (not a text generator) gets the run's length as
     its ``model_max_length`` when that is lower: ``pipeline(..., truncation=True)`` then cuts where training did."""
-    length = task.sequence_length(cfg.data)
-    if task.tokenized and not task.generates and length < (getattr(processor, "model_max_length", None) or length + 1):
+    length, traits = task.sequence_length(cfg.data), task.traits
+    if traits.tokenized and not traits.generates and length < (getattr(processor, "model_max_length", None) or length + 1):
         processor.model_max_length = length
 
 
@@ -100,7 +100,7 @@ def trained_task(model_dir: str | Path, cfg: Config) -> Task:
     says causal LM or sequence classifier) keeps it."""
     task = resolve_task(cfg)
     recorded = TASKS.get(stored_task(model_dir) or "")
-    return recorded if cfg.model.task == "auto" and recorded is not None and recorded.paired else task
+    return recorded if cfg.model.task == "auto" and recorded is not None and recorded.traits.paired else task
 
 
 def read_run_settings(model_dir: str | Path) -> dict | None:

@@ -28,7 +28,7 @@ def check_sample_prompts(cfg, task: Task) -> None:  # noqa: ANN001 - leantrain C
     prompts = cfg.report.sample_prompts
     if not prompts:
         return
-    if not task.generates:
+    if not task.traits.generates:
         raise ConfigError(f"report.sample_prompts is for language models (model.task=causal-lm); this run's task is "
                           f"{task.name}")
     empty = [i for i, p in enumerate(prompts) if not p.strip()]

@@ -24,9 +24,8 @@ from leantrain.engine.precompute import with_precomputed
 from leantrain.engine.samples import check_sample_prompts
 from leantrain.modeling import load_processor, model_name, resolve_task_reason
 from leantrain.modeling.load import check_tokenizer_key
-from leantrain.modeling.tasks import Task, task_for_labels
+from leantrain.modeling.tasks import Task, check_config, task_for_labels
 from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task
-from leantrain.modeling.tasks.multilabel import check_pos_weight_task
 
 log = logging.getLogger("leantrain")
 
@@ -53,11 +52,12 @@ class TrainingData:
 
     @property
     def task_object(self) -> Task:
-        """The registered task (loss, units, metrics) of ``task``, configured and set for the training data
-        (``Task.for_training``); with class weights, its weighted form."""
+        """The registered task (loss, units, metrics) of ``task``, configured, as the method for this data
+        (``Task.for_data``) and set for the training data (``Task.for_training``); with class weights, its weighted
+        form."""
         if self._task is None:
             task = self.task.configured(self.config) if self.config is not None else self.task
-            task = task.for_training(lambda: self.train["labels"], self.label_names)
+            task = task.for_data(self.columns).for_training(lambda: self.train["labels"], self.label_names)
             if self.class_weights is not None:
                 task = weighted_task(task, self.class_weights, self.train["labels"])
             self._task = task
@@ -138,12 +138,11 @@ def validate_data(cfg: Config):
 
 def check_task_keys(cfg: Config, task: Task) -> None:
     """The keys that only some tasks take, against the run's task (exit 2 naming the key): model.tokenizer (a causal
-    LM from a config), report.sample_prompts, the regression keys, preference.*, train.pos_weight."""
+    LM from a config), report.sample_prompts, each task's own keys (``Task.check_config``: the regression keys,
+    preference.*, train.pos_weight)."""
     check_tokenizer_key(cfg.model, task)
     check_sample_prompts(cfg, task)
-    check_regression_keys(cfg, task)
-    check_preference_keys(cfg, task)
-    check_pos_weight_task(cfg.train.pos_weight, task)
+    check_config(cfg, task)
 
 
 def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - PreparedData
@@ -176,30 +175,6 @@ def check_stop_when(cfg, num_labels: int, task: Task | None = None) -> None:  # 
             raise ConfigError(f"{key}={value}: {e}") from None
 
 
-def check_regression_keys(cfg: Config, task: Task) -> None:
-    """train.loss=huber and data.standardize_targets are for a task with score labels (regression) only."""
-    if task.score_labels:
-        return
-    for key, value, default in (("train.loss", cfg.train.loss, "mse"),
-                                ("data.standardize_targets", cfg.data.standardize_targets, False)):
-        if value != default:
-            raise ConfigError(f"{key}={str(value).lower()}: for regression (scores) only; this run's task is "
-                              f"{task.name} (model.task=text-regression, or a label column of numbers that are not all "
-                              "whole)")
-
-
-def check_preference_keys(cfg: Config, task: Task) -> None:
-    """preference.* keys are for preference tuning and reward models (chosen / rejected data) only. A key counts as
-    given when its value is not the default (the workers read the resolved config, every key written out)."""
-    fields = type(cfg.preference).model_fields
-    given = sorted(k for k, f in fields.items()
-                   if getattr(cfg.preference, k) != f.get_default(call_default_factory=True))
-    if given and not task.paired:
-        raise ConfigError(f"preference.{given[0]}: for preference tuning and reward models only; this run's task is "
-                          f"{task.name} (chosen / rejected or prompt / completion / label data make model.task=auto "
-                          "choose preference, or reward-model on a sequence classifier)")
-
-
 def prepare_training_data(cfg: Config, accelerator: Accelerator, run=None) -> TrainingData:  # noqa: ANN001
     """The processor loaded, the data processed and cached, the collators built. ``run`` (a ``RunDescription``):
     the task and the data as the run was described and checked; its data, when it holds it (one process), is used
@@ -208,9 +183,7 @@ def prepare_training_data(cfg: Config, accelerator: Accelerator, run=None) -> Tr
     and the data checked here."""
     if run is None:
         task, why = run_task_reason(cfg)
-        check_tokenizer_key(cfg.model, task)
-        check_regression_keys(cfg, task)
-        check_preference_keys(cfg, task)
+        check_task_keys(cfg, task)
         data, checked = None, False
     else:
         task, why, data, checked = run.task, run.task_reason, run.take_data(), run.data_checked

@@ -89,7 +89,7 @@ def load_processor(cfg: ModelConfig, task: Task):
     """The model's own processor: tokenizer (text), image processor (images) or feature extractor (audio).
 
     A model trained from scratch (model.config / model.config_type) gets one built from its config."""
-    kind = task.processor
+    kind = task.traits.processor
     if kind == "tokenizer":
         return load_tokenizer(cfg)
     if from_scratch(cfg):
@@ -188,7 +188,7 @@ def meta_model(cfg: ModelConfig, task: Task, config=None):  # noqa: ANN001 - a t
 
 def check_tokenizer_key(cfg: ModelConfig, task: Task) -> None:
     """A causal LM built from a config needs ``model.tokenizer`` (the vocabulary it is trained on): exit 2 naming it."""
-    if from_scratch(cfg) and task.scratch_needs_tokenizer and not cfg.tokenizer:
+    if from_scratch(cfg) and task.traits.scratch_needs_tokenizer and not cfg.tokenizer:
         key = "model.config" if cfg.config else "model.config_type"
         raise ConfigError(f"model.tokenizer is required with {key} for model.task={task.name}: set model.tokenizer=<a "
                           "tokenizer folder or Hub id> (the vocabulary the new model is trained on)")
@@ -198,7 +198,7 @@ def _scratch_fields(cfg: ModelConfig, task: Task, config) -> dict:
     """The task's processor-dependent fields of a model from a config (causal LM: vocab_size = len(tokenizer),
     special token ids; ``check_tokenizer_key`` checked model.tokenizer before, with the run). A vocab_size the user set larger than the tokenizer's is kept (e.g. padded to a multiple of
     64); a smaller one cannot hold the token ids: exit 2."""
-    if not task.tokenized:
+    if not task.traits.tokenized:
         return {}
     fields = task.scratch_fields(load_tokenizer(cfg, say=False))
     given = cfg.config_overrides.get("vocab_size")
@@ -215,9 +215,9 @@ def _scratch_fields(cfg: ModelConfig, task: Task, config) -> dict:
 def _with_pad_token(model, cfg: ModelConfig, task: Task):
     """A text model whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...); a sequence
     classifier's pooler as ``model.pooling`` says (``leantrain.modeling.pooling``)."""
-    if task.sequence_classifier:
+    if task.traits.sequence_classifier:
         apply_pooling(model, cfg.pooling, task.untrained_pooler)
-    if task.tokenized and getattr(model.config, "pad_token_id", None) is None:
+    if task.traits.tokenized and getattr(model.config, "pad_token_id", None) is None:
         set_model_pad_token(model, load_tokenizer(cfg, say=False))
     return model
 

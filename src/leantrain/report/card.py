@@ -104,7 +104,7 @@ def write_model_card(
     ev, tr = summary.get("eval") or {}, summary.get("train") or {}
     hub = looks_like_hub_id(base_model)
     entry = task or get_task(TEXT)  # the task's card lines and pipeline name
-    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": entry.spec.pipeline_task}
+    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": entry.traits.loads_as}
     if hub:
         meta["base_model"] = base_model
     meta["tags"] = ["leantrain"]
@@ -139,10 +139,10 @@ def write_model_card(
         lines += ["## Throughput and memory", "", *_table(("measure", "value"), cost), ""]
     if versions := summary.get("versions"):
         lines += ["## Framework versions", "", *(f"- {k} {v}" for k, v in versions.items()), ""]
-    var = "generator" if entry.generates else "classifier"
+    var = "generator" if entry.traits.generates else "classifier"
     lines += [
         "## Usage", "", "```python", "from transformers import pipeline", "",
-        f'{var} = pipeline("{entry.spec.pipeline_task}", model="{shown_dir.as_posix()}")  # or its Hub id once pushed',
+        f'{var} = pipeline("{entry.traits.loads_as}", model="{shown_dir.as_posix()}")  # or its Hub id once pushed',
         f"print({var}({entry.card.example}))", "```", "",
     ]
     model_dir.mkdir(parents=True, exist_ok=True)

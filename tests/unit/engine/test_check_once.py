@@ -22,8 +22,8 @@ from leantrain.modeling import load, qlora
 CHECKS = (preflight.check_train, preflight.check_max_length, preflight.check_model_plan, preflight.check_attention,
           qlora.check_qlora, qlora.check_qlora_precision, samples.check_sample_prompts, samples.check_sample_room,
           load.check_tokenizer_key, load.resolve_task_reason, training_data.run_task_reason,
-          training_data.check_task_keys, training_data.check_loaded_data, training_data.check_regression_keys,
-          training_data.check_preference_keys, training_data.check_stop_when, training_data.prepare_training_data)
+          training_data.check_task_keys, training_data.check_loaded_data, training_data.check_config,
+          training_data.check_stop_when, training_data.prepare_training_data)
 
 
 def count_calls(monkeypatch, functions) -> Counter:

@@ -35,7 +35,8 @@ def test_auto_does_not_choose_liger_for_a_task_whose_token_gradients_differ(monk
     from leantrain.modeling.chunked_loss import chunked_layer
     from leantrain.modeling.tasks import get_task
 
-    assert get_task("causal-lm").uniform_token_gradients and not get_task("preference").uniform_token_gradients
+    assert get_task("causal-lm").traits.uniform_token_gradients
+    assert not get_task("preference").traits.uniform_token_gradients
     choice, why = choose_output_loss("cuda", True, None, 80 * GIB, uniform=False)
     assert choice == "chunked" and "weighs tokens differently" in why and "pip install" not in why
     assert choose_output_loss("cuda", True, GIB, 80 * GIB, uniform=False)[0] == "plain"
@@ -43,7 +44,7 @@ def test_auto_does_not_choose_liger_for_a_task_whose_token_gradients_differ(monk
     monkeypatch.setattr("leantrain.modeling.chunked_loss.liger_available", lambda: True)  # as on CUDA with liger
     model = loss_llama(vocab=8192)
     note = apply_chunked_loss(model, "auto", "cuda", None, None,
-                              uniform=get_task("preference").uniform_token_gradients)
+                              uniform=get_task("preference").traits.uniform_token_gradients)
     assert note.startswith("chunked loss: on (auto: this task's loss weighs tokens differently")
     assert chunked_layer(model).leantrain_loss_kernel == "chunked"
 

@@ -29,6 +29,7 @@ import torch
 from leantrain.config.tasks import CAUSAL_LM, task_spec
 from leantrain.modeling.chunked_loss import chunked_layer, labels_for_loss, per_token_losses
 from leantrain.modeling.tasks.registry import CardText, Task, register
+from leantrain.modeling.tasks.traits import Traits
 from leantrain.modeling.tasks.row_counts import RowCounts
 
 
@@ -37,8 +38,6 @@ class CausalLM(Task):
     """Next-token prediction: the loss of each target token, summed; the count of target tokens."""
 
     _counts: RowCounts = dataclasses.field(default_factory=RowCounts, compare=False, repr=False)  # targets per row
-
-    scratch_needs_tokenizer = True  # a new model's vocabulary is model.tokenizer's
 
     # -- model
     def model_fields(self, label_names: list[str]) -> dict:
@@ -124,6 +123,9 @@ class CausalLM(Task):
 
 
 CAUSAL_LM_TASK = register(CausalLM(
-    task_spec(CAUSAL_LM), "AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "tokenizer",
-    CardText("causal language modelling", "causal language model", '"Once upon a time", max_new_tokens=40'),
-    unit="tokens", speed_unit="tokens", eval_row_kind="blocks", headline_loss=True))
+    task_spec(CAUSAL_LM),
+    Traits(labels="none", unit="tokens", auto_model="AutoModelForCausalLM", loads_as="text-generation",
+           speed_unit="tokens", eval_row_kind="blocks", token_blocks=True, headline_loss=True,
+           scratch_needs_tokenizer=True),
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    CardText("causal language modelling", "causal language model", '"Once upon a time", max_new_tokens=40')))

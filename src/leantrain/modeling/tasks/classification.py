@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from leantrain.config.metric_names import metric_names
 from leantrain.config.tasks import AUDIO, IMAGE, TEXT, task_spec
 from leantrain.modeling.tasks.registry import CardText, Task, register
+from leantrain.modeling.tasks.traits import Traits
 
 
 def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -65,15 +66,23 @@ class Classification(Task):
         return f"eval accuracy: {ev['accuracy']:.4f}  macro-F1: {ev['f1_macro']:.4f}"
 
 
+def classes(auto_model: str, loads_as: str, processor: str) -> Traits:
+    """A classifier's traits: one class per example, counted in examples and samples/s."""
+    return Traits(labels="classes", unit="examples", auto_model=auto_model, loads_as=loads_as, processor=processor)
+
+
 TEXT_CLASSIFICATION = register(Classification(
-    task_spec(TEXT), "AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
-    "tokenizer", CardText("text classification", "text classifier",
-                          '"The delivery was quick and the product works perfectly."'), default_for=("text",)))
+    task_spec(TEXT), classes("AutoModelForSequenceClassification", TEXT, "tokenizer"),
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    CardText("text classification", "text classifier", '"The delivery was quick and the product works perfectly."'),
+    default_for=("text",)))
 IMAGE_CLASSIFICATION = register(Classification(
-    task_spec(IMAGE), "AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-    "image_processor", CardText("image classification", "image classifier", '"photo.jpg"'), default_for=("image",)))
+    task_spec(IMAGE), classes("AutoModelForImageClassification", IMAGE, "image_processor"),
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    CardText("image classification", "image classifier", '"photo.jpg"'), default_for=("image",)))
 AUDIO_CLASSIFICATION = register(Classification(
-    task_spec(AUDIO), "AutoModelForAudioClassification", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
-    "feature_extractor", CardText("audio classification", "audio classifier",
+    task_spec(AUDIO), classes("AutoModelForAudioClassification", AUDIO, "feature_extractor"),
+    "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+    CardText("audio classification", "audio classifier",
                                   '{"raw": samples, "sampling_rate": 16000}  # or a file path (needs ffmpeg)'),
     default_for=("audio",)))

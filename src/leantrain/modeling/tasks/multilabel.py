@@ -25,6 +25,7 @@ from leantrain.config.tasks import MULTI_LABEL, task_spec
 from leantrain.errors import ConfigError, DataError
 from leantrain.modeling.head_start import prior_logits, set_fresh_bias
 from leantrain.modeling.tasks.registry import CardText, Task, register
+from leantrain.modeling.tasks.traits import Traits
 
 THRESHOLD = 0.5  # eval.threshold's default: a label is predicted when its sigmoid is above it
 HEAD_LR_FACTOR = 200.0  # the new head's peak lr / train.lr when train.head_lr is unset (head_start; RESULTS.md)
@@ -59,13 +60,6 @@ def resolve_pos_weight(setting, label_names: list[str], labels) -> list[float] |
         raise ConfigError(f"train.pos_weight has {len(setting)} weights but the data has {n} labels: "
                           f"{', '.join(label_names[:20])} (one weight per label, in this order, or one number)")
     return [float(w) for w in setting]
-
-
-def check_pos_weight_task(setting, task: Task) -> None:
-    """``train.pos_weight`` is for multi-label runs: a ConfigError (exit 2) for any other task."""
-    if setting is not None and not isinstance(task, MultiLabel):
-        raise ConfigError(f"train.pos_weight is for multi-label classification; this run's task is {task.name} "
-                          "(single-label classification: train.class_weights)")
 
 
 def tuned_threshold(probs: np.ndarray, labels: np.ndarray) -> float:
@@ -119,6 +113,12 @@ class MultiLabel(Task):
     num_labels: int | None = None  # set by for_training: count() reads no row
     prior: tuple[float, ...] | None = None  # each label's prior log-odds on the training data (for_training)
     _on_device: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def check_config(self, cfg, task: Task) -> None:  # noqa: ANN001 - a Config
+        """``train.pos_weight`` is for multi-label runs: a ConfigError (exit 2) for any other task."""
+        if cfg.train.pos_weight is not None and not isinstance(task, MultiLabel):
+            raise ConfigError(f"train.pos_weight is for multi-label classification; this run's task is {task.name} "
+                              "(single-label classification: train.class_weights)")
 
     def configured(self, cfg, model_config=None) -> "MultiLabel":
         """The run's settings; with a trained model's config, its stored threshold (unless eval.threshold is set)
@@ -217,6 +217,9 @@ class MultiLabel(Task):
 
 
 MULTI_LABEL_TASK = register(MultiLabel(
-    task_spec(MULTI_LABEL), "AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
-    "tokenizer", CardText("multi-label text classification", "multi-label text classifier",
-                          '"I love this and it makes me so happy!", top_k=None'), unit="labels"))
+    task_spec(MULTI_LABEL),
+    Traits(labels="label_sets", unit="labels", auto_model="AutoModelForSequenceClassification",
+           loads_as="text-classification"),
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    CardText("multi-label text classification", "multi-label text classifier",
+             '"I love this and it makes me so happy!", top_k=None')))

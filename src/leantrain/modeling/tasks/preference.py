@@ -1,14 +1,15 @@
-"""Preference tuning of a causal LM (``model.task=preference``): DPO, IPO, SimPO, ORPO on chosen/rejected pairs, KTO
-on unpaired desirable / undesirable feedback (``preference.*``; the losses: ``preference_losses``).
+"""Preference tuning of a causal LM (``model.task=preference``): the DPO family (DPO, IPO, SimPO, ORPO) on
+chosen/rejected pairs, and what every preference method shares (``preference.*``; the losses:
+``preference_losses``). KTO, on unpaired feedback, is its own method (``kto``); ``configured`` picks it for
+``preference.loss=kto``, ``for_data`` for ``auto`` on feedback (``METHODS``: the loss that selects each class).
 
 Batches (the ``pairs`` data side): ``input_ids`` / ``attention_mask`` / ``labels`` ``(2B, T)``, rows 0..B-1 the
-chosen (or, KTO, the feedback rows), rows B..2B-1 the rejected (KTO: the KL rows, each prompt with another row's
-completion), labels -100 on the prompt and padding; KTO adds ``desirable (B,)``; ``ref_logps (B, 2)`` when the
-reference log-probs were precomputed. Both halves go through one forward, and the per-token log-probs come from the
-chunked output layer (``CausalLM.token_losses``): no ``tokens x vocab`` fp32 logits.
+chosen, rows B..2B-1 the rejected, labels -100 on the prompt and padding; ``ref_logps (B, 2)`` when the reference
+log-probs were precomputed. Both halves go through one forward, and the per-token log-probs come from the chunked
+output layer (``CausalLM.token_losses``): no ``tokens x vocab`` fp32 logits.
 
-The unit is the pair (or feedback row): ``loss_sum`` is the sum of the per-pair losses, the engine divides by the
-global batch's pairs, so the loss is the mean over the pairs of the global batch whatever the layout.
+The unit is the pair: ``loss_sum`` is the sum of the per-pair losses, the engine divides by the global batch's
+pairs, so the loss is the mean over the pairs of the global batch whatever the layout.
 
 The reference (``preference.reference``, resolved in ``configured``): ``adapter``, the same model with its LoRA
 adapters switched off (peft's ``disable_adapter``), no copy; ``precompute``, the log-probs read from the batch
@@ -32,21 +33,37 @@ import torch
 
 from leantrain.config.preference import REFERENCE_FREE
 from leantrain.config.tasks import PREFERENCE, task_spec
-from leantrain.errors import UserError
+from leantrain.errors import ConfigError, UserError
 from leantrain.modeling.tasks import preference_losses as L
 from leantrain.modeling.tasks.causal_lm import CausalLM
-from leantrain.modeling.tasks.registry import CardText, register
+from leantrain.modeling.tasks.registry import CardText, Task, register
+from leantrain.modeling.tasks.traits import Traits
 
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids")
-INPUT_COLUMNS = (("chosen_input_ids", "rejected_input_ids"), ("input_ids", "kl_input_ids"))  # pairs; feedback
+INPUT_COLUMNS = ("chosen_input_ids", "rejected_input_ids")  # a pair's two sequences
 REF_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")  # pairs
-FEEDBACK_REF_COLUMNS = ("ref_logps", "ref_kl_logps")  # feedback: the row's, its KL row's
 PAIR_VALUES = ("loss", "chosen_reward", "rejected_reward", "chosen_logps", "rejected_logps")
-KTO_VALUES = ("loss", "reward", "logps", "kl")
 RECORD = "preference"  # model/leantrain.json's and config.json's field: the loss settings, the reference
 # Every setting that changes the loss, recorded with the model and read back by ``leantrain eval`` (one list: a new
 # setting added here is saved and used by eval alike)
 LOSS_SETTINGS = ("loss", "beta", "gamma", "label_smoothing", "desirable_weight", "undesirable_weight")
+
+
+def check_preference_keys(cfg, task: Task) -> None:  # noqa: ANN001 - a Config
+    """preference.* keys are for preference tuning and reward models (chosen / rejected data) only. A key counts as
+    given when its value is not the default (the workers read the resolved config, every key written out)."""
+    fields = type(cfg.preference).model_fields
+    given = sorted(k for k, f in fields.items()
+                   if getattr(cfg.preference, k) != f.get_default(call_default_factory=True))
+    if given and not task.traits.paired:
+        raise ConfigError(f"preference.{given[0]}: for preference tuning and reward models only; this run's task is "
+                          f"{task.name} (chosen / rejected or prompt / completion / label data make model.task=auto "
+                          "choose preference, or reward-model on a sequence classifier)")
+
+
+def data_format(columns: dict) -> str | None:
+    """The preference format the data side detected: the training data's, else (``leantrain eval``) the eval data's."""
+    return columns.get("format", columns.get("eval_format"))
 
 
 def local_or_hub(name: str | None) -> str | None:
@@ -80,7 +97,8 @@ def frozen_forward(model):
 
 @dataclasses.dataclass(frozen=True)
 class Preference(CausalLM):
-    """Pairs (or feedback rows) -> one loss each, summed; the count of pairs."""
+    """Pairs -> one loss each, summed; the count of pairs. The base of every preference method (``METHODS``):
+    the settings, the reference, what is recorded with the model."""
 
     loss: str = "dpo"
     beta: float = 0.1
@@ -93,57 +111,54 @@ class Preference(CausalLM):
     _frozen: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # live: [the frozen copy]
     _autocast: object = dataclasses.field(default=None, compare=False, repr=False)  # live: the policy's precision
 
-    uniform_token_gradients = False  # a pair's two rows get opposite gradients: no Liger (efficiency.chunked_loss)
-
-    @property
-    def token_blocks(self) -> bool:
-        return True  # sequences cut to data.block_size: the run's data settings, bounded by the position limit
+    def as_method(self, loss: str) -> "Preference":
+        """These settings as the method of ``loss`` (``METHODS``: kto's class for kto, this family's otherwise)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        return METHODS.get(loss, Preference)(**{**fields, "loss": loss})
 
     def configured(self, cfg, model_config=None) -> "Preference":
-        """The run's ``preference.*`` (``loss`` auto stays auto: kto for a batch of feedback rows, else dpo), or,
-        with ``model_config``, what a trained model recorded (``leantrain eval``: against a live reference)."""
+        """The run's ``preference.*`` as its method (``loss`` auto stays auto until the data is known:
+        ``for_data``), or, with ``model_config``, what a trained model recorded (``leantrain eval``: against a live
+        reference)."""
         if model_config is not None:
             rec = getattr(model_config, RECORD, None) or {}
             loss = {k: type(getattr(self, k))(rec[k]) for k in LOSS_SETTINGS if rec.get(k) is not None}
-            return dataclasses.replace(self, **{"loss": "dpo", **loss}, reference="live",
-                                       reference_name=rec.get("reference_model"))
+            settings = {"loss": "dpo", **loss}
+            return dataclasses.replace(self, **settings, reference="live", reference_name=rec.get(
+                "reference_model")).as_method(settings["loss"])
         p = cfg.preference
         return dataclasses.replace(
             self, loss=p.loss, beta=p.resolved_beta(p.loss), gamma=p.gamma, label_smoothing=p.label_smoothing,
             desirable_weight=p.desirable_weight, undesirable_weight=p.undesirable_weight,
-            reference=p.resolved_reference(p.loss, cfg.peft.method != "none"), keeps_dropout=p.dropout == "keep",
-            reference_name=None if cfg.model.config or cfg.model.config_type else local_or_hub(cfg.model.name))
+            reference=p.resolved_reference(p.loss, cfg.peft.method != "none"),
+            reference_name=None if cfg.model.config or cfg.model.config_type else local_or_hub(cfg.model.name),
+        ).with_traits(keeps_dropout=p.dropout == "keep").as_method(p.loss)
+
+    def check_config(self, cfg, task: Task) -> None:  # noqa: ANN001 - a Config
+        check_preference_keys(cfg, task)
+
+    def for_data(self, columns: dict) -> "Preference":
+        """auto: kto on unpaired feedback (``data_format``), else dpo; a pair loss as it is."""
+        if self.loss != "auto":
+            return self
+        return self.as_method("kto" if data_format(columns) == "feedback" else "dpo")
 
     def check_data(self, columns: dict) -> None:
-        """kto reads unpaired feedback, the other losses pairs: the training data (``format``; a run's data.eval of
-        another kind is refused by the data side) and ``leantrain eval``'s (``eval_format``, against the loss recorded
-        with the model). A KTO policy may be evaluated on pairs (dpo's rewards are the same log-ratios); no pair loss
-        on feedback rows."""
-        train, evaluated = columns.get("format"), columns.get("eval_format")
-        if self.loss == "kto" and train is not None and train != "feedback":
-            raise UserError("preference.loss=kto is for unpaired feedback (prompt / completion / label, or messages / "
-                            "label); this data is chosen / rejected pairs: use preference.loss=dpo (or auto)")
-        for key, fmt in (("data.train", train), ("data.eval", evaluated)):
-            if self.loss not in ("auto", "kto") and fmt == "feedback":
+        """The pair losses read pairs: the training data (``format``; a run's data.eval of another kind is refused by
+        the data side) and ``leantrain eval``'s (``eval_format``, against the loss recorded with the model); no pair
+        loss on feedback rows (auto picks kto for them; ``kto.Kto`` checks its own)."""
+        for key, fmt in (("data.train", columns.get("format")), ("data.eval", columns.get("eval_format"))):
+            if self.loss != "auto" and fmt == "feedback":
                 raise UserError(f"{key}: unpaired feedback (prompt / completion / label), but preference.loss="
                                 f"{self.loss} compares a chosen and a rejected answer: use preference.loss=kto (or "
                                 "auto) for feedback, or chosen / rejected pairs for this loss")
 
     def method(self, columns: dict) -> str:
         """The loss: as configured; auto: kto on unpaired feedback, else dpo."""
-        if self.loss != "auto":
-            return self.loss
-        return "kto" if columns.get("format") == "feedback" else "dpo"
-
-    def loss_for(self, batch: dict) -> str:
-        """The loss of this batch: as configured; auto: kto for feedback rows (``desirable``), else dpo; a KTO
-        policy evaluated on pairs: dpo's (its rewards are the same log-ratios)."""
-        if self.loss in ("auto", "kto"):
-            return "kto" if "desirable" in batch else "dpo"
-        return self.loss
+        return self.for_data(columns).loss
 
     def saved_config(self, ev: dict | None) -> dict:
-        loss = self.loss if self.loss != "auto" else ("kto" if ev and "kl" in ev else "dpo")
+        loss = self.loss if self.loss != "auto" else "dpo"  # auto is resolved by for_data before training
         return {RECORD: {**{k: getattr(self, k) for k in LOSS_SETTINGS}, "loss": loss, "reference": self.reference,
                          "reference_model": self.reference_name}}
 
@@ -172,6 +187,10 @@ class Preference(CausalLM):
         model.eval().requires_grad_(False)
         return dataclasses.replace(self, reference="live", _frozen=[model], _autocast=autocast)
 
+    # -- what differs by method (the pairs here; ``kto.Kto`` overrides them for feedback rows)
+    ref_columns = REF_COLUMNS  # precomputed reference log-probs: chosen, rejected
+    input_columns = INPUT_COLUMNS  # the two sequences of a row that tokens/s counts
+
     def reference_model_name(self) -> str | None:
         """``leantrain eval``: the recorded reference model (none for the reference-free losses)."""
         return None if self.loss in REFERENCE_FREE else self.reference_name
@@ -187,11 +206,9 @@ class Preference(CausalLM):
                             "(model.name=<folder>) or use a reference-free loss (preference.loss=simpo or orpo)")
 
     def precomputed_columns(self, columns: list[str]) -> tuple[str, ...]:
-        """The per-row columns the engine computes once before training with ``precompute`` (reference=precompute)
-        for a processed dataset with these ``columns`` (feedback rows: row and KL row; pairs: chosen, rejected)."""
-        if self.reference != "precompute":
-            return ()
-        return FEEDBACK_REF_COLUMNS if "desirable" in columns else REF_COLUMNS
+        """The per-row columns the engine computes once before training with ``precompute`` (reference=precompute):
+        the method's (pairs: chosen, rejected; KTO: row, KL row)."""
+        return self.ref_columns if self.reference == "precompute" else ()
 
     def plan(self, model) -> dict:
         """Each reference choice with what it costs beside the policy: memory (a frozen copy's weights) and time."""
@@ -246,22 +263,14 @@ class Preference(CausalLM):
 
     # -- training
     def pair_values(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
-        """The per-pair losses (B,) and what evaluation reports of them (rewards, log-probs, KL)."""
+        """The per-pair losses (B,) and what evaluation reports of them (rewards, log-probs)."""
         logps, lengths = L.sequence_logps(self.token_losses(model, lm_batch(batch)), batch["labels"])
         first, second = L.split_pairs(logps)
         first_len, second_len = L.split_pairs(lengths)
-        loss = self.loss_for(batch)
-        ref = None if loss in REFERENCE_FREE else self.reference_logps(model, batch)
-        if loss == "kto":
-            good = batch["desirable"].to(first.device)
-            losses = L.kto(first, ref[:, 0], second, ref[:, 1], good, self.beta, self.desirable_weight,
-                           self.undesirable_weight)
-            reward = self.beta * (first - ref[:, 0])
-            return losses, {"loss": losses, "reward": reward, "logps": first, "kl": second - ref[:, 1],
-                            "desirable": good}
+        ref = None if self.loss in REFERENCE_FREE else self.reference_logps(model, batch)
         p = L.PairLogps(first, second, first_len, second_len,
                         *((ref[:, 0], ref[:, 1]) if ref is not None else ()))
-        losses = L.pair_loss(loss, p, beta=self.beta, gamma=self.gamma, label_smoothing=self.label_smoothing)
+        losses = L.pair_loss(self.loss, p, beta=self.beta, gamma=self.gamma, label_smoothing=self.label_smoothing)
         chosen, rejected = L.rewards(p, self.beta)
         return losses, {"loss": losses, "chosen_reward": chosen, "rejected_reward": rejected, "chosen_logps": first,
                         "rejected_logps": second}
@@ -280,43 +289,28 @@ class Preference(CausalLM):
         return -logps.sum()
 
     def count(self, dataset, indices) -> int:
-        """Pairs (feedback rows) in these rows; padding indices (negative) hold none."""
+        """Pairs (KTO: feedback rows) in these rows; padding indices (negative) hold none."""
         return int((np.asarray(indices) >= 0).sum())
 
     def throughput_tokens(self, dataset, indices) -> int | None:
-        """tokens/s counts every non-padding token of both sequences of a pair (or a row and its KL row)."""
-        names = INPUT_COLUMNS[1] if "kl_input_ids" in dataset.column_names else INPUT_COLUMNS[0]
+        """tokens/s counts every non-padding token of both sequences of a pair (KTO: a row and its KL row)."""
         indices = np.asarray(indices, dtype=np.int64)
-        return int(self._counts.lengths(dataset, names)[indices[indices >= 0]].sum())
+        return int(self._counts.lengths(dataset, self.input_columns)[indices[indices >= 0]].sum())
 
     # -- evaluation
     def eval_outputs(self, model, batch: dict) -> tuple:
-        """Per pair: its loss, chosen and rejected rewards, chosen and rejected log-probs (fp64); KTO rows: their
-        loss, reward, log-prob and KL log-ratio, and ``desirable`` (their label) as a second tensor."""
+        """Per pair: its loss, chosen and rejected rewards, chosen and rejected log-probs (fp64)."""
         _, values = self.pair_values(model, batch)
-        keys = KTO_VALUES if "desirable" in values else PAIR_VALUES
-        stacked = torch.stack([values[k] for k in keys], dim=-1).double()
-        return (stacked, values["desirable"]) if "desirable" in values else (stacked,)
+        return (torch.stack([values[k] for k in PAIR_VALUES], dim=-1).double(),)
 
-    def eval_batch(self, values: torch.Tensor, desirable=None) -> dict:
-        keys = PAIR_VALUES if desirable is None else KTO_VALUES
-        out = {k: values[:, i] for i, k in enumerate(keys)}
-        return out if desirable is None else {**out, "desirable": desirable.double()}
+    def eval_batch(self, values: torch.Tensor) -> dict:
+        return {k: values[:, i] for i, k in enumerate(PAIR_VALUES)}
 
     def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
         n = len(values["loss"])
         if not n:
             return {"loss": math.nan, "samples": 0}
         out = {"loss": float(values["loss"].mean()), "samples": int(n)}
-        if "desirable" in values:
-            good = values["desirable"] > 0.5
-            out.update(kl=float(max(0.0, values["kl"].mean())),
-                       chosen_reward=float(values["reward"][good].mean()) if good.any() else math.nan,
-                       rejected_reward=float(values["reward"][~good].mean()) if (~good).any() else math.nan,
-                       chosen_logps=float(values["logps"][good].mean()) if good.any() else math.nan,
-                       rejected_logps=float(values["logps"][~good].mean()) if (~good).any() else math.nan)
-            out["reward_margin"] = out["chosen_reward"] - out["rejected_reward"]
-            return out
         margin = values["chosen_reward"] - values["rejected_reward"]
         out.update(reward_accuracy=float((margin > 0).mean()), reward_margin=float(margin.mean()),
                    **{k: float(values[k].mean()) for k in ("chosen_reward", "rejected_reward", "chosen_logps",
@@ -324,6 +318,8 @@ class Preference(CausalLM):
         return out
 
     def headline(self, ev: dict) -> str:
+        """The pairs' reward accuracy, margin, loss; a KTO run's evaluation (``leantrain train`` prints the headline
+        of the task as registered) has no reward accuracy: its loss and margin."""
         if "reward_accuracy" not in ev:
             return f"eval loss: {ev.get('loss', math.nan):.4f}  reward margin: {ev.get('reward_margin', math.nan):.4f}"
         return (f"eval reward accuracy: {ev['reward_accuracy']:.4f}  reward margin: {ev['reward_margin']:.4f}  "
@@ -337,7 +333,11 @@ class Preference(CausalLM):
         return [(k, v) for k, v in rows if v is not None]
 
 
+METHODS: dict[str, type[Preference]] = {}  # loss -> the class of its method, when not this family's (kto.py adds KTO)
+
 PREFERENCE_TASK = register(Preference(
-    task_spec(PREFERENCE), "AutoModelForCausalLM", None, "tokenizer",
-    CardText("preference tuning", "preference-tuned language model", '"Once upon a time", max_new_tokens=40'),
-    unit="pairs", headline_loss=True))
+    task_spec(PREFERENCE),
+    # a pair's two rows get opposite gradients: no Liger (efficiency.chunked_loss)
+    Traits(labels="pairs", unit="pairs", auto_model="AutoModelForCausalLM", loads_as="text-generation",
+           token_blocks=True, headline_loss=True, uniform_token_gradients=False, scratch_needs_tokenizer=True),
+    None, CardText("preference tuning", "preference-tuned language model", '"Once upon a time", max_new_tokens=40')))

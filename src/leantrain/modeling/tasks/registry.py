@@ -34,11 +34,12 @@ otherwise ``data.image_column`` / ``data.audio_column`` hint at images or audio;
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from leantrain.config.tasks import AUDIO, IMAGE, TEXT, TEXT_REGRESSION, TaskSpec, register_spec, task_spec  # noqa: F401
+from leantrain.modeling.tasks.traits import Traits
 
 NOT_MODEL_INPUTS = ("labels", "loss_weight", "length")  # batch columns the loss or the batching reads, not the model
 
@@ -64,23 +65,16 @@ class CardText:
 
 @dataclass(frozen=True)
 class Task:
-    """One task. Subclasses implement the loss, evaluation and predictions; the fields say the rest."""
+    """One task. Subclasses implement the loss, evaluation and predictions; the fields say the rest (what it is:
+    ``traits``)."""
 
     spec: TaskSpec
-    auto_model: str  # the transformers Auto class, e.g. "AutoModelForSequenceClassification"
+    traits: Traits  # what it is, declared: what it trains on, its units, what its model loads as (``traits``)
     model_mapping: str | None  # the modeling_auto mapping of model types this class takes (auto-detection), or None
-    processor: str  # "tokenizer", "image_processor" or "feature_extractor"
     card: CardText
-    unit: str = "examples"  # what loss_sum sums over and count counts: examples, labels, tokens
     default_for: tuple[str, ...] = field(default=())  # modalities whose data picks this task under model.task=auto
     head_lr_factor: float = 1.0  # the classifier head's peak lr / train.lr when train.head_lr is unset (head_start)
     untrained_pooler: str = "pooler"  # what model.pooling=auto does with an untrained-looking BERT pooler (pooling)
-    keeps_dropout: bool = True  # False: every nn.Dropout at p = 0 while training (preference.dropout=off)
-    # What the task is, declared (read by the engine and the reports instead of guessing from ``unit``; issue 32's
-    # traits record absorbs them):
-    speed_unit: str = "samples"  # what its speed is counted in: "tokens" (a language model's tokens/s) or "samples"
-    eval_row_kind: str = "examples"  # one eval row: "examples", or "blocks" (token blocks cut from text)
-    headline_loss: bool = False  # its ``headline`` says the eval loss itself (the final line does not add it)
 
     @property
     def name(self) -> str:
@@ -90,67 +84,16 @@ class Task:
     def modality(self) -> str:
         return self.spec.modality
 
-    # what the rest of leantrain asks of a task instead of comparing its names or fields
-    @property
-    def labelled(self) -> bool:
-        """Its data has labels (a language model's text has none: ``leantrain eval`` reports loss and perplexity)."""
-        return self.spec.labels != "none"
-
-    @property
-    def class_labels(self) -> bool:
-        """Its labels are classes (per-class metrics, a confusion matrix)."""
-        return self.spec.labels == "classes"
-
-    @property
-    def paired(self) -> bool:
-        """Its rows are chosen / rejected pairs or rated completions (preference tuning, reward models): the
-        preference.* keys, and ``leantrain eval`` reports the task's pair metrics."""
-        return self.spec.labels == "pairs"
-
-    @property
-    def evaluated_by_rows(self) -> bool:
-        """``leantrain eval`` scores it from each row's prediction, in the rows' order (per-class values and a
-        confusion matrix for classes); otherwise as a training run's evaluation does (a language model's loss and
-        perplexity, the metrics of a paired task)."""
-        return self.labelled and not self.paired
-
-    @property
-    def score_labels(self) -> bool:
-        """Its labels are scores (regression: train.loss=huber, data.standardize_targets)."""
-        return self.spec.labels == "scores"
-
-    @property
-    def token_blocks(self) -> bool:
-        """Its rows are blocks of ``data.block_size`` tokens cut from text (language models): the keys that cut them
-        are the run's data settings, and the model's position limit bounds ``data.block_size``."""
-        return self.modality == "tokens"
-
     def sequence_length(self, data) -> int:  # noqa: ANN001 - a DataConfig
         """The tokens a row is cut at: ``data.block_size`` for token-block tasks (language models, preference pairs, a
         reward model's pairs), else ``data.max_length``. Recorded with the model as its ``max_length`` (and as its
         saved tokenizer's ``model_max_length``), so that predict, eval and ``pipeline(..., truncation=True)`` cut
         where training did."""
-        return data.block_size if self.token_blocks else data.max_length
+        return data.block_size if self.traits.token_blocks else data.max_length
 
-    @property
-    def tokenized(self) -> bool:
-        """Its inputs are text through the model's tokenizer (a pad token, a position limit in tokens)."""
-        return self.processor == "tokenizer"
-
-    @property
-    def media_inputs(self) -> bool:
-        """Its inputs are files (images, audio) in the ``modality`` column: a prediction names its file."""
-        return self.modality in ("image", "audio")
-
-    @property
-    def generates(self) -> bool:
-        """Its saved model is a text generator (``pipeline("text-generation")``): sample continuations, the card."""
-        return self.spec.pipeline_task == "text-generation"
-
-    @property
-    def sequence_classifier(self) -> bool:
-        """Its model is an ``AutoModelForSequenceClassification`` (a pooler: ``model.pooling``)."""
-        return self.auto_model == "AutoModelForSequenceClassification"
+    def with_traits(self, **changes) -> "Task":
+        """This task with some traits replaced (those that follow the run's settings: ``keeps_dropout``)."""
+        return replace(self, traits=replace(self.traits, **changes))
 
     def configured(self, cfg, model_config=None) -> "Task":
         """This task with the run's settings (``Config``; multi-label: ``eval.threshold``); with ``model_config``,
@@ -171,6 +114,17 @@ class Task:
     def check_data(self, columns: dict) -> None:
         """Raise a UserError (exit 2, before any model loads) for settings the loaded data contradicts (``columns``:
         what the data side detected, e.g. ``{"format": ...}``; preference.loss=kto on pairs). Nothing by default."""
+
+    def for_data(self, columns: dict) -> "Task":
+        """This task for data the data side described by ``columns`` (the training data's ``format``, or
+        ``leantrain eval``'s ``eval_format``): the method that trains on it (preference.loss=auto: KTO on feedback,
+        DPO on pairs). Itself by default."""
+        return self
+
+    def check_config(self, cfg, task: "Task") -> None:
+        """Raise a ConfigError (exit 2, naming the key) when the run (``Config``) sets a key this task owns but the
+        run's ``task`` does not read (regression: train.loss=huber on a classifier). ``check_config`` runs it for
+        every registered task. Nothing by default."""
 
     def method(self, columns: dict) -> str:
         """What this task trains with on data the data side described by ``columns`` (the key of
@@ -195,17 +149,12 @@ class Task:
     def model_class(self):
         import transformers  # lazy: heavy
 
-        return getattr(transformers, self.auto_model)
+        return getattr(transformers, self.traits.auto_model)
 
     def model_fields(self, label_names: list[str]) -> dict:
         """The model config fields this task sets for the data's labels (num_labels, label maps, problem_type)."""
         return dict(num_labels=len(label_names), id2label={i: n for i, n in enumerate(label_names)},
                     label2id={n: i for i, n in enumerate(label_names)})
-
-    scratch_needs_tokenizer = False  # a model from a config needs model.tokenizer (causal LM), not model.name's
-    # every token of a row gets the same incoming gradient from the loss (the row's loss_weight): what Liger's fused
-    # cross-entropy needs (efficiency.chunked_loss=auto: leantrain.modeling.output_loss); preference losses do not
-    uniform_token_gradients = True
 
     def scratch_fields(self, processor) -> dict:
         """Config fields of a model built from a config (``model.config`` / ``model.config_type``) that follow its
@@ -359,6 +308,13 @@ def register(task: Task) -> Task:
     return task
 
 
+def check_config(cfg, task: Task) -> None:
+    """Every task's keys against the run's ``task`` (``Task.check_config``): a key that only some tasks read, set
+    for another, exits 2 naming it."""
+    for owner in TASKS.values():
+        owner.check_config(cfg, task)
+
+
 def get_task(name: str) -> Task:
     try:
         return TASKS[name]
@@ -387,11 +343,13 @@ def task_for_labels(here: Task, kind: str) -> Task:
     """``here``, or the task of the same modality whose labels are of ``kind`` (``model.task=auto``: float labels
     make a text task a regression), else of the same model class (chosen / rejected pairs make a causal LM a
     preference task and a sequence classifier a reward model)."""
-    if here.spec.labels == kind:
+    if here.traits.labels == kind:
         return here
-    found = [t for t in TASKS.values() if t.modality == here.modality and t.spec.labels == kind]
-    found = found or [t for t in TASKS.values() if t.auto_model == here.auto_model and t.spec.labels == kind]
-    found = found or [t for t in TASKS.values() if t.processor == here.processor and t.spec.labels == kind]
+    found = [t for t in TASKS.values() if t.modality == here.modality and t.traits.labels == kind]
+    found = found or [t for t in TASKS.values() if t.traits.auto_model == here.traits.auto_model
+                      and t.traits.labels == kind]
+    found = found or [t for t in TASKS.values() if t.traits.processor == here.traits.processor
+                      and t.traits.labels == kind]
     return found[0] if found else here  # words with tags (a data side of their own) make a text task NER
 
 
@@ -404,7 +362,7 @@ def task_of_config(config) -> str | None:
     kind = getattr(config, "model_type", None)
     found = [t for t in TASKS.values() if t.model_mapping and kind in getattr(modeling_auto, t.model_mapping, {})]
     archs = getattr(config, "architectures", None) or []
-    saved_as = [t for t in found if any(a.endswith(t.auto_model.removeprefix("AutoModel")) for a in archs)]
+    saved_as = [t for t in found if any(a.endswith(t.traits.auto_model.removeprefix("AutoModel")) for a in archs)]
     found = saved_as or found  # a saved BertForTokenClassification is a token classifier, not a text one
     if len(found) > 1:
         found = ([t for t in found if t.spec.problem_type == getattr(config, "problem_type", None)]

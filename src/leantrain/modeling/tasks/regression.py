@@ -24,7 +24,9 @@ import numpy as np
 import torch
 
 from leantrain.config.tasks import TEXT_REGRESSION, task_spec
+from leantrain.errors import ConfigError
 from leantrain.modeling.tasks.registry import CardText, Task, register
+from leantrain.modeling.tasks.traits import Traits
 
 log = logging.getLogger("leantrain")
 STANDARDIZATION = "target_standardization"  # the model config field: {"mean": ..., "std": ...}
@@ -76,6 +78,17 @@ class Regression(Task):
                                        huber_delta=float(loss.get("delta", 1.0)))
         return dataclasses.replace(self, loss=cfg.train.loss, huber_delta=cfg.train.huber_delta,
                                    standardize=cfg.data.standardize_targets)
+
+    def check_config(self, cfg, task: Task) -> None:  # noqa: ANN001 - a Config
+        """train.loss=huber and data.standardize_targets are for a task with score labels (regression) only."""
+        if task.traits.score_labels:
+            return
+        for key, value, default in (("train.loss", cfg.train.loss, "mse"),
+                                    ("data.standardize_targets", cfg.data.standardize_targets, False)):
+            if value != default:
+                raise ConfigError(f"{key}={str(value).lower()}: for regression (scores) only; this run's task is "
+                                  f"{task.name} (model.task=text-regression, or a label column of numbers that are "
+                                  "not all whole)")
 
     def for_training(self, labels, label_names: list[str]) -> "Regression":
         if not self.standardize:
@@ -148,6 +161,8 @@ class Regression(Task):
 
 
 TEXT_REGRESSION_TASK = register(Regression(
-    task_spec(TEXT_REGRESSION), "AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
-    "tokenizer", CardText("text regression", "text regression model",
-                          '"A plane is taking off.", function_to_apply="none"')))
+    task_spec(TEXT_REGRESSION),
+    Traits(labels="scores", unit="examples", auto_model="AutoModelForSequenceClassification",
+           loads_as="text-classification"),
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    CardText("text regression", "text regression model", '"A plane is taking off.", function_to_apply="none"')))

@@ -24,6 +24,7 @@ from leantrain.modeling.first_token import first_token_last_layer
 from leantrain.modeling.tasks import preference_losses as L
 from leantrain.modeling.tasks.preference import unwrapped
 from leantrain.modeling.tasks.registry import CardText, Task, register
+from leantrain.modeling.tasks.traits import Traits
 
 MODEL_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 RECORD = "reward_model"  # config.json's field: {"center_rewards": ...}
@@ -35,16 +36,12 @@ class RewardModel(Task):
 
     center: float = 0.0
 
-    @property
-    def token_blocks(self) -> bool:
-        return True  # sequences cut to data.block_size: the run's data settings, bounded by the position limit
-
     def configured(self, cfg, model_config=None) -> "RewardModel":
         if model_config is not None:
             return dataclasses.replace(self, center=float((getattr(model_config, RECORD, None) or {})
                                                           .get("center_rewards", 0.0)))
-        return dataclasses.replace(self, center=cfg.preference.center_rewards,
-                                   keeps_dropout=cfg.preference.dropout == "keep")
+        return dataclasses.replace(self, center=cfg.preference.center_rewards).with_traits(
+            keeps_dropout=cfg.preference.dropout == "keep")
 
     def model_fields(self, label_names: list[str]) -> dict:
         return dict(num_labels=1, problem_type=self.spec.problem_type, id2label={0: "score"}, label2id={"score": 0})
@@ -100,6 +97,7 @@ class RewardModel(Task):
 
 
 REWARD_MODEL_TASK = register(RewardModel(
-    task_spec(REWARD_MODEL), "AutoModelForSequenceClassification", None, "tokenizer",
-    CardText("reward modelling", "reward model", '"Human: hi Assistant: hello", function_to_apply="none"'),
-    unit="pairs", headline_loss=True))
+    task_spec(REWARD_MODEL),
+    Traits(labels="pairs", unit="pairs", auto_model="AutoModelForSequenceClassification",
+           loads_as="text-classification", token_blocks=True, headline_loss=True),
+    None, CardText("reward modelling", "reward model", '"Human: hi Assistant: hello", function_to_apply="none"')))

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from leantrain.config.tasks import TOKEN_CLASSIFICATION, task_spec
 from leantrain.modeling.tasks.registry import CardText, Task, register
+from leantrain.modeling.tasks.traits import Traits
 from leantrain.modeling.tasks.row_counts import RowCounts
 
 IGNORE = -100  # sub-tokens without a label (leantrain.data.tagged: special tokens, later sub-tokens of a word)
@@ -167,6 +168,10 @@ class TokenClassification(Task):
 
 
 TOKEN_CLASSIFICATION_TASK = register(TokenClassification(
-    task_spec(TOKEN_CLASSIFICATION), "AutoModelForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
-    "tokenizer", CardText("token classification (named entities)", "token classifier",
-                          '"Angela Merkel visited Paris.", aggregation_strategy="simple"'), unit="tokens"))
+    task_spec(TOKEN_CLASSIFICATION),
+    # counts tokens, but no language model: samples/s, eval rows are sentences (issue 32: not "blocks")
+    Traits(labels="tags", unit="tokens", auto_model="AutoModelForTokenClassification",
+           loads_as="token-classification"),
+    "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    CardText("token classification (named entities)", "token classifier",
+             '"Angela Merkel visited Paris.", aggregation_strategy="simple"')))

@@ -117,7 +117,7 @@ def test_count_sums_targets_of_real_rows():
     want = sum(sum(1 for x in data[i]["labels"][1:] if x != IGNORE) for i in (3, 0, 7))
     assert task.count(ds, idx) == want
     assert task.count(ds, np.array([8])) == data[8]["targets"]
-    assert task.unit == "tokens"
+    assert task.traits.unit == "tokens"
 
 
 def test_global_normalisation_over_micro_batches_with_different_targets(model):

@@ -307,8 +307,9 @@ def test_dropout_is_off_while_training_unless_kept_and_the_saved_config_keeps_it
 
     off = get_task("reward-model").configured(resolve(None, ["model.task=reward-model"]))
     keep = get_task("reward-model").configured(resolve(None, ["model.task=reward-model", "preference.dropout=keep"]))
-    assert not off.keeps_dropout and keep.keeps_dropout and get_task("text-classification").keeps_dropout
-    assert not task_for("dpo").keeps_dropout and task_for("dpo", "preference.dropout=keep").keeps_dropout
+    assert not off.traits.keeps_dropout and keep.traits.keeps_dropout
+    assert get_task("text-classification").traits.keeps_dropout
+    assert not task_for("dpo").traits.keeps_dropout and task_for("dpo", "preference.dropout=keep").traits.keeps_dropout
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(
         vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
@@ -362,7 +363,7 @@ def test_reward_model_loss_is_bradley_terry_with_centring_and_pairwise_accuracy(
 
 
 def test_loss_and_data_that_contradict_each_other_exit_2_before_the_model():
-    from leantrain.engine.training_data import check_preference_keys
+    from leantrain.modeling.tasks.preference import check_preference_keys
     from leantrain.errors import UserError
 
     with pytest.raises(UserError, match="preference.loss=kto is for unpaired feedback"):

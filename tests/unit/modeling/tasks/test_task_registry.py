@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from leantrain.config.tasks import SPECS, TaskSpec
-from leantrain.modeling.tasks import TASKS, CardText, Task, get_task, register
+from leantrain.modeling.tasks import TASKS, CardText, Task, Traits, get_task, register
 from leantrain.report.logs import read_metrics
 from tests.helpers import word_rows, write_rows
 
@@ -40,10 +40,10 @@ class ToyScore(Task):
 
 @pytest.fixture
 def toy_task():
-    task = register(ToyScore(TaskSpec(TOY, "text", "regression", ("mse", "loss"), lower_is_better=("mse", "loss"),
-                                      pipeline="text-classification"),
-                             "AutoModelForSequenceClassification", None, "tokenizer",
-                             CardText("toy scoring", "toy scorer", '"great lovely"')))
+    task = register(ToyScore(TaskSpec(TOY, "text", "regression", ("mse", "loss"), lower_is_better=("mse", "loss")),
+                             Traits(labels="classes", unit="examples", auto_model="AutoModelForSequenceClassification",
+                                    loads_as="text-classification"),
+                             None, CardText("toy scoring", "toy scorer", '"great lovely"')))
     yield task
     TASKS.pop(TOY, None)
     SPECS.pop(TOY, None)
@@ -53,7 +53,7 @@ def test_builtin_tasks_are_registered():
     for name, modality in (("text-classification", "text"), ("image-classification", "image"),
                            ("audio-classification", "audio")):
         task = get_task(name)
-        assert task.modality == modality and task.unit == "examples"
+        assert task.modality == modality and task.traits.unit == "examples"
         assert task.spec.problem_type == "single_label_classification" and "accuracy" in task.spec.metrics
     with pytest.raises(ValueError, match="unknown task"):
         get_task("nope")
