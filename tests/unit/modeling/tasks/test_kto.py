@@ -16,8 +16,9 @@ from leantrain.errors import UserError
 from leantrain.modeling.tasks import get_task
 from leantrain.modeling.tasks.kto import Kto
 from leantrain.modeling.tasks.preference import Preference
+from tests.tiny_models import tiny_llama
 
-VOCAB, IGNORE = 32, -100
+IGNORE = -100
 
 
 def method(loss: str, *extra: str):
@@ -35,12 +36,7 @@ def feedback_batch(ref_logps: torch.Tensor) -> dict:
 
 @pytest.fixture(scope="module")
 def model():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, use_cache=False)
-    return LlamaForCausalLM(config).eval()
+    return tiny_llama().eval()
 
 
 def row_logps(model, batch: dict) -> torch.Tensor:
