@@ -14,7 +14,6 @@ from accelerate import Accelerator
 from leantrain.data.caches import using_cache_dir
 from leantrain.config import Config
 from leantrain.config.metric_names import check_metric
-from leantrain.config.preference import check_method_keys
 from leantrain.config.training import parse_stop_when
 from leantrain.errors import ConfigError
 from leantrain.data.loaders import eval_loader
@@ -147,17 +146,14 @@ def check_task_keys(cfg: Config, task: Task) -> None:
 
 def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - PreparedData
     """The settings the loaded ``data`` can contradict: ``train.class_weights`` against the labels, the task's
-    training settings (``Task.for_training``: pos_weight), its data check (e.g. preference.loss=kto on pairs), the
+    training settings (``Task.for_training``: pos_weight), its data check (e.g. preference.loss=kto on pairs, and the
+    keys of the method the data selects), the
     metric ``train.stop_when`` names (eval.mcc: 2 classes)."""
     if cfg.train.class_weights is not None:
         resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
     configured = task.configured(cfg)
     configured.for_training(lambda: data.train["label"], data.label_names)  # pos_weight
-    configured.check_data(data.columns)
-    try:  # the keys the method the data resolved does not read (preference.loss=auto: dpo on pairs, kto on feedback)
-        check_method_keys(cfg.preference, cfg.data, configured.method(data.columns))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    configured.check_data(data.columns, cfg)  # and the keys of the method the data selects (loss=auto)
     check_stop_when(cfg, len(data.label_names), task)
 
 

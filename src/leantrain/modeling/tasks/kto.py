@@ -34,7 +34,7 @@ class Kto(Preference):
     ref_columns = REF_COLUMNS
     input_columns = INPUT_COLUMNS
 
-    def check_data(self, columns: dict) -> None:
+    def check_format(self, columns: dict) -> None:
         """kto reads unpaired feedback: the training data must be feedback (a KTO policy may be evaluated on pairs
         by ``leantrain eval``)."""
         train = columns.get("format")

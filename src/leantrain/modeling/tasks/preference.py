@@ -31,7 +31,7 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 import torch
 
-from leantrain.config.preference import REFERENCE_FREE
+from leantrain.config.preference import REFERENCE_FREE, check_method_keys
 from leantrain.config.tasks import PREFERENCE, task_spec
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling.tasks import preference_losses as L
@@ -59,6 +59,16 @@ def check_preference_keys(cfg, task: Task) -> None:  # noqa: ANN001 - a Config
         raise ConfigError(f"preference.{given[0]}: for preference tuning and reward models only; this run's task is "
                           f"{task.name} (chosen / rejected or prompt / completion / label data make model.task=auto "
                           "choose preference, or reward-model on a sequence classifier)")
+
+
+def check_unread_keys(cfg, method: str) -> None:  # noqa: ANN001 - a Config
+    """The preference.* and data.* keys ``method`` (a loss, or reward-model) does not read: exit 2 naming the key
+    (``config.preference.check_method_keys``; at config time when the config names the method, here once the data
+    does)."""
+    try:
+        check_method_keys(cfg.preference, cfg.data, method)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def data_format(columns: dict) -> str | None:
@@ -143,7 +153,14 @@ class Preference(CausalLM):
             return self
         return self.as_method("kto" if data_format(columns) == "feedback" else "dpo")
 
-    def check_data(self, columns: dict) -> None:
+    def check_data(self, columns: dict, cfg=None) -> None:  # noqa: ANN001 - a Config
+        """The data's format against the method (``check_format``); with the run's ``cfg``, the keys the method the
+        data selects does not read."""
+        self.check_format(columns)
+        if cfg is not None:
+            check_unread_keys(cfg, self.method(columns))
+
+    def check_format(self, columns: dict) -> None:
         """The pair losses read pairs: the training data (``format``; a run's data.eval of another kind is refused by
         the data side) and ``leantrain eval``'s (``eval_format``, against the loss recorded with the model); no pair
         loss on feedback rows (auto picks kto for them; ``kto.Kto`` checks its own)."""

@@ -111,9 +111,11 @@ class Task:
         returns a line for the log, or None (nothing done, the default)."""
         return None
 
-    def check_data(self, columns: dict) -> None:
+    def check_data(self, columns: dict, cfg=None) -> None:  # noqa: ANN001 - a Config
         """Raise a UserError (exit 2, before any model loads) for settings the loaded data contradicts (``columns``:
-        what the data side detected, e.g. ``{"format": ...}``; preference.loss=kto on pairs). Nothing by default."""
+        what the data side detected, e.g. ``{"format": ...}``; preference.loss=kto on pairs); with the run's ``cfg``
+        (training) also the keys the method this data selects does not read (preference.loss=auto: kto's on pairs).
+        Nothing by default."""
 
     def for_data(self, columns: dict) -> "Task":
         """This task for data the data side described by ``columns`` (the training data's ``format``, or
@@ -125,11 +127,6 @@ class Task:
         """Raise a ConfigError (exit 2, naming the key) when the run (``Config``) sets a key this task owns but the
         run's ``task`` does not read (regression: train.loss=huber on a classifier). ``check_config`` runs it for
         every registered task. Nothing by default."""
-
-    def method(self, columns: dict) -> str:
-        """What this task trains with on data the data side described by ``columns`` (the key of
-        ``config.preference.READS``: preference tuning's resolved loss); its name by default."""
-        return self.name
 
     def summary(self, label_names: list[str]) -> dict:
         """Entries of summary.json's ``train`` section (multi-label: ``pos_weight``); none by default."""

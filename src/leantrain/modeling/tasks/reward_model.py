@@ -22,7 +22,7 @@ import torch
 from leantrain.config.tasks import REWARD_MODEL, task_spec
 from leantrain.modeling.first_token import first_token_last_layer
 from leantrain.modeling.tasks import preference_losses as L
-from leantrain.modeling.tasks.preference import unwrapped
+from leantrain.modeling.tasks.preference import check_unread_keys, unwrapped
 from leantrain.modeling.tasks.registry import CardText, Task, register
 from leantrain.modeling.tasks.traits import Traits
 
@@ -42,6 +42,12 @@ class RewardModel(Task):
                                                           .get("center_rewards", 0.0)))
         return dataclasses.replace(self, center=cfg.preference.center_rewards).with_traits(
             keeps_dropout=cfg.preference.dropout == "keep")
+
+    def check_data(self, columns: dict, cfg=None) -> None:  # noqa: ANN001 - a Config
+        """With the run's ``cfg``: the preference.* keys a reward model does not read (``model.task=auto`` may
+        choose it from the model and the data only)."""
+        if cfg is not None:
+            check_unread_keys(cfg, self.name)
 
     def model_fields(self, label_names: list[str]) -> dict:
         return dict(num_labels=1, problem_type=self.spec.problem_type, id2label={0: "score"}, label2id={"score": 0})
