@@ -14,7 +14,7 @@ Liger's ``reduction="none"`` computes the gradients in its forward pass and, in 
 (linkedin/Liger-Kernel#1298), scales all of them by the first token's incoming gradient. leantrain's loss gives every
 token of a row the row's ``loss_weight`` (rows of weight 0, which only keep processes in step, have their targets
 masked here: no gradient reaches them): uniform unless a loss weighs tokens differently (preference losses, whose
-task says so with ``Task.uniform_token_gradients = False``: ``auto`` does not choose Liger for them).
+task says so with ``Traits(uniform_token_gradients=False)``: ``auto`` does not choose Liger for them).
 :func:`liger_token_losses` checks the incoming gradient is uniform over the tokens with a target and stops the run
 (naming the way out) if it is not, rather than train on wrong gradients.
 """
@@ -47,7 +47,7 @@ def choose_output_loss(device_type: str, liger: bool, logits_bytes: int | None,
     :func:`liger_available`; ``logits_bytes``: :func:`plain_logits_bytes` of a micro-batch (None: not known yet, as
     with ``train.micro_batch_size=auto``); ``budget``: the process's memory budget in bytes (None: unknown);
     ``uniform``: the task's loss gives every token of a row the same incoming gradient
-    (``Task.uniform_token_gradients``; false for the preference losses: Liger is not chosen for them)."""
+    (``task.traits.uniform_token_gradients``; false for the preference losses: Liger is not chosen for them)."""
     if device_type != "cuda":
         return "chunked", f"{device_type} has no fused kernel"
     if liger and uniform:
