@@ -50,7 +50,8 @@ def cut_like_training(processor, task: Task, cfg: Config) -> None:  # noqa: ANN0
     """The tokenizer about to be saved with a model that scores texts (not a text generator) gets the run's length as
     its ``model_max_length`` when that is lower: ``pipeline(..., truncation=True)`` then cuts where training did."""
     length, traits = task.sequence_length(cfg.data), task.traits
-    if traits.tokenized and not traits.generates and length < (getattr(processor, "model_max_length", None) or length + 1):
+    limit = getattr(processor, "model_max_length", None) or length + 1
+    if traits.tokenized and not traits.generates and length < limit:
         processor.model_max_length = length
 
 

@@ -30,7 +30,8 @@ def test_the_records_say_what_each_task_is():
                                                                                       True, False)
     assert (ner.unit, ner.speed_unit, ner.eval_row_kind, ner.generates) == ("tokens", "samples", "examples", False)
     assert get_task("text-classification").traits.class_labels and get_task("text-regression").traits.score_labels
-    assert get_task("image-classification").traits.media_inputs and not get_task("image-classification").traits.tokenized
+    image = get_task("image-classification").traits
+    assert image.media_inputs and not image.tokenized
     assert get_task("reward-model").traits.paired and get_task("reward-model").traits.sequence_classifier
     assert not get_task("preference").traits.evaluated_by_rows and get_task("multi-label").traits.evaluated_by_rows
     assert [n for n, t in TASKS.items() if t.traits.generates] == ["causal-lm", "preference"]
