@@ -1,10 +1,18 @@
-"""The training run, readable in one sitting: set up, loop over optimizer steps, evaluate, save, summarise."""
+"""The training run, readable in one sitting: set up, loop over optimizer steps, evaluate, save, summarise.
+
+Each global step: the micro-batches loaded, the method's batches made from them (``Task.step_batches``: as loaded by
+default; the loss's denominator a host count, or a device count summed over the processes once), its updates (one
+optimizer step each, ``engine/step.py``; one by default), the record of a logging step (the loss and the method's step
+metrics, reduced over the processes only there), then the evaluation and the checkpoint due at any of its steps: a
+method's several updates on one batch are never split by a checkpoint, and ``state.step`` counts optimizer steps while
+``state.batches`` (the step less ``state.extra_updates``) keeps the position in the data for a resume."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -37,10 +45,11 @@ from leantrain.engine.optimizer_setup import place
 from leantrain.engine.run_parts import Run, RunStart
 from leantrain.engine.run_description import RunDescription, describe_run
 from leantrain.engine.samples import check_sample_room, write_samples
-from leantrain.engine.step import train_step
+from leantrain.engine.step import global_count, step_metric_means, train_step
 from leantrain.engine.training_data import prepare_training_data
 from leantrain.modeling import build_model, flop_parameters, parameter_counts
 from leantrain.modeling.lora import apply_trainable
+from leantrain.modeling.tasks.method_seam import StepBatches, StepContext
 from leantrain.modeling.qlora import check_qlora_precision, load_kwargs as qlora_load_kwargs
 from leantrain.optim import state_report
 from leantrain.optim.state import describe as describe_optim_state
@@ -158,6 +167,7 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
     faults = FaultInjector(accelerator.process_index)
     ckpt = Checkpointer(cfg, accelerator, out, layout, fingerprint, faults)
     state = restore(start.decision, cfg, accelerator, layout, ckpt.fingerprint, model, optimizer, scheduler)
+    state.attach_method(data.task_object.step_state(cfg.train.seed, accelerator.process_index))
     metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator,
                              prior=prior_records(out, state) if accelerator.is_main_process else None)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
@@ -211,11 +221,13 @@ def finish(loop: Loop, *, wall_seconds: float) -> dict:
     return summary
 
 
-def _log_step(accelerator, model, running, count, grad_norm, lr, meter, step, epoch) -> dict:
-    """The one place the step's device values reach the host (a logging step)."""
-    loss = accelerator.reduce(running.clone(), reduction="sum").item() / (count if count > 0 else 1)  # a float
-    rec = {"type": "train", "step": step, "epoch": round(epoch, 4), "loss": loss,
-           "lr": float(lr),
+def _log_step(accelerator, model, state: LoopState, grad_norm, lr, meter, epoch) -> dict:
+    """The one place the step's device values reach the host (a logging step): the loss and the step metrics since the
+    last log, over every process."""
+    count = float(state.running_count)  # global already (a method's device count was summed over the processes)
+    loss = accelerator.reduce(state.running.clone(), reduction="sum").item() / (count if count > 0 else 1)  # a float
+    rec = {"type": "train", "step": state.step, "epoch": round(epoch, 4), "loss": loss,
+           **step_metric_means(state.metrics, accelerator), "lr": float(lr),
            "samples_per_second": meter.samples_per_second, "tokens_per_second": meter.tokens_per_second}
     if grad_norm is not None:
         rec["grad_norm"] = float(grad_norm)
@@ -246,6 +258,7 @@ class Loop:
         self.stopped = False
         self.optim_state: dict | None = None
         self.profiler: StepProfiler | None = None
+        self.lsgd = None
         self.progress = Progress(run.layout.total_steps, enabled=acc.is_main_process, mode=cfg.report.progress,
                                  initial=state.step)
 
@@ -261,14 +274,15 @@ class Loop:
             if state.resumed_from and state.eval_step != state.step and eval_due(
                     self.run.cfg.train.eval_every_steps, state.step, self.run.layout):
                 self.evaluate(state.step)  # stopped by a signal before the checkpoint: made now
+            self.lsgd = lsgd
             while not self.done:
-                self.run_epoch(lsgd)
+                self.run_epoch()
                 state.next_epoch()
         finally:
             self.preempt.uninstall()
         self.progress.close()
 
-    def run_epoch(self, lsgd) -> None:
+    def run_epoch(self) -> None:
         run, state = self.run, self.state
         cfg, layout, acc = run.cfg, run.layout, run.accelerator
         start = state.start_step
@@ -284,54 +298,94 @@ class Loop:
             run.meter.start_step()
             self.clock.start()
             with record_function("data"):
-                micro = run.faults.poison([_to_device(next(batches), acc.device) for _ in range(layout.accum)],
-                                          state.step + 1)
+                loaded = run.faults.poison([_to_device(next(batches), acc.device) for _ in range(layout.accum)],
+                                           state.step + 1)
             self.clock.lap("data")
-            self.lr = run.scheduler.get_last_lr()[0]  # the rate this step applies (host value, no sync)
-            units = run.data.units_in(global_batch)  # the loss's denominator, the task's unit, known on the host
-            loss_sum, self.grad_norm = train_step(
-                run.model, micro, global_count=units, task=run.data.task_object,
-                accelerator=acc, optimizer=self.step_optimizer,
-                scheduler=run.scheduler, max_grad_norm=cfg.train.max_grad_norm,
-                guard=functools.partial(self.guard.before_update, state.step + 1),
-                on_phase=self.clock.lap if self.host_is_device else None,
-            )
-            self.guard.after_update(state.step + 1, self.step_optimizer, run.metrics_log)
-            if lsgd is not None:
-                lsgd.step()
-            state.running += loss_sum
-            state.running_count += units
-            state.step += 1
-            run.meter.end_step(len(global_batch), run.data.tokens_in(global_batch))
-            run.faults.after_update(state.step)
-            if self.profiler is not None:
-                self.profiler.step()
-            if self.optim_state is None:  # once, after the first step allocated the state (metadata only, no sync)
-                self.optim_state = state_report(run.optimizer, cfg.optim.name)
-                self.progress.write(describe_optim_state(self.optim_state))
-            self.after_step()
+            made = self.make_batches(loaded, global_batch)
+            first = state.step
+            for update in range(made.updates):
+                if state.step >= layout.total_steps:
+                    break
+                if update > 0:  # another update on the same batch: the position in the data stays
+                    run.meter.start_step()
+                    state.extra_updates += 1
+                last = update == made.updates - 1 or state.step + 1 >= layout.total_steps
+                self.update(made.micro_batches, count=made.count, counted=self.meter_counts(global_batch, last))
+                self.log_step()
+            self.at_boundary(first)
             run.faults.signal_after(state.step)
             if (stop := self.preempt.stop_signal(state.step)) is not None:  # preemption reports; the loop acts
                 self.stop_on_signal(stop)
 
-    def after_step(self) -> None:
+    def make_batches(self, loaded: list[dict], global_batch) -> StepBatches:
+        """The method's batches for this global step (``Task.step_batches``; as loaded by default), with the loss's
+        denominator over all processes."""
         run, state = self.run, self.state
-        cfg, step = run.cfg, state.step
+        units = run.data.units_in(global_batch)  # the loss's denominator, the task's unit, known on the host
+        ctx = StepContext(run.model, run.accelerator, state.step, state.method)
+        made = run.data.task_object.step_batches(ctx, loaded, units)
+        return replace(made, count=global_count(made.count, run.accelerator))
+
+    def meter_counts(self, global_batch, credit: bool) -> tuple[int, int | None]:
+        """The samples and tokens an update counts: the global batch's, on its last update (0 on the others)."""
+        samples, tokens = len(global_batch), self.run.data.tokens_in(global_batch)
+        return (samples, tokens) if credit else (0, None if tokens is None else 0)
+
+    def update(self, micro: list[dict], *, count, counted: tuple[int, int | None]) -> None:
+        """One optimizer step on ``micro`` with the loss's denominator ``count``; its loss and step metrics added to
+        the running ones, on the device; ``counted``: the samples and tokens the meter counts for it."""
+        run, state = self.run, self.state
+        cfg, acc = run.cfg, run.accelerator
+        self.lr = run.scheduler.get_last_lr()[0]  # the rate this step applies (host value, no sync)
+        loss_sum, self.grad_norm = train_step(
+            run.model, micro, global_count=count, task=run.data.task_object,
+            accelerator=acc, optimizer=self.step_optimizer,
+            scheduler=run.scheduler, max_grad_norm=cfg.train.max_grad_norm,
+            guard=functools.partial(self.guard.before_update, state.step + 1),
+            on_phase=self.clock.lap if self.host_is_device else None, metrics=state.metrics,
+        )
+        self.guard.after_update(state.step + 1, self.step_optimizer, run.metrics_log)
+        if self.lsgd is not None:
+            self.lsgd.step()
+        state.running += loss_sum
+        state.running_count += count
+        state.step += 1
+        run.meter.end_step(*counted)
+        run.faults.after_update(state.step)
+        if self.profiler is not None:
+            self.profiler.step()
+        if self.optim_state is None:  # once, after the first step allocated the state (metadata only, no sync)
+            self.optim_state = state_report(run.optimizer, cfg.optim.name)
+            self.progress.write(describe_optim_state(self.optim_state))
+
+    def log_step(self) -> None:
+        """At a logging step, the record of the steps since the last one (loss, step metrics, lr, speeds); the
+        progress line at every step."""
+        run, state = self.run, self.state
+        step, task = state.step, run.data.task_object
         logged = None
-        if step % cfg.train.log_every_steps == 0 or step == run.layout.total_steps:
+        if step % run.cfg.train.log_every_steps == 0 or step == run.layout.total_steps:
             self.guard.check()
             with record_function("logging"):
-                logged = _log_step(run.accelerator, run.model, state.running, state.running_count, self.grad_norm,
-                                   self.lr, run.meter, step, epoch=step / run.layout.steps_per_epoch)
+                logged = _log_step(run.accelerator, run.model, state, self.grad_norm, self.lr, run.meter,
+                                   epoch=state.batches / run.layout.steps_per_epoch)
             logged["mfu"] = run.flops.of(logged["tokens_per_second"])
             run.metrics_log.write(logged)
             state.running.zero_()
             state.running_count = 0
-        speed = f"{run.data.task_object.traits.speed_unit}_per_second"
-        self.progress.update(step, {k: logged[k] for k in ("loss", "lr", speed)} if logged else None)
-        if eval_due(cfg.train.eval_every_steps, step, run.layout):
+            state.metrics.clear()
+        shown = ("loss", *(k for k in task.traits.progress_keys if logged and k in logged), "lr",
+                 f"{task.traits.speed_unit}_per_second")
+        self.progress.update(step, {k: logged[k] for k in shown} if logged else None)
+
+    def at_boundary(self, first: int) -> None:
+        """After the global step's updates (steps ``first`` + 1 .. ``state.step``): the evaluation and the checkpoint
+        due at any of them, made at its end (a method's several updates on one batch are never split by one)."""
+        run, step = self.run, self.state.step
+        crossed = range(first + 1, step + 1)
+        if any(eval_due(run.cfg.train.eval_every_steps, s, run.layout) for s in crossed):
             self.evaluate(step)
-        if run.ckpt.due(step):
+        if any(run.ckpt.due(s) for s in crossed):
             self.save_checkpoint()
         run.faults.after_step(step)
 

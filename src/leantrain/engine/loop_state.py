@@ -1,11 +1,13 @@
 """The loop's one state: what changes from step to step and what a checkpoint must hold to continue the run exactly.
 
 The model, the optimizer and the schedule keep their own state; everything else the loop moves forward lives in one
-``LoopState``, owned by the loop: the position (step, epoch, the first batch of the epoch a resumed run starts at),
-the loss accumulated on the device since the last log, the last evaluation, the best-model record and the random
-generators. ``state_dict()`` is what the checkpoint writes (``trainer``: shared by every process, written by rank 0
-into ``trainer_state``; ``rank``: each process's own RNG and running loss, in ``rank-<r>``) and ``load_state_dict()``
-what a resume reads back.
+``LoopState``, owned by the loop: the position (step, epoch, the first batch of the epoch a resumed run starts at,
+the optimizer steps beyond one per global batch: a method may run several updates on one), the loss and the step metrics
+accumulated on the device since the last log, the last evaluation, the best-model record, the random generators and
+the method's own resumable state (``Task.step_state``: e.g. a sampling generator). ``state_dict()`` is what the
+checkpoint writes (``trainer``: shared by every process, written by rank 0 into ``trainer_state``; ``rank``: each
+process's own RNG, running loss and metrics and method state, in ``rank-<r>``) and ``load_state_dict()`` what a resume
+reads back.
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ class LoopState:
     epoch: int = 0
     start_step: int = 0  # the global batch of ``epoch`` the loop starts at (a resumed run); 0 from the next epoch on
     running: torch.Tensor | None = None  # the summed loss since the last log, on the device
-    running_count: float = 0  # the loss units since the last log (a float with class weights)
+    running_count: float | torch.Tensor = 0  # the loss units since the last log (a float with class weights; a
+    # device scalar when a method counts them after making its batches)
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # step metrics since the last log: [sum, count]
+    extra_updates: int = 0  # optimizer steps beyond one per global batch (a method's several updates on one batch)
+    method: object | None = None  # the method's resumable state (``Task.step_state``), attached by ``attach_method``
+    method_saved: dict | None = None  # its state as a checkpoint held it, until attached
     eval_step: int = -1  # the step of the last evaluation, and its metrics
     last_eval: dict = field(default_factory=dict)
     best: BestRecord = field(default_factory=BestRecord)
@@ -52,6 +59,11 @@ class LoopState:
     def fresh(cls, device: torch.device) -> LoopState:
         return cls(running=torch.zeros((), device=device))
 
+    @property
+    def batches(self) -> int:
+        """The global batches taken: the position in the data (the step, unless a method ran several updates on one)."""
+        return self.step - self.extra_updates
+
     def next_epoch(self) -> None:
         self.epoch += 1
         self.start_step = 0
@@ -60,21 +72,40 @@ class LoopState:
         """``trainer``: the counters every process shares; ``rank``: this process's generators and running loss."""
         trainer = {"step": self.step, "epoch": self.epoch, "best": asdict(self.best), "eval_step": self.eval_step,
                    "last_eval": self.last_eval}
-        return {"trainer": trainer,
-                "rank": {"rng": rng_state(), "running_loss": self.running, "running_count": self.running_count}}
+        if self.extra_updates:
+            trainer["extra_updates"] = self.extra_updates
+        rank = {"rng": rng_state(), "running_loss": self.running, "running_count": self.running_count}
+        if self.metrics:
+            rank["step_metrics"] = self.metrics
+        if self.method is not None:
+            rank["method"] = self.method.state_dict()
+        return {"trainer": trainer, "rank": rank}
 
     def load_state_dict(self, state: dict, steps_per_epoch: int, device: torch.device) -> None:
         """What ``state_dict`` saved (``rank`` may be empty: an allowed inexact resume without this process's file).
-        The position is the step's: epoch ``step // steps_per_epoch``, from its batch ``step % steps_per_epoch``."""
+        The position is the global batches taken (the step's unless a method ran several updates per batch): epoch
+        ``batches // steps_per_epoch``, from its batch ``batches % steps_per_epoch``."""
         trainer, rank = state["trainer"], state.get("rank") or {}
         self.step = int(trainer["step"])
-        self.epoch, self.start_step = divmod(self.step, steps_per_epoch)
+        self.extra_updates = int(trainer.get("extra_updates", 0))
+        self.epoch, self.start_step = divmod(self.batches, steps_per_epoch)
         self.best = BestRecord.of(trainer.get("best"))
         self.eval_step = int(trainer.get("eval_step", -1))
         self.last_eval = trainer.get("last_eval") or {}
         self.running = rank.get("running_loss", torch.zeros(())).to(device)
         self.running_count = rank.get("running_count", 0)
+        if isinstance(self.running_count, torch.Tensor):
+            self.running_count = self.running_count.to(device)
+        self.metrics = {k: v.to(device) for k, v in (rank.get("step_metrics") or {}).items()}
+        self.method_saved = rank.get("method")
         self.rng = rank.get("rng")
+
+    def attach_method(self, method: object | None) -> None:
+        """Hold the method's resumable state (``Task.step_state``: None for most), restored to what the checkpoint
+        saved of it, if any."""
+        self.method = method
+        if method is not None and self.method_saved is not None:
+            method.load_state_dict(self.method_saved)
 
     def apply_rng(self, seed: int, rank: int) -> None:
         """The last thing before the loop: every generator exactly where the checkpoint left it (a resume without

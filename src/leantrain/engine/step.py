@@ -1,12 +1,18 @@
 """The training step, the heart of the engine.
 
-step = micro-batches -> forward -> the task's per-unit losses, summed / global count -> backward -> clip -> step.
+step = micro-batches -> the method's loss -> (loss sum, step metrics) -> / global count -> backward -> clip -> step.
 
-The task (``leantrain.modeling.tasks``) runs the forward of a micro-batch and gives its loss sum
-(``Task.forward_loss``), and says what a unit is (an example, a label, a token); the denominator is the number of units in the *global* batch (all micro-batches, all processes),
-known on the host from the batch, so no collective and no host sync is needed to normalise. DDP averages
-gradients over processes, so each process scales its loss by the world size: the all-reduced gradient is then
-exactly d(sum of losses / global count). Gradients are all-reduced once, on the last micro-batch.
+The method (a task, ``leantrain.modeling.tasks``) runs the forward of a micro-batch and gives its loss sum and its
+step metrics (``Task.loss``), and says what a unit is (an example, a label, a token); the denominator is the number of
+units in the *global* batch (all micro-batches, all processes): known on the host from the batch, so that no collective
+and no host sync is needed to normalise, or a device scalar a method counted after making its batches
+(``Task.step_batches``), summed over the processes once (``global_count``). DDP averages gradients over processes, so
+each process scales its loss by the world size: the all-reduced gradient is then exactly d(sum of losses / global
+count). Gradients are all-reduced once, on the last micro-batch.
+
+Step metrics are ``{name: (sum, count)}`` pairs of device tensors, added on the device over micro-batches and steps
+(``add_step_metrics``) and reduced over the processes only on a logging step, in one collective
+(``step_metric_means``).
 """
 
 from __future__ import annotations
@@ -34,11 +40,13 @@ def train_step(
     max_grad_norm: float | None,
     guard: Callable[[torch.Tensor, torch.Tensor | None], None] | None = None,
     on_phase: Callable[[str], None] | None = None,
+    metrics: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step over this process's micro-batches. Returns this process's loss sum (a device tensor,
     not yet divided by anything) and the gradient norm before clipping (a tensor, or None). No host sync.
-    ``global_count``: the task's units (``task.count``) in the global batch, the loss's denominator; ``task``: whose
-    ``forward_loss`` runs each micro-batch.
+    ``global_count``: the task's units in the global batch, the loss's denominator (a host number, or a device scalar
+    already summed over the processes); ``task``: whose ``loss`` runs each micro-batch. ``metrics`` (optional): the
+    running step metrics the micro-batches' own are added into, on the device (``add_step_metrics``).
     ``guard(loss_sum, grad_norm)`` (optional): the non-finite check, on the device, between the clip and the update.
     ``on_phase(name)`` (optional) is called when the compute and the optimizer phases end, for timing."""
     micro_batches = list(micro_batches)
@@ -48,10 +56,12 @@ def train_step(
         last = i == len(micro_batches) - 1
         with grad_sync(model, accelerator, enabled=last):
             with record_function("forward"):
-                loss, _ = task.forward_loss(model, batch)
+                loss, step_metrics = task.loss(model, batch)
             with record_function("backward"):
                 accelerator.backward(loss * scale)
         loss_sum += loss.detach()
+        if metrics is not None:
+            add_step_metrics(metrics, step_metrics)
     if on_phase is not None:
         on_phase("compute")
     with record_function("optimizer"):
@@ -64,3 +74,30 @@ def train_step(
     if on_phase is not None:
         on_phase("optimizer")
     return loss_sum, grad_norm
+
+
+def global_count(count: float | torch.Tensor, accelerator: Accelerator) -> float | torch.Tensor:
+    """The loss's denominator over all processes: a host count is already global; a device scalar (this process's
+    units, counted by a method after making its batches) is summed over the processes, on the device."""
+    if not isinstance(count, torch.Tensor):
+        return count
+    return accelerator.reduce(count.detach().float().reshape(()).clone(), reduction="sum")
+
+
+def add_step_metrics(into: dict[str, torch.Tensor], metrics: dict[str, tuple]) -> None:
+    """Add a micro-batch's step metrics ``{name: (sum, count)}`` (``sum`` a device tensor, ``count`` a tensor or a
+    number) into the running ``{name: tensor([sum, count])}``, on the device."""
+    for name, (total, count) in metrics.items():
+        total = total.detach().float().reshape(())
+        pair = torch.stack([total, torch.as_tensor(count, dtype=torch.float32, device=total.device).reshape(())])
+        into[name] = into[name] + pair if name in into else pair
+
+
+def step_metric_means(running: dict[str, torch.Tensor], accelerator: Accelerator) -> dict[str, float]:
+    """``{name: sum / count}`` of the running step metrics over every process (NaN for a count of 0): one collective
+    for all of them, stacked, and one host sync; on logging steps only."""
+    if not running:
+        return {}
+    names = sorted(running)  # the same order on every process
+    totals = accelerator.reduce(torch.stack([running[n] for n in names]), reduction="sum").tolist()
+    return {n: total / count if count else float("nan") for n, (total, count) in zip(names, totals)}

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from leantrain.config.tasks import AUDIO, IMAGE, TEXT, TEXT_REGRESSION, TaskSpec, register_spec, task_spec  # noqa: F401
+from leantrain.modeling.tasks.method_seam import StepBatches, StepContext
 from leantrain.modeling.tasks.traits import Traits
 
 NOT_MODEL_INPUTS = ("labels", "loss_weight", "length")  # batch columns the loss or the batching reads, not the model
@@ -244,6 +245,24 @@ class Task:
     def precompute(self, model, batch: dict):
         """The ``precomputed_columns`` of a batch, a ``(rows, columns)`` fp32 tensor (called under no_grad)."""
         raise NotImplementedError
+
+    # the method seam (``leantrain.modeling.tasks.method_seam``): the batches a step trains on, its loss and metrics
+    def loss(self, model, batch: dict) -> tuple:
+        """(loss_sum, step_metrics): what the training step calls on each micro-batch. ``step_metrics`` is
+        ``{name: (sum, count)}`` of device tensors, the same names at every call, logged as ``sum / count`` over the
+        micro-batches, steps and processes since the last log. ``forward_loss``'s sum and no metrics by default."""
+        return self.forward_loss(model, batch)[0], {}
+
+    def step_batches(self, ctx: StepContext, micro_batches: list[dict], count) -> StepBatches:
+        """What the global step trains on (``ctx``: the model, the Accelerator, the step, ``step_state``'s object),
+        given this process's ``micro_batches`` as loaded and the host ``count`` of their units: as loaded, that
+        count and one update by default."""
+        return StepBatches(micro_batches, count)
+
+    def step_state(self, seed: int, rank: int):
+        """An object (``state_dict()`` / ``load_state_dict()``) the method's steps carry across a resume, checkpointed
+        per process and handed to ``step_batches`` as ``ctx.state``; None (nothing) by default."""
+        return None
 
     # -- evaluation and prediction
     def eval_outputs(self, model, batch: dict) -> tuple:

@@ -1,0 +1,44 @@
+"""The method seam of the training step: what a method (a task) hands the engine at the start of each global step,
+and what it returns beside its loss.
+
+- ``Task.step_batches(ctx, micro_batches, count) -> StepBatches``: called at the start of each global step with this
+  process's micro-batches as loaded (on the device) and the loss's denominator counted on the host (global: all
+  micro-batches, all processes). By default they go on unchanged, with one update. A method may make its own (e.g.
+  generate with ``ctx.model`` under no_grad), give a ``count`` that is a device scalar (this process's units: the
+  engine sums it over the processes with one all-reduce and divides by that), and ask for several optimizer updates
+  on them (``updates``: each one optimizer and one scheduler step; the loop takes them all in one iteration, so a
+  checkpoint never falls inside them).
+- ``Task.loss(model, batch) -> (loss_sum, step_metrics)``: ``step_metrics`` is ``{name: (sum, count)}`` of device
+  tensors (the same names at every call), so that the mean over micro-batches, steps and processes is exact: the
+  engine adds them on the device and logs ``sum / count`` under ``name`` at each logging step.
+- ``Task.step_state(seed, rank)``: what the method must carry across a resume (e.g. its sampling generator), an object
+  with ``state_dict()`` / ``load_state_dict()`` kept in the loop's state, checkpointed per process, handed back to it
+  as ``ctx.state``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What ``Task.step_batches`` may use: the model being trained (as placed: DDP-wrapped on several processes), the
+    Accelerator, the optimizer steps done so far, and the method's own resumable state (``Task.step_state``, or None)."""
+
+    model: Any
+    accelerator: Any
+    step: int
+    state: Any = None
+
+
+@dataclass(frozen=True)
+class StepBatches:
+    """The micro-batches one global step trains on, the loss's denominator (a host number: the global count; or a
+    device scalar: this process's count, summed over the processes by the engine) and the optimizer updates to run
+    on them."""
+
+    micro_batches: list[dict]
+    count: Any
+    updates: int = 1
