@@ -1,5 +1,5 @@
-"""Loss curve of a run from its metrics.jsonl records: train loss, eval loss and accuracy (or reward accuracy),
-learning rate."""
+"""Loss curve of a run from its metrics.jsonl records: train loss, eval loss and accuracy (or reward accuracy), a
+panel per step metric of the method (e.g. a reward), learning rate."""
 
 from __future__ import annotations
 
@@ -22,6 +22,20 @@ def _series(records: list[dict[str, Any]], kind: str, key: str) -> tuple[list[fl
     return xs, ys
 
 
+# what every train record holds; any other number in one is a step metric of the method (``Task.loss``)
+TRAIN_RECORD_KEYS = ("type", "step", "epoch", "loss", "lr", "samples_per_second", "tokens_per_second", "grad_norm",
+                     "replica_spread", "mfu")
+
+
+def step_metric_keys(records: list[dict[str, Any]]) -> list[str]:
+    """The step metrics the train records hold, in the order first seen."""
+    keys: dict[str, None] = {}
+    for r in records:
+        if r.get("type", "train") == "train":
+            keys.update((k, None) for k in r if k not in TRAIN_RECORD_KEYS)
+    return list(keys)
+
+
 def short_model_name(name: str, limit: int = 48) -> str:
     """A model's name short enough for a chart title: a local folder's last part (``runs/x/model`` -> ``x/model``,
     a folder called model says little alone), a Hub id as it is; cut in the middle beyond ``limit`` characters."""
@@ -34,7 +48,8 @@ def short_model_name(name: str, limit: int = 48) -> str:
 
 
 def plot_loss_curve(records: list[dict[str, Any]], path: str | os.PathLike, title: str = "") -> Path | None:
-    """Save a PNG: loss (train line, eval markers) and eval accuracy above, learning rate below.
+    """Save a PNG: loss (train line, eval markers) and eval accuracy above, a panel per step metric, learning rate
+    below.
 
     Returns the path, or None when the records hold no loss to plot.
     """
@@ -47,16 +62,24 @@ def plot_loss_curve(records: list[dict[str, Any]], path: str | os.PathLike, titl
     lr = _series(records, "train", "lr")
     if not (train[0] or evl[0] or acc[0]):
         return None
+    metrics = [(k, _series(records, "train", k)) for k in step_metric_keys(records)]
+    metrics = [(k, series) for k, series in metrics if series[0]]
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, ax_lr) = plt.subplots(
-        2, 1, sharex=True, figsize=(8, 5.5), gridspec_kw={"height_ratios": [3, 1]}, constrained_layout=True
+    fig, axes = plt.subplots(
+        2 + len(metrics), 1, sharex=True, figsize=(8, 5.5 + 1.6 * len(metrics)),
+        gridspec_kw={"height_ratios": [3] + [1.2] * len(metrics) + [1]}, constrained_layout=True
     )
+    ax, ax_lr = axes[0], axes[-1]
     try:
+        for ax_m, (name, series) in zip(axes[1:-1], metrics):
+            ax_m.plot(*series, color="tab:red", lw=1.2)
+            ax_m.set_ylabel(name, fontsize=8)
+            ax_m.grid(alpha=0.3)
         handles = []
         if train[0]:
             handles += ax.plot(*train, color="tab:blue", lw=1.5, label="train loss")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from leantrain.report.card import human_bytes, looks_like_hub_id, write_model_card
-from leantrain.report.plots import plot_loss_curve
+from leantrain.report.plots import plot_loss_curve, step_metric_keys
 
 
 def _records(steps: int = 60) -> list[dict]:
@@ -34,6 +34,19 @@ def test_plot_train_only_and_nothing(tmp_path):
     assert plot_loss_curve([], tmp_path / "b.png") is None
     assert plot_loss_curve([{"type": "train", "step": 1, "lr": 1e-5}], tmp_path / "c.png") is None
     assert not (tmp_path / "b.png").exists()
+
+
+def test_plot_has_a_panel_per_step_metric(tmp_path):
+    """A method's step metrics in the train records (e.g. a reward) get a panel each; the standard keys do not."""
+    from PIL import Image
+
+    plain = _records()
+    with_metrics = [dict(r, reward=0.1 * i, kl=0.01) if r["type"] == "train" else r for i, r in enumerate(plain)]
+    with_metrics[0]["grad_norm"], with_metrics[0]["mfu"] = 1.0, 0.1
+    assert step_metric_keys(plain) == [] and step_metric_keys(with_metrics) == ["reward", "kl"]
+    heights = [Image.open(plot_loss_curve(records, tmp_path / f"{i}.png")).height
+               for i, records in enumerate((plain, with_metrics))]
+    assert heights[1] > heights[0]
 
 
 def _front_matter(text: str) -> dict:

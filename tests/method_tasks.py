@@ -1,0 +1,59 @@
+"""Test methods for the method seam (``leantrain.modeling.tasks.method_seam``), registered by the tests that use them
+and by the script a multi-process test launches: ``from tests.method_tasks import METERED, register_methods``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from leantrain.config.tasks import SPECS, TEXT, task_spec
+from leantrain.modeling.tasks import TASKS, get_task, register
+from leantrain.modeling.tasks.classification import Classification, per_example_loss
+from leantrain.modeling.tasks.method_seam import StepBatches
+
+METERED = "seam-metered"
+TWO_UPDATES = "seam-two-updates"
+
+
+class Metered(Classification):
+    """Text classification reporting two step metrics per micro-batch: its own cross-entropy (the loss again, so its
+    logged mean must equal the logged loss) and the label id of its rows (known from the data alone)."""
+
+    progress_keys = ("label_mean",)
+
+    def loss(self, model, batch: dict) -> tuple:
+        weight = batch["loss_weight"]
+        per_row = per_example_loss(self.forward(model, batch).logits, batch["labels"]) * weight
+        return per_row.sum(), {"ce": (per_row.detach().sum(), weight.sum()),
+                               "label_mean": ((batch["labels"].float() * weight).sum(), weight.sum())}
+
+
+class TwoUpdates(Classification):
+    """Makes its own micro-batches at each global step: the rows of label 1 weigh twice, the loss's denominator is
+    their weight on this process (a device scalar), and two optimizer updates run on them. Records, per global step,
+    the parameters it started from and what it made (``made``: for a test's hand computation, one process)."""
+
+    made: list = []
+
+    def step_batches(self, ctx, micro_batches: list[dict], count) -> StepBatches:
+        mine = [dict(b, loss_weight=b["loss_weight"] * (1 + b["labels"])) for b in micro_batches]
+        weight = torch.stack([b["loss_weight"].sum() for b in mine]).sum()
+        inner = ctx.accelerator.unwrap_model(ctx.model)
+        self.made.append({"step": ctx.step, "count": weight.clone(),
+                          "params": {n: p.detach().clone() for n, p in inner.named_parameters()},
+                          "batches": [{k: v.clone() for k, v in b.items()} for b in mine]})
+        return StepBatches(mine, weight, updates=2)
+
+
+def register_methods() -> None:
+    """Register both test methods as text classification under their own names."""
+    text = get_task(TEXT)
+    for name, kind in ((METERED, Metered), (TWO_UPDATES, TwoUpdates)):
+        register(kind(replace(task_spec(TEXT), name=name), text.auto_model, None, text.processor, text.card))
+
+
+def unregister_methods() -> None:
+    for name in (METERED, TWO_UPDATES):
+        TASKS.pop(name, None)
+        SPECS.pop(name, None)
