@@ -22,7 +22,7 @@ class Metered(Classification):
 
     progress_keys = ("label_mean",)
 
-    def loss(self, model, batch: dict) -> tuple:
+    def step_loss(self, model, batch: dict) -> tuple:
         weight = batch["loss_weight"]
         per_row = per_example_loss(self.forward(model, batch).logits, batch["labels"]) * weight
         return per_row.sum(), {"ce": (per_row.detach().sum(), weight.sum()),

@@ -3,9 +3,9 @@
 step = micro-batches -> the method's loss -> (loss sum, step metrics) -> / global count -> backward -> clip -> step.
 
 The method (a task, ``leantrain.modeling.tasks``) runs the forward of a micro-batch and gives its loss sum and its
-step metrics (``Task.loss``), and says what a unit is (an example, a label, a token); the denominator is the number of
-units in the *global* batch (all micro-batches, all processes): known on the host from the batch, so that no collective
-and no host sync is needed to normalise, or a device scalar a method counted after making its batches
+step metrics (``Task.step_loss``), and says what a unit is (an example, a label, a token); the denominator is the
+number of units in the *global* batch (all micro-batches, all processes): known on the host from the batch, so that
+no collective and no host sync is needed to normalise, or a device scalar a method counted after making its batches
 (``Task.step_batches``), summed over the processes once (``global_count``). DDP averages gradients over processes, so
 each process scales its loss by the world size: the all-reduced gradient is then exactly d(sum of losses / global
 count). Gradients are all-reduced once, on the last micro-batch.
@@ -56,7 +56,7 @@ def train_step(
         last = i == len(micro_batches) - 1
         with grad_sync(model, accelerator, enabled=last):
             with record_function("forward"):
-                loss, step_metrics = task.loss(model, batch)
+                loss, step_metrics = task.step_loss(model, batch)
             with record_function("backward"):
                 accelerator.backward(loss * scale)
         loss_sum += loss.detach()

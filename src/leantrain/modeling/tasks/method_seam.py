@@ -8,7 +8,7 @@ and what it returns beside its loss.
   engine sums it over the processes with one all-reduce and divides by that), and ask for several optimizer updates
   on them (``updates``: each one optimizer and one scheduler step; the loop takes them all in one iteration, so a
   checkpoint never falls inside them).
-- ``Task.loss(model, batch) -> (loss_sum, step_metrics)``: ``step_metrics`` is ``{name: (sum, count)}`` of device
+- ``Task.step_loss(model, batch) -> (loss_sum, step_metrics)``: ``step_metrics`` is ``{name: (sum, count)}`` of device
   tensors (the same names at every call), so that the mean over micro-batches, steps and processes is exact: the
   engine adds them on the device and logs ``sum / count`` under ``name`` at each logging step.
 - ``Task.step_state(seed, rank)``: what the method must carry across a resume (e.g. its sampling generator), an object
@@ -25,7 +25,8 @@ from typing import Any
 @dataclass(frozen=True)
 class StepContext:
     """What ``Task.step_batches`` may use: the model being trained (as placed: DDP-wrapped on several processes), the
-    Accelerator, the optimizer steps done so far, and the method's own resumable state (``Task.step_state``, or None)."""
+    Accelerator, the optimizer steps done so far, and the method's own resumable state (``Task.step_state``, or
+    None)."""
 
     model: Any
     accelerator: Any

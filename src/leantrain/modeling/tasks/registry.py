@@ -22,6 +22,12 @@ The seam every training and evaluation path calls (the engine's step and evaluat
   calibration passes run ``forward_loss`` on it), and ``Task.calibration_batch(batch)`` what else the task's
   batches carry (the preference task's precomputed reference log-probs).
 
+The training step's own seam (``leantrain.modeling.tasks.method_seam``): ``Task.step_loss(model, batch) -> (loss_sum,
+step_metrics)`` is what the step calls (``forward_loss``'s sum and no metrics by default; a method returns
+``{name: (sum, count)}`` device tensors the engine logs as exact means); ``Task.step_batches(ctx, micro_batches,
+count)`` makes what a global step trains on (as loaded by default; a method may generate its own, count their units on
+the device and run several updates on them); ``Task.step_state`` is what such a method carries across a resume.
+
 A task that needs more than one forward (two sequences per row, a frozen reference) overrides ``forward_loss`` and
 ``eval_outputs``; the engine does not change. The causal LM's ``token_losses(model, batch)`` (per-token losses of the
 shifted targets, through the chunked output layer when installed) is the building block such a task reuses. Its names and metric names live in its ``TaskSpec`` (``leantrain.config.tasks``), which the config
@@ -247,7 +253,7 @@ class Task:
         raise NotImplementedError
 
     # the method seam (``leantrain.modeling.tasks.method_seam``): the batches a step trains on, its loss and metrics
-    def loss(self, model, batch: dict) -> tuple:
+    def step_loss(self, model, batch: dict) -> tuple:
         """(loss_sum, step_metrics): what the training step calls on each micro-batch. ``step_metrics`` is
         ``{name: (sum, count)}`` of device tensors, the same names at every call, logged as ``sum / count`` over the
         micro-batches, steps and processes since the last log. ``forward_loss``'s sum and no metrics by default."""
