@@ -49,8 +49,8 @@ from leantrain.engine.step import global_count, step_metric_means, train_step
 from leantrain.engine.training_data import prepare_training_data
 from leantrain.modeling import build_model, flop_parameters, parameter_counts
 from leantrain.modeling.lora import apply_trainable
-from leantrain.modeling.tasks.method_seam import StepBatches, StepContext
 from leantrain.modeling.qlora import check_qlora_precision, load_kwargs as qlora_load_kwargs
+from leantrain.modeling.tasks.method_seam import StepBatches, StepContext
 from leantrain.optim import state_report
 from leantrain.optim.state import describe as describe_optim_state
 from leantrain.perf.auto_micro_batch import auto_micro_batch
@@ -385,7 +385,7 @@ class Loop:
         crossed = range(first + 1, step + 1)
         if any(eval_due(run.cfg.train.eval_every_steps, s, run.layout) for s in crossed):
             self.evaluate(step)
-        if any(run.ckpt.due(s) for s in crossed):
+        if step < run.layout.total_steps and any(run.ckpt.due(s) for s in crossed):  # the final one: after the loop
             self.save_checkpoint()
         run.faults.after_step(step)
 
