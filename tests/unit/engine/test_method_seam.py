@@ -91,6 +91,21 @@ def test_the_running_metrics_between_logs_are_device_tensors_in_the_checkpoint(m
     assert metrics["label_mean"][1].item() == 8  # step 3 alone: its 8 rows since the log at step 2
 
 
+def test_metrics_change_nothing_in_training(methods, job):
+    """The metered method's loss is text classification's: the default seam (no metrics, the batches as loaded, one
+    update) and the metered run end bitwise equal, and log the same losses."""
+    path, tmp, _ = job
+    reference = tmp / "micro2"
+    if not reference.exists():
+        train(path, [f"output_dir={reference}"])
+    out = tmp / "plain"
+    train(path, [f"output_dir={out}", "model.task=text-classification"])
+    a, b = model_params(reference), model_params(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in _train_records(reference)] == [r["loss"] for r in _train_records(out)]
+    assert not {"ce", "label_mean"} & set(_train_records(out)[0])
+
+
 @pytest.mark.parametrize("micro", [4, 8])
 def test_the_logged_metrics_do_not_depend_on_the_accumulation(methods, job, micro):
     path, tmp, _ = job
