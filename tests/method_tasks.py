@@ -20,8 +20,6 @@ class Metered(Classification):
     """Text classification reporting two step metrics per micro-batch: its own cross-entropy (the loss again, so its
     logged mean must equal the logged loss) and the label id of its rows (known from the data alone)."""
 
-    progress_keys = ("label_mean",)
-
     def step_loss(self, model, batch: dict) -> tuple:
         weight = batch["loss_weight"]
         per_row = per_example_loss(self.forward(model, batch).logits, batch["labels"]) * weight
@@ -47,10 +45,12 @@ class TwoUpdates(Classification):
 
 
 def register_methods() -> None:
-    """Register both test methods as text classification under their own names."""
+    """Register both test methods as text classification under their own names (the metered one shows its label
+    mean in the progress line)."""
     text = get_task(TEXT)
-    for name, kind in ((METERED, Metered), (TWO_UPDATES, TwoUpdates)):
-        register(kind(replace(task_spec(TEXT), name=name), text.auto_model, None, text.processor, text.card))
+    metered = replace(text.traits, progress_keys=("label_mean",))
+    for name, kind, traits in ((METERED, Metered, metered), (TWO_UPDATES, TwoUpdates, text.traits)):
+        register(kind(replace(task_spec(TEXT), name=name), traits, None, text.card))
 
 
 def unregister_methods() -> None:
