@@ -57,6 +57,15 @@ class Kto(Preference):
         return losses, {"loss": losses, "reward": self.beta * (row - ref[:, 0]), "logps": row,
                         "kl": kl_row - ref[:, 1], "desirable": good}
 
+    def step_metrics(self, values: dict, weight: torch.Tensor) -> dict:
+        """``{name: (sum, count)}``: the mean reward of the desirable rows (``rewards/chosen``) and of the undesirable
+        ones (``rewards/rejected``), and the KL log-ratio of the KL rows (``kl``, before KTO's clamp at 0)."""
+        good = values["desirable"].to(weight) * weight
+        bad = weight - good
+        reward, kl = values["reward"].detach(), values["kl"].detach()
+        return {"rewards/chosen": ((reward * good).sum(), good.sum()),
+                "rewards/rejected": ((reward * bad).sum(), bad.sum()), "kl": ((kl * weight).sum(), weight.sum())}
+
     def eval_outputs(self, model, batch: dict) -> tuple:
         """Per row: its loss, reward, log-prob and KL log-ratio (fp64), and ``desirable`` (its label)."""
         _, values = self.pair_values(model, batch)

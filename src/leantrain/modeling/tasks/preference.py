@@ -81,6 +81,12 @@ def local_or_hub(name: str | None) -> str | None:
     return str(Path(name).resolve()) if name and Path(name).exists() else name
 
 
+def pair_weights(batch: dict, losses: torch.Tensor) -> torch.Tensor:
+    """Each pair's (KTO: row's) weight in the loss: its ``loss_weight`` (0 for padding pairs), else 1."""
+    weight = batch.get("loss_weight")
+    return torch.ones_like(losses) if weight is None else weight[: losses.shape[0]].to(losses)
+
+
 def lm_batch(batch: dict) -> dict:
     """The columns of a preference batch the causal LM's forward reads (not ``ref_logps``, ``desirable``)."""
     return {k: batch[k] for k in (*MODEL_KEYS, "labels") if k in batch}
@@ -294,9 +300,21 @@ class Preference(CausalLM):
 
     def forward_loss(self, model, batch: dict):
         losses, values = self.pair_values(model, L.as_pairs(batch))
-        weight = batch.get("loss_weight")
-        weight = torch.ones_like(losses) if weight is None else weight[: losses.shape[0]].to(losses)
-        return (losses * weight).sum(), values
+        return (losses * pair_weights(batch, losses)).sum(), values
+
+    def step_loss(self, model, batch: dict) -> tuple:
+        """The loss sum and TRL's training metrics of the pairs (their means over the logging window)."""
+        losses, values = self.pair_values(model, L.as_pairs(batch))
+        weight = pair_weights(batch, losses)
+        return (losses * weight).sum(), self.step_metrics(values, weight)
+
+    def step_metrics(self, values: dict, weight: torch.Tensor) -> dict:
+        """``{name: (sum, count)}`` under TRL's DPOTrainer names: the chosen and rejected rewards, their margin, and
+        how often the chosen one is the larger (``rewards/accuracies``); padding pairs weigh 0."""
+        chosen, rejected = values["chosen_reward"].detach(), values["rejected_reward"].detach()
+        per_pair = {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margins": chosen - rejected,
+                    "rewards/accuracies": (chosen > rejected).to(weight)}
+        return {k: ((v * weight).sum(), weight.sum()) for k, v in per_pair.items()}
 
     def merge_check_value(self, model, batch: dict):
         """The policy's own summed log-probs, negated: its loss compares with the adapters switched off, which after
@@ -356,5 +374,6 @@ PREFERENCE_TASK = register(Preference(
     task_spec(PREFERENCE),
     # a pair's two rows get opposite gradients: no Liger (efficiency.chunked_loss)
     Traits(labels="pairs", unit="pairs", auto_model="AutoModelForCausalLM", loads_as="text-generation",
-           token_blocks=True, headline_loss=True, uniform_token_gradients=False, scratch_needs_tokenizer=True),
+           token_blocks=True, headline_loss=True, uniform_token_gradients=False, scratch_needs_tokenizer=True,
+           progress_keys=("rewards/margins",)),
     None, CardText("preference tuning", "preference-tuned language model", '"Once upon a time", max_new_tokens=40')))

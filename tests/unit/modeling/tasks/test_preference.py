@@ -182,13 +182,19 @@ def test_loss_is_the_mean_over_the_global_batch_whatever_the_micro_batches(model
         assert task.forward_loss(model, padded)[0].item() == 0.0
 
 
-def test_eval_metrics_have_trl_meanings(model):
-    task = task_for("dpo", "preference.beta=0.2")
+def pairs_with_reference(model) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """4 pairs with precomputed reference log-probs at known offsets from the policy's; and both log-probs."""
     batch = pairs(4, seed=4)
     with torch.no_grad():
         pol = plain_logps(model, batch)
     ref = pol + torch.tensor([0.5, -0.5, 0.2, 0.1, -0.3, 0.4, 0.0, 0.0])
     batch["ref_logps"] = torch.stack(ref.chunk(2), -1)
+    return batch, pol, ref
+
+
+def test_eval_metrics_have_trl_meanings(model):
+    task = task_for("dpo", "preference.beta=0.2")
+    batch, pol, ref = pairs_with_reference(model)
     with torch.no_grad():
         values = task.eval_batch(*task.eval_outputs(model, batch))
     m = task.metrics({k: v.numpy() for k, v in values.items()}, 0)
@@ -199,6 +205,38 @@ def test_eval_metrics_have_trl_meanings(model):
     assert m["reward_accuracy"] == (chosen > rejected).float().mean().item()
     assert m["chosen_logps"] == pytest.approx(pol[:4].mean().item(), rel=1e-5)
     assert m["samples"] == 4
+
+
+def test_step_metrics_are_trls_training_metrics_over_the_real_pairs(model):
+    """DPO's step metrics (``Task.step_loss``) under TRL's names: sums over the pairs with their count, a padding
+    pair (``loss_weight`` 0) in neither; the loss sum is ``forward_loss``'s."""
+    task = task_for("dpo", "preference.beta=0.2")
+    batch, pol, ref = pairs_with_reference(model)
+    batch["loss_weight"] = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last pair pads the micro-batch
+    with torch.no_grad():
+        loss_sum, metrics = task.step_loss(model, batch)
+        assert loss_sum.item() == pytest.approx(task.forward_loss(model, batch)[0].item(), rel=1e-6)
+    chosen, rejected = 0.2 * (pol[:3] - ref[:3]), 0.2 * (pol[4:7] - ref[4:7])
+    expected = {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margins": chosen - rejected,
+                "rewards/accuracies": (chosen > rejected).float()}
+    assert sorted(metrics) == sorted(expected)
+    for name, values in expected.items():
+        total, count = metrics[name]
+        assert count.item() == 3 and total.item() == pytest.approx(values.sum().item(), abs=1e-6), name
+
+
+def test_kto_step_metrics_split_the_rewards_by_label(model):
+    task = task_for("kto", "preference.beta=0.5")
+    batch = pairs(4, seed=5, feedback=True)  # rows 0-3 (desirable 0, 1, 0, 1), then their KL rows
+    with torch.no_grad():
+        pol = plain_logps(model, batch)
+    batch["ref_logps"] = torch.stack([pol[:4] - 0.3, pol[4:] + 0.1], -1)
+    with torch.no_grad():
+        _, metrics = task.step_loss(model, batch)
+    reward = 0.5 * torch.full((4,), 0.3)
+    assert metrics["rewards/chosen"][1].item() == 2 and metrics["rewards/rejected"][1].item() == 2
+    assert metrics["rewards/chosen"][0].item() == pytest.approx(reward[[1, 3]].sum().item(), abs=1e-5)
+    assert metrics["kl"][0].item() == pytest.approx(-0.4, abs=1e-5) and metrics["kl"][1].item() == 4
 
 
 def test_live_reference_is_a_frozen_copy_and_adapter_reference_is_the_base(model):
