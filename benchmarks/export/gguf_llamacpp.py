@@ -8,15 +8,23 @@ the SAME token ids (the folder's tokenizer):
 - perplexity over the first --tokens tokens of a text in windows of --window, from llama.cpp's logits and from
   transformers' (fp32) logits, and the largest logit difference as a fraction of the largest logit;
 - --new-tokens greedy tokens per prompt (EOS suppressed on both sides), and where they part: a near-tie when the
-  source's margin between the two tokens is within the rounding (``check.py``'s bound), otherwise a real difference.
+  source's margin between the two tokens is within the rounding (``check.py``'s bound), otherwise a real difference;
+- a chat answer (4 x --new-tokens at most) from ``create_chat_completion`` (the stored template, the stop at EOS)
+  against transformers' greedy answer on the folder's template.
 
-    pip install llama-cpp-python -c constraints.txt      # builds llama.cpp (the `llamacpp` extra)
+llama.cpp runs with its defaults (f16 KV cache: --kv f32 keeps keys and values in f32) except that its extra CPU
+buffer types are off unless --extra-buffers (``plain_cpu_buffers``: its AMX kernel crashes on this machine).
+
+    # builds llama.cpp (the `llamacpp` extra): 140 objects, 20 minutes on 2 shared cores at nice 19 (mtmd skipped)
+    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+        CMAKE_BUILD_PARALLEL_LEVEL=2 nice -n 19 pip install llama-cpp-python -c constraints.txt
     flock /tmp/leantrain-cpu.lock python -m benchmarks.export.gguf_llamacpp smollm2-135m --out /tmp/gguf-llamacpp
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -26,6 +34,30 @@ from pathlib import Path
 TEXT = "/work/shared/data/tinyshakespeare/valid.txt"
 CHAT = [{"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "What is the capital of France?"}]
+
+
+@contextlib.contextmanager
+def plain_cpu_buffers(enabled: bool):
+    """Within it, ``llama_cpp.Llama`` loads weights without llama.cpp's extra CPU buffer types (``use_extra_bufts``:
+    AMX and repacked layouts), so quantised matrices run through ggml's plain dot products. llama.cpp's AMX kernel
+    (``ggml_backend_amx_mul_mat``) segfaults on this machine's Xeon with Q8_0 / Q4_1 weights, llama.cpp's own
+    quantisation included (llama.cpp #20824, #26954); the Llama class takes no argument for it, so its call to
+    ``llama_model_default_params`` is wrapped."""
+    import llama_cpp.llama as module
+
+    default = module.llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    if enabled:
+        module.llama_cpp.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        module.llama_cpp.llama_model_default_params = default
 
 
 def nll(logits, ids) -> tuple[float, int]:  # noqa: ANN001 - float32 logits (n, vocab), ids (n,)
@@ -119,6 +151,24 @@ def greedy_rows(model, tokenizer, llm, outtype: str, scale: float, n: int) -> li
     return rows
 
 
+def chat_row(model, tokenizer, llm, n: int) -> dict:  # noqa: ANN001
+    """CHAT answered greedily, up to ``n`` tokens, by llama.cpp (``create_chat_completion``: its rendering of the
+    file's chat template, stopping at the file's EOS) and by transformers (the folder's template, ``generate`` until
+    EOS): the same answer or not, and why each stopped."""
+    import torch
+
+    out = llm.create_chat_completion(messages=CHAT, max_tokens=n, temperature=0.0)["choices"][0]
+    prompt = tokenizer(tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True))["input_ids"]
+    with torch.no_grad():
+        new = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=n, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.eos_token_id)[0, len(prompt):].tolist()
+    hf = tokenizer.decode(new, skip_special_tokens=True)
+    hf_stop = "stop" if new[-1] == tokenizer.eos_token_id else "length"
+    return {"same": out["message"]["content"] == hf and out["finish_reason"] == hf_stop, "hf": hf, "hf_stop": hf_stop,
+            "llama": out["message"]["content"], "llama_stop": out["finish_reason"]}
+
+
 def main() -> None:
     import llama_cpp
     import torch
@@ -139,6 +189,10 @@ def main() -> None:
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--extra-buffers", action="store_true",
+                   help="let llama.cpp repack weights into its AMX / repack CPU buffers (segfaults here on Q8_0)")
+    p.add_argument("--kv", choices=("f16", "f32"), default="f16",
+                   help="llama.cpp's KV cache type (its default f16 rounds keys and values, even for an f32 file)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     print(json.dumps({"llama_cpp_python": llama_cpp.__version__, "torch": torch.__version__,
@@ -152,16 +206,21 @@ def main() -> None:
     texts["shakespeare (first 2,000 chars)"] = Path(a.text).read_text(encoding="utf-8")[:2000]
     if tok.chat_template:
         texts["chat template rendered"] = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    kv = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}[a.kv]
     for outtype in a.outtypes.split(","):
         path = Path(a.out) / f"{folder.name}.{outtype}.gguf"
         result = write_gguf(src, path, outtype, folder.name)
         start = time.perf_counter()
-        llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=a.window, n_batch=a.window,
-                              n_threads=a.threads, verbose=False)
-        row = {"outtype": outtype, "MiB": round(result.bytes / 2**20, 1), "pre": result.pre_tokenizer,
+        with plain_cpu_buffers(not a.extra_buffers):
+            llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=a.window, n_batch=a.window,
+                                  n_threads=a.threads, type_k=kv, type_v=kv, verbose=False)
+        row = {"outtype": outtype, "MiB": round(result.bytes / 2**20, 1), "export_s": round(result.seconds, 1),
+               "pre": result.pre_tokenizer, "extra_buffers": a.extra_buffers, "kv": a.kv,
                "chat_template_same": llm.metadata.get("tokenizer.chat_template") == tok.chat_template,
                "tokenizer": tokenizer_rows(llm, tok, texts), **perplexities(model, llm, ids, a.window)}
         row["greedy"] = greedy_rows(model, tok, llm, outtype, row.pop("scale"), a.new_tokens)
+        if tok.chat_template:
+            row["chat"] = chat_row(model, tok, llm, 4 * a.new_tokens)
         row["seconds"] = round(time.perf_counter() - start, 1)
         print(json.dumps(row, ensure_ascii=False), flush=True)
         del llm
