@@ -1,6 +1,8 @@
 """The Ollama ``Modelfile`` written beside a GGUF file: ``FROM`` the file, a ``TEMPLATE`` in Ollama's Go template
 language for the chat formats it can be sure of (ChatML, as SmolLM2 / Qwen use it; Llama 3's header format), the
-stop tokens, and ``PARAMETER`` defaults (the context length, the temperature and top_p of generation_config.json).
+stop tokens, the template's default system prompt as ``SYSTEM`` (SmolLM2's adds one when a conversation has none;
+Ollama's TEMPLATE shows ``.System`` only when there is one), and ``PARAMETER`` defaults (the context length, the
+temperature and top_p of generation_config.json).
 
 A chat template of another shape is not translated (Jinja is not Go): the Modelfile then has no TEMPLATE, and Ollama
 takes the one it recognises from the file's ``tokenizer.chat_template``. A model without a chat template (a base
@@ -35,6 +37,34 @@ def chat_format(template: str | None) -> str:
     return "other"
 
 
+SYSTEM_TURN = {"chatml": ("<|im_start|>system\n", "<|im_end|>"),
+               "llama3": ("<|start_header_id|>system<|end_header_id|>\n\n", "<|eot_id|>")}
+
+
+def default_system(template: str, kind: str) -> str | None:
+    """The system message the chat template adds to a conversation that has none (rendered with jinja2's sandbox as
+    transformers renders it), or None: none added, a format without a known system turn, or a template that does not
+    render without transformers' extra context."""
+    if kind not in SYSTEM_TURN:
+        return None
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def fail(message):
+        raise ValueError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = fail
+    try:
+        text = env.from_string(template).render(messages=[{"role": "user", "content": "hi"}], bos_token="",
+                                                 eos_token="", add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template that needs more than messages: no default is claimed
+        return None
+    start, end = SYSTEM_TURN[kind]
+    if start not in text or end not in text.split(start, 1)[1]:
+        return None
+    return text.split(start, 1)[1].split(end, 1)[0]
+
+
 def modelfile(gguf_name: str, template: str | None, eos: str | None, context: int,
               generation: dict | None = None) -> str:
     """The text of a Modelfile for the GGUF file ``gguf_name`` (a path relative to the Modelfile's folder)."""
@@ -49,6 +79,8 @@ def modelfile(gguf_name: str, template: str | None, eos: str | None, context: in
         lines.append('TEMPLATE """{{ .Prompt }}"""')
     else:
         lines.append("# no TEMPLATE: Ollama reads the chat template stored in the GGUF file")
+    if (system := default_system(template, kind) if template else None) is not None:
+        lines.append(f'SYSTEM """{system}"""')
     stops = {"chatml": ["<|im_end|>"], "llama3": ["<|eot_id|>"]}.get(kind, [])
     if eos and eos not in stops:
         stops.append(eos)

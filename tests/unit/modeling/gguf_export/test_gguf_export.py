@@ -135,6 +135,22 @@ def test_modelfile_per_chat_format():
     assert "TEMPLATE" not in other.replace("no TEMPLATE", "") and "FROM ./m.gguf" in other
 
 
+SMOLLM2_STYLE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                 "{{ '<|im_start|>system\nYou are a helpful AI assistant<|im_end|>\n' }}{% endif %}"
+                 "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def test_modelfile_keeps_the_default_system_prompt_the_chat_template_adds():
+    """SmolLM2's template adds a system turn to a conversation without one; Ollama's ChatML TEMPLATE shows a system
+    turn only when .System is set, so the Modelfile sets it: the same prompt as transformers' without a system."""
+    from leantrain.modeling.gguf_export.modelfile import modelfile
+
+    assert 'SYSTEM """You are a helpful AI assistant"""' in modelfile("m.gguf", SMOLLM2_STYLE, "<|im_end|>", 2048)
+    plain = SMOLLM2_STYLE.replace("{% if loop.first and messages[0]['role'] != 'system' %}", "{% if false %}")
+    assert "SYSTEM" not in modelfile("m.gguf", plain, "<|im_end|>", 2048)
+
+
 def test_qwen2_biases_and_unpermuted_rotary_read_back_exactly(chat_tok, tmp_path, capsys):
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
