@@ -40,14 +40,22 @@ def root(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def lora_run(root) -> tuple[Path, subprocess.CompletedProcess]:
+    """One uninterrupted LoRA run (checkpoints every 2 steps, merged at the end): its folder and its process. The
+    merged-model test reads it and the kill-and-resume test compares against it."""
+    folder = resume_data(root, "ref")
+    r = run_train_process(folder, *LORA)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return folder, r
+
+
 def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-def test_lora_saves_the_adapter_and_a_merged_model_that_loads_without_peft(root):
-    folder = resume_data(root, "merged")
-    r = run_train_process(folder, *LORA, "checkpoint.every_steps=0")
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_lora_saves_the_adapter_and_a_merged_model_that_loads_without_peft(lora_run):
+    folder, r = lora_run
     assert "LoRA: r=4 alpha=8 dropout=0.05 on query, key, value, dense; trained in full: classifier" in r.stderr
     run = folder / "run"
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
@@ -93,10 +101,9 @@ def test_adapter_only_run_says_how_to_load_it(root):
 
 
 @pytest.mark.slow
-def test_lora_kill_and_resume_is_bitwise(root):
+def test_lora_kill_and_resume_is_bitwise(root, lora_run):
     """Dropout on (the model's and LoRA's): the checkpoint must hold the adapter, optimizer and RNG states."""
-    ref, resumed = resume_data(root, "ref"), resume_data(root, "resumed")
-    assert run_train_process(ref, *LORA).returncode == 0
+    ref, resumed = lora_run[0], resume_data(root, "resumed")
     killed = run_train_process(resumed, *LORA, env={"LEANTRAIN_TEST_KILL_AT_STEP": "5"})
     assert killed.returncode == -9, killed.stderr[-3000:]
     final = run_train_process(resumed, *LORA)
