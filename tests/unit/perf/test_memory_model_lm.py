@@ -69,7 +69,8 @@ def test_a_reference_forward_in_the_step_raises_the_planned_peak(llama):
     model, totals = copy.deepcopy(llama), {}
     facts = memory_model.model_facts(model, framework_bytes=0)
     for reference in ("precompute", "live"):
-        task = get_task("preference").configured(resolve(None, [f"preference.reference={reference}"]))
+        cfg = resolve(None, ["preference.loss=dpo", f"preference.reference={reference}"])  # auto: the data decides
+        task = get_task("preference").configured(cfg)
         cal = estimate.estimate(model, 32, "fp32", False, task=task.with_model(model))
         totals[reference] = memory_model.lines(facts, cal, 4, state_bytes=0)["total"]
     assert totals["live"] > totals["precompute"], totals
