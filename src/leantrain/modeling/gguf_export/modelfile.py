@@ -42,27 +42,22 @@ SYSTEM_TURN = {"chatml": ("<|im_start|>system\n", "<|im_end|>"),
 
 
 def default_system(template: str, kind: str) -> str | None:
-    """The system message the chat template adds to a conversation that has none (rendered with jinja2's sandbox as
-    transformers renders it), or None: none added, a format without a known system turn, or a template that does not
-    render without transformers' extra context."""
+    """The system message the chat template adds to a conversation that has none (rendered by transformers' own chat
+    template renderer), or None: none added, a format without a known system turn, or a template that does not
+    render without a tokenizer's extra context."""
     if kind not in SYSTEM_TURN:
         return None
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from transformers.utils.chat_template_utils import render_jinja_template  # lazy: heavy
 
-    def fail(message):
-        raise ValueError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = fail
     try:
-        text = env.from_string(template).render(messages=[{"role": "user", "content": "hi"}], bos_token="",
-                                                 eos_token="", add_generation_prompt=True)
+        (text,), _ = render_jinja_template([[{"role": "user", "content": "hi"}]], chat_template=template,
+                                           add_generation_prompt=True, bos_token="", eos_token="")
     except Exception:  # noqa: BLE001 - a template that needs more than messages: no default is claimed
         return None
     start, end = SYSTEM_TURN[kind]
-    if start not in text or end not in text.split(start, 1)[1]:
-        return None
-    return text.split(start, 1)[1].split(end, 1)[0]
+    _, found, rest = text.partition(start)
+    system, closed, _ = rest.partition(end)
+    return system if found and closed else None
 
 
 def modelfile(gguf_name: str, template: str | None, eos: str | None, context: int,
