@@ -29,7 +29,8 @@ class Metered(Classification):
 
 class TwoUpdates(Classification):
     """Makes its own micro-batches at each global step: the rows of label 1 weigh twice, the loss's denominator is
-    their weight on this process (a device scalar), and two optimizer updates run on them. Records, per global step,
+    their weight on this process (a device scalar), and two optimizer updates run on them; tokens/s credits 10 tokens
+    a made row (a device scalar) and one sample record a step says how many rows it made. Records, per global step,
     the parameters it started from and what it made (``made``: for a test's hand computation, one process)."""
 
     made: list = []
@@ -41,14 +42,15 @@ class TwoUpdates(Classification):
         self.made.append({"step": ctx.step, "count": weight.clone(),
                           "params": {n: p.detach().clone() for n, p in inner.named_parameters()},
                           "batches": [{k: v.clone() for k, v in b.items()} for b in mine]})
-        return StepBatches(mine, weight, updates=2)
+        rows = sum(len(b["labels"]) for b in mine)
+        return StepBatches(mine, weight, updates=2, tokens=torch.tensor(10.0 * rows), samples=[{"rows": rows}])
 
 
 def register_methods() -> None:
     """Register both test methods as text classification under their own names (the metered one shows its label
     mean in the progress line)."""
     text = get_task(TEXT)
-    metered = replace(text.traits, progress_keys=("label_mean",))
+    metered = replace(text.traits, progress_keys=("loss", "label_mean"))
     for name, kind, traits in ((METERED, Metered, metered), (TWO_UPDATES, TwoUpdates, text.traits)):
         register(kind(replace(task_spec(TEXT), name=name), traits, None, text.card))
 

@@ -45,7 +45,7 @@ from leantrain.engine.optimizer_setup import place
 from leantrain.engine.run_parts import Run, RunStart
 from leantrain.engine.run_description import RunDescription, describe_run
 from leantrain.engine.samples import check_sample_room, write_samples
-from leantrain.engine.step import global_count, step_metric_means, train_step
+from leantrain.engine.step import global_counts, step_metric_means, train_step
 from leantrain.engine.training_data import prepare_training_data
 from leantrain.modeling import build_model, flop_parameters, parameter_counts
 from leantrain.modeling.lora import apply_trainable
@@ -75,8 +75,9 @@ def _output_dir(cfg: Config, accelerator: Accelerator) -> Path:
     return out
 
 
-def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+def _to_device(batch: dict, device: torch.device) -> dict:
+    """The batch's tensors on the device; other entries (a method's texts or columns, as lists) as they are."""
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def train(run: RunDescription | Config) -> dict:
@@ -310,8 +311,9 @@ class Loop:
                     run.meter.start_step()
                     state.extra_updates += 1
                 last = update == made.updates - 1 or state.step + 1 >= layout.total_steps
-                self.update(made.micro_batches, count=made.count, counted=self.meter_counts(global_batch, last))
-                self.log_step()
+                self.update(made.micro_batches, count=made.count,
+                            counted=self.meter_counts(global_batch, last, made.tokens))
+                self.log_step(made.samples if update == 0 else ())
             self.at_boundary(first)
             run.faults.signal_after(state.step)
             if (stop := self.preempt.stop_signal(state.step)) is not None:  # preemption reports; the loop acts
@@ -324,11 +326,14 @@ class Loop:
         units = run.data.units_in(global_batch)  # the loss's denominator, the task's unit, known on the host
         ctx = StepContext(run.model, run.accelerator, state.step, state.method)
         made = run.data.task_object.step_batches(ctx, loaded, units)
-        return replace(made, count=global_count(made.count, run.accelerator))
+        count, tokens = global_counts(made.count, made.tokens, run.accelerator)  # one collective, when any
+        return replace(made, count=count, tokens=tokens)
 
-    def meter_counts(self, global_batch, credit: bool) -> tuple[int, int | None]:
-        """The samples and tokens an update counts: the global batch's, on its last update (0 on the others)."""
-        samples, tokens = len(global_batch), self.run.data.tokens_in(global_batch)
+    def meter_counts(self, global_batch, credit: bool, made_tokens: int | None = None) -> tuple[int, int | None]:
+        """The samples and tokens an update counts: the global batch's (the tokens the method made, when it says),
+        on its last update (0 on the others)."""
+        samples = len(global_batch)
+        tokens = made_tokens if made_tokens is not None else self.run.data.tokens_in(global_batch)
         return (samples, tokens) if credit else (0, None if tokens is None else 0)
 
     def update(self, micro: list[dict], *, count, counted: tuple[int, int | None]) -> None:
@@ -358,9 +363,9 @@ class Loop:
             self.optim_state = state_report(run.optimizer, cfg.optim.name)
             self.progress.write(describe_optim_state(self.optim_state))
 
-    def log_step(self) -> None:
-        """At a logging step, the record of the steps since the last one (loss, step metrics, lr, speeds); the
-        progress line at every step."""
+    def log_step(self, samples=()) -> None:
+        """At a logging step, the record of the steps since the last one (loss, step metrics, lr, speeds) and the
+        method's ``samples`` of this step (``completions.jsonl``); the progress line at every step."""
         run, state = self.run, self.state
         step, task = state.step, run.data.task_object
         logged = None
@@ -371,10 +376,11 @@ class Loop:
                                    epoch=state.batches / run.layout.steps_per_epoch)
             logged["mfu"] = run.flops.of(logged["tokens_per_second"])
             run.metrics_log.write(logged)
+            run.metrics_log.write_samples(step, samples)
             state.running.zero_()
             state.running_count = 0
             state.metrics.clear()
-        shown = ("loss", *(k for k in task.traits.progress_keys if logged and k in logged), "lr",
+        shown = (*(k for k in task.traits.progress_keys if logged and k in logged), "lr",
                  f"{task.traits.speed_unit}_per_second")
         self.progress.update(step, {k: logged[k] for k in shown} if logged else None)
 

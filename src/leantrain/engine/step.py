@@ -79,9 +79,22 @@ def train_step(
 def global_count(count: float | torch.Tensor, accelerator: Accelerator) -> float | torch.Tensor:
     """The loss's denominator over all processes: a host count is already global; a device scalar (this process's
     units, counted by a method after making its batches) is summed over the processes, on the device."""
-    if not isinstance(count, torch.Tensor):
-        return count
-    return accelerator.reduce(count.detach().float().reshape(()).clone(), reduction="sum")
+    return global_counts(count, None, accelerator)[0]
+
+
+def global_counts(count: float | torch.Tensor, tokens: float | torch.Tensor | None,
+                  accelerator: Accelerator) -> tuple:
+    """(count, tokens) over all processes, in one collective: a method's per-process values (``StepBatches``: the
+    loss's device count, the tokens tokens/s credits) summed; a host ``count`` is global already and stays a host
+    number; ``tokens`` comes back as a host int (None stays None)."""
+    local = isinstance(count, torch.Tensor)
+    if not local and tokens is None:
+        return count, None
+    values = [count if local else 0.0, 0.0 if tokens is None else tokens]
+    stacked = torch.stack([torch.as_tensor(v, dtype=torch.float32, device=accelerator.device).detach().reshape(())
+                           for v in values])
+    summed = accelerator.reduce(stacked, reduction="sum") if accelerator.num_processes > 1 else stacked
+    return (summed[0] if local else count), (None if tokens is None else int(round(float(summed[1]))))
 
 
 def add_step_metrics(into: dict[str, torch.Tensor], metrics: dict[str, tuple]) -> None:

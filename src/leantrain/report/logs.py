@@ -1,4 +1,5 @@
-"""Run folder writers: metrics.jsonl (one object per logged step and per evaluation), summary.json, config.yaml.
+"""Run folder writers: metrics.jsonl (one object per logged step and per evaluation), completions.jsonl (what a
+method that makes its own batches generated, a few records per logging step), summary.json, config.yaml.
 
 Only the main process writes; the others get a writer that does nothing.
 """
@@ -10,6 +11,8 @@ import math
 import os
 from pathlib import Path
 from typing import Any
+
+COMPLETIONS = "completions.jsonl"  # beside metrics.jsonl: a method's sample records (``StepBatches.samples``)
 
 
 def _clean(value: Any) -> Any:
@@ -33,12 +36,29 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
 
 class MetricsLog:
     def __init__(self, path: str | os.PathLike | None, accelerator=None, prior: list[dict[str, Any]] | None = None):
-        """``prior``: records of the run so far (a resumed run), written back first."""
+        """``prior``: records of the run so far (a resumed run), written back first; the sample records of its steps
+        after the last of them (a resumed run's completions.jsonl past its checkpoint) are dropped."""
         self.path = Path(path) if path else None
         self.accelerator = accelerator
         self.records: list[dict[str, Any]] = list(prior or [])
         if self.path:
             self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+            samples = self.samples_path
+            if samples.exists():
+                last = max((r.get("step", 0) for r in self.records if r.get("type") == "train"), default=0)
+                kept = [r for r in read_metrics(samples) if r.get("step", 0) <= last]
+                samples.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    @property
+    def samples_path(self) -> Path:
+        return self.path.with_name(COMPLETIONS)
+
+    def write_samples(self, step: int, samples) -> None:  # noqa: ANN001 - JSON-able records
+        """A method's sample records of ``step`` (``StepBatches.samples``), appended to completions.jsonl."""
+        if not self.path or not samples:
+            return
+        with self.samples_path.open("a") as f:
+            f.writelines(json.dumps(_clean({"step": step, **dict(r)})) + "\n" for r in samples)
 
     def write(self, record: dict[str, Any]) -> None:
         record = _clean(record)

@@ -66,3 +66,19 @@ def test_auto_micro_batch_prints_one_batch_line_and_the_plot_title_is_short(tmp_
     batch_lines = [line for line in err.splitlines() if line.startswith("batch:")]
     assert len(batch_lines) == 1, batch_lines
     assert titles == [f"{tiny_bert.name} — run"]
+
+
+def test_a_resumed_log_keeps_the_samples_of_its_steps_only(tmp_path):
+    """completions.jsonl beside metrics.jsonl: a method's sample records appended at logging steps; a resumed run
+    (its records up to the checkpoint's step) drops the samples written after that step."""
+    from leantrain.report.logs import MetricsLog, read_metrics
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write_samples(2, [{"completion": "4", "reward": 1.0}, {"completion": "five", "reward": 0.0}])
+    log.write_samples(3, [])  # nothing made: nothing written
+    log.write_samples(4, [{"completion": "x", "reward": float("nan")}])
+    assert [r["step"] for r in read_metrics(tmp_path / "completions.jsonl")] == [2, 2, 4]
+    assert read_metrics(tmp_path / "completions.jsonl")[2]["reward"] == "nan"  # JSON has no NaN: written as text
+    MetricsLog(tmp_path / "metrics.jsonl", prior=[{"type": "train", "step": 2, "loss": 0.1}])
+    assert read_metrics(tmp_path / "completions.jsonl") == [{"step": 2, "completion": "4", "reward": 1.0},
+                                                            {"step": 2, "completion": "five", "reward": 0.0}]

@@ -7,7 +7,12 @@ and what it returns beside its loss.
   generate with ``ctx.model`` under no_grad), give a ``count`` that is a device scalar (this process's units: the
   engine sums it over the processes with one all-reduce and divides by that), and ask for several optimizer updates
   on them (``updates``: each one optimizer and one scheduler step; the loop takes them all in one iteration, so a
-  checkpoint never falls inside them).
+  checkpoint never falls inside them). It may also give the ``tokens`` tokens/s credits for the step (this process's,
+  a host number or a device scalar, summed over the processes with the count: e.g. the prompt and completion tokens
+  of a rollout; unset: the loaded rows' count, ``Task.throughput_tokens``) and ``samples``, a few JSON-able records of
+  what it made (e.g. generated completions), which the engine writes to ``completions.jsonl`` at logging steps.
+- Loaded micro-batches may carry non-tensor entries (e.g. a prompt batch's texts and reward columns, as lists): they
+  reach ``step_batches`` as they are; only the tensors are moved to the device.
 - ``Task.step_loss(model, batch) -> (loss_sum, step_metrics)``: ``step_metrics`` is ``{name: (sum, count)}`` of device
   tensors (the same names at every call), so that the mean over micro-batches, steps and processes is exact: the
   engine adds them on the device and logs ``sum / count`` under ``name`` at each logging step.
@@ -37,9 +42,12 @@ class StepContext:
 @dataclass(frozen=True)
 class StepBatches:
     """The micro-batches one global step trains on, the loss's denominator (a host number: the global count; or a
-    device scalar: this process's count, summed over the processes by the engine) and the optimizer updates to run
-    on them."""
+    device scalar: this process's count, summed over the processes by the engine), the optimizer updates to run on
+    them, the tokens tokens/s credits (this process's; None: the loaded rows' count) and sample records of what the
+    method made (``completions.jsonl``, main process, at logging steps)."""
 
     micro_batches: list[dict]
     count: Any
     updates: int = 1
+    tokens: Any = None
+    samples: tuple | list = ()

@@ -375,5 +375,5 @@ PREFERENCE_TASK = register(Preference(
     # a pair's two rows get opposite gradients: no Liger (efficiency.chunked_loss)
     Traits(labels="pairs", unit="pairs", auto_model="AutoModelForCausalLM", loads_as="text-generation",
            token_blocks=True, headline_loss=True, uniform_token_gradients=False, scratch_needs_tokenizer=True,
-           progress_keys=("rewards/margins",)),
+           progress_keys=("loss", "rewards/margins")),
     None, CardText("preference tuning", "preference-tuned language model", '"Once upon a time", max_new_tokens=40')))

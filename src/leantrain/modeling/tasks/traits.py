@@ -34,7 +34,8 @@ class Traits:
     # cross-entropy needs (efficiency.chunked_loss=auto: leantrain.modeling.output_loss); preference losses do not
     uniform_token_gradients: bool = True
     scratch_needs_tokenizer: bool = False  # a model from a config needs model.tokenizer (causal LM), not model.name's
-    progress_keys: tuple[str, ...] = ()  # step metrics (``Task.step_loss``) the progress line shows beside the loss
+    # what the progress line shows at a logging step before lr and speed: the loss and step metrics (``Task.step_loss``)
+    progress_keys: tuple[str, ...] = ("loss",)
 
     @property
     def labelled(self) -> bool:
