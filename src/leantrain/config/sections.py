@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import Field, field_validator, model_validator
 
+from leantrain.config.grpo import GrpoConfig
 from leantrain.config.model_data import DataConfig, ModelConfig
 from leantrain.config.preference import PreferenceConfig, check_preference
 from leantrain.config.problem_type import check_problem_type
@@ -31,6 +32,7 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     peft: PeftConfig = Field(default_factory=PeftConfig)
     preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
+    grpo: GrpoConfig = Field(default_factory=GrpoConfig)
     output_dir: str | None = Field(None, description="run folder; unset = runs/<date-time>")
 
     @field_validator("output_dir")

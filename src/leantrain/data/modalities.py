@@ -1,5 +1,5 @@
 """One data side per modality (text, image, audio; tagged: words with a tag each, token classification; tokens:
-causal-LM text and instruction data; pairs, feedback, scored-pairs: preference data, ``data/lm/preference.py``): load +
+causal-LM text and instruction data; pairs, feedback, scored-pairs: preference data, ``data/lm/preference.py``; prompts: GRPO's, ``data/lm/prompts.py``): load +
 validate, process with the model's processor, collate.
 The engine picks one through the task's modality (``leantrain.modeling.tasks``: ``Task.modality``, and
 ``Task.data_side`` may adapt it) and stays free of task and modality branches."""
@@ -13,7 +13,7 @@ import numpy as np
 
 from leantrain.config import DataConfig
 from leantrain.data import audio, image, tagged, text_loader
-from leantrain.data.lm import corpus, preference
+from leantrain.data.lm import corpus, preference, prompts
 from leantrain.data.lm.sft import with_instructions
 from leantrain.data.loaders import make_collator
 from leantrain.data.text import pad_multiple, tokenize
@@ -28,7 +28,7 @@ class Modality:
     collator: Callable  # (processor, DataConfig, *, train, seed, device_type) -> rows -> tensors
     counts_tokens: bool  # `length` counts tokens (tokens/s is reported for text only)
     label_kind: Callable = lambda cfg: "classes"  # (DataConfig) -> "classes" | "scores" | "label_sets" | "tags" |
-    # "none" | "pairs" | "feedback": what auto reads
+    # "none" | "pairs" | "feedback" | "prompts": what auto reads
     describe: Callable = lambda train, evals, labels: (  # the run's one line about its processed data
         f"{len(train)} train / {len(evals)} eval rows, {len(labels)} label{'s' * (len(labels) != 1)} {labels[:10]}")
     detected: Callable = lambda rows: {}  # (rows from load_rows) -> what Task.check_data reads of them (eval's format)
@@ -85,11 +85,14 @@ def either_side(pairs: Modality, feedback: Modality) -> Modality:
 
 
 MODALITIES["pairs-or-feedback"] = either_side(MODALITIES["pairs"], MODALITIES["feedback"])
+MODALITIES["prompts"] = Modality(  # prompts to be answered and scored (GRPO: data/lm/prompts.py)
+    "prompts", prompts.load_and_validate, prompts.load_rows, prompts.process, prompts.collator, True,
+    lambda cfg: "prompts", prompts.describe, prompts.detected)
 
 
 def for_modality(name: str) -> Modality:
     """The data side of a modality: ``text``, ``image``, ``audio``, ``tagged``, ``tokens`` (causal LMs), ``pairs``,
-    ``feedback`` or ``scored-pairs`` (preference data)."""
+    ``feedback`` or ``scored-pairs`` (preference data), ``prompts`` (GRPO)."""
     try:
         return MODALITIES[name]
     except KeyError:

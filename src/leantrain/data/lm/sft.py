@@ -20,6 +20,7 @@ from leantrain.data.lm import rendering as rd
 from leantrain.data.lm import preference_formats as pf
 from leantrain.data.caches import using_cache_dir
 from leantrain.data.lm.conversation import EXTRA_COLUMNS, prompt_context
+from leantrain.data.lm.prompts import is_prompts, refuse_prompts
 from leantrain.data.demo import demo_files
 from leantrain.data.sources import Part, SourceError, quiet
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings
@@ -62,6 +63,7 @@ def refuse_preference(ds, where: str) -> None:  # noqa: ANN001 - a datasets.Data
 def _refuse_part(part: Part | None) -> None:
     if part is not None:
         refuse_preference(part.ds, part.where)
+        refuse_prompts(part.ds, part.where)
 
 
 def with_formats(err: DataError) -> DataError:
@@ -272,8 +274,10 @@ def with_instructions(side):  # noqa: ANN001, ANN201 - a leantrain.data.modaliti
             return process(dataset, processor, cfg, desc)
         return side.process(dataset, processor, cfg, desc)
 
-    def label_kind_(cfg: DataConfig) -> str:  # model.task=auto: preference data makes a causal LM a preference task
-        train = _train_part(cfg)
+    def label_kind_(cfg: DataConfig) -> str:  # model.task=auto: preference data makes a causal LM a preference task,
+        train = _train_part(cfg)  # prompts alone a GRPO one
+        if train is not None and is_prompts(train.ds.column_names):
+            return "prompts"
         return "pairs" if train is not None and is_preference(train) else side.label_kind(cfg)
 
     return dataclasses.replace(side, load_and_validate=load_and_validate_, load_rows=load_rows_, process=process_,

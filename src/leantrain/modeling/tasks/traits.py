@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LABELS = ("classes", "scores", "label_sets", "tags", "none", "pairs")  # the data side's label kinds (auto reads them)
+LABELS = ("classes", "scores", "label_sets", "tags", "none", "pairs", "prompts")  # the data side's label kinds (auto reads them)
 UNITS = ("examples", "labels", "tokens", "pairs")
 PROCESSORS = ("tokenizer", "image_processor", "feature_extractor")
 SPEED_UNITS = ("samples", "tokens")

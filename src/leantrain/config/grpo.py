@@ -1,0 +1,86 @@
+"""The ``grpo.*`` section: online RL of a causal LM with group-relative advantages (``model.task=grpo``; TRL's
+GRPOTrainer's meanings and names). ``train.batch_size`` counts prompts; each is answered ``grpo.num_generations``
+times, and those answers are one group."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from leantrain.config.base import Section
+from leantrain.errors import ConfigError
+
+REWARDS_HELP = ("reward functions, each FILE.py:FUNCTION or module:function with TRL's signature f(prompts, "
+                "completions, completion_ids, **columns) -> list of floats (None: no score), or a built-in: "
+                "match:COLUMN (1 when the completion, stripped, equals the row's COLUMN), numeric:COLUMN (1 when the "
+                "last number in the completion equals the row's COLUMN), regex:PATTERN (1 when the completion "
+                "matches), length:N (1 at N completion tokens, less the further from N)")
+
+
+class GrpoConfig(Section):
+    """GRPO (model.task=grpo): prompts in, completions sampled by the model being trained, scored by reward
+    functions, each completion's advantage its reward against its group's."""
+
+    rewards: list[str] = Field(default_factory=list, description=REWARDS_HELP)
+    reward_weights: list[float] | None = Field(
+        None, description="one weight per grpo.rewards entry; the reward is the weighted sum of the functions' scores "
+        "(a None score left out, as TRL's nansum); unset = 1 each")
+    num_generations: int = Field(8, ge=2, description="completions sampled per prompt: the group its advantages are "
+                                 "relative to (at least 2: one answer has nothing to be compared with)")
+    max_new_tokens: int = Field(64, gt=0, description="tokens a completion may have; longer ones are cut (truncated)")
+    loss: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = Field(
+        "dapo", description="how the token losses are averaged. dapo: over every completion token of the global "
+        "batch; grpo: each completion's token mean, then the mean over completions; dr_grpo: the token sum over "
+        "completions x grpo.max_new_tokens; bnpo: each micro-batch's token mean (depends on the micro-batch layout, "
+        "as in TRL)")
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="the advantage is the reward less its group's mean, divided by the standard deviation "
+        "of its group (group), of the whole batch (batch), or not divided (none: Dr. GRPO)")
+    epsilon: float = Field(0.2, gt=0, lt=1, description="the clipping range: the probability ratio is clipped to "
+                           "1 - epsilon .. 1 + epsilon_high")
+    epsilon_high: float | None = Field(None, gt=0, description="the upper clipping bound (DAPO's clip-higher: "
+                                       "0.28); unset = grpo.epsilon")
+    num_iterations: int = Field(1, ge=1, description="optimizer steps on each batch of completions (TRL's mu); "
+                                "above 1 the ratio is taken against the log-probs of the model that sampled them")
+    beta: float = Field(0.0, ge=0, description="the weight of the KL penalty against the reference model (the model "
+                        "before training; its LoRA adapters switched off under LoRA); 0 = no reference model")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of the completions (0 = greedy: every "
+                               "sample of a group the same, nothing to learn)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of tokens with this much "
+                         "probability; 1 = off")
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens; 0 = off")
+    mask_truncated: bool = Field(False, description="completions cut at grpo.max_new_tokens (no end of sequence) "
+                                 "are left out of the loss (DAPO's overlong filtering)")
+    generation: Literal["auto", "transformers", "vllm"] = Field(
+        "auto", description="what samples the completions: transformers (leantrain's own decode loop on the model "
+        "being trained, KV cache); auto = transformers")
+    log_completions: int = Field(4, ge=0, description="completions written to completions.jsonl at each logging "
+                                 "step (prompt, completion, rewards); 0 = none")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "GrpoConfig":
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
+            raise ValueError(f"grpo.reward_weights has {len(self.reward_weights)} weights for "
+                             f"{len(self.rewards)} grpo.rewards; give one weight per reward function")
+        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            raise ValueError(f"grpo.epsilon_high={self.epsilon_high:g} is below grpo.epsilon={self.epsilon:g}: the "
+                             "upper clipping bound would be tighter than the lower; leave it unset or raise it")
+        return self
+
+    def resolved_epsilon_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+def check_grpo_keys(cfg, task) -> None:  # noqa: ANN001 - a Config, a leantrain.modeling.tasks Task
+    """grpo.* keys are for GRPO (a task whose rows are prompts) only; GRPO needs at least one reward function. A key
+    counts as given when its value is not the default (the workers read the resolved config, every key written out)."""
+    online = task.traits.labels == "prompts"
+    if online and not cfg.grpo.rewards:
+        raise ConfigError(f"grpo.rewards: {task.name} scores its completions with reward functions and none is "
+                          "given; e.g. grpo.rewards=[numeric:answer] or grpo.rewards=[rewards.py:my_reward]")
+    fields = type(cfg.grpo).model_fields
+    given = sorted(k for k, f in fields.items() if getattr(cfg.grpo, k) != f.get_default(call_default_factory=True))
+    if given and not online:
+        raise ConfigError(f"grpo.{given[0]}: for GRPO (model.task=grpo, on prompts) only; this run's task is "
+                          f"{task.name}")

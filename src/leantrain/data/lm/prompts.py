@@ -1,0 +1,224 @@
+"""Prompts to be answered (the ``prompts`` data side: GRPO, ``model.task=grpo``): rows with a ``prompt`` (a text, or a
+list of ``{role, content}`` messages: conversational) and any other columns, which the reward functions read by name
+(``grpo.rewards``). JSON arrays, JSON lines, CSV and every other source ``data.train`` takes; ``data.eval``, else a
+seeded hold-out of ``data.eval_fraction``. ``data.train`` unset: the built-in arithmetic prompts
+(``leantrain.data.lm.arithmetic``).
+
+DATA CONTRACT (what the GRPO task reads; the names are stable)
+
+Processed rows: ``prompt_input_ids`` (list of int), ``length`` (its tokens), ``prompt`` and the other columns as
+loaded. A prompt is rendered as SFT renders the prompt of a row it trains on, up to where the answer begins:
+messages through the tokenizer's chat template with the assistant's turn opened (or the plain template's prompt part
+when there is none, ``data.system_prompt`` as SFT puts it), a text as it is with the tokenizer's special tokens (a
+prompt / completion row's prompt; TRL does not template a text prompt either; ``data.template`` as SFT reads it). A
+prompt longer than ``data.max_prompt_length`` tokens (unset: half of ``data.block_size``) keeps its end.
+
+Collated (B rows): ``prompt_input_ids`` (B, P) LEFT-padded with the pad id (EOS when there is none),
+``prompt_attention_mask`` (B, P), ``loss_weight`` (B,) float32 (0 for the padding rows that keep ranks in step),
+and, not tensors, ``prompt`` (the B prompts as loaded) and ``columns`` (name -> the B rows' values of every other
+column).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import datasets
+import torch
+
+from leantrain.config import DataConfig
+from leantrain.data.caches import using_cache_dir
+from leantrain.data.lm import arithmetic
+from leantrain.data.lm import instruction_formats as formats_
+from leantrain.data.lm import preference_formats as pf
+from leantrain.data.lm import rendering as rd
+from leantrain.data.lm.collate import pad_id_of
+from leantrain.data.lm.conversation import with_system
+from leantrain.data.lm.preference import prompt_budget
+from leantrain.data.lm.preference_render import last_run, policy_rendering
+from leantrain.data.sources import Part
+from leantrain.data.text_loader import PreparedData, data_error, first_rows, open_parts, open_rows, source_warnings
+from leantrain.errors import DataError
+
+log = logging.getLogger("leantrain")
+PROMPT = "prompt"
+ANSWERED = ("completion", "response", "output", "chosen", "rejected")  # a column that answers the prompt: other data
+NOT_AUTO = (*ANSWERED, "label")  # model.task=auto: a label beside a prompt is feedback or classification data
+ROLES = ("system", "user", "assistant", "tool")
+DESCRIPTION = "prompt: a text or a list of {role, content} messages; any other columns are passed to the rewards"
+
+
+def is_prompts(columns: list[str]) -> bool:
+    """Prompt-only data: a ``prompt`` column and none that answers it (a completion, response, chosen / rejected,
+    label): what ``model.task=auto`` reads as GRPO data."""
+    return PROMPT in columns and not any(c in columns for c in NOT_AUTO) \
+        and not formats_.looks_like_instructions(columns)
+
+
+def refuse_prompts(ds: datasets.Dataset, where: str) -> None:
+    """Prompt-only data given to supervised fine-tuning (or language modelling): a DataError saying it is GRPO data
+    (there is no answer to learn)."""
+    if is_prompts(ds.column_names):
+        raise DataError(f"{where}: prompts with no completion ({', '.join(ds.column_names)}): GRPO data, with no "
+                        "answer to learn by supervised fine-tuning; it trains with model.task=grpo and reward "
+                        "functions (grpo.rewards), or add a completion column for SFT")
+
+
+def _not_prompts(part: Part) -> str | None:
+    """What is wrong with a part's columns for this side, or None."""
+    columns = part.ds.column_names
+    if PROMPT not in columns:
+        return f"{part.where}: no {PROMPT!r} column; columns found: {', '.join(columns) or 'none'} ({DESCRIPTION})"
+    answered = [c for c in ANSWERED if c in columns]
+    if answered:
+        kind = "preference data (model.task=preference)" if pf.table_format(part.ds) is not None else \
+            "instruction data (supervised fine-tuning: model.task=causal-lm)"
+        return (f"{part.where}: a {answered[0]!r} column: that is {kind}; GRPO reads prompts only and scores the "
+                "model's own answers (drop the column, or rename it if a reward function reads it)")
+    return None
+
+
+def read_prompt(value: Any) -> str | list[dict[str, str]]:
+    """A row's prompt checked: a non-empty text, or messages (roles system / user / assistant / tool) that do not
+    end with the assistant's turn; raises ValueError saying what is wrong."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"{PROMPT!r} is empty")
+        return value
+    if not isinstance(value, list):
+        raise ValueError(f"{PROMPT!r} is {type(value).__name__}, not a text or a list of messages")
+    answered = [*value, {"role": "assistant", "content": ""}]  # SFT's checks of a conversation, roles read as SFT does
+    messages = formats_.to_messages({"messages": answered}, "messages")[:-1]
+    if messages and messages[-1]["role"] == "assistant":
+        raise ValueError(f"{PROMPT!r} ends with an assistant turn; a prompt ends with the turn to be answered")
+    if not any(m["role"] != "system" and m["content"].strip() for m in messages):
+        raise ValueError(f"{PROMPT!r} has no non-empty user turn")
+    return messages
+
+
+def _checked(parts: list[Part]) -> None:
+    problems = []
+    for part in parts:
+        wrong = _not_prompts(part)
+        problems += [wrong] if wrong else formats_.check_rows(
+            part.ds, PROMPT, part.where, name_row=lambda i, p=part: p.rows([i]),
+            convert=lambda row, _: read_prompt(row[PROMPT]))
+    if problems:
+        raise data_error(problems)
+
+
+def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labels=None) -> PreparedData:  # noqa: ANN001
+    """Prompt rows (and eval rows), checked: one DataError naming file, line and problem."""
+    notes: list[str] = []
+    train_spec, eval_spec = cfg.train, cfg.eval
+    if train_spec is None:
+        train_spec, built_in_eval = (str(p) for p in arithmetic.files())
+        eval_spec = eval_spec or built_in_eval
+        notes.append(f"data: {arithmetic.DESCRIPTION} (set data.train to use your own)")
+    with using_cache_dir(cfg.cache_dir):
+        train, evaluation = open_parts(cfg, train_spec, eval_spec, notes)
+    parts = [p for p in (train, evaluation) if p is not None]
+    _checked(parts)
+    if cfg.template not in ("auto", "chat", "plain"):
+        rd.check_template(cfg.template)
+    train_ds, eval_ds = train.ds, evaluation.ds if evaluation is not None else None
+    if eval_ds is None:
+        split = train_ds.train_test_split(test_size=cfg.eval_fraction, seed=seed)
+        train_ds, eval_ds = split["train"], split["test"]
+        notes.append(f"eval data: none given, so {len(eval_ds)} of {len(train.ds)} training prompts "
+                     f"({cfg.eval_fraction:.0%}) are held out (seed {seed}; set data.eval to use your own)")
+    train_ds = first_rows(train_ds, cfg.max_train_samples, "data.max_train_samples", "training", notes)
+    eval_ds = first_rows(eval_ds, cfg.max_eval_samples, "data.max_eval_samples", "eval", notes)
+    conversational = not isinstance(train_ds[0][PROMPT], str)
+    others = [c for c in train_ds.column_names if c != PROMPT]
+    notes.append(f"data: prompts ({'messages' if conversational else 'texts'}), other columns for the rewards: "
+                 f"{', '.join(others) or 'none'}")
+    warnings = source_warnings(parts)
+    if len(train_ds) < batch_size:
+        warnings.append(f"only {len(train_ds)} training prompts, fewer than one batch (train.batch_size={batch_size})")
+    return PreparedData(train_ds, eval_ds, [], {"format": "prompts", "prompt": "messages" if conversational else "text"},
+                        notes, warnings)
+
+
+def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_labels=None):  # noqa: ANN001, ANN201
+    """One source of prompts for ``eval``: (rows, notes)."""
+    part = open_rows(path, cfg)
+    _checked([part])
+    return part.ds, [f"data: prompts from {part.name}"]
+
+
+def detected(rows: datasets.Dataset) -> dict:
+    """What ``leantrain eval`` found in its rows: {"eval_format": "prompts"}."""
+    return {"eval_format": "prompts"}
+
+
+def render_prompt(prompt: str | list[dict[str, str]], tokenizer, rendering: rd.Rendering,  # noqa: ANN001
+                  system_prompt: str | None = None) -> list[int]:
+    """A prompt's token ids as SFT renders them before the answer: the conversation with an assistant turn rendered
+    by ``rendering.render``, cut where the response mask begins (raw: the text with the special tokens)."""
+    if rendering.mode == "raw":
+        return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else read_prompt(prompt)
+    messages = with_system(messages, {}, system_prompt)
+    ids, mask = rd.render([*messages, {"role": "assistant", "content": "0"}], tokenizer, rendering)
+    return ids[:last_run(mask)[0]]
+
+
+def _encode(batch: dict[str, list], tokenizer, rendering: rd.Rendering, budget: int,  # noqa: ANN001
+            system_prompt: str | None) -> dict[str, list]:
+    ids = [render_prompt(p, tokenizer, rendering, system_prompt) for p in batch[PROMPT]]
+    return {"prompt_input_ids": [x[-budget:] for x in ids], "length": [min(len(x), budget) for x in ids],
+            "trimmed": [len(x) > budget for x in ids]}
+
+
+def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "Rendering") -> datasets.Dataset:  # noqa: ANN001
+    """Prompt rows -> the contract's rows (cached by datasets); logs how many prompts kept their end only."""
+    where = {"Processing train": "data.train", "Processing eval": "data.eval"}.get(desc, "data")
+    textual = isinstance(dataset[0][PROMPT], str) if len(dataset) else True
+    rendering = policy_rendering(tokenizer, cfg.template, textual)
+    budget = prompt_budget(cfg)
+    try:
+        out = dataset.map(_encode, batched=True, batch_size=256, desc=desc,
+                          fn_kwargs={"tokenizer": tokenizer, "rendering": rendering, "budget": budget,
+                                     "system_prompt": cfg.system_prompt})
+    except DataError as e:
+        raise DataError(f"{where}: {e}") from None
+    trimmed = sum(out["trimmed"])
+    if trimmed:
+        log.info("%s: %d of %d prompts over data.max_prompt_length=%d tokens keep their end", where, trimmed, len(out),
+                 budget)
+    if len(out) and where != "data.eval":
+        log.info("rendered prompt:\n%s", tokenizer.decode(out[0]["prompt_input_ids"]))
+    return out.remove_columns("trimmed")
+
+
+class PromptCollator:
+    """Prompt rows -> left-padded ``prompt_input_ids`` / ``prompt_attention_mask``, ``loss_weight``, and the
+    prompts and other columns as lists."""
+
+    TENSORS = ("prompt_input_ids", "length", "loss_weight")
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = int(pad_token_id)
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        width = max(len(r["prompt_input_ids"]) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            k = len(r["prompt_input_ids"])
+            ids[i, width - k:] = torch.as_tensor(r["prompt_input_ids"], dtype=torch.long)
+            mask[i, width - k:] = 1
+        others = [c for c in rows[0] if c not in self.TENSORS and c != PROMPT]
+        return {"prompt_input_ids": ids, "prompt_attention_mask": mask,
+                "loss_weight": torch.tensor([float(r.get("loss_weight", 1.0)) for r in rows], dtype=torch.float32),
+                PROMPT: [r[PROMPT] for r in rows], "columns": {c: [r[c] for r in rows] for c in others}}
+
+
+def collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0, device_type: str = "cpu") -> PromptCollator:  # noqa: ANN001
+    return PromptCollator(pad_id_of(tokenizer))
+
+
+def describe(train, evals, labels) -> str:  # noqa: ANN001
+    return f"{len(train)} train / {len(evals)} eval prompts"
