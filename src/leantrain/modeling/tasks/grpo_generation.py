@@ -1,0 +1,130 @@
+"""Generation for online methods (GRPO): ``num_generations`` sampled completions per prompt with the current model.
+
+One prefill forward of the N left-padded prompts (position ids from the attention mask, so absolute-position models
+such as GPT-2 see each prompt start at 0), the KV cache and the last prompt logits then repeated G times per prompt
+(``Cache.batch_repeat_interleave``: the prompts are encoded once, not G times), then decoding token by token with the
+cache. Sampling is HF's: fp32 logits / temperature, then top-k, then top-p (the smallest set of tokens whose
+probability reaches ``top_p``, at least one), one ``torch.multinomial`` draw per row with the caller's generator (loop
+state, so a resumed run draws the same tokens); temperature 0 is greedy. A row stops at its first EOS (any of
+``eos_ids``): later positions are ``pad_id`` with mask 0; decoding stops when every row has stopped or at
+``max_new_tokens``.
+
+The model is used as it is: the DDP wrapper's ``.module``, peft's LoRA model with its adapters active, under
+whatever autocast the caller opened; in eval mode under ``no_grad`` (the mode restored after), no copy of the
+weights. ``backend`` is the seam where another engine (vLLM) plugs in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from leantrain.errors import ConfigError, UserError
+from leantrain.modeling.tasks.preference import frozen_forward, unwrapped
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are drawn: ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclass
+class Rollout:
+    """The completions of N prompts x G generations; row ``i*G + j`` is prompt i's j-th sample."""
+
+    completion_ids: torch.Tensor  # (N*G, C) long, right-padded with pad_id
+    completion_mask: torch.Tensor  # (N*G, C) 1 on the generated tokens up to and including the first EOS
+    truncated: torch.Tensor  # (N*G,) bool: no EOS within max_new_tokens
+
+
+def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_generations: int,
+             sampling: Sampling, eos_ids, pad_id: int, generator: torch.Generator | None = None) -> Rollout:
+    """``num_generations`` completions of each left-padded prompt of ``prompt_ids`` (N, P), ``prompt_mask`` (N, P)."""
+    model = unwrapped(model)
+    eos = torch.as_tensor(list(eos_ids), dtype=torch.long, device=prompt_ids.device)
+    with frozen_forward(model):
+        logits, cache = prefill(model, prompt_ids, prompt_mask)
+        cache.batch_repeat_interleave(num_generations)
+        logits = logits.repeat_interleave(num_generations, dim=0)
+        mask = prompt_mask.long().repeat_interleave(num_generations, dim=0)
+        return decode(model, logits, cache, mask, sampling, eos, pad_id, generator)
+
+
+def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+    """One forward of the prompts: the last position's fp32 logits (N, V) and the KV cache."""
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
+                use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1].float(), out.cache
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows: 0 at each row's first real token (padding at 0 too)."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def decode(model, logits: torch.Tensor, cache, mask: torch.Tensor, sampling: Sampling, eos: torch.Tensor,
+           pad_id: int, generator: torch.Generator | None) -> Rollout:
+    """Token-by-token decoding from the prompts' last logits and cache; ``mask`` (B, P) the prompts' attention mask."""
+    rows, length = mask.shape
+    steps = sampling.max_new_tokens
+    ids = torch.full((rows, steps), pad_id, dtype=torch.long, device=mask.device)
+    done = torch.zeros(rows, dtype=torch.bool, device=mask.device)
+    attention = torch.cat([mask, mask.new_ones(rows, steps)], dim=1)
+    position = mask.sum(-1, keepdim=True)  # the next token's position per row
+    taken = 0
+    for step in range(steps):
+        token = torch.where(done, pad_id, pick(logits, sampling, generator))
+        ids[:, step] = token
+        done |= torch.isin(token, eos)
+        taken = step + 1
+        if taken == steps or bool(done.all()):
+            break
+        out = model(input_ids=token[:, None], attention_mask=attention[:, :length + taken], position_ids=position,
+                    cache=cache, use_cache=True)
+        logits, cache, position = out.logits[:, -1].float(), out.cache, position + 1
+    ids = ids[:, :taken]
+    return Rollout(ids, completion_mask(ids, eos), ~done)
+
+
+def completion_mask(ids: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """1 on each row's tokens up to and including its first EOS, 0 after (long, like attention masks)."""
+    hit = torch.isin(ids, eos).long()
+    return ((hit.cumsum(-1) - hit) == 0).long()
+
+
+def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row: the argmax at temperature 0, else a draw from the filtered distribution."""
+    if sampling.temperature == 0:
+        return logits.argmax(-1)
+    probs = filtered(logits / sampling.temperature, sampling.top_k, sampling.top_p).softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def filtered(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """HF's top-k then top-p warpers: the logits of the dropped tokens set to -inf."""
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        ordered, order = logits.sort(-1)  # ascending: drop the low tail whose mass stays <= 1 - top_p
+        tail = ordered.softmax(-1).cumsum(-1) <= 1 - top_p
+        tail[..., -1] = False  # at least one token
+        logits = logits.masked_fill(tail.scatter(-1, order, tail), float("-inf"))
+    return logits
+
+
+def backend(name: str) -> Callable[..., Rollout]:
+    """The generation engine of ``grpo.generation``: ``auto`` and ``transformers`` are this module's ``generate``."""
+    if name in ("auto", "transformers"):
+        return generate
+    if name == "vllm":
+        raise UserError("grpo.generation=vllm: vLLM is not wired into leantrain yet; use grpo.generation=auto "
+                        "(transformers, with a KV cache)")
+    raise ConfigError(f"grpo.generation={name!r}: expected auto, transformers or vllm")
