@@ -97,11 +97,12 @@ def stored_task(model_dir: str | Path) -> str | None:
 
 def trained_task(model_dir: str | Path, cfg: Config) -> Task:
     """The task of a trained model folder (``cfg.model`` naming it): ``model.task``, or what ``auto`` decides from its
-    config; under auto, a run that recorded a paired task (a preference-tuned policy, a reward model: their config
-    says causal LM or sequence classifier) keeps it."""
+    config; under auto, the task the run recorded when its model is of the class auto found (a preference-tuned or
+    GRPO-trained policy, a reward model: their config says causal LM or sequence classifier) keeps it."""
     task = resolve_task(cfg)
     recorded = TASKS.get(stored_task(model_dir) or "")
-    return recorded if cfg.model.task == "auto" and recorded is not None and recorded.traits.paired else task
+    kept = cfg.model.task == "auto" and recorded is not None and recorded.traits.auto_model == task.traits.auto_model
+    return recorded if kept else task
 
 
 def read_run_settings(model_dir: str | Path) -> dict | None:

@@ -46,6 +46,7 @@ PROMPT = "prompt"
 ANSWERED = ("completion", "response", "output", "chosen", "rejected")  # a column that answers the prompt: other data
 NOT_AUTO = (*ANSWERED, "label")  # model.task=auto: a label beside a prompt is feedback or classification data
 ROLES = ("system", "user", "assistant", "tool")
+FIRST_ROWS = 2  # rows the reward functions are tried on before the model loads (Task.check_data)
 DESCRIPTION = "prompt: a text or a list of {role, content} messages; any other columns are passed to the rewards"
 
 
@@ -137,8 +138,9 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     warnings = source_warnings(parts)
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training prompts, fewer than one batch (train.batch_size={batch_size})")
-    return PreparedData(train_ds, eval_ds, [], {"format": "prompts", "prompt": "messages" if conversational else "text"},
-                        notes, warnings)
+    columns = {"format": "prompts", "prompt": "messages" if conversational else "text",
+               "first_rows": train_ds.select(range(min(FIRST_ROWS, len(train_ds)))).to_list()}  # the rewards' dry call
+    return PreparedData(train_ds, eval_ds, [], columns, notes, warnings)
 
 
 def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_labels=None):  # noqa: ANN001, ANN201

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LABELS = ("classes", "scores", "label_sets", "tags", "none", "pairs", "prompts")  # the data side's label kinds (auto reads them)
+ROW_LABELS = ("classes", "scores", "label_sets", "tags")  # labels a row's prediction is compared with
 UNITS = ("examples", "labels", "tokens", "pairs")
 PROCESSORS = ("tokenizer", "image_processor", "feature_extractor")
 SPEED_UNITS = ("samples", "tokens")
@@ -61,9 +62,10 @@ class Traits:
     @property
     def evaluated_by_rows(self) -> bool:
         """``leantrain eval`` scores it from each row's prediction, in the rows' order (per-class values and a
-        confusion matrix for classes); otherwise as a training run's evaluation does (a language model's loss and
-        perplexity, the metrics of a paired task)."""
-        return self.labelled and not self.paired
+        confusion matrix for classes): its rows carry labels to compare with. Otherwise as a training run's
+        evaluation does (a language model's loss and perplexity, the metrics of a paired task, the rewards of the
+        completions a method generates from prompts)."""
+        return self.labels in ROW_LABELS
 
     @property
     def tokenized(self) -> bool:
@@ -87,14 +89,17 @@ class Traits:
 
     def problems(self) -> list[str]:
         """What contradicts itself in this record (empty when it is consistent): each field among its choices, a
-        speed in tokens or eval rows of token blocks only for a language model (text cut into blocks, no labels)."""
+        speed in tokens only for a language model (text cut into blocks, no labels) or a method that generates from
+        prompts, eval rows of token blocks only for a language model."""
         out = [f"{name}={value!r} is not one of {choices}" for name, value, choices in (
             ("labels", self.labels, LABELS), ("unit", self.unit, UNITS), ("processor", self.processor, PROCESSORS),
             ("speed_unit", self.speed_unit, SPEED_UNITS), ("eval_row_kind", self.eval_row_kind, EVAL_ROW_KINDS))
             if value not in choices]
         language_model = self.token_blocks and not self.labelled
-        if (self.speed_unit == "tokens") != language_model:
-            out.append(f"speed_unit={self.speed_unit!r}: tokens/s is a language model's speed")
+        online = self.token_blocks and self.labels == "prompts"  # it generates the tokens it trains on (GRPO)
+        if (self.speed_unit == "tokens") != (language_model or online):
+            out.append(f"speed_unit={self.speed_unit!r}: tokens/s is the speed of a language model or of a method "
+                       "that generates from prompts")
         if (self.eval_row_kind == "blocks") != language_model:
             out.append(f"eval_row_kind={self.eval_row_kind!r}: eval rows are blocks for a language model only")
         if self.paired != (self.unit == "pairs"):

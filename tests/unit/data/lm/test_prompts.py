@@ -82,7 +82,9 @@ def test_a_text_prompt_is_not_templated_and_other_columns_are_kept(tmp_path, tok
     rows = [{"prompt": Q, "answer": 4, "meta": {"level": 1}}, {"prompt": "Hello world.", "answer": 0,
                                                                "meta": {"level": 2}}]
     prepared, out = processed(tmp_path, tok, rows, eval_fraction=0.5)
+    first = prepared.columns.pop("first_rows")  # the rewards' dry call before the model loads (Grpo.check_data)
     assert prepared.columns == {"format": "prompts", "prompt": "text"}
+    assert first == prepared.train.to_list()[:2]
     by_prompt = {r["prompt"]: r for r in out}
     assert by_prompt[Q]["prompt_input_ids"] == tok(Q, add_special_tokens=True)["input_ids"]
     assert by_prompt[Q]["answer"] == 4 and by_prompt[Q]["meta"] == {"level": 1}
