@@ -260,7 +260,8 @@ def _checked_merge(model: nn.Module, data: TrainingData) -> nn.Module:
     n = min(MERGE_CHECK_ROWS, len(rows))
     collate = data.eval_collator or data.collator
     device = next(model.parameters()).device
-    batch = {k: v.to(device) for k, v in collate([rows[i] for i in range(n)]).items()}
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v  # a method's texts and columns as they are
+             for k, v in collate([rows[i] for i in range(n)]).items()}
     units = max(data.task_object.count(rows, list(range(n))), 1)
     adapted = _loss_of(model, batch, data) / units
     merged = merged_for_saving(model)

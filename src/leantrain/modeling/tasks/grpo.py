@@ -263,6 +263,13 @@ class Grpo(CausalLM):
         """The loss of a training micro-batch (the memory model's calibration passes; ``step_loss``'s)."""
         return self.step_loss(model, batch)[0], None
 
+    def merge_check_value(self, model, batch: dict):
+        """The model's summed loss on the prompts themselves (a batch of prompts has no completions to score)."""
+        mask = batch["prompt_attention_mask"]
+        prompts = {"input_ids": batch["prompt_input_ids"], "attention_mask": mask,
+                   "labels": batch["prompt_input_ids"].masked_fill(mask == 0, G.IGNORE)}
+        return self.token_losses(model, prompts).sum()
+
     def count(self, dataset, indices) -> int:
         """Prompts in these rows (the loss's own count is made with its batches: ``step_batches``)."""
         return int((np.asarray(indices) >= 0).sum())

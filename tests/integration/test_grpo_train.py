@@ -1,0 +1,173 @@
+"""GRPO end to end (``model.task=grpo``): a tiny Llama from a config with a tiny chat tokenizer, arithmetic prompts
+with an ``answer`` column, reward functions in a file with TRL's signature; G = 4 completions of at most 8 tokens.
+One LoRA run (KL against the adapters-off model, two updates per rollout) is shared by most assertions."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from leantrain import train
+from leantrain.cli import main
+from leantrain.errors import UserError
+from leantrain.report.logs import read_metrics
+from tests.helpers import CHATML, TINY_LLAMA, make_tiny_chat_tokenizer, model_params, write_jsonl
+from tests.processes import BIN, env, run
+
+REWARDS = '''
+def has_digit(prompts, completions, completion_ids, **kwargs):
+    return [float(any(ch.isdigit() for ch in c)) for c in completions]
+
+
+def short(completions, answer, **kwargs):
+    """None for an empty completion: no opinion (left out of the reward's mean)."""
+    return [1.0 / (1 + len(c)) if c else None for c in completions]
+
+
+def wrong_length(completions, **kwargs):
+    return [0.0] * min(len(completions), 2)  # right in the dry call on 2 rows, short of one per completion later
+'''
+STEPS = 4
+
+
+def _rows(n: int, seed: int) -> list[dict]:
+    r = random.Random(seed)
+    return [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)}
+            for a, b in ((r.randint(0, 9), r.randint(0, 9)) for _ in range(n))]
+
+
+def _args(root: Path, out: Path, *extra: str) -> list[str]:
+    rewards = f"grpo.rewards=[{root / 'rewards.py'}:has_digit,{root / 'rewards.py'}:short]"
+    return [*TINY_LLAMA, f"model.tokenizer={root / 'tok'}", "model.task=grpo", f"data.train={root / 'train.jsonl'}",
+            f"data.eval={root / 'eval.jsonl'}", rewards, "grpo.num_generations=4", "grpo.max_new_tokens=8",
+            "train.batch_size=4", "train.micro_batch_size=2", "train.lr=3e-3", "train.log_every_steps=1",
+            "report.plots=false", "report.progress=none", "efficiency.precision=fp32", f"output_dir={out}", *extra]
+
+
+@pytest.fixture(scope="module")
+def grpo(tmp_path_factory):
+    """(root, the LoRA run's folder, its summary): 4 optimizer steps, 2 per rollout (grpo.num_iterations=2), a KL
+    penalty against the model with its adapters off, the loss grpo."""
+    root = tmp_path_factory.mktemp("grpo")
+    make_tiny_chat_tokenizer(root / "tok", chat_template=CHATML)
+    write_jsonl(root / "train.jsonl", _rows(12, 0))
+    write_jsonl(root / "eval.jsonl", _rows(4, 1))
+    (root / "rewards.py").write_text(REWARDS)
+    out = root / "lora"
+    summary = train(None, _args(root, out, f"train.max_steps={STEPS}", "peft.method=lora", "peft.r=4",
+                                "peft.alpha=8", "grpo.beta=0.04", "grpo.num_iterations=2", "grpo.loss=grpo"))
+    return root, out, summary
+
+
+def test_the_run_logs_trls_metrics_and_its_completions(grpo):
+    _, out, summary = grpo
+    records = read_metrics(out / "metrics.jsonl")
+    train_rows = [r for r in records if r["type"] == "train"]
+    assert [r["step"] for r in train_rows] == list(range(1, STEPS + 1))
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
+                "rewards/has_digit/mean", "rewards/short/mean", "clip_ratio", "kl", "entropy"):
+        assert all(key in r for r in train_rows), key
+    first = train_rows[0]
+    assert 0 <= first["reward"] <= 2 and 0 < first["completions/mean_length"] <= 8
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # the adapters start at zero: the policy is the reference
+    assert 0 <= first["frac_reward_zero_std"] <= 1 and 0 <= first["completions/clipped_ratio"] <= 1
+    assert any("eval.reward" in r for r in records)
+    samples = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == set(range(1, STEPS + 1, 2))  # each rollout's, at its first update
+    assert set(samples[0]) == {"step", "prompt", "completion", "reward", "rewards"}
+    assert set(samples[0]["rewards"]) == {"has_digit", "short"}
+    assert summary["train"]["tokens_per_second"] > 0
+    assert summary["eval"]["samples"] == 4 and 0 <= summary["eval"]["reward"] <= 2
+
+
+def test_the_lora_policy_loads_as_a_text_generator_without_peft(grpo):
+    from transformers import pipeline
+
+    _, out, _ = grpo
+    assert not (out / "model" / "adapter_config.json").exists()
+    assert json.loads((out / "model" / "config.json").read_text())["grpo"]["num_generations"] == 4
+    generated = pipeline("text-generation", model=str(out / "model"))("What is 2 + 3?", max_new_tokens=4,
+                                                                      do_sample=False)
+    assert generated[0]["generated_text"].startswith("What is 2 + 3?")
+
+
+def test_leantrain_eval_gives_the_runs_final_eval_reward(grpo, tmp_path):
+    root, out, summary = grpo
+    report = tmp_path / "m.json"
+    rewards = f"grpo.rewards=[{root / 'rewards.py'}:has_digit,{root / 'rewards.py'}:short]"
+    assert main(["eval", str(out / "model"), f"data.eval={root / 'eval.jsonl'}", rewards, "--output",
+                 str(report)]) == 0
+    got = json.loads(report.read_text())["eval"]
+    assert got["reward"] == pytest.approx(summary["eval"]["reward"], rel=1e-6)
+    assert got["rewards/short"] == pytest.approx(summary["eval"]["rewards/short"], rel=1e-6)
+
+
+def test_a_reward_of_the_wrong_length_stops_the_run_naming_it_and_the_step(grpo):
+    root, _, _ = grpo
+    bad = f"grpo.rewards=[{root / 'rewards.py'}:wrong_length]"
+    with pytest.raises(UserError, match=r"reward wrong_length at step 1 returned 2 values for 8 completions"):
+        train(None, [*_args(root, root / "bad", "train.max_steps=1"), bad])
+
+
+def test_grpo_without_rewards_exits_2_naming_the_key(grpo, capsys):
+    root, _, _ = grpo
+    assert main(["train", *_args(root, root / "none", "train.max_steps=1"), "grpo.rewards=[]"]) == 2
+    assert "grpo.rewards" in capsys.readouterr().err
+
+
+def _process(root: Path, out: Path, **extra) -> subprocess.CompletedProcess:
+    args = _args(root, out, "model.config_overrides.attention_dropout=0.1", "train.epochs=2", "grpo.beta=0.04",
+                 "checkpoint.every_steps=2", "checkpoint.keep=2", "checkpoint.keep_final=2")
+    return subprocess.run([sys.executable, "-m", "leantrain", "train", *args], env=env(**extra),
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_resumes_bitwise(grpo):
+    """12 prompts, 4 a step: 3 steps an epoch, 6 steps; a frozen copy as the reference (no LoRA); SIGKILL after step
+    5 -> resumes from the checkpoint of step 4: the same completions (the sampling generator is checkpointed), the
+    same dropout draws, bitwise the same weights and metrics."""
+    root, _, _ = grpo
+    ref_dir, resumed_dir = root / "ref", root / "resumed"
+    with ThreadPoolExecutor(2) as pool:
+        ref_job = pool.submit(_process, root, ref_dir)
+        killed = _process(root, resumed_dir, LEANTRAIN_TEST_KILL_AT_STEP="5")
+        ref = ref_job.result()
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    final = _process(root, resumed_dir)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert json.loads((resumed_dir / "summary.json").read_text())["train"]["resumed_from_step"] == 4
+    keep = ("type", "step", "loss", "reward", "kl", "clip_ratio", "grad_norm", "eval.reward")
+    got, want = ([{k: r[k] for k in keep if k in r} for r in read_metrics(d / "metrics.jsonl")]
+                 for d in (resumed_dir, ref_dir))
+    assert got == want  # bitwise: floats are written with repr
+    a, b = model_params(ref_dir), model_params(resumed_dir)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_two_processes_log_the_global_means(grpo, tmp_path):
+    """Greedy sampling (every process generates what one process would): the first step's rollout metrics of 2
+    processes x 1 micro-batch equal one process x 2 micro-batches' (means over both processes' completions)."""
+    root, _, _ = grpo
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"grpo": {"temperature": 0.0}}))
+    one = train(cfg, _args(root, tmp_path / "one", "train.max_steps=2"))
+    r = run([str(BIN / "leantrain"), "train", str(cfg), "--nproc", "2", *_args(root, tmp_path / "two",
+                                                                                "train.max_steps=2")])
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert one["train"]["accumulation_steps"] == 2
+    first = [next(x for x in read_metrics(d / "metrics.jsonl") if x["type"] == "train") for d in (tmp_path / "one",
+                                                                                                  tmp_path / "two")]
+    for key in ("reward", "rewards/short/mean", "completions/mean_length", "frac_reward_zero_std"):
+        assert first[1][key] == pytest.approx(first[0][key], rel=1e-6), key
+    assert first[0]["frac_reward_zero_std"] == 1.0  # greedy: every completion of a group the same
