@@ -109,7 +109,8 @@ class Grpo(CausalLM):
         """The run's ``grpo.*``; with a trained model's ``model_config`` (``leantrain eval``), what it recorded
         (rewards, ``max_new_tokens``, ...) for each key not given."""
         rec = (getattr(model_config, RECORD, None) or {}) if model_config is not None else {}
-        g = cfg.grpo.model_copy(update={k: v for k, v in rec.items() if k not in cfg.grpo.model_fields_set})
+        given = cfg.grpo.model_fields_set | ({"reward_weights"} if "rewards" in cfg.grpo.model_fields_set else set())
+        g = cfg.grpo.model_copy(update={k: v for k, v in rec.items() if k not in given})
         specs, weights = g.rewards, g.reward_weights
         micro = cfg.train.micro_batch_size
         return dataclasses.replace(
@@ -262,6 +263,22 @@ class Grpo(CausalLM):
     def forward_loss(self, model, batch: dict):
         """The loss of a training micro-batch (the memory model's calibration passes; ``step_loss``'s)."""
         return self.step_loss(model, batch)[0], None
+
+    def calibration_batch(self, batch: dict) -> dict:
+        """The memory model's m synthetic rows as a training micro-batch of m prompts: each row G times, cut at the
+        prompt budget + ``max_new_tokens``, with what ``step_batches`` adds (advantages, rollout values, old and
+        reference log-probs as configured)."""
+        width = min(batch["input_ids"].shape[1], self.prompt_tokens + self.max_new_tokens)
+        rows = {k: batch[k][:, :width].repeat_interleave(self.num_generations, 0) for k in MODEL_KEYS}
+        ids = rows["input_ids"]
+        n, names = ids.shape[0], G.metric_names(list(self.rewards))
+        out = {**rows, "loss_weight": ids.new_ones(n, dtype=torch.float32),
+               "advantages": ids.new_ones(n, dtype=torch.float32),
+               "rollout_values": ids.new_zeros((n, len(names)), dtype=torch.float32)}
+        for key, wanted in (("old_logps", self.num_iterations > 1), ("ref_logps", self.beta > 0)):
+            if wanted:
+                out[key] = ids.new_zeros((n, width - 1), dtype=torch.float32)
+        return out
 
     def merge_check_value(self, model, batch: dict):
         """The model's summed loss on the prompts themselves (a batch of prompts has no completions to score)."""
