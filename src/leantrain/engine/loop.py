@@ -302,7 +302,10 @@ class Loop:
                 loaded = run.faults.poison([_to_device(next(batches), acc.device) for _ in range(layout.accum)],
                                            state.step + 1)
             self.clock.lap("data")
-            made = self.make_batches(loaded, global_batch)
+            with record_function("batches"):
+                made = self.make_batches(loaded, global_batch)
+            if made.micro_batches is not loaded and self.host_is_device:
+                self.clock.lap("batches")  # the method made its own (e.g. generation): a phase of its own
             first = state.step
             for update in range(made.updates):
                 if state.step >= layout.total_steps:

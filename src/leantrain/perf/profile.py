@@ -1,5 +1,5 @@
-"""Where a step's time goes: a torch profiler trace and a short table (data, forward, backward, optimizer,
-communication, logging), from the ``record_function`` labels the loop and the step carry.
+"""Where a step's time goes: a torch profiler trace and a short table (data, a method's own batches, forward,
+backward, optimizer, communication, logging), from the ``record_function`` labels the loop and the step carry.
 
     leantrain train ... efficiency.profile=true     # output_dir/profile/trace.json + summary.txt
 """
@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 log = logging.getLogger("leantrain")
 
-PHASES = ("data", "forward", "backward", "optimizer", "logging", "evaluation")
+PHASES = ("data", "batches", "forward", "backward", "optimizer", "logging", "evaluation")
 COMM_MARKERS = ("allreduce", "all_reduce", "broadcast", "reduce_scatter", "all_gather", "allgather", "gloo", "nccl")
 
 

@@ -164,6 +164,7 @@ def test_made_batches_with_a_device_count_and_two_updates_are_two_plain_steps(me
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000002"]  # never between a batch's
     # two updates (checkpoint.every_steps=1), and none at the last step (as for any run)
     assert summary["train"]["tokens_seen"] == 10 * 16  # the method's tokens (10 a made row), once per global batch
+    assert set(summary["train"]["time_split_seconds"]) == {"data", "batches", "compute", "optimizer"}  # its own phase
     assert read_metrics(out / "completions.jsonl") == [{"step": 1, "rows": 8}, {"step": 3, "rows": 8}]  # at the
     # logging step of each batch's first update
 
