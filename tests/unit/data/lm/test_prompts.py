@@ -146,6 +146,6 @@ def test_data_train_unset_is_the_built_in_arithmetic(tmp_path, monkeypatch):
     prepared = SIDE.load_and_validate(cfg(), seed=0, batch_size=8)
     assert (len(prepared.train), len(prepared.eval)) == (arithmetic.N_TRAIN, arithmetic.N_EVAL)
     row = prepared.train[0]
-    assert row["prompt"][0]["role"] == "user" and isinstance(row["answer"], int)
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"] and isinstance(row["answer"], int)
     assert any("built-in arithmetic" in n for n in prepared.notes)
     assert arithmetic.build() == arithmetic.build() and arithmetic.build(seed=1) != arithmetic.build()
