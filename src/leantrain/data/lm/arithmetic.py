@@ -6,9 +6,10 @@ just the number, then the question as a user turn, so an instruct model's chat t
 The problems are chosen so that a small instruct model's SAMPLED answers are right in some samples of a group and
 wrong in others (GRPO learns nothing from a group whose answers all score the same). Measured on
 SmolLM2-135M-Instruct, 16 prompts x 8 samples (temperature 1, no top-k / top-p, 24 new tokens), right answers per
-prompt out of 8: one-digit a + b with this system turn 1-4 (mean 0.21; every prompt between 0 and 8), without it
-0-5 (11 of 16 between); a + b with terms up to 20: 0-3 (4-7 of 16); two-digit terms: none right. Generated from a
-seed, no files shipped:
+prompt out of 8: one-digit a + b with this system turn 1-4 (mean 0.21; all 16 prompts mixed: some right, some
+wrong), without it 0-5 (11 of 16 mixed); a + b with terms up to 20: 0-3 (4-7 of 16 mixed); comparisons, letter
+counts, a - b and word problems: means 0.05-0.23. This task's own first 16 rows (benchmarks/convergence/grpo_start.py),
+two sampling seeds: means 0.16 and 0.28, 8 and 13 of 16 mixed. Generated from a seed, no files shipped:
 
     python -m leantrain.data.lm.arithmetic OUT_DIR     # writes OUT_DIR/train.jsonl and OUT_DIR/eval.jsonl
 """

@@ -108,7 +108,8 @@ def _checked(parts: list[Part]) -> None:
         raise data_error(problems)
 
 
-def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labels=None) -> PreparedData:  # noqa: ANN001
+def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
+                      known_labels=None) -> PreparedData:  # noqa: ANN001
     """Prompt rows (and eval rows), checked: one DataError naming file, line and problem."""
     notes: list[str] = []
     train_spec, eval_spec = cfg.train, cfg.eval
@@ -137,8 +138,8 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     warnings = source_warnings(parts)
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training prompts, fewer than one batch (train.batch_size={batch_size})")
-    return PreparedData(train_ds, eval_ds, [], {"format": "prompts", "prompt": "messages" if conversational else "text"},
-                        notes, warnings)
+    shown = "messages" if conversational else "text"  # how sample prompts are rendered
+    return PreparedData(train_ds, eval_ds, [], {"format": "prompts", "prompt": shown}, notes, warnings)
 
 
 def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_labels=None):  # noqa: ANN001, ANN201
@@ -172,7 +173,8 @@ def _encode(batch: dict[str, list], tokenizer, rendering: rd.Rendering, budget: 
             "trimmed": [len(x) > budget for x in ids]}
 
 
-def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "Rendering") -> datasets.Dataset:  # noqa: ANN001
+def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig,  # noqa: ANN001
+            desc: str = "Rendering") -> datasets.Dataset:
     """Prompt rows -> the contract's rows (cached by datasets); logs how many prompts kept their end only."""
     where = {"Processing train": "data.train", "Processing eval": "data.eval"}.get(desc, "data")
     textual = isinstance(dataset[0][PROMPT], str) if len(dataset) else True
@@ -216,7 +218,8 @@ class PromptCollator:
                 PROMPT: [r[PROMPT] for r in rows], "columns": {c: [r[c] for r in rows] for c in others}}
 
 
-def collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0, device_type: str = "cpu") -> PromptCollator:  # noqa: ANN001
+def collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0,  # noqa: ANN001
+             device_type: str = "cpu") -> PromptCollator:
     return PromptCollator(pad_id_of(tokenizer))
 
 

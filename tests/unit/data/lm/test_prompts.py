@@ -99,7 +99,8 @@ def test_the_collator_left_pads_and_passes_prompts_and_columns_as_lists(tmp_path
     short, long = (len(f["prompt_input_ids"]) for f in features)
     assert short < long and batch["prompt_input_ids"].shape == (2, long)
     assert batch["prompt_input_ids"][0, long - short:].tolist() == features[0]["prompt_input_ids"]
-    assert batch["prompt_input_ids"][0, :long - short].tolist() == [tok.pad_token_id or tok.eos_token_id] * (long - short)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    assert batch["prompt_input_ids"][0, :long - short].tolist() == [pad] * (long - short)
     assert batch["prompt_attention_mask"].tolist() == [[0] * (long - short) + [1] * short, [1] * long]
     assert batch["loss_weight"].tolist() == [0.0, 1.0] and batch["loss_weight"].dtype == torch.float32
     assert batch["prompt"] == [r["prompt"] for r in rows] and batch["columns"] == {"answer": [4, 7]}

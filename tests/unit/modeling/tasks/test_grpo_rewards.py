@@ -81,8 +81,8 @@ def test_a_trl_reward_file_runs_unchanged(reward_file):
 
 
 def test_a_module_function_with_trls_signature_runs(tmp_path, monkeypatch):
-    (tmp_path / "team_rewards.py").write_text("def has_digit(completions, **kw):\n"
-                                              "    return [float(any(ch.isdigit() for ch in c)) for c in completions]\n")
+    (tmp_path / "team_rewards.py").write_text(
+        "def has_digit(completions, **kw):\n    return [float(any(ch.isdigit() for ch in c)) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     scores, _ = run(["team_rewards:has_digit"], ["x1", "x"], {})
     assert scores[:, 0].tolist() == [1.0, 0.0]
