@@ -125,7 +125,11 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
         rd.check_template(cfg.template)
     train_ds, eval_ds = train.ds, evaluation.ds if evaluation is not None else None
     if eval_ds is None:
-        split = train_ds.train_test_split(test_size=cfg.eval_fraction, seed=seed)
+        try:
+            split = train_ds.train_test_split(test_size=cfg.eval_fraction, seed=seed)
+        except ValueError as e:
+            raise data_error([f"data.eval_fraction={cfg.eval_fraction}: cannot hold out eval prompts from "
+                              f"{len(train_ds)} training prompts ({e}); set data.eval"]) from None
         train_ds, eval_ds = split["train"], split["test"]
         notes.append(f"eval data: none given, so {len(eval_ds)} of {len(train.ds)} training prompts "
                      f"({cfg.eval_fraction:.0%}) are held out (seed {seed}; set data.eval to use your own)")

@@ -131,6 +131,11 @@ def test_bad_rows_are_named_by_file_and_line(tmp_path, rows, says):
         SIDE.load_and_validate(c, seed=0, batch_size=1)
 
 
+def test_too_few_prompts_to_hold_out_eval_ones_say_so(tmp_path):
+    with pytest.raises(DataError, match="cannot hold out eval prompts from 1 training prompts"):
+        SIDE.load_and_validate(cfg(train=write(tmp_path / "one.jsonl", [{"prompt": Q}])), seed=0, batch_size=1)
+
+
 def test_prompt_only_data_is_grpo_data_for_auto_and_refused_by_sft(tmp_path):
     tokens = for_modality("tokens")
     prompts = cfg(train=write(tmp_path / "p.jsonl", [{"prompt": Q, "answer": 4}] * 4))
