@@ -42,20 +42,20 @@ class TrainingData:
     columns: dict = field(default_factory=dict)
     eval_batch_size: int | None = None
     num_workers: int = 0
-    task: Task | None = None  # the run's task (as registered); task_object: configured for this data
+    registered: Task | None = None  # the run's task as registered; ``task``: the one form the run uses
     eval_collator: object | None = None  # unset: the training collator
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
     class_weights: list[float] | None = None  # train.class_weights resolved: one per label id; None = unweighted
     config: object | None = None  # the run's Config: Task.configured reads its settings (eval.threshold)
-    _task: Task | None = field(default=None, repr=False)  # task_object, made once
+    _task: Task | None = field(default=None, repr=False)  # ``task``, made once
 
     @property
-    def task_object(self) -> Task:
-        """The registered task (loss, units, metrics) of ``task``, configured, as the method for this data
-        (``Task.for_data``) and set for the training data (``Task.for_training``); with class weights, its weighted
-        form."""
+    def task(self) -> Task:
+        """The run's task in the one form everything uses: the registered task configured with the run's settings,
+        as the method for this data (``Task.for_data``), set for the training data (``Task.for_training``), with
+        class weights its weighted form; bound to the model by ``bind_model``."""
         if self._task is None:
-            task = self.task.configured(self.config) if self.config is not None else self.task
+            task = self.registered.configured(self.config) if self.config is not None else self.registered
             task = task.for_data(self.columns).for_training(lambda: self.train["labels"], self.label_names)
             if self.class_weights is not None:
                 task = weighted_task(task, self.class_weights, self.train["labels"])
@@ -66,7 +66,7 @@ class TrainingData:
         """Before training, with the model as it starts: the task bound to it (``Task.with_model``: a frozen copy
         where the task keeps one) and the task's precomputed columns added to both splits (``engine.precompute``:
         the reference log-probs, computed once and cached on disk)."""
-        task = self.task_object.with_model(model, accelerator.autocast)  # the policy's precision context
+        task = self.task.with_model(model, accelerator.autocast)  # the policy's precision context
         self._task = task
         if not any(task.precomputed_columns(list(ds.column_names)) for ds in (self.train, self.eval) if ds is not None):
             return
@@ -78,12 +78,12 @@ class TrainingData:
 
     def units_in(self, indices) -> int:
         """The task's loss units (examples, labels, tokens) in these training examples: the loss's denominator."""
-        return self.task_object.count(self.train, indices)
+        return self.task.count(self.train, indices)
 
     def tokens_in(self, indices) -> int | None:
         """Tokens of these training examples that tokens/s counts: the task's (causal LM: its target tokens), else
         the non-padding input tokens; None when the inputs are not tokens."""
-        counted = self.task_object.throughput_tokens(self.train, indices)
+        counted = self.task.throughput_tokens(self.train, indices)
         if counted is not None:
             return counted
         return int(self.token_lengths[indices].sum()) if self.token_lengths is not None else None
@@ -210,5 +210,5 @@ def prepare_training_data(cfg: Config, accelerator: Accelerator, run=None) -> Tr
     if weights is not None:
         log.info("class weights: %s", ", ".join(f"{n}={w:.4g}" for n, w in zip(data.label_names, weights)))
     return TrainingData(train, evals, data.label_names, processor, collator, name, data.columns, cfg.train.eval_batch_size,
-                  cfg.data.num_workers, task=task, eval_collator=eval_collator, token_lengths=tokens,
+                  cfg.data.num_workers, registered=task, eval_collator=eval_collator, token_lengths=tokens,
                   class_weights=weights, config=cfg)
