@@ -30,7 +30,6 @@ from leantrain.modeling.load import save_dtype
 from leantrain.modeling.lora import is_peft_model, merged_for_saving, save_adapter, save_adapter_only
 from leantrain.modeling.names import display_name
 from leantrain.modeling.qlora import is_quantized, merged_full_precision
-from leantrain.modeling.tasks.class_weights import class_weights_record
 from leantrain.perf.memory import device_memory, peak_rss_bytes
 from leantrain.perf.meter import Throughput
 from leantrain.report.card import write_model_card
@@ -120,8 +119,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             **result.speed,
             "resumed_from_step": result.resumed_from_step,
             "skipped_steps": result.skipped_steps,
-            "class_weights": class_weights_record(data.class_weights, data.label_names),  # None: unweighted
-            **data.task.summary(data.label_names),  # multi-label: pos_weight
+            **data.task.summary(data.label_names),  # classification: class_weights; multi-label: pos_weight
         },
         "efficiency": result.efficiency,
         "model": {"name": data.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
