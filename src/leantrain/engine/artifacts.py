@@ -30,7 +30,6 @@ from leantrain.modeling.load import save_dtype
 from leantrain.modeling.lora import is_peft_model, merged_for_saving, save_adapter, save_adapter_only
 from leantrain.modeling.names import display_name
 from leantrain.modeling.qlora import is_quantized, merged_full_precision
-from leantrain.modeling.tasks.class_weights import class_weights_record
 from leantrain.perf.memory import device_memory, peak_rss_bytes
 from leantrain.perf.meter import Throughput
 from leantrain.report.card import write_model_card
@@ -106,7 +105,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             "samples": meter.all_samples,
             "samples_per_second": meter.samples_per_second,
             "tokens_per_second": meter.tokens_per_second,
-            "speed_unit": data.task_object.traits.speed_unit,  # what the final line shows: the task declares it
+            "speed_unit": data.task.traits.speed_unit,  # what the final line shows: the task declares it
             "tokens_seen": meter.all_tokens if meter.counts_tokens else None,  # what tokens/s counts, this run's
             "measured_steps": meter.measured_steps,
             "warmup_steps_excluded": min(meter.skip, meter.steps) if meter.steps > meter.skip else 0,
@@ -120,8 +119,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             **result.speed,
             "resumed_from_step": result.resumed_from_step,
             "skipped_steps": result.skipped_steps,
-            "class_weights": class_weights_record(data.class_weights, data.label_names),  # None: unweighted
-            **data.task_object.summary(data.label_names),  # multi-label: pos_weight
+            **data.task.summary(data.label_names),  # classification: class_weights; multi-label: pos_weight
         },
         "efficiency": result.efficiency,
         "model": {"name": data.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
@@ -167,11 +165,11 @@ def _write_outputs(cfg: Config, model: nn.Module, out: Path, state_dict: dict | 
     loss_curve.png, and summary.json LAST: a run killed before summary.json is written is not complete, and its
     rerun writes every file again."""
     (out / "config.yaml").write_text(cfg.to_yaml())
-    saved = data.task_object.saved_config(summary["eval"])
+    saved = data.task.saved_config(summary["eval"])
     model.config.update(saved)
     with staged_folders(out) as stage:
         staged = _save_model(cfg, model, out, state_dict, data, stage)
-        cut_like_training(data.processor, data.task_object, cfg)  # pipeline(truncation=True) cuts as the run did
+        cut_like_training(data.processor, data.task, cfg)  # pipeline(truncation=True) cuts as the run did
         data.processor.save_pretrained(staged)  # tokenizer / preprocessor_config.json: pipeline() loads it
         FaultInjector(0).in_final_save()
         write_run_settings(staged, cfg, data.task, data.columns,  # predict / eval default to them
@@ -207,7 +205,7 @@ def eval_rows(data: TrainingData) -> dict:
     if "position_ids" in columns:
         starts = sum(sum(1 for p in row if p == 0) for row in data.eval.with_format(None)["position_ids"])
         return {"eval_row_kind": "blocks", "eval_examples": int(starts)}
-    blocks = data.task_object.traits.eval_row_kind == "blocks" and "format" not in (data.columns or {})  # text, cut
+    blocks = data.task.traits.eval_row_kind == "blocks" and "format" not in (data.columns or {})  # text, cut
     return {"eval_row_kind": "blocks" if blocks else "examples"}
 
 
@@ -235,7 +233,7 @@ def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | Non
     if is_quantized(model):
         log.info("QLoRA: merging the adapter into the base reloaded in bf16 on CPU (not 4-bit)")
         merged = merged_full_precision(cfg, data.label_names, data.task, stage / "adapter",
-                                       data.task_object.saved_config(None))
+                                       data.task.saved_config(None))
         dtype = torch.float32 if cfg.model.save_dtype == "float32" else torch.bfloat16  # its weights are bf16 values
     else:
         merged = _checked_merge(model, data)
@@ -262,7 +260,7 @@ def _checked_merge(model: nn.Module, data: TrainingData) -> nn.Module:
     device = next(model.parameters()).device
     batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v  # a method's texts and columns as they are
              for k, v in collate([rows[i] for i in range(n)]).items()}
-    units = max(data.task_object.count(rows, list(range(n))), 1)
+    units = max(data.task.count(rows, list(range(n))), 1)
     adapted = _loss_of(model, batch, data) / units
     merged = merged_for_saving(model)
     result = _loss_of(merged, batch, data) / units
@@ -280,7 +278,7 @@ def _loss_of(model: nn.Module, batch: dict, data: TrainingData) -> float:
     model.eval()
     try:
         with torch.no_grad():
-            return float(data.task_object.merge_check_value(model, batch))
+            return float(data.task.merge_check_value(model, batch))
     finally:
         model.train(was_training)
 

@@ -38,7 +38,7 @@ def evaluate_and_log(run: Run, step: int, progress: Progress | None = None, stop
     """One evaluation at ``step``, written to metrics.jsonl with the sample continuations and shown; None when
     ``stop`` ended it early."""
     model, accelerator, data = run.model, run.accelerator, run.data
-    metrics = evaluate(model, run.eval_dl, accelerator, len(data.label_names), data.task_object, data.label_names, stop)
+    metrics = evaluate(model, run.eval_dl, accelerator, len(data.label_names), data.task, data.label_names, stop)
     if metrics is None:
         return None
     record = {"type": "eval", "step": step, "loop_seconds": run.meter.all_time,

@@ -138,12 +138,12 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
     choices = resolve_model_choices(cfg, data.task, accelerator.device.type, start.precision)  # attention, compile
     model = build_model(cfg.model, data.label_names, data.task, attention=choices.attention,  # qlora: 4-bit here
                         extra=qlora_load_kwargs(cfg.peft.method, accelerator.local_process_index))
-    model.config.update(data.task_object.saved_config(None))  # e.g. the target standardisation, saved with it
-    if note := data.task_object.start_head(model):  # multi-label: a fresh head's bias at the labels' prior
+    model.config.update(data.task.saved_config(None))  # e.g. the target standardisation, saved with it
+    if note := data.task.start_head(model):  # multi-label: a fresh head's bias at the labels' prior
         log.info("%s", note)
     model, trainable = apply_trainable(model, cfg.model, cfg.peft,  # LoRA (peft.*) and model.freeze
                                        gradient_checkpointing=cfg.efficiency.gradient_checkpointing)
-    if not data.task_object.traits.keeps_dropout and (off := disable_dropout(model)):
+    if not data.task.traits.keeps_dropout and (off := disable_dropout(model)):
         log.info("dropout: off in %d modules (preference.dropout=off, as TRL's disable_dropout)", off)
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
@@ -152,7 +152,7 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
     sizes = output_loss_sizes(model, cfg.efficiency, accelerator.device, micro, cfg.data.block_size)
     notes = [choices.attention_note(model), *apply_model_switches(
         model, cfg.efficiency, accelerator.device.type, *sizes,
-        uniform=data.task_object.traits.uniform_token_gradients)]
+        uniform=data.task.traits.uniform_token_gradients)]
     data.bind_model(model, accelerator, cfg.train.eval_batch_size or 8)  # e.g. reference log-probs, before any resume
     if cfg.train.micro_batch_size == "auto":
         layout = batch_layout(cfg, len(data.train), accelerator.num_processes,
@@ -168,7 +168,7 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
     faults = FaultInjector(accelerator.process_index)
     ckpt = Checkpointer(cfg, accelerator, out, layout, fingerprint, faults)
     state = restore(start.decision, cfg, accelerator, layout, ckpt.fingerprint, model, optimizer, scheduler)
-    state.attach_method(data.task_object.step_state(cfg.train.seed, accelerator.process_index))
+    state.attach_method(data.task.step_state(cfg.train.seed, accelerator.process_index))
     metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator,
                              prior=prior_records(out, state) if accelerator.is_main_process else None)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
@@ -328,7 +328,7 @@ class Loop:
         run, state = self.run, self.state
         units = run.data.units_in(global_batch)  # the loss's denominator, the task's unit, known on the host
         ctx = StepContext(run.model, run.accelerator, state.step, state.method)
-        made = run.data.task_object.step_batches(ctx, loaded, units)
+        made = run.data.task.step_batches(ctx, loaded, units)
         count, tokens = global_counts(made.count, made.tokens, run.accelerator)  # one collective, when any
         return replace(made, count=count, tokens=tokens)
 
@@ -346,7 +346,7 @@ class Loop:
         cfg, acc = run.cfg, run.accelerator
         self.lr = run.scheduler.get_last_lr()[0]  # the rate this step applies (host value, no sync)
         loss_sum, self.grad_norm = train_step(
-            run.model, micro, global_count=count, task=run.data.task_object,
+            run.model, micro, global_count=count, task=run.data.task,
             accelerator=acc, optimizer=self.step_optimizer,
             scheduler=run.scheduler, max_grad_norm=cfg.train.max_grad_norm,
             guard=functools.partial(self.guard.before_update, state.step + 1),
@@ -370,7 +370,7 @@ class Loop:
         """At a logging step, the record of the steps since the last one (loss, step metrics, lr, speeds) and the
         method's ``samples`` of this step (``completions.jsonl``); the progress line at every step."""
         run, state = self.run, self.state
-        step, task = state.step, run.data.task_object
+        step, task = state.step, run.data.task
         logged = None
         if step % run.cfg.train.log_every_steps == 0 or step == run.layout.total_steps:
             self.guard.check()

@@ -24,7 +24,6 @@ from leantrain.engine.samples import check_sample_prompts
 from leantrain.modeling import load_processor, model_name, resolve_task_reason
 from leantrain.modeling.load import check_tokenizer_key
 from leantrain.modeling.tasks import Task, check_config, task_for_labels
-from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task
 
 log = logging.getLogger("leantrain")
 
@@ -42,23 +41,20 @@ class TrainingData:
     columns: dict = field(default_factory=dict)
     eval_batch_size: int | None = None
     num_workers: int = 0
-    task: Task | None = None  # the run's task (as registered); task_object: configured for this data
+    registered: Task | None = None  # the run's task as registered; ``task``: the one form the run uses
     eval_collator: object | None = None  # unset: the training collator
     token_lengths: np.ndarray | None = None  # tokens per training example (text only)
-    class_weights: list[float] | None = None  # train.class_weights resolved: one per label id; None = unweighted
     config: object | None = None  # the run's Config: Task.configured reads its settings (eval.threshold)
-    _task: Task | None = field(default=None, repr=False)  # task_object, made once
+    _task: Task | None = field(default=None, repr=False)  # ``task``, made once
 
     @property
-    def task_object(self) -> Task:
-        """The registered task (loss, units, metrics) of ``task``, configured, as the method for this data
-        (``Task.for_data``) and set for the training data (``Task.for_training``); with class weights, its weighted
-        form."""
+    def task(self) -> Task:
+        """The run's task in the one form everything uses: the registered task configured with the run's settings,
+        as the method for this data (``Task.for_data``), set for the training data (``Task.for_training``), with
+        class weights its weighted form; bound to the model by ``bind_model``."""
         if self._task is None:
-            task = self.task.configured(self.config) if self.config is not None else self.task
+            task = self.registered.configured(self.config) if self.config is not None else self.registered
             task = task.for_data(self.columns).for_training(lambda: self.train["labels"], self.label_names)
-            if self.class_weights is not None:
-                task = weighted_task(task, self.class_weights, self.train["labels"])
             self._task = task
         return self._task
 
@@ -66,7 +62,7 @@ class TrainingData:
         """Before training, with the model as it starts: the task bound to it (``Task.with_model``: a frozen copy
         where the task keeps one) and the task's precomputed columns added to both splits (``engine.precompute``:
         the reference log-probs, computed once and cached on disk)."""
-        task = self.task_object.with_model(model, accelerator.autocast)  # the policy's precision context
+        task = self.task.with_model(model, accelerator.autocast)  # the policy's precision context
         self._task = task
         if not any(task.precomputed_columns(list(ds.column_names)) for ds in (self.train, self.eval) if ds is not None):
             return
@@ -78,12 +74,12 @@ class TrainingData:
 
     def units_in(self, indices) -> int:
         """The task's loss units (examples, labels, tokens) in these training examples: the loss's denominator."""
-        return self.task_object.count(self.train, indices)
+        return self.task.count(self.train, indices)
 
     def tokens_in(self, indices) -> int | None:
         """Tokens of these training examples that tokens/s counts: the task's (causal LM: its target tokens), else
         the non-padding input tokens; None when the inputs are not tokens."""
-        counted = self.task_object.throughput_tokens(self.train, indices)
+        counted = self.task.throughput_tokens(self.train, indices)
         if counted is not None:
             return counted
         return int(self.token_lengths[indices].sum()) if self.token_lengths is not None else None
@@ -145,14 +141,11 @@ def check_task_keys(cfg: Config, task: Task) -> None:
 
 
 def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - PreparedData
-    """The settings the loaded ``data`` can contradict: ``train.class_weights`` against the labels, the task's
-    training settings (``Task.for_training``: pos_weight), its data check (e.g. preference.loss=kto on pairs, and the
-    keys of the method the data selects), the
-    metric ``train.stop_when`` names (eval.mcc: 2 classes)."""
-    if cfg.train.class_weights is not None:
-        resolve_class_weights(cfg.train.class_weights, data.label_names, data.train["label"], task)
+    """The settings the loaded ``data`` can contradict: the task's training settings (``Task.for_training``:
+    train.class_weights against the labels, pos_weight), its data check (e.g. preference.loss=kto on pairs, and the
+    keys of the method the data selects), the metric ``train.stop_when`` names (eval.mcc: 2 classes)."""
     configured = task.configured(cfg)
-    configured.for_training(lambda: data.train["label"], data.label_names)  # pos_weight
+    configured.for_training(lambda: data.train["label"], data.label_names)  # class weights, pos_weight
     configured.check_data(data.columns, cfg)  # and the keys of the method the data selects (loss=auto)
     check_stop_when(cfg, len(data.label_names), task)
 
@@ -205,10 +198,10 @@ def prepare_training_data(cfg: Config, accelerator: Accelerator, run=None) -> Tr
     collator = modality.collator(processor, cfg.data, train=True, seed=cfg.train.seed, device_type=device)
     eval_collator = modality.collator(processor, cfg.data, train=False, seed=cfg.train.seed, device_type=device)
     tokens = np.asarray(train["length"]) if modality.counts_tokens else None
-    weights = resolve_class_weights(cfg.train.class_weights, data.label_names,
-                                    train["labels"] if cfg.train.class_weights == "balanced" else None, task)
-    if weights is not None:
-        log.info("class weights: %s", ", ".join(f"{n}={w:.4g}" for n, w in zip(data.label_names, weights)))
-    return TrainingData(train, evals, data.label_names, processor, collator, name, data.columns, cfg.train.eval_batch_size,
-                  cfg.data.num_workers, task=task, eval_collator=eval_collator, token_lengths=tokens,
-                  class_weights=weights, config=cfg)
+    prepared = TrainingData(train, evals, data.label_names, processor, collator, name, data.columns,
+                            cfg.train.eval_batch_size, cfg.data.num_workers, registered=task,
+                            eval_collator=eval_collator, token_lengths=tokens, config=cfg)
+    for key, weights in prepared.task.summary(data.label_names).items():  # class weights, pos_weight, resolved
+        if isinstance(weights, list):
+            log.info("%s: %s", key.replace("_", " "), ", ".join(f"{w['label']}={w['weight']:.4g}" for w in weights))
+    return prepared

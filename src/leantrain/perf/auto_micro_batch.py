@@ -161,10 +161,10 @@ def auto_micro_batch(cfg: Config, model: nn.Module, data, accelerator: Accelerat
         seq_len = longest_sequence(cfg, data)
         model.to(accelerator.device)
         if accelerator.device.type == "cuda":
-            micro, why = probe_micro_batch(model, data.task_object, per_process, seq_len, budget,
+            micro, why = probe_micro_batch(model, data.task, per_process, seq_len, budget,
                                           autocast=accelerator.autocast)
         else:
-            micro, why = fit_micro_batch(cfg, model, data.task_object, per_process, seq_len, budget, precision)
+            micro, why = fit_micro_batch(cfg, model, data.task, per_process, seq_len, budget, precision)
         log.info("micro batch auto: %d of %d per process (%s; budget %s from %s)", micro, per_process, why,
                  format_bytes(budget), source)
         choice = [micro]

@@ -109,7 +109,8 @@ def _checked(parts: list[Part]) -> None:
         raise data_error(problems)
 
 
-def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labels=None) -> PreparedData:  # noqa: ANN001
+def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
+                      known_labels=None) -> PreparedData:  # noqa: ANN001
     """Prompt rows (and eval rows), checked: one DataError naming file, line and problem."""
     notes: list[str] = []
     train_spec, eval_spec = cfg.train, cfg.eval
@@ -125,7 +126,11 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
         rd.check_template(cfg.template)
     train_ds, eval_ds = train.ds, evaluation.ds if evaluation is not None else None
     if eval_ds is None:
-        split = train_ds.train_test_split(test_size=cfg.eval_fraction, seed=seed)
+        try:
+            split = train_ds.train_test_split(test_size=cfg.eval_fraction, seed=seed)
+        except ValueError as e:
+            raise data_error([f"data.eval_fraction={cfg.eval_fraction}: cannot hold out eval prompts from "
+                              f"{len(train_ds)} training prompts ({e}); set data.eval"]) from None
         train_ds, eval_ds = split["train"], split["test"]
         notes.append(f"eval data: none given, so {len(eval_ds)} of {len(train.ds)} training prompts "
                      f"({cfg.eval_fraction:.0%}) are held out (seed {seed}; set data.eval to use your own)")
@@ -138,7 +143,8 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     warnings = source_warnings(parts)
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training prompts, fewer than one batch (train.batch_size={batch_size})")
-    columns = {"format": "prompts", "prompt": "messages" if conversational else "text",
+    shown = "messages" if conversational else "text"  # how sample prompts are rendered
+    columns = {"format": "prompts", "prompt": shown,
                "first_rows": train_ds.select(range(min(FIRST_ROWS, len(train_ds)))).to_list()}  # the rewards' dry call
     return PreparedData(train_ds, eval_ds, [], columns, notes, warnings)
 
@@ -174,7 +180,8 @@ def _encode(batch: dict[str, list], tokenizer, rendering: rd.Rendering, budget: 
             "trimmed": [len(x) > budget for x in ids]}
 
 
-def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "Rendering") -> datasets.Dataset:  # noqa: ANN001
+def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig,  # noqa: ANN001
+            desc: str = "Rendering") -> datasets.Dataset:
     """Prompt rows -> the contract's rows (cached by datasets); logs how many prompts kept their end only."""
     where = {"Processing train": "data.train", "Processing eval": "data.eval"}.get(desc, "data")
     textual = isinstance(dataset[0][PROMPT], str) if len(dataset) else True
@@ -218,7 +225,8 @@ class PromptCollator:
                 PROMPT: [r[PROMPT] for r in rows], "columns": {c: [r[c] for r in rows] for c in others}}
 
 
-def collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0, device_type: str = "cpu") -> PromptCollator:  # noqa: ANN001
+def collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0,  # noqa: ANN001
+             device_type: str = "cpu") -> PromptCollator:
     return PromptCollator(pad_id_of(tokenizer))
 
 

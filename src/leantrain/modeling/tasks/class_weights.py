@@ -18,19 +18,15 @@ from leantrain.modeling.tasks.classification import Classification, per_example_
 from leantrain.modeling.tasks.registry import Task
 
 
-def resolve_class_weights(setting, label_names: list[str], labels, task: Task) -> list[float] | None:
-    """``train.class_weights`` as one weight per label id (None when unset), from the training ``labels`` (ids).
-    Raises a UserError (exit 2) for a task that is not single-label classification, a list of the wrong length,
-    or ``balanced`` with a class that has no training example."""
-    if setting is None:
-        return None
-    if not isinstance(task, Classification):
-        raise ConfigError(f"train.class_weights is for single-label classification; this run's task is {task.name}")
+def resolve_class_weights(setting, label_names: list[str], labels) -> list[float]:
+    """``train.class_weights`` (``balanced``, or a weight per label) as one weight per label id; ``labels()``: the
+    training labels (ids), read for ``balanced``. Raises a UserError (exit 2) for a list of the wrong length, or
+    ``balanced`` with a class that has no training example."""
     n = len(label_names)
     if setting == "balanced":
         from sklearn.utils.class_weight import compute_class_weight
 
-        labels = np.asarray(labels, dtype=np.int64)
+        labels = np.asarray(labels(), dtype=np.int64)
         counts = np.bincount(labels, minlength=n)
         missing = [label_names[i] for i in range(n) if counts[i] == 0]
         if missing:
@@ -61,6 +57,13 @@ class WeightedClassification(Classification):
     def count(self, dataset, indices) -> float:
         indices = np.asarray(indices, dtype=np.int64)
         return float(self.example_weights[indices[indices >= 0]].sum())
+
+    def for_training(self, labels, label_names: list[str]) -> Task:
+        return self  # weighted already
+
+    def summary(self, label_names: list[str]) -> dict:
+        """summary.json's ``train.class_weights``: ``[{"label": name, "weight": w}, ...]`` in label-id order."""
+        return {"class_weights": class_weights_record(list(self.weights), label_names)}
 
 
 def weighted_task(task: Task, weights: list[float] | None, train_labels) -> Task:

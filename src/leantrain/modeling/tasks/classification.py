@@ -4,12 +4,15 @@ MCC (two classes) / loss, softmax predictions."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from leantrain.config.metric_names import metric_names
 from leantrain.config.tasks import AUDIO, IMAGE, TEXT, task_spec
+from leantrain.errors import ConfigError
 from leantrain.modeling.tasks.registry import CardText, Task, register
 from leantrain.modeling.tasks.traits import Traits
 
@@ -43,8 +46,39 @@ def recall_per_class(preds: np.ndarray, labels: np.ndarray, label_names: list[st
     return out
 
 
+@dataclass(frozen=True)
 class Classification(Task):
-    """One class per example."""
+    """One class per example; with ``train.class_weights`` (``class_weights``: the setting, resolved for the training
+    labels by ``for_training``) its weighted form (``class_weights.WeightedClassification``)."""
+
+    class_weights: str | tuple[float, ...] | None = None  # train.class_weights as set: balanced, a weight per label
+
+    def configured(self, cfg, model_config=None) -> "Classification":
+        """The run's ``train.class_weights`` (training only: evaluation is unweighted)."""
+        if model_config is not None or cfg.train.class_weights is None:
+            return self
+        weights = cfg.train.class_weights
+        return replace(self, class_weights=weights if isinstance(weights, str) else tuple(weights))
+
+    def check_config(self, cfg, task: Task) -> None:  # noqa: ANN001 - a Config
+        """train.class_weights is for single-label classification only."""
+        if cfg.train.class_weights is not None and not isinstance(task, Classification):
+            raise ConfigError(f"train.class_weights is for single-label classification; this run's task is "
+                              f"{task.name}")
+
+    def for_training(self, labels, label_names: list[str]) -> Task:
+        """With class weights, the weighted form for the training ``labels`` (ids; ``balanced`` reads them); a
+        UserError (exit 2) for weights the data contradicts."""
+        if self.class_weights is None:
+            return self
+        from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task  # it subclasses this
+
+        weights = resolve_class_weights(self.class_weights, label_names, labels)
+        return weighted_task(self, weights, labels())
+
+    def summary(self, label_names: list[str]) -> dict:
+        """summary.json's ``train.class_weights``: null (unweighted)."""
+        return {"class_weights": None}
 
     def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
         return (per_example_loss(outputs.logits, batch["labels"]) * batch["loss_weight"]).sum()

@@ -46,7 +46,9 @@ class Rollout:
 
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_generations: int,
              sampling: Sampling, eos_ids, pad_id: int, generator: torch.Generator | None = None) -> Rollout:
-    """``num_generations`` completions of each left-padded prompt of ``prompt_ids`` (N, P), ``prompt_mask`` (N, P)."""
+    """``num_generations`` completions of each left-padded prompt of ``prompt_ids`` (N, P), ``prompt_mask`` (N, P);
+    ``generator`` on the model's device (None: torch's global one). A prompt row that is all padding gets finite
+    logits and completions like any other (its loss weight is the caller's business)."""
     model = unwrapped(model)
     eos = torch.as_tensor(list(eos_ids), dtype=torch.long, device=prompt_ids.device)
     with frozen_forward(model):

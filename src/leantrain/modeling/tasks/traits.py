@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LABELS = ("classes", "scores", "label_sets", "tags", "none", "pairs", "prompts")  # the data side's label kinds (auto reads them)
+# the data side's label kinds (auto reads them); prompts: prompts to be answered, no label (GRPO)
+LABELS = ("classes", "scores", "label_sets", "tags", "none", "pairs", "prompts")
 ROW_LABELS = ("classes", "scores", "label_sets", "tags")  # labels a row's prediction is compared with
 UNITS = ("examples", "labels", "tokens", "pairs")
 PROCESSORS = ("tokenizer", "image_processor", "feature_extractor")

@@ -101,7 +101,8 @@ def test_the_collator_left_pads_and_passes_prompts_and_columns_as_lists(tmp_path
     short, long = (len(f["prompt_input_ids"]) for f in features)
     assert short < long and batch["prompt_input_ids"].shape == (2, long)
     assert batch["prompt_input_ids"][0, long - short:].tolist() == features[0]["prompt_input_ids"]
-    assert batch["prompt_input_ids"][0, :long - short].tolist() == [tok.pad_token_id or tok.eos_token_id] * (long - short)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    assert batch["prompt_input_ids"][0, :long - short].tolist() == [pad] * (long - short)
     assert batch["prompt_attention_mask"].tolist() == [[0] * (long - short) + [1] * short, [1] * long]
     assert batch["loss_weight"].tolist() == [0.0, 1.0] and batch["loss_weight"].dtype == torch.float32
     assert batch["prompt"] == [r["prompt"] for r in rows] and batch["columns"] == {"answer": [4, 7]}
@@ -132,6 +133,11 @@ def test_bad_rows_are_named_by_file_and_line(tmp_path, rows, says):
         SIDE.load_and_validate(c, seed=0, batch_size=1)
 
 
+def test_too_few_prompts_to_hold_out_eval_ones_say_so(tmp_path):
+    with pytest.raises(DataError, match="cannot hold out eval prompts from 1 training prompts"):
+        SIDE.load_and_validate(cfg(train=write(tmp_path / "one.jsonl", [{"prompt": Q}])), seed=0, batch_size=1)
+
+
 def test_prompt_only_data_is_grpo_data_for_auto_and_refused_by_sft(tmp_path):
     tokens = for_modality("tokens")
     prompts = cfg(train=write(tmp_path / "p.jsonl", [{"prompt": Q, "answer": 4}] * 4))
@@ -148,6 +154,6 @@ def test_data_train_unset_is_the_built_in_arithmetic(tmp_path, monkeypatch):
     prepared = SIDE.load_and_validate(cfg(), seed=0, batch_size=8)
     assert (len(prepared.train), len(prepared.eval)) == (arithmetic.N_TRAIN, arithmetic.N_EVAL)
     row = prepared.train[0]
-    assert row["prompt"][0]["role"] == "user" and isinstance(row["answer"], int)
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"] and isinstance(row["answer"], int)
     assert any("built-in arithmetic" in n for n in prepared.notes)
     assert arithmetic.build() == arithmetic.build() and arithmetic.build(seed=1) != arithmetic.build()

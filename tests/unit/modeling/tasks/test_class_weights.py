@@ -41,8 +41,24 @@ def test_balanced_weights_are_sklearns():
     from sklearn.utils.class_weight import compute_class_weight
 
     labels = np.array([0] * 7 + [1] * 2 + [2] * 3)
-    got = resolve_class_weights("balanced", ["a", "b", "c"], labels, get_task(TEXT))
+    got = resolve_class_weights("balanced", ["a", "b", "c"], lambda: labels)
     assert got == pytest.approx(list(compute_class_weight("balanced", classes=np.arange(3), y=labels)), rel=1e-12)
+
+
+def test_the_classifier_owns_its_class_weights():
+    """train.class_weights is the classification method's: ``configured`` takes the setting, ``for_training`` resolves
+    it on the training labels into the weighted form, whose summary records the weights; unset, nothing changes."""
+    from leantrain.config import resolve
+
+    labels = np.array([0, 0, 0, 1])
+    task = get_task(TEXT).configured(resolve(None, ["train.class_weights=balanced"]))
+    weighted = task.for_training(lambda: labels, ["neg", "pos"])
+    assert weighted.summary(["neg", "pos"]) == {"class_weights": [{"label": "neg", "weight": pytest.approx(2 / 3)},
+                                                                  {"label": "pos", "weight": 2.0}]}
+    assert weighted.count(None, [0, 3, -1]) == pytest.approx(2 / 3 + 2.0)  # a padding index (-1) weighs nothing
+    plain = get_task(TEXT).configured(resolve(None, []))
+    assert plain.for_training(lambda: labels, ["neg", "pos"]) is plain
+    assert plain.summary(["neg", "pos"]) == {"class_weights": None}
 
 
 def test_recall_per_class_by_label_name():

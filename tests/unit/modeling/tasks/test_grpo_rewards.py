@@ -81,8 +81,8 @@ def test_a_trl_reward_file_runs_unchanged(reward_file):
 
 
 def test_a_module_function_with_trls_signature_runs(tmp_path, monkeypatch):
-    (tmp_path / "team_rewards.py").write_text("def has_digit(completions, **kw):\n"
-                                              "    return [float(any(ch.isdigit() for ch in c)) for c in completions]\n")
+    (tmp_path / "team_rewards.py").write_text(
+        "def has_digit(completions, **kw):\n    return [float(any(ch.isdigit() for ch in c)) for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     scores, _ = run(["team_rewards:has_digit"], ["x1", "x"], {})
     assert scores[:, 0].tolist() == [1.0, 0.0]
@@ -163,3 +163,15 @@ def test_the_dry_call_checks_columns_and_returns_before_training(reward_file):
         check_rewards(load_rewards(["numeric:answer"]), [{"prompt": "1+1", "answer": "two"}], conversational=False)
     with pytest.raises(UserError, match="reward short in the dry call on the first rows before training returned 1"):
         check_rewards(load_rewards([f"{reward_file}:short"]), rows, conversational=False)
+
+
+def test_the_built_in_task_and_its_reward_pass_the_dry_call():
+    from leantrain.data.lm import arithmetic
+
+    rows, _ = arithmetic.build(n_train=4, n_eval=0)
+    rewards = load_rewards(["numeric:answer"])
+    check_rewards(rewards, rows, conversational=True)
+    right = [f"The answer is {r['answer']}." for r in rows]
+    scores = score(rewards, [r["prompt"] for r in rows], right, [[1]] * 4, {"answer": [r["answer"] for r in rows]},
+                   conversational=True, step=0)
+    assert scores.tolist() == [[1.0]] * 4
