@@ -9,8 +9,9 @@ Needs TRL beside leantrain's environment: `pip install -e '.[bench]' -c constrai
 torch 2.13; it is not a leantrain dependency).
 
 Job: the pretrained SmolLM2-135M-Instruct (the `smollm2-135m` preset; TRL loads the same folder,
-`resolve_model_name`), GRPO on --steps x --prompts prompts of leantrain's built-in arithmetic task (one user turn
-"What is a + b?", an `answer` column; rendered with the chat template and a generation prompt by both), one epoch,
+`resolve_model_name`), GRPO on --steps x --prompts prompts of leantrain's built-in arithmetic task (a system turn
+asking for just the number, a user turn "What is a + b?", an `answer` column; rendered with the chat template and a
+generation prompt by both), one epoch,
 --prompts prompts an optimizer step, each in ONE micro-batch (TRL: per_device_train_batch_size = prompts x
 generations, no accumulation, so one generation per step), --generations completions per prompt, at most
 --new-tokens new tokens, temperature 1.0, top_p 1, top_k off, loss dapo, beta 0 (no reference model), one update per
@@ -227,9 +228,9 @@ def main() -> None:
     p.add_argument("--generations", type=int, default=8, help="completions per prompt")
     p.add_argument("--new-tokens", type=int, default=16, help="new tokens at most per completion")
     p.add_argument("--steps", type=int, default=8, help="optimizer steps (one epoch of steps x prompts prompts)")
-    p.add_argument("--eval-rows", type=int, default=50, help="held-out prompts for the greedy reward")
-    p.add_argument("--lr-full", type=float, default=1e-5, help="learning rate of the full fine-tunes")
-    p.add_argument("--lr-lora", type=float, default=1e-4, help="learning rate of the LoRA runs")
+    p.add_argument("--eval-rows", type=int, default=100, help="held-out prompts for the greedy reward")
+    p.add_argument("--lr-full", type=float, default=5e-6, help="lr of the full fine-tunes (examples/grpo-arithmetic's)")
+    p.add_argument("--lr-lora", type=float, default=5e-5, help="lr of the LoRA runs (10x, as in dpo_vs_trl)")
     bench_main(__spec__.name, p, CONTENDERS, "/tmp/leantrain-grpo-bench", "grpo", "no held-out reward", worker, table)
 
 
