@@ -242,7 +242,7 @@ def table(results: dict[str, list[dict]]) -> str:
     ratio = functools.partial(ratio_of, results)
 
     rows = ["| contender | trainable params | peak memory (GiB) | tokens/s (median; per round) | s / step | vs TRL "
-            "tokens/s | vs TRL peak | generation / scoring / training s | train reward | held-out reward |",
+            "tokens/s | vs TRL peak | where the time goes, round 1 (s) | train reward | held-out reward |",
             "|---" * 10 + "|"]
     for name in results:
         reward = med(name, "held_out_reward")
@@ -266,7 +266,8 @@ def time_split(rounds: list[dict]) -> str:
     leantrain's own time split."""
     r = rounds[0]
     if "generation_seconds" in r:
-        return f"{r['generation_seconds']:.0f} / {r['scoring_seconds']:.1f} / {r['training_seconds']:.0f}"
+        return (f"generation {r['generation_seconds']:.0f}, scoring {r['scoring_seconds']:.1f}, "
+                f"training {r['training_seconds']:.0f}")
     return ", ".join(f"{k} {v:.0f}" for k, v in r.get("time_split_seconds", {}).items())
 
 
