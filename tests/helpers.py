@@ -275,12 +275,35 @@ def resume_data(root: Path, name: str) -> Path:
     return folder
 
 
+def train_here(args: list[str]) -> dict:
+    """``leantrain train`` on ``args`` in this process, on one thread as run_train_process's processes run; returns
+    the summary. For the uninterrupted reference a killed-and-resumed chain of processes is compared with: this
+    process has torch and transformers loaded, a new one pays their imports. Call it from the main thread (the run
+    installs its signal handlers); the chain can run meanwhile in a thread of its own."""
+    import torch
+
+    from leantrain import train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train(None, args)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_train_process(folder: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m leantrain train` on resume_args(folder, *extra), one thread per process."""
     full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     return subprocess.run([sys.executable, "-m", "leantrain", "train", *resume_args(folder, *extra)], env=full,
                           capture_output=True, text=True, timeout=300)
 
+
+def killed_and_resumed(folder: Path, *extra: str, step: int, env: dict | None = None) -> tuple:
+    """run_train_process(folder, *extra) SIGKILLed after ``step``, then the same command again (it resumes): both
+    processes."""
+    killed = run_train_process(folder, *extra, env={**(env or {}), "LEANTRAIN_TEST_KILL_AT_STEP": str(step)})
+    return killed, run_train_process(folder, *extra, env=env)
 
 # ------------------------------------------------------------------------------------------------ chat data
 

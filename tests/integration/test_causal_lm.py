@@ -24,7 +24,7 @@ from leantrain import train
 from leantrain.cli import main
 from leantrain.report.logs import read_metrics
 from tests.helpers import (LM_WORDS, TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer, model_params, shared_data,
-                           trajectory, write_jsonl)
+                           train_here, trajectory, write_jsonl)
 from tests.processes import BIN, assert_same_training, run
 
 SAMPLE = "ba be"
@@ -143,17 +143,20 @@ def _resume_data(root: Path, case: str) -> list[str]:
                     else ["preference.reference=precompute"])
 
 
-def _train_process(root: Path, out: Path, data: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-            **(env or {})}
-    full.pop("LEANTRAIN_FAULT", None)
-    args = [*TINY_LLAMA, f"model.tokenizer={root / 'tok'}", "model.config_overrides.attention_dropout=0.1", *data,
+def _resume_args(root: Path, out: Path, data: list[str]) -> list[str]:
+    return [*TINY_LLAMA, f"model.tokenizer={root / 'tok'}", "model.config_overrides.attention_dropout=0.1", *data,
             "data.max_train_samples=24", "data.max_eval_samples=8", "train.batch_size=8",
             "train.micro_batch_size=4", "train.epochs=2", "train.lr=3e-3", "train.log_every_steps=1",
             "train.eval_every_steps=3", "checkpoint.every_steps=2", "checkpoint.keep=2", "checkpoint.keep_final=2",
             "report.plots=false", "report.progress=none", f"output_dir={out}"]
-    return subprocess.run([sys.executable, "-m", "leantrain", "train", *args], env=full, capture_output=True,
-                          text=True, timeout=600)
+
+
+def _train_process(root: Path, out: Path, data: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            **(env or {})}
+    full.pop("LEANTRAIN_FAULT", None)
+    return subprocess.run([sys.executable, "-m", "leantrain", "train", *_resume_args(root, out, data)], env=full,
+                          capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
@@ -165,11 +168,10 @@ def test_sigkill_mid_epoch_resumes_bitwise(lm, case):
     root = lm[0]
     data = _resume_data(root, case)
     ref_dir, resumed_dir = root / f"ref-{case}", root / f"resumed-{case}"
-    with ThreadPoolExecutor(2) as pool:
-        ref_job = pool.submit(_train_process, root, ref_dir, data)
-        killed = _train_process(root, resumed_dir, data, {"LEANTRAIN_TEST_KILL_AT_STEP": "5"})
-        ref = ref_job.result()
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    with ThreadPoolExecutor(1) as pool:  # the killed process meanwhile; the reference in this process
+        killed_job = pool.submit(_train_process, root, resumed_dir, data, {"LEANTRAIN_TEST_KILL_AT_STEP": "5"})
+        assert train_here(_resume_args(root, ref_dir, data))["train"]["steps"] == 6
+        killed = killed_job.result()
     assert killed.returncode == -9, killed.stderr[-3000:]
     final = _train_process(root, resumed_dir, data)
     assert final.returncode == 0, final.stderr[-3000:]

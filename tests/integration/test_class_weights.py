@@ -69,17 +69,16 @@ def test_balanced_kill_and_resume_is_bitwise(tmp_path):
     every 3 steps, killed after step 3, resumed from the checkpoint of step 2."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.helpers import make_tiny_bert, resume_data, run_train_process, trajectory
+    from tests.helpers import killed_and_resumed, make_tiny_bert, resume_args, resume_data, trajectory, train_here
 
     make_tiny_bert(tmp_path / "bert", dropout=0.1, layers=1, hidden=16)
     ref, got = resume_data(tmp_path, "ref"), resume_data(tmp_path, "got")
     keys = ("train.class_weights=balanced", "train.log_every_steps=3")
-    with ThreadPoolExecutor(2) as pool:
-        r = pool.submit(run_train_process, ref, *keys)
-        killed = run_train_process(got, *keys, env={"LEANTRAIN_TEST_KILL_AT_STEP": "3"})
-        assert r.result().returncode == 0, r.result().stderr[-3000:]
+    with ThreadPoolExecutor(1) as pool:  # the chain's processes meanwhile; the reference in this process
+        chain_job = pool.submit(killed_and_resumed, got, *keys, step=3)
+        assert train_here(resume_args(ref, *keys))["train"]["steps"] == 8
+        killed, final = chain_job.result()
     assert killed.returncode == -9, killed.stderr[-3000:]
-    final = run_train_process(got, *keys)
     assert final.returncode == 0 and "step-0000002" in final.stderr, final.stderr[-3000:]
     weights = json.loads((ref / "run" / "summary.json").read_text())["train"]["class_weights"]
     assert all(w["weight"] != 1.0 for w in weights)  # the 32 rows are not exactly balanced: the count is fractional

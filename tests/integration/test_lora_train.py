@@ -4,6 +4,8 @@ a bitwise kill-and-resume, and 2 processes (DDP on gloo) equal to 1."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -13,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import (make_tiny_bert, model_params, resume_data, run_train_process, trajectory, word_rows,
-                           write_rows)
+from tests.helpers import (make_tiny_bert, model_params, resume_args, resume_data, run_train_process, train_here,
+                           trajectory, word_rows, write_rows)
 from tests.helpers import YES_NO
 from tests.processes import one_and_two_processes
 
@@ -41,13 +43,14 @@ def root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def lora_run(root) -> tuple[Path, subprocess.CompletedProcess]:
-    """One uninterrupted LoRA run (checkpoints every 2 steps, merged at the end): its folder and its process. The
-    merged-model test reads it and the kill-and-resume test compares against it."""
+def lora_run(root) -> tuple[Path, str]:
+    """One uninterrupted LoRA run (checkpoints every 2 steps, merged at the end), in this process: its folder and
+    what it wrote to stderr. The merged-model test reads it and the kill-and-resume test compares against it."""
     folder = resume_data(root, "ref")
-    r = run_train_process(folder, *LORA)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return folder, r
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        train_here(resume_args(folder, *LORA))
+    return folder, err.getvalue()
 
 
 def _summary(run: Path) -> dict:
@@ -55,8 +58,8 @@ def _summary(run: Path) -> dict:
 
 
 def test_lora_saves_the_adapter_and_a_merged_model_that_loads_without_peft(lora_run):
-    folder, r = lora_run
-    assert "LoRA: r=4 alpha=8 dropout=0.05 on query, key, value, dense; trained in full: classifier" in r.stderr
+    folder, stderr = lora_run
+    assert "LoRA: r=4 alpha=8 dropout=0.05 on query, key, value, dense; trained in full: classifier" in stderr
     run = folder / "run"
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
     assert json.loads((run / "adapter" / "adapter_config.json").read_text())["r"] == 4

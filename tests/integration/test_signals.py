@@ -15,12 +15,14 @@ import re
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import make_tiny_bert, model_params, resume_args, resume_data, run_train_process, trajectory
+from tests.helpers import (make_tiny_bert, model_params, resume_args, resume_data, run_train_process, train_here,
+                           trajectory)
 
 TWO = ("--nproc", "2", "train.micro_batch_size=2", "efficiency.precision=fp32")
 GLOO = {"GLOO_SOCKET_IFNAME": "lo"}
@@ -45,9 +47,10 @@ def _same(ref: Path, got: Path) -> None:
 
 def test_sigterm_then_sigint_checkpoint_and_resume_bitwise_one_process(bert):
     ref, chain = resume_data(bert, "ref1"), resume_data(bert, "chain1")
-    done = run_train_process(ref)
-    assert done.returncode == 0, done.stderr[-3000:]
-    term = run_train_process(chain, env={"LEANTRAIN_TEST_SIGNAL_AT_STEP": "TERM@3"})
+    with ThreadPoolExecutor(1) as pool:  # the first process meanwhile; the reference in this process
+        term_job = pool.submit(run_train_process, chain, env={"LEANTRAIN_TEST_SIGNAL_AT_STEP": "TERM@3"})
+        assert train_here(resume_args(ref))["train"]["steps"] == 8
+        term = term_job.result()
     assert term.returncode == 75, term.stderr[-3000:]
     assert "got SIGTERM" in term.stderr and "stopped by SIGTERM after step 3" in term.stderr
     assert "step-0000003" in _ckpts(chain) and not (chain / "run" / "summary.json").exists()
