@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tests.helpers import write_rows
 from leantrain.cli import main
 from leantrain.modeling.tasks import TEXT, get_task
-from leantrain.modeling.tasks.class_weights import resolve_class_weights, weighted_task
+from leantrain.modeling.tasks.classification import resolve_class_weights, weighted_task
 
 
 def test_weighted_loss_sum_over_count_is_torchs_weighted_mean():
