@@ -13,7 +13,7 @@ import yaml
 
 from leantrain import train
 from tests.helpers import TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer
-from tests.processes import BIN, assert_same_training, run
+from tests.processes import assert_same_training, launched
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +89,7 @@ def test_chunked_loss_under_ddp_and_fsdp(job, strategy):
     path = root / f"{strategy}.yaml"
     path.write_text(yaml.safe_dump({"efficiency": {"chunked_loss": True}}))
     out = root / f"p2_{strategy}"
-    r = run([str(BIN / "leantrain"), "train", str(path), "--nproc", "2", f"distributed.strategy={strategy}",
-             *over, f"output_dir={out}"], timeout=900)
+    r = launched(str(path), "--nproc", "2", f"distributed.strategy={strategy}", *over, f"output_dir={out}")
     assert r.returncode == 0, r.stderr[-4000:]
     assert json.loads((out / "summary.json").read_text())["distributed"]["strategy"] == strategy
     assert_same_training(root / "plain", out)

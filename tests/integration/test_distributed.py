@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.helpers import YES_NO, word_rows, write_rows
-from tests.processes import BIN, assert_same_training, env, free_port, run, train_losses
+from tests.processes import BIN, assert_same_training, env, free_port, launched, run, train_losses
 from leantrain import train
 from leantrain.report.logs import read_metrics
 
@@ -61,7 +61,7 @@ def _summary(run_dir: Path) -> dict:
 def test_two_processes_accumulation_two_equals_one_process(job, single):
     """leantrain's own launcher: --nproc 2 (2 processes x accumulation 2)."""
     path, tmp = job
-    r = run([str(BIN / "leantrain"), "train", str(path), "--nproc", "2", f"output_dir={tmp / 'p2'}"])
+    r = launched(str(path), "--nproc", "2", f"output_dir={tmp / 'p2'}")
     assert r.returncode == 0, r.stderr[-4000:]
     assert_same_run(single, tmp / "p2")
     s = _summary(tmp / "p2")
@@ -120,8 +120,7 @@ def test_fsdp_shards_parameters_and_matches(job, single):
 def test_local_sgd_drifts_then_syncs(job):
     path, tmp = job
     common = ["--nproc", "2", "train.max_steps=6", "train.micro_batch_size=4", "optim.warmup_steps=0"]
-    r = run([str(BIN / "leantrain"), "train", str(path), *common, "distributed.local_sgd_steps=3",
-             f"output_dir={tmp / 'lsgd'}"])
+    r = launched(str(path), *common, "distributed.local_sgd_steps=3", f"output_dir={tmp / 'lsgd'}")
     assert r.returncode == 0, r.stderr[-4000:]
     spread = {rec["step"]: rec["replica_spread"] for rec in read_metrics(tmp / "lsgd" / "metrics.jsonl")
               if rec["type"] == "train"}
@@ -136,8 +135,7 @@ def test_local_sgd_drifts_then_syncs(job):
 @pytest.mark.parametrize("kind", ["raise", "kill"])
 def test_a_failing_rank_stops_the_run(job, kind):
     path, tmp = job
-    r = run([str(BIN / "leantrain"), "train", str(path), "--nproc", "2", f"output_dir={tmp / kind}"],
-            timeout=120, LEANTRAIN_FAULT=f"{kind}@2:1")
+    r = launched(str(path), "--nproc", "2", f"output_dir={tmp / kind}", LEANTRAIN_FAULT=f"{kind}@2:1")
     assert r.returncode != 0
     assert "a worker failed" in r.stderr
     if kind == "raise":
@@ -158,9 +156,8 @@ def test_bad_launch_options_fail_before_any_worker(job, capsys):
 def test_fsdp_with_bf16_and_gradient_checkpointing(job):
     """Mixed precision and gradient checkpointing keep working under a sharding strategy."""
     path, tmp = job
-    r = run([str(BIN / "leantrain"), "train", str(path), "--nproc", "2", "distributed.strategy=fsdp",
-             "efficiency.precision=bf16", "efficiency.gradient_checkpointing=true", "train.max_steps=4",
-             f"output_dir={tmp / 'fsdp_bf16'}"])
+    r = launched(str(path), "--nproc", "2", "distributed.strategy=fsdp", "efficiency.precision=bf16",
+                 "efficiency.gradient_checkpointing=true", "train.max_steps=4", f"output_dir={tmp / 'fsdp_bf16'}")
     assert r.returncode == 0, r.stderr[-4000:]
     s = _summary(tmp / "fsdp_bf16")
     assert s["efficiency"]["precision"] == "bf16" and s["efficiency"]["gradient_checkpointing"] is True

@@ -20,7 +20,7 @@ from leantrain.cli import main
 from leantrain.errors import UserError
 from leantrain.report.logs import read_metrics
 from tests.helpers import CHATML, TINY_LLAMA, make_tiny_chat_tokenizer, model_params, write_jsonl
-from tests.processes import BIN, env, run
+from tests.processes import env, launched
 
 REWARDS = '''
 def has_digit(prompts, completions, completion_ids, **kwargs):
@@ -162,8 +162,7 @@ def test_two_processes_log_the_global_means(grpo, tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump({"grpo": {"temperature": 0.0}}))
     one = train(cfg, _args(root, tmp_path / "one", "train.max_steps=2"))
-    r = run([str(BIN / "leantrain"), "train", str(cfg), "--nproc", "2", *_args(root, tmp_path / "two",
-                                                                                "train.max_steps=2")])
+    r = launched(str(cfg), "--nproc", "2", *_args(root, tmp_path / "two", "train.max_steps=2"))
     assert r.returncode == 0, r.stderr[-4000:]
     assert one["train"]["accumulation_steps"] == 2
     first = [next(x for x in read_metrics(d / "metrics.jsonl") if x["type"] == "train") for d in (tmp_path / "one",

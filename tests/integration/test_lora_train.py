@@ -18,7 +18,7 @@ import torch
 from tests.helpers import (make_tiny_bert, model_params, resume_args, resume_data, run_train_process, train_here,
                            trajectory, word_rows, write_rows)
 from tests.helpers import YES_NO
-from tests.processes import one_and_two_processes
+from tests.processes import launched, one_and_two_processes
 
 pytest.importorskip("peft")
 LORA = ["peft.method=lora", "peft.r=4", "peft.alpha=8"]
@@ -150,8 +150,8 @@ def test_freezing_under_fsdp_on_two_processes_leaves_the_frozen_weights_untouche
     from safetensors.torch import load_file
 
     folder = resume_data(root, "fsdp")
-    r = run_train_process(folder, "model.freeze=[embeddings,encoder.layer.0]", "distributed.strategy=fsdp",
-                          "checkpoint.every_steps=0", "--nproc", "2", env={"GLOO_SOCKET_IFNAME": "lo"})
+    r = launched(*resume_args(folder, "model.freeze=[embeddings,encoder.layer.0]", "distributed.strategy=fsdp",
+                              "checkpoint.every_steps=0", "--nproc", "2"), GLOO_SOCKET_IFNAME="lo")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "frozen: embeddings" in r.stderr
     base, tuned = load_file(str(root / "bert" / "model.safetensors")), model_params(folder / "run")

@@ -5,7 +5,6 @@ config and task detection are in tests/unit/data/test_media.py."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -153,20 +152,16 @@ def test_audio_model_from_config_trains_and_loads_in_pipeline(tmp_path, fsdd4):
 @pytest.mark.distributed
 def test_two_process_audio_run_equals_one_process(tmp_path, fsdd4):
     """The same engine for every modality: audio on 2 processes (torchrun, gloo) == 1 process x accumulation 2."""
-    import subprocess
-    import sys
-
     from safetensors.torch import load_file
 
     from leantrain import train
+    from tests.processes import launched
 
     train_csv, test_csv = fsdd4
     args = [*TINY_AST, f"data.train={train_csv}", f"data.eval={test_csv}", "train.max_steps=4", "train.batch_size=8",
             "train.micro_batch_size=4", "train.lr=3e-3", "efficiency.precision=fp32", "report.plots=false"]
     one = train(None, [*args, f"output_dir={tmp_path / 'one'}"])
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-m", "leantrain", "train", "--nproc", "2", *args,
-                        f"output_dir={tmp_path / 'two'}"], capture_output=True, text=True, timeout=300, env=env)
+    r = launched("--nproc", "2", *args, f"output_dir={tmp_path / 'two'}")
     assert r.returncode == 0, r.stderr[-3000:]
     two = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert two["distributed"]["world_size"] == 2 and one["train"]["accumulation_steps"] == 2
