@@ -39,7 +39,6 @@ seeded). Not a test.
 
 from __future__ import annotations
 
-import argparse
 import json
 import functools
 import time
@@ -47,9 +46,8 @@ from pathlib import Path
 
 from benchmarks.driver.jobs import DATA
 from benchmarks.driver.measure import default_precision, peak_bytes
-from benchmarks.driver.rounds import evaluated, worker_folder
 from benchmarks.driver.tables import median, ratio as ratio_of
-from benchmarks.driver.trl import bench_main, leantrain_eval, leantrain_train, loop_clock
+from benchmarks.driver.trl import bench_main, leantrain_eval, leantrain_train, loop_clock, run_worker, script_parser
 
 START = time.perf_counter()
 HH = DATA / "hh_rlhf"
@@ -174,26 +172,24 @@ def held_out(args, model: str, out: Path) -> dict:
 
 
 def worker(args) -> None:
-    out = worker_folder(args)  # sets args.eval_now: the first round only
-    result = run_trl(args, args.worker == "trl_full", out) if args.worker.startswith("trl") else \
-        run_leantrain(args, args.worker, out)
-    train, _ = data_files(args)
-    tokens = tokens_of(train)
-    result.update(tokens_per_second=tokens / result["loop_seconds"],
-                  pairs_per_second=args.rows / result["loop_seconds"], tokens=tokens)
-    if args.eval_now:
-        ev = held_out(args, str(out / "model"), out)
-        result.update(reward_accuracy=ev["reward_accuracy"], reward_margin=ev["reward_margin"])
-        evaluated(args)
-    print("RESULT " + json.dumps(result))
+    def speed(result: dict) -> dict:
+        tokens = tokens_of(data_files(args)[0])
+        return {"tokens_per_second": tokens / result["loop_seconds"], "tokens": tokens,
+                "pairs_per_second": args.rows / result["loop_seconds"]}
+
+    def evaluation(model: str, out: Path) -> dict:
+        ev = held_out(args, model, out)
+        return {"reward_accuracy": ev["reward_accuracy"], "reward_margin": ev["reward_margin"]}
+
+    run_worker(args, lambda out: run_trl(args, args.worker == "trl_full", out) if args.worker.startswith("trl")
+               else run_leantrain(args, args.worker, out), speed, evaluation)
 
 
 # ------------------------------------------------------------------------------------------------ driver
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = script_parser(__doc__)
     p.add_argument("--rows", type=int, default=48, help="training pairs (the first short ones), one epoch")
     p.add_argument("--eval-rows", type=int, default=64, help="held-out pairs (the first short ones of test.jsonl)")
     p.add_argument("--max-length", type=int, default=256, help="tokens of the longest transcript kept")

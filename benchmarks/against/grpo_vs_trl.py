@@ -47,7 +47,6 @@ Not a test.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import time
@@ -55,9 +54,8 @@ from pathlib import Path
 
 from benchmarks.driver.jobs import REPO
 from benchmarks.driver.measure import default_precision, peak_bytes
-from benchmarks.driver.rounds import evaluated, worker_folder
 from benchmarks.driver.tables import median, ratio as ratio_of
-from benchmarks.driver.trl import bench_main, leantrain_eval, leantrain_train, loop_clock
+from benchmarks.driver.trl import bench_main, leantrain_eval, leantrain_train, loop_clock, run_worker, script_parser
 
 START = time.perf_counter()
 CONTENDERS = ["trl_full", "full", "trl_lora", "lora", "base"]  # full_ckpt, lora_ckpt: by --only
@@ -204,29 +202,20 @@ def held_out(args, model: str, out: Path) -> float:
 
 
 def worker(args) -> None:
-    out = worker_folder(args)  # sets args.eval_now: the first round only
-    if args.worker == "base":
-        from leantrain.modeling.names import resolve_model_name
+    from leantrain.modeling.names import resolve_model_name
 
-        result = {"held_out_reward": held_out(args, resolve_model_name(MODEL), out) if args.eval_now else None}
-    else:
-        result = run_trl(args, args.worker == "trl_full", out) if args.worker.startswith("trl") else \
-            run_leantrain(args, args.worker, out)
-        result["tokens_per_second"] = result["tokens"] / result["loop_seconds"]
-        result["seconds_per_step"] = result["loop_seconds"] / result["steps"]
-        if args.eval_now:
-            result["held_out_reward"] = held_out(args, str(out / "model"), out)
-    if args.eval_now:
-        evaluated(args)
-    print("RESULT " + json.dumps(result))
+    run_worker(args, lambda out: run_trl(args, args.worker == "trl_full", out) if args.worker.startswith("trl")
+               else run_leantrain(args, args.worker, out),
+               lambda r: {"tokens_per_second": r["tokens"] / r["loop_seconds"],
+                          "seconds_per_step": r["loop_seconds"] / r["steps"]},
+               lambda model, out: {"held_out_reward": held_out(args, model, out)}, base=resolve_model_name(MODEL))
 
 
 # ------------------------------------------------------------------------------------------------ driver
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = script_parser(__doc__)
     p.add_argument("--prompts", type=int, default=4, help="prompts per optimizer step (one micro-batch)")
     p.add_argument("--generations", type=int, default=8, help="completions per prompt")
     p.add_argument("--new-tokens", type=int, default=16, help="new tokens at most per completion")

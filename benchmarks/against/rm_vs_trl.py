@@ -51,16 +51,14 @@ tokens and no batch pads. The held-out pairs are test.jsonl's built the same way
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 from benchmarks.driver.jobs import DATA
 from benchmarks.driver.measure import default_precision, peak_bytes
-from benchmarks.driver.rounds import evaluated, worker_folder
 from benchmarks.driver.tables import median, ratio
-from benchmarks.driver.trl import bench_main, leantrain_eval, leantrain_train, loop_clock
+from benchmarks.driver.trl import bench_main, leantrain_eval, leantrain_train, loop_clock, run_worker, script_parser
 
 START = time.perf_counter()
 HH = DATA / "hh_rlhf"
@@ -191,28 +189,26 @@ def run_leantrain(args, out: Path, name: str) -> dict:
 
 
 def worker(args) -> None:
-    out = worker_folder(args)  # sets args.eval_now: the first round only
-    result = run_leantrain(args, out, args.worker) if args.worker.startswith("leantrain") else \
-        run_trl(args, args.worker == "trl", out)
-    enc = rendered([json.loads(line) for line in open(train_file(args))], args.max_length, prompt_budget(args))
-    tokens = sum(map(len, enc["chosen_input_ids"])) + sum(map(len, enc["rejected_input_ids"]))
-    result.update(pairs_per_second=args.rows / result["loop_seconds"],
-                  tokens_per_second=tokens / result["loop_seconds"])
-    if args.eval_now:  # the reward model on the held-out pairs, fp32, cut as leantrain cuts: accuracy and margin
-        ev = leantrain_eval(str(out / "model"), [f"data.eval={eval_file(args)}", f"data.block_size={args.max_length}",
-                                                 f"data.max_prompt_length={prompt_budget(args)}",
-                                                 "efficiency.precision=fp32"], out)
-        result.update(accuracy=ev["accuracy"], margin=ev["margin"], eval_pairs=ev.get("samples"))
-        evaluated(args)
-    print("RESULT " + json.dumps(result))
+    def speed(result: dict) -> dict:
+        enc = rendered([json.loads(line) for line in open(train_file(args))], args.max_length, prompt_budget(args))
+        tokens = sum(map(len, enc["chosen_input_ids"])) + sum(map(len, enc["rejected_input_ids"]))
+        return {"pairs_per_second": args.rows / result["loop_seconds"],
+                "tokens_per_second": tokens / result["loop_seconds"]}
+
+    def evaluation(model: str, out: Path) -> dict:  # on the held-out pairs, fp32, cut as leantrain cuts
+        ev = leantrain_eval(model, [f"data.eval={eval_file(args)}", f"data.block_size={args.max_length}",
+                                    f"data.max_prompt_length={prompt_budget(args)}", "efficiency.precision=fp32"], out)
+        return {"accuracy": ev["accuracy"], "margin": ev["margin"], "eval_pairs": ev.get("samples")}
+
+    run_worker(args, lambda out: run_leantrain(args, out, args.worker) if args.worker.startswith("leantrain")
+               else run_trl(args, args.worker == "trl", out), speed, evaluation)
 
 
 # ------------------------------------------------------------------------------------------------ driver
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = script_parser(__doc__)
     p.add_argument("--rows", type=int, default=384, help="training pairs (the first that fit), one epoch")
     p.add_argument("--eval-rows", type=int, default=300, help="held-out pairs of test.jsonl (300: all of them)")
     p.add_argument("--max-length", type=int, default=256, help="tokens of the longest sequence kept")

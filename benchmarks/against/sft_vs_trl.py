@@ -42,7 +42,6 @@ same model). The base model's eval loss is the `base` row. Not a test.
 
 from __future__ import annotations
 
-import argparse
 import json
 import functools
 import time
@@ -50,9 +49,9 @@ from pathlib import Path
 
 from benchmarks.driver.jobs import DATA
 from benchmarks.driver.measure import default_precision, peak_bytes
-from benchmarks.driver.rounds import driver_arguments, evaluated, fresh_rounds, worker_folder
+from benchmarks.driver.rounds import driver_arguments, fresh_rounds
 from benchmarks.driver.tables import median, ratio as ratio_of
-from benchmarks.driver.trl import leantrain_eval, leantrain_train, loop_clock
+from benchmarks.driver.trl import leantrain_eval, leantrain_train, loop_clock, run_worker, script_parser
 
 START = time.perf_counter()
 ALPACA = DATA / "alpaca_5k"
@@ -168,26 +167,17 @@ def eval_loss(args, model: str, out: Path) -> float:
 
 
 def worker(args) -> None:
-    out = worker_folder(args)  # sets args.eval_now: the first round only
-    if args.worker == "base":
-        result = {"eval_loss": eval_loss(args, MODEL, out)} if args.eval_now else {}
-    else:
-        result = run_trl(args, args.worker == "trl_lora_packed", out) if args.worker.startswith("trl") else \
-            run_leantrain(args, args.worker, out)
-        result["tokens_per_second"] = result["target_tokens"] / result["loop_seconds"]
-        if args.eval_now:
-            result["eval_loss"] = eval_loss(args, str(out / "model"), out)
-    if args.eval_now:
-        evaluated(args)
-    print("RESULT " + json.dumps(result))
+    run_worker(args, lambda out: run_trl(args, args.worker == "trl_lora_packed", out) if args.worker.startswith("trl")
+               else run_leantrain(args, args.worker, out),
+               lambda r: {"tokens_per_second": r["target_tokens"] / r["loop_seconds"]},
+               lambda model, out: {"eval_loss": eval_loss(args, model, out)}, base=MODEL)
 
 
 # ------------------------------------------------------------------------------------------------ driver
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = script_parser(__doc__)
     p.add_argument("--rows", type=int, default=160, help="training rows (the first of train.jsonl), one epoch")
     p.add_argument("--eval-rows", type=int, default=500, help="held-out rows of eval.jsonl (500: all of them)")
     driver_arguments(p, CONTENDERS, "/tmp/leantrain-sft-bench", "sft", "no eval loss (speed and memory only)")

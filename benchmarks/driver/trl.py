@@ -1,7 +1,8 @@
-"""What the benchmarks against TRL share (against.sft_vs_trl, dpo_vs_trl, rm_vs_trl) beyond ``rounds``
+"""What the benchmarks against TRL share (against.sft_vs_trl, dpo_vs_trl, rm_vs_trl, grpo_vs_trl) beyond ``rounds``
 (``driver_arguments``, ``fresh_rounds``, ``worker_folder``, ``evaluated``, ``median``, ``ratio``): the clock of a
-TRL trainer's loop, a ``leantrain`` command (train or eval) in a fresh process with what the tables read of it, and
-the ``main`` of such a script built from those driver pieces."""
+TRL trainer's loop, a ``leantrain`` command (train or eval) in a fresh process with what the tables read of it, the
+round of one contender in its worker process (``run_worker``) and the ``main`` of such a script built from those
+driver pieces (``script_parser``, ``bench_main``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,30 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.driver.rounds import driver_arguments, fresh_rounds
+from benchmarks.driver.rounds import driver_arguments, evaluated, fresh_rounds, worker_folder
+
+
+def script_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark script's parser: its docstring's first line as the description, the whole docstring after the
+    options (``--help`` shows every setting the script fixes)."""
+    return argparse.ArgumentParser(description=doc.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   epilog=doc)
+
+
+def run_worker(args, train, speed, held_out, base: str | None = None) -> None:
+    """One contender's round in its worker process (``--worker NAME``), printed as the RESULT line the driver reads:
+    ``train(out)`` (a dict with ``loop_seconds``) and what ``speed(result)`` derives from it (tokens/s, ...), unless
+    NAME is ``base``: the untrained model ``base``, evaluated only. ``held_out(model, out)`` (a dict: the held-out
+    metrics of the model folder or name) runs in the first round only (``worker_folder`` / ``evaluated``)."""
+    out = worker_folder(args)  # sets args.eval_now: the first round only
+    result = {}
+    if args.worker != "base":
+        result = train(out)
+        result.update(speed(result))
+    if args.eval_now:
+        result.update(held_out(base if args.worker == "base" else str(out / "model"), out))
+        evaluated(args)
+    print("RESULT " + json.dumps(result))
 
 
 def bench_main(module: str, p: argparse.ArgumentParser, contenders: list[str], workdir: str, block: str,
