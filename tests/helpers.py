@@ -292,18 +292,72 @@ def train_here(args: list[str]) -> dict:
         torch.set_num_threads(threads)
 
 
+def process_env(**extra: str) -> dict:
+    """The environment of a leantrain run a test starts: gloo on loopback, offline, one thread per process, no fault
+    injection, unbuffered output; ``extra`` on top."""
+    e = dict(os.environ, GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+             OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    e.pop("LEANTRAIN_FAULT", None)
+    e.update(extra)
+    return e
+
+
+def cli_here(*argv: str, **extra: str) -> subprocess.CompletedProcess:
+    """``leantrain ARGV`` run by this process as the console script runs it (``leantrain.cli.main``), in
+    ``process_env(**extra)`` on one thread, its output captured: a resumed run, or a launcher (``--nproc``: its checks
+    here, torchrun and the workers in processes of their own). The same code as a new process without paying the
+    imports of torch and transformers again (a third of a 2-process launch's CPU time). The process boundary itself
+    (a SIGKILL, signals sent to the launcher, a fresh interpreter's imports) is tested with real processes:
+    ``run_train_process``, ``tests.processes.run``. Call it from the main thread (a run installs signal handlers)."""
+    import tempfile
+
+    import torch
+
+    from leantrain.cli import main
+
+    saved, streams, fds, threads = dict(os.environ), (sys.stdout, sys.stderr), [os.dup(1), os.dup(2)], \
+        torch.get_num_threads()
+    sys.stdout.flush(), sys.stderr.flush()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)  # the launched processes' output too
+        sys.stdout, sys.stderr = out, err
+        os.environ.clear(), os.environ.update(process_env(**extra))
+        torch.set_num_threads(1)
+        try:
+            rc = main(list(argv))
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else 1
+        finally:
+            out.flush(), err.flush()
+            torch.set_num_threads(threads)
+            sys.stdout, sys.stderr = streams
+            os.environ.clear(), os.environ.update(saved)
+            os.dup2(fds[0], 1), os.dup2(fds[1], 2)
+            for fd in fds:
+                os.close(fd)
+        out.seek(0), err.seek(0)
+        return subprocess.CompletedProcess(["leantrain", *argv], rc, out.read(), err.read())
+
+
 def run_train_process(folder: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m leantrain train` on resume_args(folder, *extra), one thread per process."""
-    full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "leantrain", "train", *resume_args(folder, *extra)], env=full,
-                          capture_output=True, text=True, timeout=300)
+    """`python -m leantrain train` on resume_args(folder, *extra) in a new process, one thread."""
+    return subprocess.run([sys.executable, "-m", "leantrain", "train", *resume_args(folder, *extra)],
+                          env=process_env(**(env or {})), capture_output=True, text=True, timeout=300)
 
 
-def killed_and_resumed(folder: Path, *extra: str, step: int, env: dict | None = None) -> tuple:
-    """run_train_process(folder, *extra) SIGKILLed after ``step``, then the same command again (it resumes): both
-    processes."""
-    killed = run_train_process(folder, *extra, env={**(env or {}), "LEANTRAIN_TEST_KILL_AT_STEP": str(step)})
-    return killed, run_train_process(folder, *extra, env=env)
+def killed_and_resumed(folder: Path, *extra: str, step: int, reference: list[str], env: dict | None = None) -> tuple:
+    """The kill-and-resume chain on ``folder``'s data: ``run_train_process(folder, *extra)`` SIGKILLed after ``step``
+    in a process of its own while the uninterrupted reference (the arguments ``reference``) trains in this process
+    (``train_here``); then the chain's command again, resumed in this process (``cli_here``). Returns (the killed
+    run, the resumed run, the reference's summary)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(run_train_process, folder, *extra,
+                          env={**(env or {}), "LEANTRAIN_TEST_KILL_AT_STEP": str(step)})
+        summary = train_here(reference)
+        killed = job.result()
+    return killed, cli_here("train", *resume_args(folder, *extra), **(env or {})), summary
 
 # ------------------------------------------------------------------------------------------------ chat data
 

@@ -16,7 +16,7 @@ import yaml
 
 from leantrain import train
 from leantrain.report.logs import read_metrics
-from tests.helpers import model_params
+from tests.helpers import cli_here, model_params, process_env
 
 BIN = Path(sys.executable).parent  # the environment's console scripts (leantrain, torchrun, accelerate)
 
@@ -28,47 +28,12 @@ def free_port() -> int:
 
 
 def env(**extra) -> dict:
-    """This environment for a launched run: gloo on loopback, offline, one thread per process, no fault injection."""
-    e = dict(os.environ, GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-             OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    e.pop("LEANTRAIN_FAULT", None)
-    e.update(extra)
-    return e
+    """This environment for a launched run: ``tests.helpers.process_env``."""
+    return process_env(**extra)
 
 
 def run(cmd: list[str], timeout: int = 300, **extra) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(**extra))
-
-
-def launched(*args: str, **extra) -> subprocess.CompletedProcess:
-    """``leantrain train ARGS`` (with ``--nproc``) run by this process, as the console script runs it: the launcher's
-    checks here, then torchrun and its workers in their own processes (environment ``env(**extra)``), their output
-    captured. The same path as ``run([BIN / "leantrain", "train", ...])`` without a fresh interpreter paying the
-    imports of torch and transformers a second time for the launcher (a third of a 2-process launch's CPU time).
-    Tests of the console script itself, its signals and its output ordering start it with ``run``."""
-    import tempfile
-
-    from leantrain.cli import main
-
-    saved, streams, fds = dict(os.environ), (sys.stdout, sys.stderr), [os.dup(1), os.dup(2)]
-    sys.stdout.flush(), sys.stderr.flush()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
-        sys.stdout, sys.stderr = out, err
-        os.environ.clear(), os.environ.update(env(**extra))
-        try:
-            rc = main(["train", *args])
-        except SystemExit as e:
-            rc = e.code if isinstance(e.code, int) else 1
-        finally:
-            out.flush(), err.flush()
-            sys.stdout, sys.stderr = streams
-            os.environ.clear(), os.environ.update(saved)
-            os.dup2(fds[0], 1), os.dup2(fds[1], 2)
-            for fd in fds:
-                os.close(fd)
-        out.seek(0), err.seek(0)
-        return subprocess.CompletedProcess(["leantrain", "train", *args], rc, out.read(), err.read())
 
 
 def train_losses(run_dir: Path) -> list[float]:
@@ -91,7 +56,7 @@ def one_and_two_processes(tmp_path: Path, cfg: dict) -> tuple[Path, Path]:
     path.write_text(yaml.safe_dump(cfg))
     single = train(path, [f"output_dir={tmp_path / 'single'}"])
     assert single["train"]["accumulation_steps"] == 4 and single["train"]["steps"] == 6
-    r = launched(str(path), "--nproc", "2", f"output_dir={tmp_path / 'p2'}")
+    r = cli_here("train", str(path), "--nproc", "2", f"output_dir={tmp_path / 'p2'}")
     assert r.returncode == 0, r.stderr[-4000:]
     a, b = tmp_path / "single", tmp_path / "p2"
     assert_same_training(a, b)

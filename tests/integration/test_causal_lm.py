@@ -24,8 +24,8 @@ from leantrain import train
 from leantrain.cli import main
 from leantrain.report.logs import read_metrics
 from tests.helpers import (LM_WORDS, TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer, model_params, shared_data,
-                           train_here, write_jsonl)
-from tests.processes import assert_same_training, launched
+                           cli_here, train_here, write_jsonl)
+from tests.processes import assert_same_training
 
 SAMPLE = "ba be"
 
@@ -87,7 +87,7 @@ def test_causal_lm_run_reports_token_mean_loss_perplexity_and_target_tokens(lm):
 def test_loss_normalisation_1x4_equals_2x2_launcher_equals_4x1(lm):
     root, path, _ = lm
     single = root / "single"
-    r = launched(str(path), "--nproc", "2", f"output_dir={root / 'p2'}")
+    r = cli_here("train", str(path), "--nproc", "2", f"output_dir={root / 'p2'}")
     assert r.returncode == 0, r.stderr[-4000:]
     assert json.loads((root / "p2" / "summary.json").read_text())["train"]["accumulation_steps"] == 2
     train(path, [f"output_dir={root / 'm8'}", "train.micro_batch_size=8"])
@@ -173,7 +173,7 @@ def test_sigkill_mid_epoch_resumes_bitwise(lm, case):
         assert train_here(_resume_args(root, ref_dir, data))["train"]["steps"] == 6
         killed = killed_job.result()
     assert killed.returncode == -9, killed.stderr[-3000:]
-    final = _train_process(root, resumed_dir, data)
+    final = cli_here("train", *_resume_args(root, resumed_dir, data))  # resumed in this process
     assert final.returncode == 0, final.stderr[-3000:]
     if case != "causal-lm":
         assert "task: preference" in final.stderr
@@ -218,7 +218,7 @@ def test_fsdp_two_processes_with_sample_prompts(lm):
     after it (no inference tensors left in FSDP's gathered parameters); rank 0 writes each samples record once."""
     root, path, _ = lm
     out = root / "fsdp"
-    r = launched(str(path), "--nproc", "2", "distributed.strategy=fsdp", "train.max_steps=2",
+    r = cli_here("train", str(path), "--nproc", "2", "distributed.strategy=fsdp", "train.max_steps=2",
                  "train.eval_every_steps=1", f"output_dir={out}")
     assert r.returncode == 0, r.stderr[-4000:]
     samples = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "samples"]

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from leantrain import train
-from tests.helpers import TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer
-from tests.processes import assert_same_training, launched
+from tests.helpers import TINY_LLAMA, cli_here, lm_documents, make_tiny_lm_tokenizer
+from tests.processes import assert_same_training
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_chunked_loss_under_ddp_and_fsdp(job, strategy):
     path = root / f"{strategy}.yaml"
     path.write_text(yaml.safe_dump({"efficiency": {"chunked_loss": True}}))
     out = root / f"p2_{strategy}"
-    r = launched(str(path), "--nproc", "2", f"distributed.strategy={strategy}", *over, f"output_dir={out}")
+    r = cli_here("train", str(path), "--nproc", "2", f"distributed.strategy={strategy}", *over, f"output_dir={out}")
     assert r.returncode == 0, r.stderr[-4000:]
     assert json.loads((out / "summary.json").read_text())["distributed"]["strategy"] == strategy
     assert_same_training(root / "plain", out)

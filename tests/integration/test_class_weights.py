@@ -67,17 +67,13 @@ def test_balanced_two_processes_accumulation_two_equals_one_process(tmp_path, ti
 def test_balanced_kill_and_resume_is_bitwise(tmp_path):
     """The float count of the loss since the last log (the sum of the weights) is saved and restored as is: logging
     every 3 steps, killed after step 3, resumed from the checkpoint of step 2."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tests.helpers import killed_and_resumed, make_tiny_bert, resume_args, resume_data, trajectory, train_here
+    from tests.helpers import killed_and_resumed, make_tiny_bert, resume_args, resume_data, trajectory
 
     make_tiny_bert(tmp_path / "bert", dropout=0.1, layers=1, hidden=16)
     ref, got = resume_data(tmp_path, "ref"), resume_data(tmp_path, "got")
     keys = ("train.class_weights=balanced", "train.log_every_steps=3")
-    with ThreadPoolExecutor(1) as pool:  # the chain's processes meanwhile; the reference in this process
-        chain_job = pool.submit(killed_and_resumed, got, *keys, step=3)
-        assert train_here(resume_args(ref, *keys))["train"]["steps"] == 8
-        killed, final = chain_job.result()
+    killed, final, summary = killed_and_resumed(got, *keys, step=3, reference=resume_args(ref, *keys))
+    assert summary["train"]["steps"] == 8
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert final.returncode == 0 and "step-0000002" in final.stderr, final.stderr[-3000:]
     weights = json.loads((ref / "run" / "summary.json").read_text())["train"]["class_weights"]

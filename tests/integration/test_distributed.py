@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import YES_NO, word_rows, write_rows
-from tests.processes import BIN, assert_same_training, env, free_port, launched, run, train_losses
+from tests.helpers import YES_NO, cli_here, word_rows, write_rows
+from tests.processes import BIN, assert_same_training, env, free_port, run, train_losses
 from leantrain import train
 from leantrain.report.logs import read_metrics
 
@@ -61,7 +61,7 @@ def _summary(run_dir: Path) -> dict:
 def test_two_processes_accumulation_two_equals_one_process(job, single):
     """leantrain's own launcher: --nproc 2 (2 processes x accumulation 2)."""
     path, tmp = job
-    r = launched(str(path), "--nproc", "2", f"output_dir={tmp / 'p2'}")
+    r = cli_here("train", str(path), "--nproc", "2", f"output_dir={tmp / 'p2'}")
     assert r.returncode == 0, r.stderr[-4000:]
     assert_same_run(single, tmp / "p2")
     s = _summary(tmp / "p2")
@@ -85,15 +85,18 @@ def test_four_processes_under_torchrun(job, single):
 
 
 def test_two_nodes_on_loopback(job, single):
-    """Two launcher invocations, node ranks 0 and 1, one process each, meeting at 127.0.0.1."""
+    """Two launcher invocations, node ranks 0 and 1, one process each, meeting at 127.0.0.1: node 1 the console
+    script, node 0 the launcher in this process."""
     path, tmp = job
-    port = str(free_port())
-    cmd = [str(BIN / "leantrain"), "train", str(path), "--nnodes", "2", "--nproc", "1", "--master-addr",
-           "127.0.0.1", "--master-port", port, f"output_dir={tmp / 'nodes'}"]
-    nodes = [subprocess.Popen(cmd + ["--node-rank", str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env()) for i in range(2)]
-    outs = [n.communicate(timeout=300) for n in nodes]
-    assert [n.returncode for n in nodes] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    args = [str(path), "--nnodes", "2", "--nproc", "1", "--master-addr", "127.0.0.1", "--master-port",
+            str(free_port()), f"output_dir={tmp / 'nodes'}"]
+    with open(tmp / "node1.log", "w+") as log:
+        node1 = subprocess.Popen([str(BIN / "leantrain"), "train", *args, "--node-rank", "1"], stdout=log,
+                                 stderr=subprocess.STDOUT, text=True, env=env())
+        node0 = cli_here("train", *args, "--node-rank", "0")
+        node1.wait(timeout=300)
+        log.seek(0)
+        assert (node0.returncode, node1.returncode) == (0, 0), node0.stderr[-3000:] + log.read()[-3000:]
     assert_same_run(single, tmp / "nodes")
     assert _summary(tmp / "nodes")["distributed"]["world_size"] == 2
 
@@ -120,7 +123,7 @@ def test_fsdp_shards_parameters_and_matches(job, single):
 def test_local_sgd_drifts_then_syncs(job):
     path, tmp = job
     common = ["--nproc", "2", "train.max_steps=6", "train.micro_batch_size=4", "optim.warmup_steps=0"]
-    r = launched(str(path), *common, "distributed.local_sgd_steps=3", f"output_dir={tmp / 'lsgd'}")
+    r = cli_here("train", str(path), *common, "distributed.local_sgd_steps=3", f"output_dir={tmp / 'lsgd'}")
     assert r.returncode == 0, r.stderr[-4000:]
     spread = {rec["step"]: rec["replica_spread"] for rec in read_metrics(tmp / "lsgd" / "metrics.jsonl")
               if rec["type"] == "train"}
@@ -135,7 +138,7 @@ def test_local_sgd_drifts_then_syncs(job):
 @pytest.mark.parametrize("kind", ["raise", "kill"])
 def test_a_failing_rank_stops_the_run(job, kind):
     path, tmp = job
-    r = launched(str(path), "--nproc", "2", f"output_dir={tmp / kind}", LEANTRAIN_FAULT=f"{kind}@2:1")
+    r = cli_here("train", str(path), "--nproc", "2", f"output_dir={tmp / kind}", LEANTRAIN_FAULT=f"{kind}@2:1")
     assert r.returncode != 0
     assert "a worker failed" in r.stderr
     if kind == "raise":
@@ -156,7 +159,7 @@ def test_bad_launch_options_fail_before_any_worker(job, capsys):
 def test_fsdp_with_bf16_and_gradient_checkpointing(job):
     """Mixed precision and gradient checkpointing keep working under a sharding strategy."""
     path, tmp = job
-    r = launched(str(path), "--nproc", "2", "distributed.strategy=fsdp", "efficiency.precision=bf16",
+    r = cli_here("train", str(path), "--nproc", "2", "distributed.strategy=fsdp", "efficiency.precision=bf16",
                  "efficiency.gradient_checkpointing=true", "train.max_steps=4", f"output_dir={tmp / 'fsdp_bf16'}")
     assert r.returncode == 0, r.stderr[-4000:]
     s = _summary(tmp / "fsdp_bf16")

@@ -4,11 +4,10 @@
 import random
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, write_rows
+from tests.helpers import REPO, cli_here, write_rows
 from leantrain import train
 from leantrain.config import Config, load_yaml, resolve
 
@@ -99,25 +98,20 @@ def test_vit_from_scratch_example_trains_two_steps(tmp_path):
 
 
 @pytest.mark.distributed
-def test_ddp_cpu_example_runs_as_two_processes(tmp_path, tiny_bert):
-    """The command in ddp-cpu.yaml's header, as written (`--nproc 2`), 2 steps on gloo over loopback."""
+def test_ddp_cpu_example_runs_as_two_processes(tmp_path, tiny_bert, monkeypatch):
+    """The command in ddp-cpu.yaml's header, as written (`--nproc 2`), 2 steps on gloo over loopback, from the
+    repository's folder (its launcher in this process: ``cli_here``)."""
     import json
-    import os
-    import socket
-    import sys
+
+    from tests.processes import free_port
 
     rows = [{"text": t, "label": lab} for lab, t in _texts(80, 0)]
     train_f = write_rows(tmp_path / "train.csv", rows[:64])
     dev_f = write_rows(tmp_path / "dev.csv", rows[64:])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1")
-    cmd = [str(Path(sys.executable).with_name("leantrain")), "train", str(EXAMPLES / "ddp-cpu.yaml"), "--nproc", "2",
-           "--master-port", str(port), f"model.name={tiny_bert}", f"data.train={train_f}", f"data.eval={dev_f}",
-           "train.max_steps=2", f"output_dir={tmp_path / 'run'}", "report.plots=false", "checkpoint.every_steps=0"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    monkeypatch.chdir(REPO)
+    r = cli_here("train", str(EXAMPLES / "ddp-cpu.yaml"), "--nproc", "2", "--master-port", str(free_port()),
+                 f"model.name={tiny_bert}", f"data.train={train_f}", f"data.eval={dev_f}", "train.max_steps=2",
+                 f"output_dir={tmp_path / 'run'}", "report.plots=false", "checkpoint.every_steps=0")
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["distributed"]["world_size"] == 2 and summary["distributed"]["strategy"] == "ddp"

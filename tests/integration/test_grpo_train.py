@@ -19,8 +19,9 @@ from leantrain import train
 from leantrain.cli import main
 from leantrain.errors import UserError
 from leantrain.report.logs import read_metrics
-from tests.helpers import CHATML, TINY_LLAMA, make_tiny_chat_tokenizer, model_params, write_jsonl
-from tests.processes import env, launched
+from tests.helpers import (CHATML, TINY_LLAMA, cli_here, make_tiny_chat_tokenizer, model_params, train_here,
+                           write_jsonl)
+from tests.processes import env
 
 REWARDS = '''
 def has_digit(prompts, completions, completion_ids, **kwargs):
@@ -123,10 +124,13 @@ def test_grpo_without_rewards_exits_2_naming_the_key(grpo, capsys):
     assert "grpo.rewards" in capsys.readouterr().err
 
 
-def _process(root: Path, out: Path, **extra) -> subprocess.CompletedProcess:
-    args = _args(root, out, "model.config_overrides.attention_dropout=0.1", "train.epochs=2", "grpo.beta=0.04",
+def _resume_args(root: Path, out: Path) -> list[str]:
+    return _args(root, out, "model.config_overrides.attention_dropout=0.1", "train.epochs=2", "grpo.beta=0.04",
                  "checkpoint.every_steps=2", "checkpoint.keep=2", "checkpoint.keep_final=2")
-    return subprocess.run([sys.executable, "-m", "leantrain", "train", *args], env=env(**extra),
+
+
+def _process(root: Path, out: Path, **extra) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "leantrain", "train", *_resume_args(root, out)], env=env(**extra),
                           capture_output=True, text=True, timeout=600)
 
 
@@ -137,13 +141,12 @@ def test_sigkill_mid_run_resumes_bitwise(grpo):
     same dropout draws, bitwise the same weights and metrics."""
     root, _, _ = grpo
     ref_dir, resumed_dir = root / "ref", root / "resumed"
-    with ThreadPoolExecutor(2) as pool:
-        ref_job = pool.submit(_process, root, ref_dir)
-        killed = _process(root, resumed_dir, LEANTRAIN_TEST_KILL_AT_STEP="5")
-        ref = ref_job.result()
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    with ThreadPoolExecutor(1) as pool:  # the killed process meanwhile; the reference and the resumed run here
+        killed_job = pool.submit(_process, root, resumed_dir, LEANTRAIN_TEST_KILL_AT_STEP="5")
+        assert train_here(_resume_args(root, ref_dir))["train"]["steps"] == 6
+        killed = killed_job.result()
     assert killed.returncode == -9, killed.stderr[-3000:]
-    final = _process(root, resumed_dir)
+    final = cli_here("train", *_resume_args(root, resumed_dir))
     assert final.returncode == 0, final.stderr[-3000:]
     assert json.loads((resumed_dir / "summary.json").read_text())["train"]["resumed_from_step"] == 4
     keep = ("type", "step", "loss", "reward", "kl", "clip_ratio", "grad_norm", "eval.reward")
@@ -162,7 +165,7 @@ def test_two_processes_log_the_global_means(grpo, tmp_path):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump({"grpo": {"temperature": 0.0}}))
     one = train(cfg, _args(root, tmp_path / "one", "train.max_steps=2"))
-    r = launched(str(cfg), "--nproc", "2", *_args(root, tmp_path / "two", "train.max_steps=2"))
+    r = cli_here("train", str(cfg), "--nproc", "2", *_args(root, tmp_path / "two", "train.max_steps=2"))
     assert r.returncode == 0, r.stderr[-4000:]
     assert one["train"]["accumulation_steps"] == 2
     first = [next(x for x in read_metrics(d / "metrics.jsonl") if x["type"] == "train") for d in (tmp_path / "one",

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import (make_tiny_bert, model_params, resume_args, resume_data, run_train_process, train_here,
-                           trajectory, word_rows, write_rows)
+from tests.helpers import (cli_here, make_tiny_bert, model_params, resume_args, resume_data, run_train_process,
+                           train_here, trajectory, word_rows, write_rows)
 from tests.helpers import YES_NO
-from tests.processes import launched, one_and_two_processes
+from tests.processes import one_and_two_processes
 
 pytest.importorskip("peft")
 LORA = ["peft.method=lora", "peft.r=4", "peft.alpha=8"]
@@ -109,7 +109,7 @@ def test_lora_kill_and_resume_is_bitwise(root, lora_run):
     ref, resumed = lora_run[0], resume_data(root, "resumed")
     killed = run_train_process(resumed, *LORA, env={"LEANTRAIN_TEST_KILL_AT_STEP": "5"})
     assert killed.returncode == -9, killed.stderr[-3000:]
-    final = run_train_process(resumed, *LORA)
+    final = cli_here("train", *resume_args(resumed, *LORA))  # resumed in this process
     assert final.returncode == 0, final.stderr[-3000:]
     assert "resuming from" in final.stderr and "step-0000004" in final.stderr
     assert trajectory(resumed / "run") == trajectory(ref / "run")
@@ -150,8 +150,8 @@ def test_freezing_under_fsdp_on_two_processes_leaves_the_frozen_weights_untouche
     from safetensors.torch import load_file
 
     folder = resume_data(root, "fsdp")
-    r = launched(*resume_args(folder, "model.freeze=[embeddings,encoder.layer.0]", "distributed.strategy=fsdp",
-                              "checkpoint.every_steps=0", "--nproc", "2"), GLOO_SOCKET_IFNAME="lo")
+    r = cli_here("train", *resume_args(folder, "model.freeze=[embeddings,encoder.layer.0]", "distributed.strategy=fsdp",
+                                       "checkpoint.every_steps=0", "--nproc", "2"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "frozen: embeddings" in r.stderr
     base, tuned = load_file(str(root / "bert" / "model.safetensors")), model_params(folder / "run")

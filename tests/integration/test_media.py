@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import TINY_AST, TINY_CONVNEXT, shared_data, write_rows
+from tests.helpers import TINY_AST, TINY_CONVNEXT, cli_here, shared_data, write_rows
 from leantrain.cli import main
 from leantrain.config import DataConfig
 from leantrain.data import audio, image
@@ -155,13 +155,12 @@ def test_two_process_audio_run_equals_one_process(tmp_path, fsdd4):
     from safetensors.torch import load_file
 
     from leantrain import train
-    from tests.processes import launched
 
     train_csv, test_csv = fsdd4
     args = [*TINY_AST, f"data.train={train_csv}", f"data.eval={test_csv}", "train.max_steps=4", "train.batch_size=8",
             "train.micro_batch_size=4", "train.lr=3e-3", "efficiency.precision=fp32", "report.plots=false"]
     one = train(None, [*args, f"output_dir={tmp_path / 'one'}"])
-    r = launched("--nproc", "2", *args, f"output_dir={tmp_path / 'two'}")
+    r = cli_here("train", "--nproc", "2", *args, f"output_dir={tmp_path / 'two'}")
     assert r.returncode == 0, r.stderr[-3000:]
     two = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert two["distributed"]["world_size"] == 2 and one["train"]["accumulation_steps"] == 2

@@ -100,14 +100,15 @@ def test_dpo_without_lora_precomputes_the_reference_once_and_two_processes_train
     """Reference log-probs computed by the first run and read by the second, which runs as 2 processes x
     accumulation 1 and trains the same model as 1 process x accumulation 2 (parameters, per-step losses, eval over
     5 pairs, uneven over the processes)."""
-    from tests.processes import assert_same_training, launched
+    from tests.helpers import cli_here
+    from tests.processes import assert_same_training
 
     write_jsonl(root / "prefs_5.jsonl", pair_rows(5, 2))
     common = [a for a in args(root, "x", "train.log_every_steps=1", f"data.eval={root / 'prefs_5.jsonl'}",
                               f"data.cache_dir={root / 'datasets-cache'}")[1:] if not a.startswith("output_dir=")]
     assert main(["train", *common, f"output_dir={root / 'one'}"]) == 0
     assert "train data: ref_chosen_logps, ref_rejected_logps computed for 16 rows" in capfd.readouterr().err
-    r = launched("--nproc", "2", *common, f"output_dir={root / 'two'}")
+    r = cli_here("train", "--nproc", "2", *common, f"output_dir={root / 'two'}")
     assert r.returncode == 0, r.stderr[-4000:]
     assert "train data: ref_chosen_logps, ref_rejected_logps read from" in r.stderr
     assert_same_training(root / "one", root / "two")

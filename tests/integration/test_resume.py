@@ -17,23 +17,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import (make_tiny_bert, model_params, resume_args, resume_data, run_train_process, train_here,
-                           trajectory, word_rows, write_rows)
+from tests.helpers import (cli_here, make_tiny_bert, model_params, resume_args, resume_data, run_train_process,
+                           train_here, trajectory, word_rows, write_rows)
 from leantrain.cli import main
 
 
 def _chain_a(folder: Path) -> list[subprocess.CompletedProcess]:
-    """Killed after step 5 -> resumes at step 4 (an epoch boundary), dies half-way through the save at step 6 ->
-    resumes at step 4 again (a second resume) and finishes."""
+    """Killed after step 5 -> resumes at step 4 (an epoch boundary), dies half-way through the save at step 6 (the
+    processes that die); then resumes at step 4 again (a second resume) and finishes: ``_finish``."""
     return [run_train_process(folder, env={"LEANTRAIN_TEST_KILL_AT_STEP": "5"}),
-            run_train_process(folder, env={"LEANTRAIN_TEST_CRASH_IN_SAVE": "6"}),
-            run_train_process(folder)]
+            run_train_process(folder, env={"LEANTRAIN_TEST_CRASH_IN_SAVE": "6"})]
 
 
 def _chain_b(folder: Path) -> list[subprocess.CompletedProcess]:
-    """DataLoader workers; killed after step 3 -> resumes mid-epoch at step 2."""
-    return [run_train_process(folder, "data.num_workers=2", env={"LEANTRAIN_TEST_KILL_AT_STEP": "3"}),
-            run_train_process(folder, "data.num_workers=2")]
+    """DataLoader workers; killed after step 3 (then resumes mid-epoch at step 2: ``_finish``)."""
+    return [run_train_process(folder, "data.num_workers=2", env={"LEANTRAIN_TEST_KILL_AT_STEP": "3"})]
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +43,9 @@ def runs(tmp_path_factory):
         jobs = [pool.submit(_chain_a, a), pool.submit(_chain_b, b)]
         summary = train_here(resume_args(ref))
         results = [j.result() for j in jobs]
+    # the resumed runs that finish, in this process (the chains' deaths needed processes of their own)
+    results[0].append(cli_here("train", *resume_args(a)))
+    results[1].append(cli_here("train", *resume_args(b, "data.num_workers=2")))
     return {"ref": (ref, summary), "a": (a, results[0]), "b": (b, results[1])}
 
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import random
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from tests.helpers import (killed_and_resumed, make_tiny_bert, model_params, resume_args, trajectory, train_here,
+from tests.helpers import (killed_and_resumed, make_tiny_bert, model_params, resume_args, trajectory,
                            write_rows)
 
 LABELS = ["joy", "love", "anger"]
@@ -40,10 +39,7 @@ def test_multilabel_kill_mid_epoch_and_resume_is_bitwise(tmp_path):
         write_rows(folder / "dev.csv", rows(8, 1))
         folders.append(folder)
     ref, killed = folders
-    with ThreadPoolExecutor(1) as pool:  # the chain's processes meanwhile; the reference in this process
-        chain_job = pool.submit(killed_and_resumed, killed, *EXTRA, step=3)
-        ref_summary = train_here(resume_args(ref, *EXTRA))
-        chain = chain_job.result()
+    *chain, ref_summary = killed_and_resumed(killed, *EXTRA, step=3, reference=resume_args(ref, *EXTRA))
     assert ref_summary["train"]["steps"] == 8
     assert chain[0].returncode == -9, chain[0].stderr[-3000:]  # SIGKILL after step 3
     assert chain[1].returncode == 0, chain[1].stderr[-3000:]

@@ -8,13 +8,12 @@ Layout as tests/integration/test_resume.py: 32 train rows, batch 8 (micro 4 x ac
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 from leantrain.report.logs import read_metrics
-from tests.helpers import (killed_and_resumed, make_tiny_bert, model_params, resume_args, score_rows, train_here,
+from tests.helpers import (killed_and_resumed, make_tiny_bert, model_params, resume_args, score_rows,
                            write_rows)
 
 REGRESSION = ("train.loss=huber", "train.huber_delta=0.5", "data.standardize_targets=true")
@@ -34,10 +33,7 @@ def _data(root, name):
 def test_regression_kill_mid_epoch_and_resume_is_bitwise(tmp_path):
     make_tiny_bert(tmp_path / "bert", dropout=0.1, layers=1, hidden=16)
     ref, chain = _data(tmp_path, "ref"), _data(tmp_path, "chain")
-    with ThreadPoolExecutor(1) as pool:  # the chain's processes meanwhile; the reference in this process
-        chain_job = pool.submit(killed_and_resumed, chain, *REGRESSION, step=3)
-        ref_summary = train_here(resume_args(ref, *REGRESSION))
-        killed, final = chain_job.result()
+    killed, final, ref_summary = killed_and_resumed(chain, *REGRESSION, step=3, reference=resume_args(ref, *REGRESSION))
     assert ref_summary["train"]["steps"] == 8
     assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL
     assert final.returncode == 0 and "resuming from" in final.stderr and "step-0000002" in final.stderr, \

@@ -6,12 +6,11 @@ resumed is bitwise the run that was not."""
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from tests.helpers import killed_and_resumed, make_tiny_bert, model_params, resume_args, trajectory, train_here
+from tests.helpers import killed_and_resumed, make_tiny_bert, model_params, resume_args, trajectory
 from tests.processes import one_and_two_processes
 from tests.helpers import ner_rows, write_jsonl
 
@@ -46,10 +45,8 @@ def test_token_classification_kill_mid_epoch_and_resume_is_bitwise(tmp_path):
         runs[name] = (folder, data)
     ref, ref_data = runs["ref"]
     folder, data = runs["killed"]
-    with ThreadPoolExecutor(1) as pool:  # the chain's processes meanwhile; the reference in this process
-        chain_job = pool.submit(killed_and_resumed, folder, *data, step=3)
-        assert train_here(resume_args(ref, *ref_data))["train"]["steps"] == 8
-        killed, final = chain_job.result()
+    killed, final, summary = killed_and_resumed(folder, *data, step=3, reference=resume_args(ref, *ref_data))
+    assert summary["train"]["steps"] == 8
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert final.returncode == 0, final.stderr[-3000:]
     assert "resuming from" in final.stderr and "step-0000002" in final.stderr
