@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import REPO, write_rows
+from tests.helpers import REPO, cli_here, write_rows
 from leantrain.config import OptimConfig, resolve
 from leantrain.optim import build_optimizer, state_bytes
 from leantrain.perf import memory_model
@@ -64,8 +64,16 @@ def _env():
 
 
 def _leantrain(*args):
+    """``leantrain ARGS`` in a new process: what measures the planning process's own memory."""
     out = subprocess.run([sys.executable, "-m", "leantrain", *args], capture_output=True, text=True, env=_env(),
                          timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def _here(*args):
+    """``leantrain ARGS`` in this process (``cli_here``): what reads the plan's arithmetic and fit, not its RSS."""
+    out = cli_here(*args)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -84,7 +92,7 @@ def _base(tiny_bert, texts):
 
 @pytest.fixture(scope="module")
 def full_plan(tiny_bert, texts):
-    return json.loads(_leantrain("plan", *_base(tiny_bert, texts), "--json", "--search").stdout)  # stdout: the JSON
+    return json.loads(_here("plan", *_base(tiny_bert, texts), "--json", "--search").stdout)  # stdout: the JSON
 
 
 def test_plan_json_ranks_and_its_overrides_resolve(tiny_bert, texts, full_plan):
@@ -111,7 +119,7 @@ def test_plan_memory_drops_what_does_not_fit(tiny_bert, texts, full_plan):
     # holds every setting of the tiny model, a 1 MiB budget none (the exact split in between moves with RSS noise).
     assert all(o["fits"] == (o["need_bytes"] <= full_plan["budget_bytes"]) for o in full_plan["options"])
     assert full_plan["options_fitting"] == full_plan["options_considered"]
-    text = _leantrain("plan", *_base(tiny_bert, texts), "--memory=1MiB", "--search").stdout
+    text = _here("plan", *_base(tiny_bert, texts), "--memory=1MiB", "--search").stdout
     for line in ("framework overhead", "optimizer state", "activations", "predicted peak (per process)",
                  "budget 1.00 MiB (--memory): does NOT fit"):
         assert line in text
