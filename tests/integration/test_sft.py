@@ -10,8 +10,8 @@ import random
 import pytest
 
 from leantrain.report.logs import read_metrics
-from tests.helpers import CHATML, make_tiny_chat_tokenizer, make_tiny_llama
-from tests.processes import BIN, one_and_two_processes, run
+from tests.helpers import CHATML, cli_here, make_tiny_chat_tokenizer, make_tiny_llama
+from tests.processes import one_and_two_processes
 
 WORDS = "what is two and four hello world once upon a time there was small model numbers colours animals".split()
 
@@ -58,8 +58,7 @@ def test_sft_two_processes_accumulation_two_equals_one_process(tmp_path, model, 
 
 def test_neither_text_nor_instructions_exits_2_before_the_model(tmp_path, model):
     path = jsonl(tmp_path / "qa.jsonl", [{"question": "a", "answer": "b"}] * 3)
-    r = run([str(BIN / "leantrain"), "train", f"model.name={model}", f"data.train={path}",
-             f"output_dir={tmp_path / 'out'}"])
+    r = cli_here("train", f"model.name={model}", f"data.train={path}", f"output_dir={tmp_path / 'out'}")
     assert r.returncode == 2, r.stderr[-3000:]
     assert "qa.jsonl" in r.stderr and "question, answer" in r.stderr and "instruction / input / output" in r.stderr
 
