@@ -27,6 +27,7 @@ import torch
 
 from leantrain.config import DataConfig
 from leantrain.data.caches import using_cache_dir
+from leantrain.data.mapped import tokenizer_map
 from leantrain.data.conll import is_conll_path, read_conll, tags_column, tokens_column
 from leantrain.data.labels import capped, listing
 from leantrain.data.sources import Part, SourceError, open_source, pick_split
@@ -276,9 +277,9 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"token classification needs a fast tokenizer (its word_ids align tags with sub-tokens); "
                         f"{type(tokenizer).__name__} is not one")
-    out = dataset.map(_encode, batched=True, batch_size=1000,
-                      fn_kwargs={"tokenizer": tokenizer, "max_length": cfg.max_length},
-                      remove_columns=[c for c in ("tokens", "label") if c in dataset.column_names], desc=desc)
+    out = tokenizer_map(dataset, _encode, {"tokenizer": tokenizer, "max_length": cfg.max_length}, batched=True,
+                        batch_size=1000, remove_columns=[c for c in ("tokens", "label") if c in dataset.column_names],
+                        desc=desc)
     if report := truncation_report(out, cfg.max_length):
         log.warning("warning: %s: %s", desc.replace("Processing ", "") or "data", report)
     return out

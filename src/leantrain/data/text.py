@@ -1,10 +1,13 @@
-"""Text inputs: tokenise with the model's AutoTokenizer (datasets.map, cached by fingerprint), pad per batch."""
+"""Text inputs: tokenise with the model's AutoTokenizer (datasets.map, cached by fingerprint: ``data.mapped``), pad per
+batch."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+
+from leantrain.data.mapped import tokenizer_map
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -40,14 +43,8 @@ def tokenize(dataset, tokenizer, max_length: int, desc: str = "Tokenizing"):
     [labels], length. The result is cached by datasets; a second run with the same data, tokenizer and
     max_length reads it back instead of tokenising again."""
     drop = [c for c in ("text", "text_pair") if c in dataset.column_names]
-    out = dataset.map(
-        _encode,
-        batched=True,
-        batch_size=1000,
-        fn_kwargs={"tokenizer": tokenizer, "max_length": max_length},
-        remove_columns=drop,
-        desc=desc,
-    )
+    out = tokenizer_map(dataset, _encode, {"tokenizer": tokenizer, "max_length": max_length}, batched=True,
+                        batch_size=1000, remove_columns=drop, desc=desc)
     if "label" in out.column_names:
         out = out.rename_column("label", "labels")
     return out

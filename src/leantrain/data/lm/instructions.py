@@ -16,6 +16,7 @@ import datasets
 import numpy as np
 
 from leantrain.data.lm.conversation import row_tools, tools_note
+from leantrain.data.mapped import tokenizer_map
 from leantrain.data.lm.instruction_formats import FORMATS, check_rows, detect_format, to_messages, unknown_format
 from leantrain.data.lm.rendering import (IGNORE, PLAIN_TEMPLATE, Rendering, choose_rendering, labelled, render,
                                          template_error)
@@ -67,10 +68,10 @@ def process(ds: datasets.Dataset, tokenizer, *, block_size: int, template: str =
     if problems:
         raise problems_error(problems)
     rendering = choose_rendering(tokenizer, template, fmt)
-    out = ds.map(_encode, batched=True, batch_size=256, remove_columns=ds.column_names, desc=desc, with_indices=True,
-                 fn_kwargs={"tokenizer": tokenizer, "fmt": fmt, "rendering": rendering,
-                            "train_on_prompt": train_on_prompt, "block_size": block_size, "where": where,
-                            "system_prompt": system_prompt})
+    out = tokenizer_map(ds, _encode, {"tokenizer": tokenizer, "fmt": fmt, "rendering": rendering,
+                                      "train_on_prompt": train_on_prompt, "block_size": block_size, "where": where,
+                                      "system_prompt": system_prompt},
+                        batched=True, batch_size=256, remove_columns=ds.column_names, desc=desc, with_indices=True)
     truncated = int(np.sum(out.with_format("numpy")["truncated"])) if len(out) else 0
     targets = np.asarray(out["targets"])
     keep = np.flatnonzero(targets > 0)

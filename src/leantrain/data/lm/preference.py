@@ -45,6 +45,7 @@ import datasets
 import numpy as np
 
 from leantrain.config import DataConfig
+from leantrain.data.mapped import tokenizer_map
 from leantrain.data.lm import instructions as ins
 from leantrain.data.lm import rendering as rd
 from leantrain.data.lm import preference_formats as pf
@@ -180,8 +181,8 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
         cap = limit
     common = {"batched": True, "batch_size": 256, "remove_columns": dataset.column_names, "desc": desc}
     if side == "feedback":
-        raw = dataset.map(render.encode_feedback, **common,
-                          fn_kwargs={"tokenizer": tokenizer, "template": cfg.template})
+        raw = tokenizer_map(dataset, render.encode_feedback, {"tokenizer": tokenizer, "template": cfg.template},
+                            **common)
         rows, counts = render.feedback_rows(raw["prompt_ids"], raw["completion_ids"], raw["desirable"], budget, cap)
         counts["desirable"] = int(sum(rows["desirable"]))
         out = datasets.Dataset.from_dict(rows)
@@ -190,7 +191,7 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
         kwargs = {"tokenizer": tokenizer, "fmt": fmt, "max_prompt": budget, "cap": cap}
         if side == "pairs":
             kwargs["template"] = cfg.template
-        out = dataset.map(encode, **common, fn_kwargs=kwargs)
+        out = tokenizer_map(dataset, encode, kwargs, **common)
         flags = {k: np.asarray(out[k], dtype=bool) for k in ("trimmed", "cut", "tie", "empty")}
         keep = ~(flags["tie"] | flags["empty"])
         counts = {"tie": int(flags["tie"].sum()), "empty": int((flags["empty"] & ~flags["tie"]).sum()),

@@ -29,6 +29,7 @@ import torch
 
 from leantrain.config import DataConfig
 from leantrain.data.caches import using_cache_dir
+from leantrain.data.mapped import tokenizer_map
 from leantrain.data.lm import arithmetic
 from leantrain.data.lm import instruction_formats as formats_
 from leantrain.data.lm import preference_formats as pf
@@ -188,9 +189,9 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig,  # noqa: ANN0
     rendering = policy_rendering(tokenizer, cfg.template, textual)
     budget = prompt_budget(cfg)
     try:
-        out = dataset.map(_encode, batched=True, batch_size=256, desc=desc,
-                          fn_kwargs={"tokenizer": tokenizer, "rendering": rendering, "budget": budget,
-                                     "system_prompt": cfg.system_prompt})
+        out = tokenizer_map(dataset, _encode, {"tokenizer": tokenizer, "rendering": rendering, "budget": budget,
+                                               "system_prompt": cfg.system_prompt}, batched=True, batch_size=256,
+                            desc=desc)
     except DataError as e:
         raise DataError(f"{where}: {e}") from None
     trimmed = sum(out["trimmed"])
