@@ -20,10 +20,11 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/leantrain train $(ARGS)
 
-# -n: one test worker per core (at most 4); --dist loadscope keeps a file's module fixtures on one worker;
+# -n: one test worker per core (at most 4); --dist loadscope keeps a file's module fixtures on one worker, in the
+# order tests/conftest.py sorts the files (--no-loadscope-reorder: the longest first, not the most tests first);
 # --durations=25: the slowest tests at the end of every run (the suite's budget is 12 minutes on 2 cores)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadscope --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadscope --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -158,6 +158,7 @@ def test_sigkill_mid_run_resumes_bitwise(grpo):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_two_processes_log_the_global_means(grpo, tmp_path):
     """Greedy sampling (every process generates what one process would): the first step's rollout metrics of 2
     processes x 1 micro-batch equal one process x 2 micro-batches' (means over both processes' completions)."""

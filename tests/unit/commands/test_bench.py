@@ -39,6 +39,7 @@ def test_unknown_sweep_key_becomes_error_rows(tmp_path, capsys):
     assert "efficiency.precison=bf16" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # four training runs, each in a process of its own
 def test_bench_2x1_sweep_writes_table_files_and_chart(tmp_path, tiny_bert, capsys):
     data = write_rows(tmp_path / "train.csv", alternating_rows(48, max_repeat=4))
     out = tmp_path / "bench"

@@ -129,6 +129,7 @@ def test_plan_memory_drops_what_does_not_fit(tiny_bert, texts, full_plan):
 # Peak RSS of a tiny model is mostly the framework (python + torch + transformers + data + matplotlib, ~0.5 GiB),
 # measured in the planning process; another process's RSS differs by tens of MiB on a loaded machine (page cache,
 # allocator state, lazily loaded libraries). 20% holds there; benchmarks/memory/plan_accuracy.py measures the real error.
+@pytest.mark.slow  # a plan and a training run, each in a process of its own
 @pytest.mark.parametrize("point", [("16", "128", "true", "adafactor")])
 def test_predicted_peak_is_near_a_real_runs_peak(tmp_path, tiny_bert, texts, point):
     micro, length, ckpt, optim = point
