@@ -64,3 +64,9 @@ def _own_generator() -> torch.Generator:
     """Starting a DataLoader iterator draws a worker seed from its generator; with the global one that draw would
     shift dropout's random stream by whether (and how often) loaders were started, which breaks exact resume."""
     return torch.Generator().manual_seed(0)
+
+
+def to_device(batch: dict, device: torch.device, non_blocking: bool = False) -> dict:
+    """A loaded batch's tensors on ``device``; its other entries (a method's texts or reward columns, as lists) as
+    they are."""
+    return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

@@ -16,6 +16,7 @@ from accelerate.utils import extract_model_from_parallel
 from torch import nn
 
 from leantrain.config import Config
+from leantrain.data.loaders import to_device
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.checkpoint.save import complete_checkpoints
 from leantrain.engine.distributed import full_state_dict
@@ -258,8 +259,7 @@ def _checked_merge(model: nn.Module, data: TrainingData) -> nn.Module:
     n = min(MERGE_CHECK_ROWS, len(rows))
     collate = data.eval_collator or data.collator
     device = next(model.parameters()).device
-    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v  # a method's texts and columns as they are
-             for k, v in collate([rows[i] for i in range(n)]).items()}
+    batch = to_device(collate([rows[i] for i in range(n)]), device)
     units = max(data.task.count(rows, list(range(n))), 1)
     adapted = _loss_of(model, batch, data) / units
     merged = merged_for_saving(model)

@@ -16,13 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from torch.profiler import record_function
 
 from leantrain.config import Config
-from leantrain.data.loaders import epoch_micro_batches, train_loader
+from leantrain.data.loaders import epoch_micro_batches, to_device, train_loader
 from leantrain.engine.accelerator import (attach_trackers, default_output_dir, device_type, end_processes,
                                           make_accelerator, setup_logging)
 from leantrain.engine.artifacts import RunResult, efficiency_summary, save_outputs
@@ -73,11 +72,6 @@ def _output_dir(cfg: Config, accelerator: Accelerator) -> Path:
         out.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     return out
-
-
-def _to_device(batch: dict, device: torch.device) -> dict:
-    """The batch's tensors on the device; other entries (a method's texts or columns, as lists) as they are."""
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def train(run: RunDescription | Config) -> dict:
@@ -299,7 +293,7 @@ class Loop:
             run.meter.start_step()
             self.clock.start()
             with record_function("data"):
-                loaded = run.faults.poison([_to_device(next(batches), acc.device) for _ in range(layout.accum)],
+                loaded = run.faults.poison([to_device(next(batches), acc.device, non_blocking=True) for _ in range(layout.accum)],
                                            state.step + 1)
             self.clock.lap("data")
             with record_function("batches"):

@@ -26,7 +26,7 @@ import torch
 from accelerate import Accelerator
 
 from leantrain.data.caches import PRECOMPUTED, default_datasets_cache, record_cache_folder
-from leantrain.data.loaders import eval_loader
+from leantrain.data.loaders import eval_loader, to_device
 from leantrain.engine.checkpoint.save import data_fingerprint
 from leantrain.files import sha256_file, write_atomic
 
@@ -98,7 +98,7 @@ def compute_values(task, model, dataset, collator, accelerator: Accelerator, bat
     parts = []
     with torch.no_grad(), accelerator.autocast():
         for batch in loader:
-            batch = {k: v.to(accelerator.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            batch = to_device(batch, accelerator.device)
             parts.append(task.precompute(model, batch).float().cpu())
     values = np.empty((len(dataset), parts[0].shape[1] if parts else 0), dtype=np.float32)
     if parts:
