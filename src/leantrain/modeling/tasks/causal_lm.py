@@ -141,4 +141,3 @@ CAUSAL_LM_TASK = register(CausalLM(
            scratch_needs_tokenizer=True),
     "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
     CardText("causal language modelling", "causal language model", '"Once upon a time", max_new_tokens=40')))
-
