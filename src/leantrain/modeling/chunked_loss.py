@@ -152,10 +152,11 @@ def is_causal_lm(model: nn.Module) -> bool:
 
 def keeps_logits(model: nn.Module) -> bool:
     """Whether the model's forward takes ``logits_to_keep`` (the output layer run on the last positions alone, as
-    transformers' causal LMs do): the model inside DDP, compile and peft wrappers, which pass it on."""
+    transformers' causal LMs do): its class's forward, inside DDP, compile and peft wrappers and under the forwards
+    set on the instance (accelerate's, FSDP's autocast), which pass their keywords on."""
     inner = _unwrap(model)
     base = inner.get_base_model() if hasattr(inner, "peft_config") else inner
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
+    return "logits_to_keep" in inspect.signature(type(base).forward).parameters
 
 
 def _configs(model: nn.Module):

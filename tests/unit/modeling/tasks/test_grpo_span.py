@@ -114,10 +114,13 @@ def test_the_entropy_is_each_completion_positions_from_its_logits():
     assert float(count) == float(mask.sum()) == 11
 
 
-def test_keeps_logits_sees_through_peft():
+def test_keeps_logits_sees_through_peft_and_instance_forwards():
     peft = pytest.importorskip("peft")
     model = loss_llama()
     assert keeps_logits(model)
     lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     assert keeps_logits(lora)
+    forward = model.forward
+    model.forward = lambda *args, **kwargs: forward(*args, **kwargs)  # as FSDP's autocast wraps it
+    assert keeps_logits(model)
     assert not keeps_logits(torch.nn.Linear(2, 2))
