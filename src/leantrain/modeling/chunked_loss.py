@@ -30,6 +30,7 @@ Models whose logits are post-processed after the output layer (Gemma's ``final_l
 
 from __future__ import annotations
 
+import inspect
 import types
 from contextlib import contextmanager
 from typing import Iterator
@@ -147,6 +148,15 @@ def is_causal_lm(model: nn.Module) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return name in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+
+
+def keeps_logits(model: nn.Module) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (the output layer run on the last positions alone, as
+    transformers' causal LMs do): its class's forward, inside DDP, compile and peft wrappers and under the forwards
+    set on the instance (accelerate's, FSDP's autocast), which pass their keywords on."""
+    inner = _unwrap(model)
+    base = inner.get_base_model() if hasattr(inner, "peft_config") else inner
+    return "logits_to_keep" in inspect.signature(type(base).forward).parameters
 
 
 def _configs(model: nn.Module):
@@ -313,10 +323,23 @@ def per_token_losses(outputs, labels: torch.Tensor) -> torch.Tensor:
         if logits.shape != (b, t - 1):
             raise ValueError(f"per-token losses {tuple(logits.shape)} do not match labels {(b, t)}")
         return logits.float()
+    return logit_losses(logits, labels)[0]
+
+
+def logit_losses(logits: torch.Tensor, labels: torch.Tensor, entropy: bool = False):
+    """(per-token losses ``[B, T-1]``, entropy ``[B, T-1]`` or None) of plain ``logits [B, T, V]`` for the unshifted
+    ``labels [B, T]``: the fp32 log-softmax of each position's logits (position i predicts ``labels[i + 1]``), then
+    minus the target's (0 where it is -100), as ``F.cross_entropy``; with ``entropy``, each position's
+    ``-sum p log p`` from the same log-softmax (no gradient, one row at a time: no second fp32 copy of the logits)."""
+    b, t = labels.shape
+    logp = logits[:, :-1].float().log_softmax(-1)
     shifted = labels[:, 1:].to(logits.device)
-    losses = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), shifted.reshape(-1),
-                             ignore_index=IGNORE, reduction="none")
-    return losses.view(b, t - 1)
+    losses = F.nll_loss(logp.reshape(-1, logp.shape[-1]), shifted.reshape(-1), ignore_index=IGNORE, reduction="none")
+    if not entropy:
+        return losses.view(b, t - 1), None
+    with torch.no_grad():
+        spread = torch.stack([-(row.exp() * row).sum(-1) for row in logp])
+    return losses.view(b, t - 1), spread
 
 
 def apply_chunked_loss(model: nn.Module, setting: bool | str, device_type: str = "cpu",

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from leantrain.config.tasks import CAUSAL_LM, task_spec
-from leantrain.modeling.chunked_loss import chunked_layer, labels_for_loss, per_token_losses
+from leantrain.modeling.chunked_loss import (chunked_layer, keeps_logits, labels_for_loss, logit_losses,
+                                             per_token_losses)
 from leantrain.modeling.tasks.registry import CardText, Task, register
 from leantrain.modeling.tasks.traits import Traits
 from leantrain.modeling.tasks.row_counts import RowCounts
@@ -53,28 +54,39 @@ class CausalLM(Task):
         return fields
 
     # -- training
-    def forward_token_losses(self, model, batch: dict, row_weights=None) -> tuple[torch.Tensor, object]:
-        """(per-token losses, outputs): ``token_losses`` and the forward's outputs when they are the model's own
-        (plain logits), None when the chunked layer computed the losses instead of the logits. ``row_weights``: the
-        rows' ``loss_weight`` when the losses are weighted by them (Liger's kernel masks the rows of weight 0)."""
-        labels = batch["labels"]
+    def forward_token_losses(self, model, batch: dict, row_weights=None, keep: int | None = None,
+                             entropy: bool = False) -> tuple[torch.Tensor, object, torch.Tensor | None]:
+        """(per-token losses, outputs, entropy): ``token_losses``; the forward's outputs when they are the model's own
+        (plain logits), None when the chunked layer computed the losses instead of the logits; with ``entropy`` and
+        plain logits, each position's entropy from the same log-softmax (``logit_losses``), else None.
+        ``row_weights``: the rows' ``loss_weight`` when the losses are weighted by them (Liger's kernel masks the rows
+        of weight 0). ``keep``: the last ``keep`` shifted targets alone (``[B, keep]``), the output layer run on their
+        positions only (transformers' ``logits_to_keep``; a model without it computes them all, then they are cut)."""
+        labels, inputs, cut = batch["labels"], batch, None
+        if keep is not None and keeps_logits(model):
+            labels, inputs = labels[:, -(keep + 1):], {**batch, "logits_to_keep": keep + 1}
+        elif keep is not None:
+            cut = slice(-keep, None)
         if chunked_layer(model) is None:
-            outputs = self.forward(model, batch)
-            return per_token_losses(outputs, labels), outputs
-        # the output layer returns per-token losses for this forward (the row weights: for Liger's kernel)
-        with labels_for_loss(model, labels, row_weights):
-            return per_token_losses(self.forward(model, batch), labels), None
+            outputs = self.forward(model, inputs)
+            losses, spread = logit_losses(outputs.logits, labels, entropy)
+        else:  # the output layer returns per-token losses for this forward (the row weights: for Liger's kernel)
+            with labels_for_loss(model, labels, row_weights):
+                losses, outputs, spread = per_token_losses(self.forward(model, inputs), labels), None, None
+        if cut is not None:
+            losses, spread = losses[:, cut], None if spread is None else spread[:, cut]
+        return losses, outputs, spread
 
-    def token_losses(self, model, batch: dict) -> torch.Tensor:
+    def token_losses(self, model, batch: dict, keep: int | None = None) -> torch.Tensor:
         """Per-token losses ``[B, T-1]`` (fp32, 0 where the shifted label is -100) of ``model`` on ``batch``
         (``input_ids``, ``attention_mask``, ..., unshifted ``labels [B, T]``): through the chunked output layer when
-        installed, else from the plain logits."""
-        return self.forward_token_losses(model, batch)[0]
+        installed, else from the plain logits; ``[B, keep]``: the last ``keep`` alone (``forward_token_losses``)."""
+        return self.forward_token_losses(model, batch, keep=keep)[0]
 
     def forward_loss(self, model, batch: dict) -> tuple[torch.Tensor, object]:
         """The weighted sum of the token losses (rows of weight 0, which only keep processes in step, weigh 0; Liger's
         kernel masks their targets itself: ``leantrain.modeling.output_loss``)."""
-        losses, outputs = self.forward_token_losses(model, batch, batch["loss_weight"])
+        losses, outputs, _ = self.forward_token_losses(model, batch, batch["loss_weight"])
         return (losses.sum(-1) * batch["loss_weight"]).sum(), outputs
 
     def loss_sum(self, outputs, batch: dict) -> torch.Tensor:

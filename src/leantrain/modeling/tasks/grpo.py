@@ -189,14 +189,15 @@ class Grpo(CausalLM):
         return self._autocast() if self._autocast is not None else nullcontext()
 
     def reference_logps(self, model, batch: dict) -> torch.Tensor:
-        """The reference's per-token log-probs (rows, T-1): the model with its adapters off, or the frozen copy."""
+        """The reference's per-token log-probs of a training micro-batch (``token_logps``): the model with its adapters
+        off, or the frozen copy."""
         if self.reference == "live":
             ref, context = self._frozen[0].to(batch["input_ids"].device), self.autocast()
         else:
             ref = unwrapped(model)
             context = ref.disable_adapter() if hasattr(ref, "disable_adapter") else nullcontext()
         with context, frozen_forward(ref):
-            return -self.token_losses(ref, batch)
+            return self.token_logps(ref, batch)
 
     # -- the method seam
     def step_state(self, seed: int, rank: int) -> Sampler:
@@ -215,9 +216,9 @@ class Grpo(CausalLM):
             with acc.autocast():
                 if self.num_iterations > 1:
                     with frozen_forward(unwrapped(model)) as inner:
-                        rows["old_logps"] = -self.token_losses(inner, self.model_batch(rows))
+                        rows["old_logps"] = self.token_logps(inner, rows)
                 if self.beta > 0:
-                    rows["ref_logps"] = self.reference_logps(model, self.model_batch(rows))
+                    rows["ref_logps"] = self.reference_logps(model, rows)
             made.append(rows)
             tokens += int((rows["attention_mask"].sum(-1) * (rows["loss_weight"] != 0)).sum())
         units = torch.stack([L.count(self.completion_mask(b), b["loss_weight"], self.loss, self.max_new_tokens)
@@ -237,16 +238,25 @@ class Grpo(CausalLM):
     def model_batch(batch: dict) -> dict:
         return {k: batch[k] for k in MODEL_KEYS}
 
+    def token_logps(self, model, batch: dict) -> torch.Tensor:
+        """The per-token log-probs of a training micro-batch's shifted targets (rows, T-1), or of its completion span
+        alone (rows, span: ``grpo_rollout.SPAN``), the output layer run on those positions only."""
+        return -self.token_losses(model, self.model_batch(batch), keep=batch.get(G.SPAN))
+
     @staticmethod
     def completion_mask(batch: dict) -> torch.Tensor:
-        """1 on the shifted targets that are completion tokens (rows, T-1)."""
-        return (batch["labels"][:, 1:] != G.IGNORE).long()
+        """1 on the shifted targets that are completion tokens (rows, T-1; rows, span when the batch has one)."""
+        shifted = batch["labels"][:, 1:]
+        span = batch.get(G.SPAN)
+        return ((shifted if span is None else shifted[:, -span:]) != G.IGNORE).long()
 
     def step_loss(self, model, batch: dict) -> tuple:
         """The loss sum of a training micro-batch and TRL's step metrics: the rollout's (reward, ...), the clipped
-        fraction, the KL (beta > 0) and the entropy of the completions (from the logits, when the forward has them)."""
+        fraction, the KL (beta > 0) and the entropy of the completions (from the forward's log-softmax, when it has
+        logits). Every per-token value is over the completion span when the batch has one (``token_logps``)."""
         weights = batch["loss_weight"]
-        losses, outputs = self.forward_token_losses(model, self.model_batch(batch))
+        losses, _, spread = self.forward_token_losses(model, self.model_batch(batch), keep=batch.get(G.SPAN),
+                                                      entropy=True)
         logps, mask = -losses, self.completion_mask(batch)
         old = batch.get("old_logps", logps.detach())
         per_token, clipped = L.surrogate(logps, old, batch["advantages"], self.epsilon, self.epsilon_high)
@@ -256,8 +266,8 @@ class Grpo(CausalLM):
             per_token = per_token + self.beta * kl
             metrics["kl"] = L.masked_sum(kl.detach(), mask, weights)
         metrics["clip_ratio"] = L.masked_sum(clipped, mask, weights)
-        if outputs is not None:
-            metrics["entropy"] = L.masked_sum(entropy(outputs.logits[:, :-1]), mask, weights)
+        if spread is not None:
+            metrics["entropy"] = L.masked_sum(spread, mask, weights)
         return L.reduce(per_token, mask, weights, self.loss), metrics
 
     def forward_loss(self, model, batch: dict):
@@ -266,18 +276,18 @@ class Grpo(CausalLM):
 
     def calibration_batch(self, batch: dict) -> dict:
         """The memory model's m synthetic rows as a training micro-batch of m prompts: each row G times, cut at the
-        prompt budget + ``max_new_tokens``, with what ``step_batches`` adds (advantages, rollout values, old and
-        reference log-probs as configured)."""
+        prompt budget + ``max_new_tokens``, with what ``step_batches`` adds (a completion span of ``max_new_tokens``,
+        advantages, rollout values, old and reference log-probs as configured)."""
         width = min(batch["input_ids"].shape[1], self.prompt_tokens + self.max_new_tokens)
         rows = {k: batch[k][:, :width].repeat_interleave(self.num_generations, 0) for k in MODEL_KEYS}
         ids = rows["input_ids"]
-        n, names = ids.shape[0], G.metric_names(list(self.rewards))
+        n, names, span = ids.shape[0], G.metric_names(list(self.rewards)), min(self.max_new_tokens, width - 1)
         out = {**rows, "loss_weight": ids.new_ones(n, dtype=torch.float32),
                "advantages": ids.new_ones(n, dtype=torch.float32),
-               "rollout_values": ids.new_zeros((n, len(names)), dtype=torch.float32)}
+               "rollout_values": ids.new_zeros((n, len(names)), dtype=torch.float32), G.SPAN: span}
         for key, wanted in (("old_logps", self.num_iterations > 1), ("ref_logps", self.beta > 0)):
             if wanted:
-                out[key] = ids.new_zeros((n, width - 1), dtype=torch.float32)
+                out[key] = ids.new_zeros((n, span), dtype=torch.float32)
         return out
 
     def merge_check_value(self, model, batch: dict):
@@ -333,17 +343,6 @@ class Grpo(CausalLM):
         per_position = 2 * c.num_hidden_layers * kv_heads * head_dim * element
         return {"grpo_generation": {"rows": rows, "positions": positions, "kv_cache_bytes": rows * positions *
                                     per_position, "micro_batch_size": self.micro_batch_size or "auto"}}
-
-
-def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """The entropy of each position's next-token distribution (fp32, no gradient), one row at a time (no fp32 copy
-    of every row's logits at once)."""
-    with torch.no_grad():
-        out = []
-        for row in logits:
-            logp = row.float().log_softmax(-1)
-            out.append(-(logp.exp() * logp).sum(-1))
-        return torch.stack(out)
 
 
 GRPO_TASK = register(Grpo(

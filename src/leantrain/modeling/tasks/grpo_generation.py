@@ -11,11 +11,15 @@ state, so a resumed run draws the same tokens); temperature 0 is greedy. A row s
 
 The model is used as it is: the DDP wrapper's ``.module``, peft's LoRA model with its adapters active, under
 whatever autocast the caller opened; in eval mode under ``no_grad`` (the mode restored after), no copy of the
-weights. ``backend`` is the seam where another engine (vLLM) plugs in.
+weights. Autocast keeps the low-precision copy of a weight for its whole context only when the weight is a leaf that
+requires grad: the frozen weights (LoRA's base model) would be cast again at every decoded token, so they are marked
+as requiring grad for the generation (``casts_kept``: under ``no_grad`` nothing records a graph; the same copies, cast
+once) and put back after. ``backend`` is the seam where another engine (vLLM) plugs in.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -51,12 +55,30 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_
     logits and completions like any other (its loss weight is the caller's business)."""
     model = unwrapped(model)
     eos = torch.as_tensor(list(eos_ids), dtype=torch.long, device=prompt_ids.device)
-    with frozen_forward(model):
+    with frozen_forward(model), casts_kept(model):
         logits, cache = prefill(model, prompt_ids, prompt_mask)
         cache.batch_repeat_interleave(num_generations)
         logits = logits.repeat_interleave(num_generations, dim=0)
         mask = prompt_mask.long().repeat_interleave(num_generations, dim=0)
         return decode(model, logits, cache, mask, sampling, eos, pad_id, generator)
+
+
+@contextmanager
+def casts_kept(model):
+    """Under an autocast that caches its casts, the frozen fp32 weights of ``model`` marked as requiring grad, so
+    that each is cast once for the whole context instead of at every call (module docstring); put back after. Use
+    it under ``no_grad``."""
+    device = next(model.parameters()).device.type
+    frozen = []
+    if torch.is_autocast_enabled(device) and torch.is_autocast_cache_enabled():
+        frozen = [p for p in model.parameters() if not p.requires_grad and p.dtype == torch.float32]
+    try:
+        for p in frozen:
+            p.requires_grad_(True)
+        yield model
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
 
 
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):

@@ -7,6 +7,10 @@ truncated completion under ``grpo.mask_truncated``), so the per-token log-probs 
 (``CausalLM.token_losses``) are the completion's. Row ``i*G + j`` is prompt i's j-th completion: a prompt's group is
 one micro-batch's, on one process.
 
+``completion_span`` (a host int) is how many of the last shifted targets hold every completion token (the width
+less the shortest prompt): the training forward, the old and the reference log-probs compute the output layer on
+those positions alone (``CausalLM.forward_token_losses``'s ``keep``), so their per-token values are ``(rows, span)``.
+
 ``rollout_values`` (rows, K) carries each row's share of the rollout's metrics (``ROLLOUT_METRICS``, then one per
 reward function), NaN where a row has none (an unscorable completion's reward): the step sums them over the rows
 that count (``Grpo.step_loss``), so the logged means are exact over micro-batches, steps and processes.
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
     from leantrain.modeling.tasks.grpo_generation import Rollout
 
 IGNORE = -100
+SPAN = "completion_span"  # a training micro-batch's key: its completions' last shifted targets (module docstring)
 # TRL's names; each row's value (reward_std: the step's global batch std on every row)
 ROLLOUT_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
                    "completions/clipped_ratio")
@@ -103,7 +108,8 @@ def training_rows(s: Scored, adv: torch.Tensor, std: torch.Tensor, batch_std: to
     weight = s.batch["loss_weight"].repeat_interleave(num_generations)
     return {"input_ids": input_ids.to(device), "attention_mask": attention.to(device), "labels": label_ids.to(device),
             "advantages": adv.float().to(device), "loss_weight": weight,
-            "rollout_values": rollout_values(s, std, batch_std).to(device)}
+            "rollout_values": rollout_values(s, std, batch_std).to(device),
+            SPAN: width - max(1, min(len(p) for p in prompts))}  # an empty prompt's first token is no target
 
 
 def rollout_values(s: Scored, std: torch.Tensor, batch_std: torch.Tensor) -> torch.Tensor:

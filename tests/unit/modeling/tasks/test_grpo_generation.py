@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from leantrain.errors import UserError
 from leantrain.modeling.tasks.grpo_generation import Sampling, backend, filtered, generate, positions, prefill
@@ -128,6 +129,45 @@ def test_bf16_autocast_is_the_callers():
         rollout = generate(model, ids, mask, num_generations=2, sampling=Sampling(4), eos_ids=[EOS], pad_id=PAD,
                            generator=torch.Generator().manual_seed(0))
     assert rollout.completion_ids.dtype == torch.long and rollout.completion_ids.shape == (6, 4)
+
+
+class Casts(TorchDispatchMode):
+    """Counts the fp32 -> bf16 casts of 2-D tensors (weights) made under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and args[0].dim() == 2 and args[0].dtype == torch.float32 \
+                and kwargs.get("dtype") == torch.bfloat16:
+            self.count += 1
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, Sampling(8)], ids=["greedy", "sampled"])
+def test_lora_frozen_weights_are_cast_once_and_the_tokens_are_the_same(sampling):
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(loss_llama(vocab=64), LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"],
+                                                           init_lora_weights=False))
+    ids, mask = prompts()
+    frozen = {n for n, p in lora.named_parameters() if not p.requires_grad}
+    linears = sum(isinstance(m, torch.nn.Linear) for m in lora.modules())  # LoRA's A and B layers included
+
+    def run(cache: bool):
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache), Casts() as casts:
+            out = generate(lora, ids, mask, num_generations=3, sampling=sampling, eos_ids=[EOS], pad_id=PAD,
+                           generator=torch.Generator().manual_seed(5))
+        return out, casts.count
+
+    kept, kept_casts = run(cache=True)
+    recast, recast_casts = run(cache=False)  # every weight cast at every call: what the frozen weights had before
+    assert torch.equal(kept.completion_ids, recast.completion_ids) and kept.completion_ids.shape[1] > 2
+    assert torch.equal(kept.completion_mask, recast.completion_mask)
+    assert kept_casts <= linears < recast_casts  # each weight at most once for the whole generation
+    assert {n for n, p in lora.named_parameters() if not p.requires_grad} == frozen  # put back
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
