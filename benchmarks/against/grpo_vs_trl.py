@@ -221,7 +221,8 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=16, help="new tokens at most per completion")
     p.add_argument("--steps", type=int, default=8, help="optimizer steps (one epoch of steps x prompts prompts)")
     p.add_argument("--eval-rows", type=int, default=100, help="held-out prompts for the greedy reward")
-    p.add_argument("--lr-full", type=float, default=5e-6, help="lr of the full fine-tunes (examples/grpo-arithmetic's)")
+    p.add_argument("--lr-full", type=float, default=5e-6, help="lr of the full fine-tunes (the rounds' "
+                   "since 2026-12-02; the example's is 3e-5 since 2026-12-03)")
     p.add_argument("--lr-lora", type=float, default=5e-5, help="lr of the LoRA runs (10x, as in dpo_vs_trl)")
     bench_main(__spec__.name, p, CONTENDERS, "/tmp/leantrain-grpo-bench", "grpo", "no held-out reward", worker, table)
 
