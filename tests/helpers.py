@@ -315,8 +315,12 @@ def cli_here(*argv: str, **extra: str) -> subprocess.CompletedProcess:
 
     from leantrain.cli import main
 
+    import signal
+
     saved, streams, fds, threads = dict(os.environ), (sys.stdout, sys.stderr), [os.dup(1), os.dup(2)], \
         torch.get_num_threads()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # what the processes this one starts later inherit
     sys.stdout.flush(), sys.stderr.flush()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)  # the launched processes' output too
@@ -330,6 +334,9 @@ def cli_here(*argv: str, **extra: str) -> subprocess.CompletedProcess:
         finally:
             out.flush(), err.flush()
             torch.set_num_threads(threads)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             sys.stdout, sys.stderr = streams
             os.environ.clear(), os.environ.update(saved)
             os.dup2(fds[0], 1), os.dup2(fds[1], 2)

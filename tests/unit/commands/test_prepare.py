@@ -124,8 +124,12 @@ def test_two_prepares_into_one_folder_do_not_interleave(tmp_path, tok_folder, ca
 # A `leantrain prepare` whose two tokenising workers each report their pid into a FIFO (the event) and then wait
 # for good: the command is then stopped as a user or a scheduler would.
 POOL_DRIVER = """
-import os, sys, threading
+import os, signal, sys, threading
 import leantrain.data.lm.shard_writer as sw
+
+# a terminal's process: Ctrl-C raises KeyboardInterrupt, whatever the test's own process left ignored or blocked
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def report_and_wait(texts):
     with open(os.environ["EVENT_FIFO"], "w") as f:
