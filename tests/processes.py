@@ -27,13 +27,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def env(**extra) -> dict:
-    """This environment for a launched run: ``tests.helpers.process_env``."""
-    return process_env(**extra)
-
-
 def run(cmd: list[str], timeout: int = 300, **extra) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(**extra))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=process_env(**extra))
 
 
 def train_losses(run_dir: Path) -> list[float]:

@@ -45,3 +45,9 @@ def problems_error(problems: list[str], hints: list[str] | None = None) -> DataE
     """One DataError listing every problem (counted as ``problem_count`` does), then ``hints`` (not counted)."""
     n = problem_count(problems)
     return DataError(f"the data has {n} problem{'s' if n != 1 else ''}:", [*problems, *(hints or [])])
+
+
+class SourceError(Exception):
+    """One problem that stops a data source from being read; the message names key, file and line
+    (``leantrain.data.sources``; here, beneath every layer, for the token-shard workers that raise it without
+    importing datasets)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import random
 import subprocess
 import sys
@@ -23,8 +22,8 @@ import yaml
 from leantrain import train
 from leantrain.cli import main
 from leantrain.report.logs import read_metrics
-from tests.helpers import (LM_WORDS, TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer, model_params, shared_data,
-                           cli_here, train_here, write_jsonl)
+from tests.helpers import (LM_WORDS, TINY_LLAMA, cli_here, lm_documents, make_tiny_lm_tokenizer, model_params,
+                           process_env, shared_data, train_here, write_jsonl)
 from tests.processes import assert_same_training
 
 SAMPLE = "ba be"
@@ -152,10 +151,8 @@ def _resume_args(root: Path, out: Path, data: list[str]) -> list[str]:
 
 
 def _train_process(root: Path, out: Path, data: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-            **(env or {})}
-    full.pop("LEANTRAIN_FAULT", None)
-    return subprocess.run([sys.executable, "-m", "leantrain", "train", *_resume_args(root, out, data)], env=full,
+    return subprocess.run([sys.executable, "-m", "leantrain", "train", *_resume_args(root, out, data)],
+                          env=process_env(**(env or {})),
                           capture_output=True, text=True, timeout=600)
 
 

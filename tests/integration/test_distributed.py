@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import YES_NO, cli_here, word_rows, write_rows
-from tests.processes import BIN, assert_same_training, env, free_port, run, train_losses
+from tests.helpers import YES_NO, cli_here, process_env, word_rows, write_rows
+from tests.processes import BIN, assert_same_training, free_port, run, train_losses
 from leantrain import train
 from leantrain.report.logs import read_metrics
 
@@ -92,7 +92,7 @@ def test_two_nodes_on_loopback(job, single):
             str(free_port()), f"output_dir={tmp / 'nodes'}"]
     with open(tmp / "node1.log", "w+") as log:
         node1 = subprocess.Popen([str(BIN / "leantrain"), "train", *args, "--node-rank", "1"], stdout=log,
-                                 stderr=subprocess.STDOUT, text=True, env=env())
+                                 stderr=subprocess.STDOUT, text=True, env=process_env())
         node0 = cli_here("train", *args, "--node-rank", "0")
         node1.wait(timeout=300)
         log.seek(0)

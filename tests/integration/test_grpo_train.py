@@ -19,9 +19,8 @@ from leantrain import train
 from leantrain.cli import main
 from leantrain.errors import UserError
 from leantrain.report.logs import read_metrics
-from tests.helpers import (CHATML, TINY_LLAMA, cli_here, make_tiny_chat_tokenizer, model_params, train_here,
-                           write_jsonl)
-from tests.processes import env
+from tests.helpers import (CHATML, TINY_LLAMA, cli_here, make_tiny_chat_tokenizer, model_params, process_env,
+                           train_here, write_jsonl)
 
 REWARDS = '''
 def has_digit(prompts, completions, completion_ids, **kwargs):
@@ -130,7 +129,7 @@ def _resume_args(root: Path, out: Path) -> list[str]:
 
 
 def _process(root: Path, out: Path, **extra) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "leantrain", "train", *_resume_args(root, out)], env=env(**extra),
+    return subprocess.run([sys.executable, "-m", "leantrain", "train", *_resume_args(root, out)], env=process_env(**extra),
                           capture_output=True, text=True, timeout=600)
 
 

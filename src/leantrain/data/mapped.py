@@ -6,7 +6,8 @@ object (0.3 s for a 30k-word vocabulary, seconds for a large one, at every map: 
 data). ``tokenizer_map`` gives the same fingerprint's ingredients to datasets' own ``Hasher``, each tokenizer replaced
 by what decides its output (``tokenizer_identity``): its class, its fast backend's full definition (normaliser,
 pre-tokeniser, vocabulary, merges, post-processor, added tokens; not the truncation and padding the last call left
-set), its init arguments, special tokens, sides, length and chat template. A slow tokenizer (no backend to read) is left to datasets' pickle.
+set), its init arguments, special tokens, sides, length and chat template. A slow tokenizer (no backend to read) is
+left to datasets' pickle.
 """
 
 from __future__ import annotations
@@ -46,13 +47,10 @@ def tokenizer_map(dataset, function, fn_kwargs: dict, **map_args):  # noqa: ANN0
     from datasets.fingerprint import Hasher
     from transformers import PreTrainedTokenizerBase
 
-    hashed = {}
-    for name, value in fn_kwargs.items():
-        if isinstance(value, PreTrainedTokenizerBase):
-            value = ("tokenizer", tokenizer_identity(value))
-            if value[1] is None:  # a slow tokenizer: datasets pickles it
-                return dataset.map(function, fn_kwargs=fn_kwargs, **map_args)
-        hashed[name] = value
+    tokenizers = {k: tokenizer_identity(v) for k, v in fn_kwargs.items() if isinstance(v, PreTrainedTokenizerBase)}
+    if None in tokenizers.values():  # a slow tokenizer: datasets pickles it
+        return dataset.map(function, fn_kwargs=fn_kwargs, **map_args)
+    hashed = {k: ("tokenizer", tokenizers[k]) if k in tokenizers else v for k, v in fn_kwargs.items()}
     settings = {k: v for k, v in map_args.items() if k != "desc"}  # the progress bar's text does not change the rows
     fingerprint = Hasher.hash([dataset._fingerprint, "leantrain.tokenizer_map", function_identity(function), hashed,
                                settings])

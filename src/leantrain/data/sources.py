@@ -13,21 +13,17 @@ import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Sequence
+
+import datasets
 
 from leantrain.data.caches import datasets_cache_dir, default_datasets_cache, record_dataset_cache
+from leantrain.errors import SourceError  # noqa: F401 - raised here, imported from here by the readers
 from leantrain.files import content_digest
-
-if TYPE_CHECKING:
-    import datasets
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl",
            ".parquet": "parquet", ".pq": "parquet"}
 csv.field_size_limit(2**31 - 1)  # long documents are fine; the default limit is 128 KiB per field
-
-
-class SourceError(Exception):
-    """One problem that stops a source from being read; the message names key, file and line."""
 
 
 @dataclass
@@ -80,7 +76,6 @@ class Part:
 @contextmanager
 def quiet() -> Iterator[None]:
     """No ``datasets`` progress bars while loading and mapping; the caller prints what matters."""
-    import datasets  # lazy: a token-shard worker imports this module for SourceError only
     was_on = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
@@ -98,7 +93,6 @@ def open_source(spec: str, key: str | None, folder_reader=None, quoting: str = "
 
     ``folder_reader(path, spec, key) -> Source`` reads a plain folder instead of ``datasets.load_dataset``
     (images and audio: a folder per class, see data/media.py)."""
-    import datasets  # lazy: a token-shard worker imports this module for SourceError only
     pre = f"{key}: " if key else ""
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -142,7 +136,6 @@ def quotes_on(quoting: str, delimiter: str) -> bool:
 
 
 def _open_file(path: Path, fmt: str, key: str | None, quoting: str = "auto") -> Source:
-    import datasets  # lazy: a token-shard worker imports this module for SourceError only
     where = f"{key}: {path.name}" if key else path.name
     lines, kwargs, warnings = None, {}, []
     if fmt in ("csv", "tsv"):
@@ -173,7 +166,6 @@ def _open_file(path: Path, fmt: str, key: str | None, quoting: str = "auto") -> 
 
 def _load_named(name: str, pre: str, what: str) -> datasets.Dataset | datasets.DatasetDict:
     """A dataset folder or a Hub name, through ``datasets.load_dataset``."""
-    import datasets  # lazy: a token-shard worker imports this module for SourceError only
     try:
         with quiet():
             ds = datasets.load_dataset(name, cache_dir=datasets_cache_dir())
@@ -191,7 +183,6 @@ def _load_named(name: str, pre: str, what: str) -> datasets.Dataset | datasets.D
 
 
 def _offline() -> bool:
-    import datasets  # lazy: a token-shard worker imports this module for SourceError only
     return bool(getattr(datasets.config, "HF_HUB_OFFLINE", False) or getattr(datasets.config, "HF_DATASETS_OFFLINE",
                                                                               False))
 
@@ -372,7 +363,6 @@ def pick_split(source: Source, wanted: Sequence[str], *, setting: str | None, si
     ``setting`` names the config key that asked for the first of ``wanted`` explicitly; then a missing
     split is an error that lists the splits there are.
     """
-    import datasets  # lazy: a token-shard worker imports this module for SourceError only
     data = source.data
     if isinstance(data, datasets.Dataset):
         return Part(source, data)

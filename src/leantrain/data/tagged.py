@@ -27,9 +27,9 @@ import torch
 
 from leantrain.config import DataConfig
 from leantrain.data.caches import using_cache_dir
-from leantrain.data.mapped import tokenizer_map
 from leantrain.data.conll import is_conll_path, read_conll, tags_column, tokens_column
 from leantrain.data.labels import capped, listing
+from leantrain.data.mapped import tokenizer_map
 from leantrain.data.sources import Part, SourceError, open_source, pick_split
 from leantrain.data.text import MODEL_INPUTS, TextCollator, pad_multiple
 from leantrain.data.text_loader import PreparedData, data_error, open_rows, prepared, source_warnings

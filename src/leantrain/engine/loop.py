@@ -293,8 +293,8 @@ class Loop:
             run.meter.start_step()
             self.clock.start()
             with record_function("data"):
-                loaded = run.faults.poison([to_device(next(batches), acc.device, non_blocking=True) for _ in range(layout.accum)],
-                                           state.step + 1)
+                loaded = [to_device(next(batches), acc.device, non_blocking=True) for _ in range(layout.accum)]
+                loaded = run.faults.poison(loaded, state.step + 1)
             self.clock.lap("data")
             with record_function("batches"):
                 made = self.make_batches(loaded, global_batch)

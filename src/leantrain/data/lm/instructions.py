@@ -16,10 +16,10 @@ import datasets
 import numpy as np
 
 from leantrain.data.lm.conversation import row_tools, tools_note
-from leantrain.data.mapped import tokenizer_map
 from leantrain.data.lm.instruction_formats import FORMATS, check_rows, detect_format, to_messages, unknown_format
 from leantrain.data.lm.rendering import (IGNORE, PLAIN_TEMPLATE, Rendering, choose_rendering, labelled, render,
                                          template_error)
+from leantrain.data.mapped import tokenizer_map
 from leantrain.errors import problems_error
 
 

@@ -45,7 +45,6 @@ import datasets
 import numpy as np
 
 from leantrain.config import DataConfig
-from leantrain.data.mapped import tokenizer_map
 from leantrain.data.lm import instructions as ins
 from leantrain.data.lm import rendering as rd
 from leantrain.data.lm import preference_formats as pf
@@ -53,6 +52,7 @@ from leantrain.data.lm import preference_render as render
 from leantrain.data.caches import using_cache_dir
 from leantrain.data.lm.collate import pad_id_of
 from leantrain.data.lm.preference_collate import FeedbackCollator, PairCollator
+from leantrain.data.mapped import tokenizer_map
 from leantrain.data.sources import Part, quiet
 from leantrain.data.text import pad_multiple
 from leantrain.data.text_loader import PreparedData, data_error, open_parts, open_rows, source_warnings

@@ -29,7 +29,6 @@ import torch
 
 from leantrain.config import DataConfig
 from leantrain.data.caches import using_cache_dir
-from leantrain.data.mapped import tokenizer_map
 from leantrain.data.lm import arithmetic
 from leantrain.data.lm import instruction_formats as formats_
 from leantrain.data.lm import preference_formats as pf
@@ -38,6 +37,7 @@ from leantrain.data.lm.collate import pad_id_of
 from leantrain.data.lm.conversation import with_system
 from leantrain.data.lm.preference import prompt_budget
 from leantrain.data.lm.preference_render import last_run, policy_rendering
+from leantrain.data.mapped import tokenizer_map
 from leantrain.data.sources import Part
 from leantrain.data.text_loader import PreparedData, data_error, first_rows, open_parts, open_rows, source_warnings
 from leantrain.errors import DataError

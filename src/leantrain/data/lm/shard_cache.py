@@ -13,7 +13,7 @@ from pathlib import Path
 
 from leantrain.data.caches import default_datasets_cache, record_cache_folder
 from leantrain.data.lm.shard_writer import tokenizer_fingerprint, write_shards
-from leantrain.data.sources import SourceError
+from leantrain.errors import SourceError
 from leantrain.data.lm.token_shards import FORMAT, TokenShards
 from leantrain.data.lm.token_sources import TokenSource
 from leantrain.files import sha256_json

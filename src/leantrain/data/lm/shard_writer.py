@@ -22,15 +22,17 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
-from leantrain.data.sources import SourceError
+from leantrain.errors import SourceError
 from leantrain.data.lm.token_shards import FORMAT, INDEX, MANIFEST, record_verified
-from leantrain.data.lm.token_sources import TokenSource
 from leantrain.files import disk_full, disk_of, sha256_json, write_atomic
 from leantrain.processes import bind_to_parent
+
+if TYPE_CHECKING:
+    from leantrain.data.lm.token_sources import TokenSource
 
 log = logging.getLogger("leantrain")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from leantrain.data.sources import SourceError
+from leantrain.errors import SourceError
 from leantrain.files import sha256_file, sha256_json, write_atomic
 
 FORMAT = "leantrain-token-shards/1"
