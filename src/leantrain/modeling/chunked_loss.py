@@ -328,18 +328,24 @@ def per_token_losses(outputs, labels: torch.Tensor) -> torch.Tensor:
 
 def logit_losses(logits: torch.Tensor, labels: torch.Tensor, entropy: bool = False):
     """(per-token losses ``[B, T-1]``, entropy ``[B, T-1]`` or None) of plain ``logits [B, T, V]`` for the unshifted
-    ``labels [B, T]``: the fp32 log-softmax of each position's logits (position i predicts ``labels[i + 1]``), then
-    minus the target's (0 where it is -100), as ``F.cross_entropy``; with ``entropy``, each position's
-    ``-sum p log p`` from the same log-softmax (no gradient, one row at a time: no second fp32 copy of the logits)."""
-    b, t = labels.shape
-    logp = logits[:, :-1].float().log_softmax(-1)
-    shifted = labels[:, 1:].to(logits.device)
-    losses = F.nll_loss(logp.reshape(-1, logp.shape[-1]), shifted.reshape(-1), ignore_index=IGNORE, reduction="none")
+    ``labels [B, T]``: position i predicts ``labels[i + 1]`` (``target_losses``)."""
+    return target_losses(logits[:, :-1], labels[:, 1:], entropy)
+
+
+def target_losses(logits: torch.Tensor, targets: torch.Tensor, entropy: bool = False):
+    """(per-token losses ``[B, T]``, entropy ``[B, T]`` or None) of ``logits [B, T, V]``, position i predicting
+    ``targets[i]``: the fp32 log-softmax of each position's logits, then minus the target's (0 where it is -100), as
+    ``F.cross_entropy``; with ``entropy``, each position's ``-sum p log p`` from the same log-softmax (no gradient,
+    one row at a time: no second fp32 copy of the logits)."""
+    b, t = targets.shape
+    logp = logits.float().log_softmax(-1)
+    targets = targets.to(logits.device)
+    losses = F.nll_loss(logp.reshape(-1, logp.shape[-1]), targets.reshape(-1), ignore_index=IGNORE, reduction="none")
     if not entropy:
-        return losses.view(b, t - 1), None
+        return losses.view(b, t), None
     with torch.no_grad():
         spread = torch.stack([-(row.exp() * row).sum(-1) for row in logp])
-    return losses.view(b, t - 1), spread
+    return losses.view(b, t), spread
 
 
 def apply_chunked_loss(model: nn.Module, setting: bool | str, device_type: str = "cpu",

@@ -7,10 +7,11 @@ side); ``step_batches`` samples ``grpo.num_generations`` completions of each wit
 them with the reward functions (``grpo_rewards``), computes each completion's advantage against its group's
 (``grpo_losses.advantages``) and builds the training micro-batches (``grpo_rollout``), with the log-probs of the
 sampling model (``grpo.num_iterations`` > 1) and of the reference (``grpo.beta`` > 0: the same model with its LoRA
-adapters off, else a frozen copy of the model as it started). ``step_loss`` is the clipped surrogate (+ beta x k3 KL)
-summed as the loss type says, over a count the step returns as a device scalar (``grpo_losses.count``), so the
-loss is the same whatever the micro-batches and processes (but for ``bnpo``, per micro-batch by definition); the
-engine runs ``grpo.num_iterations`` optimizer updates on the same rollouts.
+adapters off, else a frozen copy of the model as it started). Every forward of a training micro-batch encodes each
+prompt once for its G completions where the model allows (``grpo_forward``). ``step_loss`` is the clipped surrogate
+(+ beta x k3 KL) summed as the loss type says, over a count the step returns as a device scalar
+(``grpo_losses.count``), so the loss is the same whatever the micro-batches and processes (but for ``bnpo``, per
+micro-batch by definition); the engine runs ``grpo.num_iterations`` optimizer updates on the same rollouts.
 
 Evaluation: one greedy completion per eval prompt, scored: ``eval.reward`` (the weighted reward, unscorable
 completions left out) and ``eval.rewards/<fn>``.
@@ -29,6 +30,7 @@ import torch
 
 from leantrain.config.grpo import GRPO, check_grpo_keys
 from leantrain.config.tasks import task_spec
+from leantrain.modeling.tasks import grpo_forward as F
 from leantrain.modeling.tasks import grpo_losses as L
 from leantrain.modeling.tasks import grpo_rewards as R
 from leantrain.modeling.tasks import grpo_rollout as G
@@ -42,7 +44,6 @@ from leantrain.modeling.tasks.traits import Traits
 RECORD = "grpo"  # config.json's field: the settings the policy was trained with (the card; eval's default rewards)
 RECORDED = ("rewards", "reward_weights", "num_generations", "max_new_tokens", "loss", "scale_rewards", "beta",
             "epsilon", "num_iterations")
-MODEL_KEYS = ("input_ids", "attention_mask", "labels")
 
 
 @functools.lru_cache(maxsize=8)
@@ -192,7 +193,7 @@ class Grpo(CausalLM):
         """The reference's per-token log-probs of a training micro-batch (``token_logps``): the model with its adapters
         off, or the frozen copy."""
         if self.reference == "live":
-            ref, context = self._frozen[0].to(batch["input_ids"].device), self.autocast()
+            ref, context = self._frozen[0].to(batch[F.PROMPT_IDS].device), self.autocast()
         else:
             ref = unwrapped(model)
             context = ref.disable_adapter() if hasattr(ref, "disable_adapter") else nullcontext()
@@ -220,7 +221,7 @@ class Grpo(CausalLM):
                 if self.beta > 0:
                     rows["ref_logps"] = self.reference_logps(model, rows)
             made.append(rows)
-            tokens += int((rows["attention_mask"].sum(-1) * (rows["loss_weight"] != 0)).sum())
+            tokens += int(G.tokens(rows))
         units = torch.stack([L.count(self.completion_mask(b), b["loss_weight"], self.loss, self.max_new_tokens)
                              for b in made]).sum()
         return StepBatches(made, units, updates=self.num_iterations, tokens=tokens,
@@ -234,29 +235,21 @@ class Grpo(CausalLM):
                 sampling=self.sampling, eos_ids=self.stop_ids(model), pad_id=self.pad_id(), generator=generator)
         return G.score(batch, rollout, self.tokenizer(), list(self.rewards), self.num_generations, step)
 
-    @staticmethod
-    def model_batch(batch: dict) -> dict:
-        return {k: batch[k] for k in MODEL_KEYS}
-
     def token_logps(self, model, batch: dict) -> torch.Tensor:
-        """The per-token log-probs of a training micro-batch's shifted targets (rows, T-1), or of its completion span
-        alone (rows, span: ``grpo_rollout.SPAN``), the output layer run on those positions only."""
-        return -self.token_losses(model, self.model_batch(batch), keep=batch.get(G.SPAN))
+        """The per-token log-probs of a training micro-batch's completions (rows, C: ``grpo_forward``)."""
+        return -F.completion_losses(self, model, batch)[0]
 
     @staticmethod
     def completion_mask(batch: dict) -> torch.Tensor:
-        """1 on the shifted targets that are completion tokens (rows, T-1; rows, span when the batch has one)."""
-        shifted = batch["labels"][:, 1:]
-        span = batch.get(G.SPAN)
-        return ((shifted if span is None else shifted[:, -span:]) != G.IGNORE).long()
+        """1 on the completion tokens that weigh in the loss (rows, C)."""
+        return (batch[F.COMPLETION_LABELS] != G.IGNORE).long()
 
     def step_loss(self, model, batch: dict) -> tuple:
         """The loss sum of a training micro-batch and TRL's step metrics: the rollout's (reward, ...), the clipped
         fraction, the KL (beta > 0) and the entropy of the completions (from the forward's log-softmax, when it has
-        logits). Every per-token value is over the completion span when the batch has one (``token_logps``)."""
+        logits); every per-token value is one per completion position (``grpo_forward``)."""
         weights = batch["loss_weight"]
-        losses, _, spread = self.forward_token_losses(model, self.model_batch(batch), keep=batch.get(G.SPAN),
-                                                      entropy=True)
+        losses, spread = F.completion_losses(self, model, batch, entropy=True)
         logps, mask = -losses, self.completion_mask(batch)
         old = batch.get("old_logps", logps.detach())
         per_token, clipped = L.surrogate(logps, old, batch["advantages"], self.epsilon, self.epsilon_high)
@@ -275,16 +268,19 @@ class Grpo(CausalLM):
         return self.step_loss(model, batch)[0], None
 
     def calibration_batch(self, batch: dict) -> dict:
-        """The memory model's m synthetic rows as a training micro-batch of m prompts: each row G times, cut at the
-        prompt budget + ``max_new_tokens``, with what ``step_batches`` adds (a completion span of ``max_new_tokens``,
-        advantages, rollout values, old and reference log-probs as configured)."""
-        width = min(batch["input_ids"].shape[1], self.prompt_tokens + self.max_new_tokens)
-        rows = {k: batch[k][:, :width].repeat_interleave(self.num_generations, 0) for k in MODEL_KEYS}
-        ids = rows["input_ids"]
-        n, names, span = ids.shape[0], G.metric_names(list(self.rewards)), min(self.max_new_tokens, width - 1)
-        out = {**rows, "loss_weight": ids.new_ones(n, dtype=torch.float32),
-               "advantages": ids.new_ones(n, dtype=torch.float32),
-               "rollout_values": ids.new_zeros((n, len(names)), dtype=torch.float32), G.SPAN: span}
+        """The memory model's m synthetic rows as a training micro-batch of m prompts, each cut at the prompt budget and
+        followed by ``max_new_tokens`` of its tokens as the G completions, with what ``step_batches`` adds
+        (advantages, rollout values, old and reference log-probs as configured)."""
+        ids = batch["input_ids"]
+        width = min(ids.shape[1], self.prompt_tokens + self.max_new_tokens)
+        span = min(self.max_new_tokens, width - 1)
+        prompts = ids[:, :width - span]
+        completions = ids[:, width - span:width].repeat_interleave(self.num_generations, 0)
+        n, names = completions.shape[0], G.metric_names(list(self.rewards))
+        out = {F.PROMPT_IDS: prompts, F.PROMPT_MASK: torch.ones_like(prompts), F.COMPLETION_IDS: completions,
+               F.COMPLETION_MASK: torch.ones_like(completions), F.COMPLETION_LABELS: completions,
+               "loss_weight": ids.new_ones(n, dtype=torch.float32), "advantages": ids.new_ones(n, dtype=torch.float32),
+               "rollout_values": ids.new_zeros((n, len(names)), dtype=torch.float32)}
         for key, wanted in (("old_logps", self.num_iterations > 1), ("ref_logps", self.beta > 0)):
             if wanted:
                 out[key] = ids.new_zeros((n, span), dtype=torch.float32)

@@ -1,15 +1,12 @@
 """What one GRPO step trains on, made from a micro-batch of prompts: the completions sampled by the model
 (``grpo_generation``), their rewards (``grpo_rewards``), and the training rows built from them.
 
-A training row is a prompt's tokens (its padding dropped) then one completion (up to and including its EOS),
-right-padded; ``labels`` are the completion's tokens (-100 on the prompt and the padding, and on every token of a
-truncated completion under ``grpo.mask_truncated``), so the per-token log-probs of the shifted targets
-(``CausalLM.token_losses``) are the completion's. Row ``i*G + j`` is prompt i's j-th completion: a prompt's group is
-one micro-batch's, on one process.
-
-``completion_span`` (a host int) is how many of the last shifted targets hold every completion token (the width
-less the shortest prompt): the training forward, the old and the reference log-probs compute the output layer on
-those positions alone (``CausalLM.forward_token_losses``'s ``keep``), so their per-token values are ``(rows, span)``.
+A training micro-batch is the N prompts as they were generated from (left-padded, ``prompt_input_ids`` /
+``prompt_attention_mask``) and their N*G completions (``completion_ids``, right-padded to the longest, up to and
+including each one's EOS; ``completion_mask``; ``completion_labels``: the tokens, -100 on the padding and on every
+token of a truncated completion under ``grpo.mask_truncated``). Row ``i*G + j`` is prompt i's j-th completion: a
+prompt's group is one micro-batch's, on one process. Its forward (``grpo_forward``) gives per-token values
+``(rows, C)``, one per completion position.
 
 ``rollout_values`` (rows, K) carries each row's share of the rollout's metrics (``ROLLOUT_METRICS``, then one per
 reward function), NaN where a row has none (an unscorable completion's reward): the step sums them over the rows
@@ -25,14 +22,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from leantrain.modeling.tasks import grpo_forward as F
 from leantrain.modeling.tasks import grpo_losses as L
 from leantrain.modeling.tasks import grpo_rewards as R
 
 if TYPE_CHECKING:
     from leantrain.modeling.tasks.grpo_generation import Rollout
 
-IGNORE = -100
-SPAN = "completion_span"  # a training micro-batch's key: its completions' last shifted targets (module docstring)
+IGNORE = F.IGNORE
 # TRL's names; each row's value (reward_std: the step's global batch std on every row)
 ROLLOUT_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
                    "completions/clipped_ratio")
@@ -87,29 +84,26 @@ def global_std(scored: list[Scored], accelerator) -> torch.Tensor:  # noqa: ANN0
 def training_rows(s: Scored, adv: torch.Tensor, std: torch.Tensor, batch_std: torch.Tensor, pad_id: int,
                   mask_truncated: bool, num_generations: int) -> dict:
     """The training micro-batch of one scored micro-batch (see the module's docstring), on the prompts' device."""
-    prompt_ids, prompt_mask = s.batch["prompt_input_ids"], s.batch["prompt_attention_mask"]
-    prompts = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask)]
-    truncated = s.rollout.truncated.cpu()
-    seqs, labels = [], []
-    for i, completion in enumerate(s.ids):
-        prompt = prompts[i // num_generations]
-        seqs.append(prompt + completion)
-        masked = mask_truncated and bool(truncated[i])
-        labels.append([IGNORE] * len(prompt) + ([IGNORE] * len(completion) if masked else completion))
-    width = max(len(x) for x in seqs)
-    device = prompt_ids.device
-    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    label_ids = torch.full((len(seqs), width), IGNORE, dtype=torch.long)
-    attention = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (seq, lab) in enumerate(zip(seqs, labels)):
-        input_ids[i, :len(seq)] = torch.as_tensor(seq)
-        label_ids[i, :len(lab)] = torch.as_tensor(lab)
-        attention[i, :len(seq)] = 1
-    weight = s.batch["loss_weight"].repeat_interleave(num_generations)
-    return {"input_ids": input_ids.to(device), "attention_mask": attention.to(device), "labels": label_ids.to(device),
-            "advantages": adv.float().to(device), "loss_weight": weight,
-            "rollout_values": rollout_values(s, std, batch_std).to(device),
-            SPAN: width - max(1, min(len(p) for p in prompts))}  # an empty prompt's first token is no target
+    device = s.batch["prompt_input_ids"].device
+    mask = s.rollout.completion_mask.long()
+    width = max(1, int(mask.sum(-1).max()))  # the longest completion
+    ids, mask = s.rollout.completion_ids[:, :width].masked_fill(mask[:, :width] == 0, pad_id), mask[:, :width]
+    labels = ids.masked_fill(mask == 0, IGNORE)
+    if mask_truncated:
+        labels[s.rollout.truncated.to(labels.device)] = IGNORE
+    return {F.PROMPT_IDS: s.batch["prompt_input_ids"], F.PROMPT_MASK: s.batch["prompt_attention_mask"],
+            F.COMPLETION_IDS: ids.to(device), F.COMPLETION_MASK: mask.to(device),
+            F.COMPLETION_LABELS: labels.to(device), "advantages": adv.float().to(device),
+            "loss_weight": s.batch["loss_weight"].repeat_interleave(num_generations),
+            "rollout_values": rollout_values(s, std, batch_std).to(device)}
+
+
+def tokens(batch: dict) -> torch.Tensor:
+    """The prompt + completion tokens of a training micro-batch's rows that count (tokens/s), as TRL counts them: each
+    row's prompt without padding and its completion up to and including its EOS."""
+    g = F.group_size(batch)
+    prompt = batch[F.PROMPT_MASK].sum(-1).repeat_interleave(g)
+    return ((prompt + batch[F.COMPLETION_MASK].sum(-1)) * (batch["loss_weight"] != 0)).sum()
 
 
 def rollout_values(s: Scored, std: torch.Tensor, batch_std: torch.Tensor) -> torch.Tensor:

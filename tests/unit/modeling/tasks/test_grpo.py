@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from leantrain.modeling.tasks import get_task
+from leantrain.modeling.tasks import grpo_forward as F
 from leantrain.modeling.tasks import grpo_rollout as G
 from leantrain.modeling.tasks.grpo import Sampler
 from leantrain.modeling.tasks.grpo_generation import Rollout
@@ -41,16 +42,18 @@ def scored(mask_second: bool = False) -> G.Scored:
                     torch.tensor([1.0, 0.5], dtype=torch.float64), torch.tensor([True, True]))
 
 
-def test_a_training_row_is_the_prompt_without_padding_then_the_completion_labelled():
+def test_a_training_batch_is_the_prompts_then_their_completions_labelled():
     s = scored()
     adv, std = torch.tensor([0.7, -0.7]), torch.tensor([0.35, 0.35])
     rows = G.training_rows(s, adv, std, torch.tensor(0.35), pad_id=0, mask_truncated=False, num_generations=2)
-    assert rows["input_ids"].tolist() == [[5, 6, 7, 1, 0], [5, 6, 8, 9, 9]]
-    assert rows["attention_mask"].tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
-    assert rows["labels"].tolist() == [[-100, -100, 7, 1, -100], [-100, -100, 8, 9, 9]]
+    assert rows[F.PROMPT_IDS].tolist() == [[0, 5, 6]] and rows[F.PROMPT_MASK].tolist() == [[0, 1, 1]]
+    assert rows[F.COMPLETION_IDS].tolist() == [[7, 1, 0], [8, 9, 9]]
+    assert rows[F.COMPLETION_MASK].tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert rows[F.COMPLETION_LABELS].tolist() == [[7, 1, -100], [8, 9, 9]]
     masked = G.training_rows(s, adv, std, torch.tensor(0.35), pad_id=0, mask_truncated=True, num_generations=2)
-    assert masked["labels"][1].tolist() == [-100] * 5  # truncated: its tokens weigh 0 (grpo.mask_truncated)
+    assert masked[F.COMPLETION_LABELS][1].tolist() == [-100] * 3  # truncated: its tokens weigh 0 (grpo.mask_truncated)
     assert rows["advantages"].tolist() == pytest.approx([0.7, -0.7])
+    assert int(G.tokens(rows)) == 2 + 2 + 2 + 3
 
 
 def test_rollout_metrics_are_sums_and_counts_over_the_rows_that_count():
@@ -81,13 +84,13 @@ def llama():
 
 
 def micro_batch(g) -> dict:
-    """Two rows of 3 and 1 completion tokens, advantages 1.5 and -0.5."""
-    ids = torch.randint(2, 32, (2, 6), generator=g)
-    labels = ids.clone()
-    labels[0, :3], labels[1, :5] = -100, -100
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels,
-            "advantages": torch.tensor([1.5, -0.5]), "loss_weight": torch.tensor([1.0, 1.0]),
-            "rollout_values": torch.zeros(2, 6)}
+    """One prompt of 3 tokens answered twice: 3 and 1 completion tokens, advantages 1.5 and -0.5."""
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    ids = torch.randint(2, 32, (2, 3), generator=g)
+    return {F.PROMPT_IDS: torch.randint(2, 32, (1, 3), generator=g), F.PROMPT_MASK: torch.ones(1, 3, dtype=torch.long),
+            F.COMPLETION_IDS: ids.masked_fill(mask == 0, 0), F.COMPLETION_MASK: mask,
+            F.COMPLETION_LABELS: ids.masked_fill(mask == 0, -100), "advantages": torch.tensor([1.5, -0.5]),
+            "loss_weight": torch.tensor([1.0, 1.0]), "rollout_values": torch.zeros(2, 6)}
 
 
 @pytest.mark.parametrize("loss, want", [
@@ -108,7 +111,7 @@ def test_the_loss_at_the_sampling_policy_is_minus_the_advantage_per_token(llama,
 def test_the_kl_penalty_and_the_ratio_read_the_reference_and_old_log_probs(llama):
     task = dataclasses.replace(get_task("grpo"), loss="dapo", beta=0.5, rewards=(Reward("r", None),))
     batch = micro_batch(torch.Generator().manual_seed(1))
-    logps = -task.token_losses(llama, batch).detach()
+    logps = task.token_logps(llama, batch).detach()
     batch.update(ref_logps=logps, old_logps=logps - 0.5)  # the policy moved: ratio e^0.5 > 1.2 everywhere
     loss_sum, metrics = task.step_loss(llama, batch)
     assert [float(x) for x in metrics["kl"]] == pytest.approx([0.0, 4.0], abs=1e-6)  # at the reference

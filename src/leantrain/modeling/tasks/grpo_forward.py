@@ -1,0 +1,90 @@
+"""The forward of a GRPO training micro-batch: the per-token log-probs of its completions (and their entropy), with
+each prompt encoded once for its G completions where the model allows it.
+
+A training micro-batch holds N left-padded prompts and their N*G right-padded completions (``grpo_rollout``). Two
+ways to the same numbers (tested equal, ``tests/unit/modeling/tasks/test_grpo_forward.py``):
+
+- **shared prompts** (``shares_prompts``): one forward of the N prompts with the KV cache, the cache and the last
+  prompt logits repeated G times (``Cache.batch_repeat_interleave``, differentiable: the completions' gradients flow
+  back into the prompt's keys and values), then one forward of the completions on that cache. The prompt tokens go
+  through the model once instead of G times: with 36-token prompts, 16-token completions and G = 8 the forward and
+  backward see 652 tokens instead of 1,664, and keep that many positions' activations.
+- **concatenated rows**: each completion after its (left-padded) prompt, N*G rows, position ids from the mask; the
+  output layer on the completion positions alone (``logits_to_keep``). Taken when the forward cannot carry a cache
+  through its backward: gradient checkpointing (transformers drops the cache under it; a recompute would append to
+  it twice), the chunked output layer (it computes losses, not logits), a wrapper other than DDP (FSDP, DeepSpeed,
+  compile), a model without ``logits_to_keep``.
+
+Either way the values are ``(rows, C)``: position j is completion token j, predicted from the prompt's last position
+(j = 0) or from completion token j - 1.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from leantrain.modeling.chunked_loss import chunked_layer, keeps_logits, target_losses
+from leantrain.modeling.tasks.grpo_generation import positions
+
+IGNORE = -100
+PROMPT_IDS, PROMPT_MASK = "prompt_input_ids", "prompt_attention_mask"
+COMPLETION_IDS, COMPLETION_MASK, COMPLETION_LABELS = "completion_ids", "completion_mask", "completion_labels"
+
+
+def shares_prompts(model: nn.Module) -> bool:
+    """Whether ``model``'s forward can encode the prompts once and carry the cache through the backward (module
+    docstring)."""
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    if isinstance(getattr(inner, "module", None) or getattr(inner, "_orig_mod", None), nn.Module):
+        return False  # FSDP1, DeepSpeed, compile
+    if chunked_layer(inner) is not None or not keeps_logits(inner):
+        return False
+    return not any(getattr(m, "gradient_checkpointing", False) is True or type(m).__name__ == "CheckpointWrapper"
+                   or type(m).__name__.startswith("FSDP") for m in inner.modules())
+
+
+def group_size(batch: dict) -> int:
+    return batch[COMPLETION_IDS].shape[0] // max(1, batch[PROMPT_IDS].shape[0])
+
+
+def concatenated(batch: dict) -> dict:
+    """The micro-batch as N*G rows of prompt then completion (a causal LM's batch: ``input_ids``, ``attention_mask``,
+    ``position_ids``, unshifted ``labels`` with -100 on the prompts)."""
+    g = group_size(batch)
+    prompt_ids, prompt_mask = (batch[k].repeat_interleave(g, dim=0) for k in (PROMPT_IDS, PROMPT_MASK))
+    mask = torch.cat([prompt_mask.long(), batch[COMPLETION_MASK].long()], dim=1)
+    return {"input_ids": torch.cat([prompt_ids, batch[COMPLETION_IDS]], dim=1), "attention_mask": mask,
+            "position_ids": positions(mask),
+            "labels": torch.cat([torch.full_like(prompt_ids, IGNORE), batch[COMPLETION_LABELS]], dim=1)}
+
+
+def completion_losses(task, model: nn.Module, batch: dict, entropy: bool = False):
+    """(per-token losses ``(rows, C)`` = minus the completion tokens' log-probs, 0 on the masked ones; entropy
+    ``(rows, C)`` or None): shared prompts when ``shares_prompts``, else the concatenated rows through ``task``'s
+    ``forward_token_losses`` (a ``CausalLM``)."""
+    if shares_prompts(model):
+        return shared(model, batch, entropy)
+    width = batch[COMPLETION_IDS].shape[1]
+    losses, _, spread = task.forward_token_losses(model, concatenated(batch), keep=width, entropy=entropy)
+    return losses, spread
+
+
+def shared(model: nn.Module, batch: dict, entropy: bool):
+    """The prompts encoded once, their cache repeated for the G completions (module docstring); the last completion
+    token predicts nothing and is not run."""
+    g, prompt_mask = group_size(batch), batch[PROMPT_MASK].long()
+    out = model(input_ids=batch[PROMPT_IDS], attention_mask=prompt_mask, position_ids=positions(prompt_mask),
+                use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1:].repeat_interleave(g, dim=0)  # (rows, 1, V): completion token 0
+    ids = batch[COMPLETION_IDS][:, :-1]
+    if ids.shape[1]:
+        cache = out.cache
+        cache.batch_repeat_interleave(g)
+        prompt_mask = prompt_mask.repeat_interleave(g, dim=0)
+        follow = model(input_ids=ids, attention_mask=torch.cat([prompt_mask, batch[COMPLETION_MASK][:, :-1].long()], 1),
+                       position_ids=prompt_mask.sum(-1, keepdim=True) + torch.arange(ids.shape[1], device=ids.device),
+                       cache=cache, use_cache=True)
+        logits = torch.cat([logits, follow.logits], dim=1)  # (rows, C, V): position j predicts completion token j
+    return target_losses(logits, batch[COMPLETION_LABELS], entropy)
