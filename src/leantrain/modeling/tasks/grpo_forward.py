@@ -12,8 +12,7 @@ ways to the same numbers (tested equal, ``tests/unit/modeling/tasks/test_grpo_fo
 - **concatenated rows**: each completion after its (left-padded) prompt, N*G rows, position ids from the mask; the
   output layer on the completion positions alone (``logits_to_keep``). Taken when the forward cannot carry a cache
   through its backward: gradient checkpointing (transformers drops the cache under it; a recompute would append to
-  it twice), the chunked output layer (it computes losses, not logits), a wrapper other than DDP (FSDP, DeepSpeed,
-  compile), a model without ``logits_to_keep``.
+  it twice), a wrapper other than DDP (FSDP, DeepSpeed, compile), a model without ``logits_to_keep``.
 
 Either way the values are ``(rows, C)``: position j is completion token j, predicted from the prompt's last position
 (j = 0) or from completion token j - 1.
@@ -25,7 +24,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from leantrain.modeling.chunked_loss import chunked_layer, keeps_logits, target_losses
+from leantrain.modeling.chunked_loss import (chunked_layer, keeps_logits, labels_for_loss, per_token_losses,
+                                             target_losses)
 from leantrain.modeling.tasks.grpo_generation import positions
 
 IGNORE = -100
@@ -39,7 +39,7 @@ def shares_prompts(model: nn.Module) -> bool:
     inner = model.module if isinstance(model, DistributedDataParallel) else model
     if isinstance(getattr(inner, "module", None) or getattr(inner, "_orig_mod", None), nn.Module):
         return False  # FSDP1, DeepSpeed, compile
-    if chunked_layer(inner) is not None or not keeps_logits(inner):
+    if not keeps_logits(inner):
         return False
     return not any(getattr(m, "gradient_checkpointing", False) is True or type(m).__name__ == "CheckpointWrapper"
                    or type(m).__name__.startswith("FSDP") for m in inner.modules())
@@ -72,19 +72,28 @@ def completion_losses(task, model: nn.Module, batch: dict, entropy: bool = False
 
 
 def shared(model: nn.Module, batch: dict, entropy: bool):
-    """The prompts encoded once, their cache repeated for the G completions (module docstring); the last completion
-    token predicts nothing and is not run."""
-    g, prompt_mask = group_size(batch), batch[PROMPT_MASK].long()
+    """The prompts encoded once, their cache repeated for the G completions (module docstring). Completion token 0
+    comes from the prompts' last logits; the others from the completions' forward, through the chunked output layer
+    when it is installed (no entropy then), else from its logits, the last completion token left out (it predicts
+    nothing)."""
+    g, prompt_mask, labels = group_size(batch), batch[PROMPT_MASK].long(), batch[COMPLETION_LABELS]
     out = model(input_ids=batch[PROMPT_IDS], attention_mask=prompt_mask, position_ids=positions(prompt_mask),
-                use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1:].repeat_interleave(g, dim=0)  # (rows, 1, V): completion token 0
-    ids = batch[COMPLETION_IDS][:, :-1]
-    if ids.shape[1]:
-        cache = out.cache
-        cache.batch_repeat_interleave(g)
-        prompt_mask = prompt_mask.repeat_interleave(g, dim=0)
-        follow = model(input_ids=ids, attention_mask=torch.cat([prompt_mask, batch[COMPLETION_MASK][:, :-1].long()], 1),
-                       position_ids=prompt_mask.sum(-1, keepdim=True) + torch.arange(ids.shape[1], device=ids.device),
-                       cache=cache, use_cache=True)
-        logits = torch.cat([logits, follow.logits], dim=1)  # (rows, C, V): position j predicts completion token j
-    return target_losses(logits, batch[COMPLETION_LABELS], entropy)
+                use_cache=True, logits_to_keep=1)  # the chunked layer, given no labels, gives these logits as they are
+    losses, spread = target_losses(out.logits[:, -1:].repeat_interleave(g, dim=0), labels[:, :1], entropy)
+    if labels.shape[1] == 1:
+        return losses, spread
+    cache = out.cache
+    cache.batch_repeat_interleave(g)
+    prompt_mask = prompt_mask.repeat_interleave(g, dim=0)
+    chunked = chunked_layer(model) is not None
+    keep = labels.shape[1] if chunked else labels.shape[1] - 1  # the chunked layer shifts the labels itself
+    ids, mask = batch[COMPLETION_IDS][:, :keep], batch[COMPLETION_MASK][:, :keep]
+    inputs = {"input_ids": ids, "attention_mask": torch.cat([prompt_mask, mask.long()], dim=1),
+              "position_ids": prompt_mask.sum(-1, keepdim=True) + torch.arange(ids.shape[1], device=ids.device),
+              "cache": cache, "use_cache": True}
+    if chunked:  # per-token losses of completion tokens 1.. from the chunked layer
+        with labels_for_loss(model, labels):
+            rest, more = per_token_losses(model(**inputs), labels), None
+    else:
+        rest, more = target_losses(model(**inputs).logits, labels[:, 1:], entropy)
+    return torch.cat([losses, rest], dim=1), None if spread is None or more is None else torch.cat([spread, more], 1)

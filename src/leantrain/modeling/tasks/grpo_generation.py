@@ -4,9 +4,9 @@ One prefill forward of the N left-padded prompts (position ids from the attentio
 such as GPT-2 see each prompt start at 0), the KV cache and the last prompt logits then repeated G times per prompt
 (``Cache.batch_repeat_interleave``: the prompts are encoded once, not G times), then decoding token by token with the
 cache. Sampling is HF's: fp32 logits / temperature, then top-k, then top-p (the smallest set of tokens whose
-probability reaches ``top_p``, at least one), one ``torch.multinomial`` draw per row with the caller's generator (loop
-state, so a resumed run draws the same tokens); temperature 0 is greedy. A row stops at its first EOS (any of
-``eos_ids``): later positions are ``pad_id`` with mask 0; decoding stops when every row has stopped or at
+probability reaches ``top_p``, at least one), then one draw per row (``draw``: one uniform number per row) with the
+caller's generator (loop state, so a resumed run draws the same tokens); temperature 0 is greedy. A row stops at its
+first EOS (any of ``eos_ids``): later positions are ``pad_id`` with mask 0; decoding stops when every row has stopped or at
 ``max_new_tokens``.
 
 The model is used as it is: the DDP wrapper's ``.module``, peft's LoRA model with its adapters active, under
@@ -127,8 +127,19 @@ def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | 
     """One token per row: the argmax at temperature 0, else a draw from the filtered distribution."""
     if sampling.temperature == 0:
         return logits.argmax(-1)
-    probs = filtered(logits / sampling.temperature, sampling.top_k, sampling.top_p).softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return draw(filtered(logits / sampling.temperature, sampling.top_k, sampling.top_p).softmax(-1), generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of ``probs`` (rows, V), drawn from it by inverting its fp64 CDF at one uniform number per
+    row: the first index whose cumulative probability exceeds it, so a token of probability 0 is never drawn.
+    ``torch.multinomial`` draws one exponential per vocabulary entry instead: a third of the generation's time at
+    49k words on a CPU (``benchmarks/results/grpo.md``)."""
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, dtype=torch.float64, device=probs.device, generator=generator) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # below the total, whatever the rounding
+    return torch.searchsorted(cdf, u, right=True)[:, 0]
 
 
 def filtered(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

@@ -5,7 +5,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from leantrain.errors import UserError
-from leantrain.modeling.tasks.grpo_generation import Sampling, backend, filtered, generate, positions, prefill
+from leantrain.modeling.tasks.grpo_generation import Sampling, backend, draw, filtered, generate, positions, prefill
 from tests.tiny_models import loss_llama, tiny_gpt2
 
 EOS, PAD = 2, 0
@@ -73,14 +73,14 @@ def test_the_shared_prefill_is_g_separate_prefills(name):
 
 def test_an_eos_ends_its_row_pads_after_and_masks():
     model = loss_llama()
-    free = sampled(model, 3, g=2)  # the same draws again below: a row still runs all 8 steps in both
+    free = sampled(model, 33, g=2)  # the same draws again below: a row still runs all 8 steps in both
     assert free.truncated.tolist() == [False, True, True, True, True, True]  # row 0 drew the EOS itself
     assert free.completion_mask[0].tolist() == [1] * 5 + [0] * 3 and free.completion_ids[0, 4] == EOS
     row, others = free.completion_ids[2].tolist(), free.completion_ids[[0, 1, 3, 4, 5]].flatten().tolist()
     k = next(k for k in range(1, 8) if row[k] not in row[:k] + others)  # a token only row 2 draws, first at k
     ids, mask = prompts()
     ended = generate(model, ids, mask, num_generations=2, sampling=Sampling(8), eos_ids=[EOS, row[k]], pad_id=PAD,
-                     generator=torch.Generator().manual_seed(3))
+                     generator=torch.Generator().manual_seed(33))
     assert ended.truncated.tolist() == [False, True, False, True, True, True]
     assert ended.completion_ids[2].tolist() == row[:k + 1] + [PAD] * (7 - k)
     assert ended.completion_mask[2].tolist() == [1] * (k + 1) + [0] * (7 - k)
@@ -180,6 +180,19 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert kept(0.01) == [True, False, False, False]  # at least one token
     renormalised = filtered(probs.log(), top_p=0.8).softmax(-1)
     torch.testing.assert_close(renormalised, torch.tensor([[0.625, 0.0, 0.375, 0.0]]))
+
+
+def test_a_draw_follows_the_distribution_and_never_takes_a_token_of_probability_0():
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]]).repeat(20000, 1)
+    g = torch.Generator().manual_seed(0)
+    got = draw(probs, g).view(20000, 2)
+    freq = torch.bincount(got[:, 0], minlength=5).double() / 20000
+    torch.testing.assert_close(freq, probs[0].double(), atol=0.015, rtol=0)  # 3.5 standard errors of 0.5
+    assert (got[:, 1] == 4).all()
+    assert torch.equal(draw(probs[:4], torch.Generator().manual_seed(5)),
+                       draw(probs[:4], torch.Generator().manual_seed(5)))  # the generator decides
+    edge = torch.tensor([[0.25, 0.75, 0.0]], dtype=torch.float32)
+    assert int(draw(edge, torch.Generator().manual_seed(1))) in (0, 1)
 
 
 def test_top_k_then_top_p():
