@@ -6,8 +6,8 @@ such as GPT-2 see each prompt start at 0), the KV cache and the last prompt logi
 cache. Sampling is HF's: fp32 logits / temperature, then top-k, then top-p (the smallest set of tokens whose
 probability reaches ``top_p``, at least one), then one draw per row (``draw``: one uniform number per row) with the
 caller's generator (loop state, so a resumed run draws the same tokens); temperature 0 is greedy. A row stops at its
-first EOS (any of ``eos_ids``): later positions are ``pad_id`` with mask 0; decoding stops when every row has stopped or at
-``max_new_tokens``.
+first EOS (any of ``eos_ids``): later positions are ``pad_id`` with mask 0; decoding stops when every row has stopped
+or at ``max_new_tokens``.
 
 The model is used as it is: the DDP wrapper's ``.module``, peft's LoRA model with its adapters active, under
 whatever autocast the caller opened; in eval mode under ``no_grad`` (the mode restored after), no copy of the
