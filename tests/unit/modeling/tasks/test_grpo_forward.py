@@ -173,3 +173,18 @@ def test_keeps_logits_sees_through_peft_and_instance_forwards():
     model.forward = lambda *args, **kwargs: forward(*args, **kwargs)  # as FSDP's autocast wraps it
     assert keeps_logits(model)
     assert not keeps_logits(torch.nn.Linear(2, 2))
+
+
+def test_the_memory_models_batch_is_m_prompts_and_their_completions():
+    """``leantrain plan`` calibrates on m synthetic rows: each cut at the prompt budget, its next ``max_new_tokens``
+    tokens as each of the G completions; the loss runs on it as on a rollout's batch."""
+    model = loss_llama()
+    task = dataclasses.replace(grpo(model), num_generations=2, max_new_tokens=3, prompt_tokens=6, beta=0.0)
+    ids = torch.randint(3, LOSS_VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    batch = task.calibration_batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids,
+                                    "loss_weight": torch.ones(2)})
+    assert batch[F.PROMPT_IDS].tolist() == ids[:, :6].tolist()
+    assert batch[F.COMPLETION_IDS].tolist() == ids[:, 6:9].repeat_interleave(2, 0).tolist()
+    assert batch["old_logps"].shape == (4, 3) and "ref_logps" not in batch  # num_iterations 2, beta 0
+    loss, _ = task.forward_loss(model, batch)
+    assert torch.isfinite(loss) and loss.requires_grad
