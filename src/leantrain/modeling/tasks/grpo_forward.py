@@ -24,11 +24,10 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from leantrain.modeling.chunked_loss import (chunked_layer, keeps_logits, labels_for_loss, per_token_losses,
-                                             target_losses)
+from leantrain.modeling.chunked_loss import (IGNORE, chunked_layer, keeps_logits, labels_for_loss,
+                                             per_token_losses, target_losses)
 from leantrain.modeling.tasks.grpo_generation import positions
 
-IGNORE = -100
 PROMPT_IDS, PROMPT_MASK = "prompt_input_ids", "prompt_attention_mask"
 COMPLETION_IDS, COMPLETION_MASK, COMPLETION_LABELS = "completion_ids", "completion_mask", "completion_labels"
 
