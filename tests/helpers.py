@@ -95,6 +95,24 @@ def score_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
+def uneven_rows(n: int, seed: int) -> list[dict]:
+    """word_rows with about one 'pos' row in four (uneven classes: class weights)."""
+    rows = word_rows(3 * n, seed, max_words=12)
+    pos = [r for r in rows if r["label"] == "pos"][: n // 4]
+    return (pos + [r for r in rows if r["label"] == "neg"])[:n]
+
+
+ALPACA_WORDS = "what is two and four hello world once upon a time there was small model numbers colours animals".split()
+
+
+def alpaca_rows(n: int, seed: int) -> list[dict]:
+    """Alpaca rows with prompts and answers of uneven lengths (different target counts per row)."""
+    r = random.Random(seed)
+    say = lambda lo, hi: " ".join(r.choice(ALPACA_WORDS) for _ in range(r.randint(lo, hi)))  # noqa: E731
+    return [{"instruction": say(1, 25), "input": say(0, 8) if r.random() < 0.3 else "", "output": say(1, 12)}
+            for _ in range(n)]
+
+
 def alternating_rows(n: int, max_repeat: int = 5) -> list[dict]:
     """n rows alternating "bad poor ..." (label 0) and "good fine ..." (label 1), 1 to max_repeat repetitions."""
     return [{"text": ("good fine " if i % 2 else "bad poor ") * (1 + i % max_repeat), "label": i % 2}

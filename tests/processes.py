@@ -1,5 +1,5 @@
 """Helpers for tests that start leantrain in other processes (the real launchers, 2-4 CPU processes on gloo over
-loopback): ``from tests.processes import run, one_and_two_processes``. Data and model helpers are in helpers.py."""
+loopback): ``from tests.processes import run, two_processes_each``. Data and model helpers are in helpers.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import yaml
 
 from leantrain import train
 from leantrain.report.logs import read_metrics
-from tests.helpers import cli_here, model_params, process_env
+from tests.helpers import REPO, model_params, process_env
 
 BIN = Path(sys.executable).parent  # the environment's console scripts (leantrain, torchrun, accelerate)
 
@@ -44,16 +44,42 @@ def assert_same_training(a: Path, b: Path, atol: float = 2e-5) -> None:
     assert train_losses(a) == pytest.approx(train_losses(b), rel=1e-5)
 
 
-def one_and_two_processes(tmp_path: Path, cfg: dict) -> tuple[Path, Path]:
-    """``cfg`` (batch 8, micro-batch 2, 6 steps) trained in this process (1 x accumulation 4) and through the
-    launcher as 2 processes (2 x accumulation 2); both run folders, their training already checked equal."""
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    single = train(path, [f"output_dir={tmp_path / 'single'}"])
-    assert single["train"]["accumulation_steps"] == 4 and single["train"]["steps"] == 6
-    r = cli_here("train", str(path), "--nproc", "2", f"output_dir={tmp_path / 'p2'}")
+# One torchrun launch, its 2 workers training several configs in turn: each run's process group meets at a store of
+# its own (a new port; the agent's store still holds the last group's keys), and Accelerate forgets the ended group.
+TRAIN_EACH = """\
+import os, sys
+from accelerate.state import AcceleratorState
+from leantrain import train
+for path, out, port in zip(*[iter(sys.argv[1:])] * 3):
+    os.environ.update(MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="False")
+    train(path, [f"output_dir={out}"])
+    AcceleratorState._reset_state(reset_partial_state=True)
+"""
+
+
+def two_processes_each(root: Path, configs: dict[str, dict]) -> dict[str, Path]:
+    """Each config (batch 8, micro-batch 2) written to root/<name>.yaml and trained as 2 processes x accumulation 2
+    into root/<name>/p2, all by one torchrun launch (gloo): its two workers pay their imports once for every config,
+    not once per config. Returns name -> the config file."""
+    paths, argv = {}, []
+    for name, cfg in configs.items():
+        paths[name] = root / f"{name}.yaml"
+        paths[name].write_text(yaml.safe_dump(cfg))
+        argv += [str(paths[name]), str(root / name / "p2"), str(free_port())]
+    script = root / "train_each.py"
+    script.write_text(TRAIN_EACH)
+    r = run([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), str(script), *argv],
+            timeout=900, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
     assert r.returncode == 0, r.stderr[-4000:]
-    a, b = tmp_path / "single", tmp_path / "p2"
+    return paths
+
+
+def equals_one_process(path: Path) -> tuple[Path, Path]:
+    """The config ``path`` (batch 8, micro-batch 2, 6 steps) trained in this process (1 x accumulation 4) beside its
+    2-process run of ``two_processes_each``; both run folders, their training already checked equal."""
+    single = train(path, [f"output_dir={path.with_suffix('') / 'single'}"])
+    assert single["train"]["accumulation_steps"] == 4 and single["train"]["steps"] == 6
+    a, b = path.with_suffix("") / "single", path.with_suffix("") / "p2"
     assert_same_training(a, b)
     assert json.loads((b / "summary.json").read_text())["train"]["accumulation_steps"] == 2
     return a, b

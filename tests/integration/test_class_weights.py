@@ -1,27 +1,17 @@
-"""train.class_weights keeps the global normalisation (the loss is divided by the sum of the weights of the global
-batch): 1 process x accumulation 4 == 2 processes x accumulation 2 through the real launcher, uneven classes,
-padding examples included; weights of 1 leave the run as it is without the key; summary.json and the eval records
-say what was used."""
+"""train.class_weights: weights of 1 leave the run as it is without the key; summary.json says what was used; a
+killed run resumes bitwise with its fractional loss count. 1 process x accumulation 4 == 2 processes x accumulation 2
+(the loss divided by the sum of the weights of the global batch) is in test_tasks_distributed.py."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 import yaml
 
-from tests.helpers import model_params, word_rows, write_rows
-from tests.processes import one_and_two_processes
+from tests.helpers import model_params, uneven_rows, write_rows
 from leantrain import train
 from leantrain.report.logs import read_metrics
-
-
-def _uneven_rows(n: int, seed: int) -> list[dict]:
-    """About one 'pos' row in four."""
-    rows = word_rows(3 * n, seed, max_words=12)
-    pos = [r for r in rows if r["label"] == "pos"][: n // 4]
-    return (pos + [r for r in rows if r["label"] == "neg"])[:n]
 
 
 def _losses(run_dir):
@@ -31,8 +21,8 @@ def _losses(run_dir):
 def _config(tmp_path, tiny_bert, **train_keys) -> dict:
     return {
         "model": {"name": str(tiny_bert)},
-        "data": {"train": str(write_rows(tmp_path / "train.csv", _uneven_rows(42, 0))),
-                 "eval": str(write_rows(tmp_path / "eval.csv", _uneven_rows(13, 1)))},
+        "data": {"train": str(write_rows(tmp_path / "train.csv", uneven_rows(42, 0))),
+                 "eval": str(write_rows(tmp_path / "eval.csv", uneven_rows(13, 1)))},
         "train": {"batch_size": 8, "micro_batch_size": 2, "epochs": 1, "lr": 1e-3, "log_every_steps": 1, "seed": 7,
                   **train_keys},
         "report": {"plots": False, "progress": "plain"},
@@ -49,19 +39,6 @@ def test_weights_of_one_leave_the_run_unchanged(tmp_path, tiny_bert):
     assert _losses(tmp_path / "plain") == _losses(tmp_path / "ones")  # bit for bit
     assert plain["train"]["class_weights"] is None
     assert ones["train"]["class_weights"] == [{"label": "neg", "weight": 1.0}, {"label": "pos", "weight": 1.0}]
-
-
-@pytest.mark.distributed
-def test_balanced_two_processes_accumulation_two_equals_one_process(tmp_path, tiny_bert):
-    # 42 rows (about 10 pos), batch 8: the last batch of 2 leaves micro-batches of padding; 13 eval rows
-    a, b = one_and_two_processes(tmp_path, _config(tmp_path, tiny_bert, class_weights="balanced"))
-    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
-    weights = {w["label"]: w["weight"] for w in sa["train"]["class_weights"]}
-    assert weights["pos"] > 1.0 > weights["neg"] and sa["train"]["class_weights"] == sb["train"]["class_weights"]
-    assert sb["train"]["accumulation_steps"] == 2
-    ev = [rec for rec in read_metrics(b / "metrics.jsonl") if rec["type"] == "eval"][-1]
-    assert set(ev["eval.recall_per_class"]) == {"neg", "pos"}
-    assert ev["eval.recall_per_class"] == pytest.approx(sa["eval"]["recall_per_class"], abs=1e-6)
 
 
 def test_balanced_kill_and_resume_is_bitwise(tmp_path):

@@ -1,6 +1,6 @@
 """LoRA runs end to end through `leantrain train` with a tiny random BERT classifier: the adapter folder and the
 merged model (which loads with pipeline() in a process where peft cannot be imported), adapter-only saving,
-a bitwise kill-and-resume, and 2 processes (DDP on gloo) equal to 1."""
+a bitwise kill-and-resume, freezing under FSDP on 2 processes (2 processes equal to 1: test_tasks_distributed.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ import pytest
 import torch
 
 from tests.helpers import (cli_here, make_tiny_bert, model_params, resume_args, resume_data, run_train_process,
-                           train_here, trajectory, word_rows, write_rows)
-from tests.helpers import YES_NO
-from tests.processes import one_and_two_processes
+                           train_here, trajectory)
 
 pytest.importorskip("peft")
 LORA = ["peft.method=lora", "peft.r=4", "peft.alpha=8"]
@@ -83,7 +81,7 @@ def test_adapter_only_run_says_how_to_load_it(root):
     from transformers import AutoConfig, BertForSequenceClassification
 
     folder = resume_data(root, "adapter")
-    r = run_train_process(folder, *LORA, "peft.merge=false", "checkpoint.every_steps=0")
+    r = cli_here("train", *resume_args(folder, *LORA, "peft.merge=false", "checkpoint.every_steps=0"))
     assert r.returncode == 0, r.stderr[-3000:]
     run = folder / "run"
     assert not (run / "model").exists()
@@ -123,24 +121,6 @@ def test_lora_kill_and_resume_is_bitwise(root, lora_run):
         keys, meta = list(f.keys()), f.metadata()  # the adapter and the head, not the frozen base
     assert meta["leantrain"] == "trainable-only" and meta["base"] == str(root / "bert") and meta["base_fingerprint"]
     assert keys and all("lora_" in k or "modules_to_save" in k for k in keys), keys
-
-
-@pytest.mark.distributed
-@pytest.mark.slow
-def test_lora_two_processes_equal_one(tmp_path, tiny_bert):
-    cfg = {
-        "model": {"name": str(tiny_bert)},
-        "data": {"train": str(write_rows(tmp_path / "train.csv", word_rows(42, 0, max_words=20, words=YES_NO))),
-                 "eval": str(write_rows(tmp_path / "eval.csv", word_rows(13, 1, max_words=20, words=YES_NO)))},
-        "train": {"batch_size": 8, "micro_batch_size": 2, "epochs": 1, "lr": 1e-2, "log_every_steps": 1, "seed": 7},
-        "report": {"plots": False, "progress": "plain"},
-        "efficiency": {"precision": "fp32"},
-        "peft": {"method": "lora", "r": 4, "dropout": 0.0},  # LoRA dropout would draw per-process random masks
-    }
-    a, b = one_and_two_processes(tmp_path, cfg)
-    for run in (a, b):
-        assert (run / "adapter" / "adapter_model.safetensors").is_file()
-        assert _summary(run)["model"]["peft"]["method"] == "lora"
 
 
 @pytest.mark.distributed

@@ -1,7 +1,6 @@
-"""Token classification keeps the global normalisation (labelled sub-tokens of the global batch): 1 process x
-accumulation 4 == 2 processes x accumulation 2 through the real launcher (2 CPU processes on gloo, tiny random BERT,
-fp32, padding examples and uneven eval shards of different widths included); and a run killed mid-epoch and
-resumed is bitwise the run that was not."""
+"""Token classification: a run killed mid-epoch and resumed is bitwise the run that was not. 1 process x
+accumulation 4 == 2 processes x accumulation 2 (labelled sub-tokens of the global batch) is in
+test_tasks_distributed.py."""
 
 from __future__ import annotations
 
@@ -11,26 +10,9 @@ import pytest
 import torch
 
 from tests.helpers import killed_and_resumed, make_tiny_bert, model_params, resume_args, trajectory
-from tests.processes import one_and_two_processes
 from tests.helpers import ner_rows, write_jsonl
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-
-
-def test_token_classification_two_processes_accumulation_two_equals_one_process(tmp_path, tiny_bert):
-    cfg = {  # 42 rows, batch 8: the last batch of 2 leaves micro-batches of padding; 13 eval rows, uneven shards
-        "model": {"name": str(tiny_bert)},
-        "data": {"train": str(write_jsonl(tmp_path / "train.jsonl", ner_rows(42, 0))),
-                 "eval": str(write_jsonl(tmp_path / "eval.jsonl", ner_rows(13, 1)))},
-        "train": {"batch_size": 8, "micro_batch_size": 2, "epochs": 1, "lr": 3e-3, "log_every_steps": 1, "seed": 7},
-        "report": {"plots": False, "progress": "plain"},
-        "efficiency": {"precision": "fp32"},
-    }
-    a, b = one_and_two_processes(tmp_path, cfg)
-    ea, eb = (json.loads((d / "summary.json").read_text())["eval"] for d in (a, b))
-    assert ea["samples"] == eb["samples"] == 13
-    assert ea["entity_f1"] == eb["entity_f1"] and ea["token_accuracy"] == eb["token_accuracy"]
-    assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5)
+pytestmark = pytest.mark.slow
 
 
 def test_token_classification_kill_mid_epoch_and_resume_is_bitwise(tmp_path):

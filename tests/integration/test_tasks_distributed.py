@@ -1,0 +1,136 @@
+"""Every task keeps the global normalisation: 1 process x accumulation 4 == 2 processes x accumulation 2 (2 CPU
+processes on gloo, fp32; 42 rows with batch 8, so the last batch of 2 leaves micro-batches of padding; 13 eval rows,
+uneven shards): text regression (mse; huber on standardised targets), multi-label, token classification, class
+weights, LoRA and instruction tuning (packed and not).
+
+The 2-process runs of all of them are one torchrun launch whose two workers train the configs in turn
+(``tests.processes.two_processes_each``): a launch costs mostly its workers' imports, paid here once instead of once
+per task. Each test trains its 1-process reference in this process and compares. `leantrain train --nproc` itself (its
+checks, its torchrun) is tested in test_distributed.py and by the multi-process tests of the other files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from leantrain.report.logs import read_metrics
+from tests.helpers import (CHATML, YES_NO, alpaca_rows, make_tiny_chat_tokenizer, make_tiny_llama, ner_rows,
+                           score_rows, set_rows, uneven_rows, word_rows, write_jsonl, write_rows)
+from tests.processes import equals_one_process, two_processes_each
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+TRAIN = {"batch_size": 8, "micro_batch_size": 2, "epochs": 1, "lr": 1e-3, "log_every_steps": 1, "seed": 7}
+
+
+def _config(model: Path, data: dict, train: dict = TRAIN, **sections) -> dict:
+    return {"model": {"name": str(model)}, "data": data, "train": train,
+            "report": {"plots": False, "progress": "plain"}, "efficiency": {"precision": "fp32"}, **sections}
+
+
+def _files(root: Path, name: str, rows, ext: str = "csv") -> dict:
+    """``rows(n, seed)`` as 42 training and 13 eval rows in root/<name>-train.<ext> and root/<name>-eval.<ext>."""
+    write = write_rows if ext == "csv" else write_jsonl
+    return {"train": str(write(root / f"{name}-train.{ext}", rows(42, 0))),
+            "eval": str(write(root / f"{name}-eval.{ext}", rows(13, 1)))}
+
+
+def _configs(root: Path, bert: Path, llama: Path) -> dict[str, dict]:
+    sft = lambda packing: _config(  # noqa: E731
+        llama, {"train": str(write_jsonl(root / "sft-train.jsonl", alpaca_rows(40, 0))),
+                "eval": str(write_jsonl(root / "sft-eval.jsonl", alpaca_rows(7, 1))), "block_size": 64,
+                "packing": packing},
+        {**{k: v for k, v in TRAIN.items() if k != "epochs"}, "max_steps": 6},
+        report={"plots": False, "progress": "plain", "sample_prompts": ["what is two and two"],
+                "sample_max_new_tokens": 4})
+    return {
+        "regression": _config(bert, {**_files(root, "scores", score_rows), "label_column": "score"}),
+        "huber": _config(bert, {**_files(root, "scores", score_rows), "label_column": "score",
+                                "standardize_targets": True}, {**TRAIN, "loss": "huber", "huber_delta": 0.5}),
+        "multilabel": _config(bert, _files(root, "sets", set_rows, "jsonl")),
+        "tags": _config(bert, _files(root, "ner", ner_rows, "jsonl"), {**TRAIN, "lr": 3e-3}),
+        "class_weights": _config(bert, _files(root, "uneven", uneven_rows), {**TRAIN, "class_weights": "balanced"}),
+        "lora": _config(bert, _files(root, "yes-no", lambda n, seed: word_rows(n, seed, max_words=20, words=YES_NO)),
+                        {**TRAIN, "lr": 1e-2}, peft={"method": "lora", "r": 4, "dropout": 0.0}),  # no per-process masks
+        "sft_packed": sft(True),
+        "sft_unpacked": sft(False),
+    }
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory, tiny_bert) -> dict[str, Path]:
+    """Every task's config file, its 2-process run already in <config>/p2 (one launch)."""
+    root = tmp_path_factory.mktemp("tasks-2p")
+    llama = make_tiny_llama(root / "llama", make_tiny_chat_tokenizer(root / "tok", chat_template=CHATML))
+    return two_processes_each(root, _configs(root, tiny_bert, llama))
+
+
+def _eval(*runs: Path) -> list[dict]:
+    return [json.loads((d / "summary.json").read_text())["eval"] for d in runs]
+
+
+def test_regression_two_processes_accumulation_two_equals_one_process(two):
+    ea, eb = _eval(*equals_one_process(two["regression"]))
+    assert ea["samples"] == eb["samples"] == 13
+    # mse pins the predictions (equal to ~1e-9 here); pearson of 13 nearly constant predictions divides by their tiny
+    # spread, so the last-bit differences of the 2-process sums move it by ~1e-4
+    assert ea["mse"] == pytest.approx(eb["mse"], rel=1e-5) and ea["pearson"] == pytest.approx(eb["pearson"], abs=1e-3)
+
+
+def test_huber_loss_and_standardised_targets_two_processes_equal_one(two):
+    """train.loss=huber with data.standardize_targets: each process standardises with the same training-split mean
+    and std, and the Huber sum / global example count keeps 1 x 4 == 2 x 2."""
+    a, b = equals_one_process(two["huber"])
+    ea, eb = _eval(a, b)
+    assert ea["samples"] == eb["samples"] == 13
+    assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5) and ea["mse"] == pytest.approx(eb["mse"], rel=1e-5)
+    za, zb = (json.loads((d / "model" / "config.json").read_text())["target_standardization"] for d in (a, b))
+    assert za == zb
+
+
+def test_multilabel_two_processes_accumulation_two_equals_one_process(two):
+    """Examples x labels of the global batch."""
+    ea, eb = _eval(*equals_one_process(two["multilabel"]))
+    assert ea["samples"] == eb["samples"] == 13
+    for name in ("f1_micro", "f1_macro", "subset_accuracy", "loss"):
+        assert ea[name] == pytest.approx(eb[name], rel=1e-5, abs=1e-6), name
+
+
+def test_token_classification_two_processes_accumulation_two_equals_one_process(two):
+    """Labelled sub-tokens of the global batch; eval shards of different widths."""
+    ea, eb = _eval(*equals_one_process(two["tags"]))
+    assert ea["samples"] == eb["samples"] == 13
+    assert ea["entity_f1"] == eb["entity_f1"] and ea["token_accuracy"] == eb["token_accuracy"]
+    assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5)
+
+
+def test_balanced_two_processes_accumulation_two_equals_one_process(two):
+    """train.class_weights=balanced (about 10 pos in 42 rows): the loss is divided by the sum of the weights of the
+    global batch; the eval records say what was used."""
+    a, b = equals_one_process(two["class_weights"])
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    weights = {w["label"]: w["weight"] for w in sa["train"]["class_weights"]}
+    assert weights["pos"] > 1.0 > weights["neg"] and sa["train"]["class_weights"] == sb["train"]["class_weights"]
+    assert sb["train"]["accumulation_steps"] == 2
+    ev = [rec for rec in read_metrics(b / "metrics.jsonl") if rec["type"] == "eval"][-1]
+    assert set(ev["eval.recall_per_class"]) == {"neg", "pos"}
+    assert ev["eval.recall_per_class"] == pytest.approx(sa["eval"]["recall_per_class"], abs=1e-6)
+
+
+def test_lora_two_processes_equal_one(two):
+    for run in equals_one_process(two["lora"]):
+        assert (run / "adapter" / "adapter_model.safetensors").is_file()
+        assert json.loads((run / "summary.json").read_text())["model"]["peft"]["method"] == "lora"
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_sft_two_processes_accumulation_two_equals_one_process(two, packing):
+    """Masked prompts (different target counts per row), packed (the default) and not; the sample prompts run
+    through the chat template before training and at the evaluation."""
+    a, b = equals_one_process(two["sft_packed" if packing else "sft_unpacked"])
+    ea, eb = _eval(a, b)
+    assert ea["tokens"] == eb["tokens"] and ea["loss"] == pytest.approx(eb["loss"], rel=1e-5)
+    samples = [r for r in read_metrics(a / "metrics.jsonl") if r["type"] == "samples"]
+    assert samples[0]["step"] == 0 and samples[-1]["step"] == 6  # before training, and at the evaluation
+    assert samples[0]["samples"][0]["prompt"] == "what is two and two"
