@@ -225,7 +225,7 @@ def main() -> None:
                    ".yaml's; the rounds of 2026-12-02/03 ran 5e-6, at which neither tool moved the held-out reward)")
     p.add_argument("--lr-lora", type=float, default=3e-4, help="lr of the LoRA runs (10x, as in dpo_vs_trl)")
     p.add_argument("--leantrain-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="an override for every leantrain contender (repeatable), e.g. grpo.completions_per_pass=16")
+                   help="an override for every leantrain contender (repeatable), e.g. efficiency.gradient_checkpointing=true")
     bench_main(__spec__.name, p, CONTENDERS, "/tmp/leantrain-grpo-bench", "grpo", "no held-out reward", worker, table)
 
 
