@@ -68,6 +68,13 @@ class EfficiencyConfig(Section):
         "(leantrain[liger]), else on CUDA the plain logits when they fit 25% of the memory budget, else (and on CPU) "
         "the chunked loss, and the log says why; true on a model that post-processes its logits fails (exit 2)"
     )
+    recast_weights: Literal["auto"] | bool = Field(
+        "auto", description="under bf16/fp16 autocast, the bias-free linear layers keep their fp32 weight for the "
+        "backward and cast it again there, instead of keeping the forward's bf16 copy (the same numbers bit for bit; "
+        "2 bytes per weight less from each forward to its backward, one more cast per layer per backward); auto: on "
+        "for CPU training, where it was measured, off on GPUs until measured there; never under FSDP, DeepSpeed, "
+        "compile or gradient checkpointing, and the log says why"
+    )
     cpu_allocator: Literal["auto", "reuse", "system"] = Field(
         "auto", description="reuse: freed host memory stays in the process for the next step instead of being "
         "unmapped and page-faulted in again (glibc), and the previous settings are restored at the end; system: "

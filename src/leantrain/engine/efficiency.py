@@ -21,6 +21,7 @@ from leantrain.modeling.load import load_config
 from leantrain.modeling.output_loss import plain_logits_bytes
 from leantrain.modeling.switches import enable_checkpointing
 from leantrain.modeling.tasks import Task
+from leantrain.modeling.weight_casts import install_recast
 from leantrain.perf.auto_micro_batch import default_budget, parse_bytes
 
 log = logging.getLogger("leantrain")
@@ -100,11 +101,12 @@ def output_loss_sizes(model: nn.Module, eff: EfficiencyConfig, device: torch.dev
 
 
 def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: str,
-                         logits_bytes: int | None = None, budget: int | None = None, uniform: bool = True) -> list[str]:
+                         logits_bytes: int | None = None, budget: int | None = None, uniform: bool = True,
+                         recast: tuple[bool, str] = (False, "")) -> list[str]:
     """Dropout, the output layer's loss (causal LMs: ``efficiency.chunked_loss``; auto decides from
     ``logits_bytes`` and ``budget``: :func:`output_loss_sizes`, and from ``uniform``, the task's
-    ``uniform_token_gradients``) and gradient checkpointing on the (unwrapped) model, before the memory model
-    measures it. Returns notes for the log. (The attention implementation is chosen before the model is built:
+    ``uniform_token_gradients``), the weight casts (``recast``: :func:`choose_recast`'s answer and why) and gradient
+    checkpointing on the (unwrapped) model, before the memory model measures it. Returns notes for the log. (The attention implementation is chosen before the model is built:
     :func:`resolve_model_choices`.)
     """
     notes = []
@@ -115,10 +117,38 @@ def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: s
     chunked = apply_chunked_loss(model, eff.chunked_loss, device_type, logits_bytes, budget, uniform)  # causal LMs
     if chunked:
         notes.append(chunked)
+    on, why = recast
+    if on:
+        notes.append(f"weight casts: made again in the backward in {install_recast(model)} linear layers ({why})")
+    elif why:
+        notes.append(f"weight casts: kept for the backward ({why})")
     if eff.gradient_checkpointing:
         enable_checkpointing(model)
         notes.append("gradient checkpointing: on (non-reentrant; activations recomputed in backward)")
     return notes
+
+
+def choose_recast(requested: str | bool, device_type: str, precision: str, strategy: str, compiled: bool,
+                  checkpointing: bool) -> tuple[bool, str]:
+    """(make the linear layers' weight casts again in the backward?, why) for ``efficiency.recast_weights``
+    (:mod:`leantrain.modeling.weight_casts`). Never where the backward's weight is not the forward's (FSDP and
+    DeepSpeed free the gathered weights after the forward), under compile, or under gradient checkpointing (its
+    blocks keep nothing to save); nothing to do without a lower-precision autocast."""
+    if requested is False:
+        return False, "as configured (efficiency.recast_weights)"
+    if precision not in ("bf16", "fp16"):
+        return False, f"{precision}: no autocast casts of the weights"
+    if strategy in ("fsdp", "deepspeed"):
+        return False, f"{strategy} gathers the weights for the forward and frees them after it"
+    if compiled:
+        return False, "not under torch.compile"
+    if checkpointing:
+        return False, "gradient checkpointing keeps no activations of its blocks"
+    if requested is True:
+        return True, "as configured (efficiency.recast_weights)"
+    if device_type != "cpu":
+        return False, f"auto: not measured on {device_type} yet"
+    return True, "auto: on for CPU training (benchmarks/results/grpo.md)"
 
 
 def choose_compile(requested: str | bool, device_type: str, language_model: bool, strategy: str) -> tuple[bool, str]:
@@ -144,33 +174,41 @@ def choose_compile(requested: str | bool, device_type: str, language_model: bool
 
 @dataclass(frozen=True)
 class ModelChoices:
-    """What ``model.attn_implementation`` and ``efficiency.compile`` resolved to in this run, and why."""
+    """What ``model.attn_implementation``, ``efficiency.compile`` and ``efficiency.recast_weights`` resolved to in
+    this run, and why."""
 
     attention: str | None  # None: transformers' default (a model class not known before its code loads)
     attention_reason: str
     compile: bool
     compile_reason: str
+    recast: bool = False  # efficiency.recast_weights, resolved (choose_recast)
+    recast_reason: str = ""
 
     def attention_note(self, model: nn.Module) -> str:
         """The implementation the built model uses, and why (logged once)."""
         return f"attention: {getattr(model.config, '_attn_implementation', None) or 'default'} ({self.attention_reason})"
 
     def summary(self) -> dict:
-        """summary.json's efficiency entries for the two choices."""
+        """summary.json's efficiency entries for the choices."""
         return {"attn_implementation_reason": self.attention_reason, "compile_applied": self.compile,
-                "compile_reason": self.compile_reason}
+                "compile_reason": self.compile_reason, "recast_weights_applied": self.recast,
+                "recast_weights_reason": self.recast_reason}
 
 
 def resolve_model_choices(cfg: Config, task: Task, device_type: str, precision: str) -> ModelChoices:
     """The attention implementation (:func:`leantrain.modeling.attention.choose_attention`, from the model class
-    ``task`` builds for the model's config) and compile (:func:`choose_compile`) of a run on ``device_type`` in the
+    ``task`` builds for the model's config), compile (:func:`choose_compile`) and the weight casts
+    (:func:`choose_recast`) of a run on ``device_type`` in the
     resolved ``precision``. Raises ConfigError for an explicit attention the model, device or precision cannot run."""
     support = attention_support(task.model_class(), load_config(cfg.model))
     attention, why = choose_attention(cfg.model.attn_implementation, device_type, precision, flash_attn_usable(),
                                       support, fp32_uses(cfg))
     compiled, compile_why = choose_compile(cfg.efficiency.compile, device_type, task.traits.token_blocks,
                                            cfg.distributed.strategy)
-    return ModelChoices(attention, why, compiled, compile_why)
+    eff = cfg.efficiency
+    recast, recast_why = choose_recast(eff.recast_weights, device_type, precision, cfg.distributed.strategy, compiled,
+                                       eff.gradient_checkpointing)
+    return ModelChoices(attention, why, compiled, compile_why, recast, recast_why)
 
 
 def compile_model(model: nn.Module, choices: ModelChoices) -> list[str]:

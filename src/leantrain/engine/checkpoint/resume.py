@@ -38,7 +38,7 @@ from leantrain.report.logs import read_metrics
 log = logging.getLogger("leantrain")
 
 # config keys (or prefixes ending in '.') that cannot change what is computed
-HARMLESS = ("output_dir", "report.", "efficiency.cpu_allocator", "train.log_every_steps", "train.eval_every_steps", "train.eval_batch_size",
+HARMLESS = ("output_dir", "report.", "efficiency.cpu_allocator", "efficiency.recast_weights", "train.log_every_steps", "train.eval_every_steps", "train.eval_batch_size",
             "train.warmup_steps_excluded", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.resume",
             "checkpoint.allow_inexact_resume", "checkpoint.keep_final", "data.num_workers", "data.cache_dir")
 # config keys whose change makes a resume inexact: allowed only with checkpoint.allow_inexact_resume

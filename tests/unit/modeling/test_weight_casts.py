@@ -1,0 +1,105 @@
+"""Weight casts made again in the backward (leantrain.modeling.weight_casts): the same outputs and gradients as
+autocast's own linear, bit for bit, for trained and frozen weights, with less kept for the backward."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from leantrain.modeling.weight_casts import RecastLinear, install_recast
+from tests.tiny_models import loss_batch, loss_llama
+
+
+def loss_and_grads(model, ids, weights, autocast=True):
+    """The forward under bf16 autocast (as Accelerate wraps it), a weighted loss, its backward; the loss and every
+    gradient (parameters', and the input embeddings' output, which reaches the first layers through the casts)."""
+    model.train()
+    embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(inputs_embeds=embeds).logits
+    loss = (logits.float().log_softmax(-1)[:, :-1, :5].sum(-1) * weights).sum()
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), {**grads, "inputs_embeds": embeds.grad}
+
+
+def saved_bytes(model, ids) -> int:
+    """Bytes of the distinct storages the forward keeps for its backward, the parameters' own left out (alive
+    anyway)."""
+    storages = {}
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        model.train()
+        model(input_ids=ids).logits.float().sum().backward()
+    return sum(storages.values())
+
+
+def recast_copy(model):
+    twin = copy.deepcopy(model)
+    assert install_recast(twin) == 14  # 2 layers x (q, k, v, o, gate, up, down); not lm_head
+    return twin
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen-linears"])
+def test_same_loss_and_gradients_bit_for_bit(frozen):
+    plain = loss_llama(tied=False)
+    if frozen:  # LoRA's case: the linear weights frozen, the rest (norms, embeddings) trained
+        for m in plain.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.requires_grad_(False)
+    recast = recast_copy(plain)
+    ids, _, weights = loss_batch()
+    loss_a, grads_a = loss_and_grads(plain, ids, weights)
+    loss_b, grads_b = loss_and_grads(recast, ids, weights)
+    assert torch.equal(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 3
+    for name in grads_a:
+        assert torch.equal(grads_a[name], grads_b[name]), name
+
+
+def test_under_lora_the_adapters_get_the_same_gradients():
+    peft = pytest.importorskip("peft")
+    ids, _, weights = loss_batch()
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
+    plain = peft.get_peft_model(loss_llama(), config)
+    recast = copy.deepcopy(plain)
+    assert install_recast(recast) > 14  # the frozen base layers and the adapters' own bias-free linears
+    _, grads_a = loss_and_grads(plain, ids, weights)
+    _, grads_b = loss_and_grads(recast, ids, weights)
+    assert any("lora_A" in n for n in grads_a) and grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        assert torch.equal(grads_a[name], grads_b[name]), name
+
+
+def test_the_forward_keeps_no_bf16_copy_of_the_weights():
+    plain = loss_llama(tied=False)
+    recast = recast_copy(plain)
+    ids, _, _ = loss_batch()
+    casts = sum(2 * m.weight.numel() for m in recast.modules() if isinstance(m, RecastLinear))
+    assert saved_bytes(plain, ids) - saved_bytes(recast, ids) == casts
+
+
+def test_outside_a_training_forward_under_autocast_it_is_the_plain_linear():
+    plain = loss_llama(tied=False)
+    recast = recast_copy(plain)
+    ids, _, weights = loss_batch()
+    loss_a, grads_a = loss_and_grads(plain, ids, weights, autocast=False)  # fp32: no cast to make again
+    loss_b, grads_b = loss_and_grads(recast, ids, weights, autocast=False)
+    assert torch.equal(loss_a, loss_b) and all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # evaluation and generation
+        assert torch.equal(plain.eval()(input_ids=ids).logits, recast.eval()(input_ids=ids).logits)
+
+
+def test_only_plain_bias_free_linears_are_swapped_and_the_state_dict_is_unchanged():
+    model = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4), nn.Linear(4, 4, bias=False))
+    keys = list(model.state_dict())
+    assert install_recast(model) == 2
+    assert [type(m) for m in model] == [RecastLinear, nn.Linear, RecastLinear]
+    assert list(model.state_dict()) == keys
