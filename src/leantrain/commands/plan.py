@@ -28,7 +28,7 @@ from torch import nn
 from leantrain.config import Config, resolve
 from leantrain.engine.accelerator import make_accelerator, setup_logging
 from leantrain.engine.distributed import strategy_name
-from leantrain.engine.efficiency import resolve_precision
+from leantrain.engine.efficiency import apply_recast, choose_compile, choose_recast, resolve_precision
 from leantrain.engine.preflight import check_max_length
 from leantrain.engine.training_data import prepare_training_data
 from leantrain.errors import UserError
@@ -164,6 +164,10 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # as train does; causal LMs only
     if chunked:
         log.info(chunked)
+    log.info(apply_recast(model, *choose_recast(  # as train does, for the configured setting
+        cfg.efficiency.recast_weights, device.type, precision, cfg.distributed.strategy,
+        choose_compile(cfg.efficiency.compile, device.type, data.task.traits.token_blocks, cfg.distributed.strategy)[0],
+        cfg.efficiency.gradient_checkpointing)))
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     budget, budget_source = ((parse_bytes(memory), "--memory") if memory is not None else
                              default_budget(device, local=nproc) if device.type == "cpu" else default_budget(device))

@@ -117,11 +117,8 @@ def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: s
     chunked = apply_chunked_loss(model, eff.chunked_loss, device_type, logits_bytes, budget, uniform)  # causal LMs
     if chunked:
         notes.append(chunked)
-    on, why = recast
-    if on:
-        notes.append(f"weight casts: made again in the backward in {install_recast(model)} linear layers ({why})")
-    elif why:
-        notes.append(f"weight casts: kept for the backward ({why})")
+    if recast[1]:
+        notes.append(apply_recast(model, *recast))
     if eff.gradient_checkpointing:
         enable_checkpointing(model)
         notes.append("gradient checkpointing: on (non-reentrant; activations recomputed in backward)")
@@ -149,6 +146,13 @@ def choose_recast(requested: str | bool, device_type: str, precision: str, strat
     if device_type != "cpu":
         return False, f"auto: not measured on {device_type} yet"
     return True, "auto: on for CPU training (benchmarks/results/grpo.md)"
+
+
+def apply_recast(model: nn.Module, on: bool, why: str) -> str:
+    """:func:`choose_recast`'s answer applied to ``model`` (``install_recast`` when ``on``); the note for the log."""
+    if on:
+        return f"weight casts: made again in the backward in {install_recast(model)} linear layers ({why})"
+    return f"weight casts: kept for the backward ({why})"
 
 
 def choose_compile(requested: str | bool, device_type: str, language_model: bool, strategy: str) -> tuple[bool, str]:

@@ -7,6 +7,8 @@ forwards (GRPO's prompts, then its completions on their cache). ``RecastLinear``
 an autograd function that keeps the fp32 weight (alive anyway) and casts it again in the backward: the same calls
 on the same operands, so the same outputs and gradients bit for bit (tested against autocast's own linear, trained
 and frozen weights, ``tests/unit/modeling/test_weight_casts.py``), for one more cast per linear layer per backward.
+The input's cast is shared by the layers that read one input (q, k and v; gate and up), where autocast makes and
+keeps one copy per layer.
 
 Where it applies, per call: a training forward (the module in training mode, grad enabled) under an autocast whose
 dtype is lower than the fp32 weight's, on a plain ``nn.Linear`` without bias (autocast runs a biased 3-D linear as
@@ -19,11 +21,28 @@ nothing to save) or compile.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from leantrain.modeling.switches import embeddings_of
+
+
+_last_cast: list = [None]  # (a weak reference to an input, its version, the dtype, its cast): the one shared
+
+
+def input_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)``, the same tensor again for the same unchanged ``x`` as the last call's (q, k and v read one
+    input): the same values, kept once for the backward."""
+    last = _last_cast[0]
+    if last is not None and last[0]() is x and last[1] == x._version and last[2] == dtype:
+        return last[3]
+    cast = x.to(dtype)
+    if cast is not x:
+        _last_cast[0] = (weakref.ref(x), x._version, dtype, cast)
+    return cast
 
 
 class _RecastLinear(torch.autograd.Function):
@@ -33,7 +52,7 @@ class _RecastLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        x_cast = x.to(dtype)
+        x_cast = input_cast(x, dtype)
         ctx.dtype, ctx.input_dtype, ctx.input_shape = dtype, x.dtype, x.shape
         ctx.save_for_backward(x_cast if ctx.needs_input_grad[1] else None, weight)
         flat = x_cast.reshape(-1, x.shape[-1])
