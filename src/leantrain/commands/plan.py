@@ -161,13 +161,13 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
         micro = max(d for d in divisors_desc(per_process) if d <= micro)
     model, trainable = apply_trainable(build_model(cfg.model, data.label_names, data.task), cfg.model, cfg.peft)
     model = model.to(device)  # LoRA (peft.*) and model.freeze as the run applies them
-    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # as train does; causal LMs only
-    if chunked:
-        log.info(chunked)
     log.info(apply_recast(model, *choose_recast(  # as train does, for the configured setting
         cfg.efficiency.recast_weights, device.type, precision, cfg.distributed.strategy,
         choose_compile(cfg.efficiency.compile, device.type, data.task.traits.token_blocks, cfg.distributed.strategy)[0],
         cfg.efficiency.gradient_checkpointing)))
+    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # as train does; causal LMs only
+    if chunked:
+        log.info(chunked)
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     budget, budget_source = ((parse_bytes(memory), "--memory") if memory is not None else
                              default_budget(device, local=nproc) if device.type == "cpu" else default_budget(device))

@@ -114,11 +114,11 @@ def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: s
         swapped = use_fast_dropout(model)
         if swapped:
             notes.append(f"dropout: fast ({swapped} nn.Dropout modules; masks 4 elements per random draw)")
+    if recast[1]:  # before the chunked loss, whose plain path calls the output layer's class forward
+        notes.append(apply_recast(model, *recast))
     chunked = apply_chunked_loss(model, eff.chunked_loss, device_type, logits_bytes, budget, uniform)  # causal LMs
     if chunked:
         notes.append(chunked)
-    if recast[1]:
-        notes.append(apply_recast(model, *recast))
     if eff.gradient_checkpointing:
         enable_checkpointing(model)
         notes.append("gradient checkpointing: on (non-reentrant; activations recomputed in backward)")

@@ -8,13 +8,16 @@ an autograd function that keeps the fp32 weight (alive anyway) and casts it agai
 on the same operands, so the same outputs and gradients bit for bit (tested against autocast's own linear, trained
 and frozen weights, ``tests/unit/modeling/test_weight_casts.py``), for one more cast per linear layer per backward.
 The input's cast is shared by the layers that read one input (q, k and v; gate and up), where autocast makes and
-keeps one copy per layer.
+keeps one copy per layer. One difference remains, by rounding only: where one autocast region runs a weight twice
+(two forwards inside one ``torch.autocast``), autocast casts it once and adds the two uses' gradients in bf16 before
+casting them to fp32; here each use's gradient is cast, and they are added in fp32. Accelerate opens a region per
+forward of the model, so a run's forwards (GRPO's two included) do not share casts.
 
 Where it applies, per call: a training forward (the module in training mode, grad enabled) under an autocast whose
 dtype is lower than the fp32 weight's, on a plain ``nn.Linear`` without bias (autocast runs a biased 3-D linear as
 ``addmm``, another kernel) and a contiguous input. Elsewhere (evaluation, generation, fp32 runs) the module is
-``nn.Linear``. The output layer is left alone (the chunked loss and Liger replace its forward), and so are subclasses
-(bitsandbytes' 4-bit layers). It is not installed where the weight a backward reads is not the forward's: FSDP and
+``nn.Linear``. The output layer is one too (the chunked loss, installed after it, keeps its own fp32 weight and
+calls this forward for plain logits); subclasses are left alone (bitsandbytes' 4-bit layers). It is not installed where the weight a backward reads is not the forward's: FSDP and
 DeepSpeed gather the weights for the forward and free them after it; nor under gradient checkpointing (the blocks keep
 nothing to save) or compile.
 """
@@ -26,8 +29,6 @@ import weakref
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from leantrain.modeling.switches import embeddings_of
 
 
 _last_cast: list = [None]  # (a weak reference to an input, its version, the dtype, its cast): the one shared
@@ -96,12 +97,11 @@ class RecastLinear(nn.Linear):
 
 
 def install_recast(model: nn.Module) -> int:
-    """Make every plain bias-free ``nn.Linear`` of ``model`` but its output layer a :class:`RecastLinear` (in place:
-    the class of the instance). Returns how many."""
-    output = embeddings_of(model, "get_output_embeddings")
+    """Make every plain bias-free ``nn.Linear`` of ``model`` a :class:`RecastLinear` (in place: the class of the
+    instance). Returns how many."""
     swapped = 0
     for module in model.modules():
-        if type(module) is nn.Linear and module.bias is None and module is not output:
+        if type(module) is nn.Linear and module.bias is None:
             module.__class__ = RecastLinear
             swapped += 1
     return swapped

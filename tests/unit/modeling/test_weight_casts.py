@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from leantrain.modeling.chunked_loss import install_chunked_loss, labels_for_loss, per_token_losses
 from leantrain.modeling.weight_casts import RecastLinear, install_recast
 from tests.tiny_models import loss_batch, loss_llama
 
@@ -43,13 +44,14 @@ def saved_bytes(model, ids) -> int:
 
 def recast_copy(model):
     twin = copy.deepcopy(model)
-    assert install_recast(twin) == 14  # 2 layers x (q, k, v, o, gate, up, down); not lm_head
+    assert install_recast(twin) == 15  # 2 layers x (q, k, v, o, gate, up, down) and lm_head
     return twin
 
 
-@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen-linears"])
-def test_same_loss_and_gradients_bit_for_bit(frozen):
-    plain = loss_llama(tied=False)
+@pytest.mark.parametrize("frozen,tied", [(False, False), (False, True), (True, False)],
+                         ids=["trained", "trained-tied", "frozen-linears"])
+def test_same_loss_and_gradients_bit_for_bit(frozen, tied):
+    plain = loss_llama(tied=tied)
     if frozen:  # LoRA's case: the linear weights frozen, the rest (norms, embeddings) trained
         for m in plain.modules():
             if isinstance(m, nn.Linear):
@@ -70,7 +72,7 @@ def test_under_lora_the_adapters_get_the_same_gradients():
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
     plain = peft.get_peft_model(loss_llama(), config)
     recast = copy.deepcopy(plain)
-    assert install_recast(recast) > 14  # the frozen base layers and the adapters' own bias-free linears
+    assert install_recast(recast) > 15  # the frozen base layers and the adapters' own bias-free linears
     _, grads_a = loss_and_grads(plain, ids, weights)
     _, grads_b = loss_and_grads(recast, ids, weights)
     assert any("lora_A" in n for n in grads_a) and grads_a.keys() == grads_b.keys()
@@ -84,6 +86,7 @@ def test_the_forward_keeps_no_bf16_copy_of_the_weights_and_one_of_a_shared_input
     ids, _, _ = loss_batch()
     casts = sum(2 * m.weight.numel() for m in recast.modules() if isinstance(m, RecastLinear))
     # per layer, autocast's bf16 copies of the normed input: q, k, v one each, gate and up one each; here one and one
+    # (lm_head reads its input alone)
     shared = 2 * ids.numel() * plain.config.hidden_size * 3 * plain.config.num_hidden_layers
     assert saved_bytes(plain, ids) - saved_bytes(recast, ids) == casts + shared
 
@@ -105,3 +108,25 @@ def test_only_plain_bias_free_linears_are_swapped_and_the_state_dict_is_unchange
     assert install_recast(model) == 2
     assert [type(m) for m in model] == [RecastLinear, nn.Linear, RecastLinear]
     assert list(model.state_dict()) == keys
+
+
+def test_under_the_chunked_loss_installed_after_it_the_same_gradients():
+    """GRPO's step: the chunked layer's losses, and the plain logits of the output layer (the prompts' last
+    position), in one backward, with the tied output layer a RecastLinear under the chunked layer."""
+    plain = loss_llama(tied=True)
+    recast = recast_copy(plain)
+    for model in (plain, recast):
+        assert install_chunked_loss(model, chunk_tokens=8)
+    ids, labels, weights = loss_batch()
+    grads = []
+    for model in (plain, recast):
+        model.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16), labels_for_loss(model, labels):  # a forward an autocast,
+            losses = per_token_losses(model(input_ids=ids), labels)  # as Accelerate wraps the model's forward
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            last = model(input_ids=ids, logits_to_keep=1).logits.float()
+        ((losses * weights).sum() + last.log_softmax(-1)[..., :5].sum()).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        assert torch.equal(grads[0][name], grads[1][name]), name
