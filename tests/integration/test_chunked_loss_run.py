@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from leantrain import train
 from tests.helpers import TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer
 from tests.processes import assert_same_training, two_processes_each
