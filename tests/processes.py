@@ -47,29 +47,32 @@ def assert_same_training(a: Path, b: Path, atol: float = 2e-5) -> None:
 # One torchrun launch, its 2 workers training several configs in turn: each run's process group meets at a store of
 # its own (a new port; the agent's store still holds the last group's keys), and Accelerate forgets the ended group.
 TRAIN_EACH = """\
-import os, sys
+import json, os, sys
 from accelerate.state import AcceleratorState
 from leantrain import train
-for path, out, port in zip(*[iter(sys.argv[1:])] * 3):
+for path, overrides, port in json.loads(open(sys.argv[1]).read()):
     os.environ.update(MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="False")
-    train(path, [f"output_dir={out}"])
+    train(path, overrides)
     AcceleratorState._reset_state(reset_partial_state=True)
 """
 
 
-def two_processes_each(root: Path, configs: dict[str, dict]) -> dict[str, Path]:
-    """Each config (batch 8, micro-batch 2) written to root/<name>.yaml and trained as 2 processes x accumulation 2
-    into root/<name>/p2, all by one torchrun launch (gloo): its two workers pay their imports once for every config,
-    not once per config. Returns name -> the config file."""
-    paths, argv = {}, []
+def two_processes_each(root: Path, configs: dict[str, dict], *overrides: str) -> dict[str, Path]:
+    """Each config written to root/<name>.yaml and trained with ``overrides`` as 2 processes into root/<name>/p2,
+    all by one torchrun launch (gloo): its two workers pay their imports once for every config, not once per config.
+    The launch's stderr goes to root/launch.log. Returns name -> the config file."""
+    paths, runs = {}, []
     for name, cfg in configs.items():
         paths[name] = root / f"{name}.yaml"
         paths[name].write_text(yaml.safe_dump(cfg))
-        argv += [str(paths[name]), str(root / name / "p2"), str(free_port())]
+        runs.append([str(paths[name]), [*overrides, f"output_dir={root / name / 'p2'}"], str(free_port())])
+    (root / "runs.json").write_text(json.dumps(runs))
     script = root / "train_each.py"
     script.write_text(TRAIN_EACH)
-    r = run([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), str(script), *argv],
+    r = run([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), str(script),
+             str(root / "runs.json")],
             timeout=900, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+    (root / "launch.log").write_text(r.stderr)  # every run's log lines, for the tests that read them
     assert r.returncode == 0, r.stderr[-4000:]
     return paths
 

@@ -1,9 +1,10 @@
 """Causal LMs end to end (tiny Llama from a config, a 152-word tokenizer, CPU, fp32): the global token-mean loss is
-the same for 1 process x accumulation 4, 2 x 2 (the real launcher) and 4 x 1, with document masking so that every
-block holds a different number of targets, and padding micro-batches; a run SIGKILLed mid-epoch resumes bitwise
-(and so does DPO on preference pairs, with its reference the LoRA adapters off or precomputed);
-the saved model loads with pipeline("text-generation") and `leantrain eval` reports training's eval loss; sample
-continuations land in metrics.jsonl; a short run on tiny-shakespeare ends far below the uniform perplexity."""
+the same for 1 process x accumulation 4, 2 x 2 and 4 x 1, with document masking so that every block holds a different
+number of targets, and padding micro-batches (the 2-process runs, plain and FSDP, are one torchrun launch); a run
+SIGKILLed mid-epoch resumes bitwise (and so does DPO on preference pairs, with its reference the LoRA adapters off or
+precomputed); the saved model loads with pipeline("text-generation") and `leantrain eval` reports training's eval
+loss; sample continuations land in metrics.jsonl; a short run on tiny-shakespeare ends far below the uniform
+perplexity."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from leantrain.cli import main
 from leantrain.report.logs import read_metrics
 from tests.helpers import (LM_WORDS, TINY_LLAMA, cli_here, lm_documents, make_tiny_lm_tokenizer, model_params,
                            process_env, shared_data, train_here, write_jsonl)
-from tests.processes import assert_same_training
+from tests.processes import assert_same_training, two_processes_each
 
 SAMPLE = "ba be"
 
@@ -81,22 +82,33 @@ def test_causal_lm_run_reports_token_mean_loss_perplexity_and_target_tokens(lm):
                for r in samples)
 
 
+@pytest.fixture(scope="module")
+def two(lm) -> Path:
+    """lm's config on 2 processes (gloo), both runs in one torchrun launch: as configured (2 x accumulation 2) in
+    <root>/two/p2/p2, and under FSDP for 2 steps, evaluating (and sampling) after each, in <root>/two/fsdp/p2."""
+    root, path, _ = lm
+    cfg = yaml.safe_load(path.read_text())
+    fsdp = {**cfg, "distributed": {"strategy": "fsdp"},
+            "train": {**cfg["train"], "max_steps": 2, "eval_every_steps": 1}}
+    (root / "two").mkdir()
+    two_processes_each(root / "two", {"p2": cfg, "fsdp": fsdp})
+    return root / "two"
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_loss_normalisation_1x4_equals_2x2_launcher_equals_4x1(lm):
+def test_loss_normalisation_1x4_equals_2x2_equals_4x1(lm, two):
     root, path, _ = lm
-    single = root / "single"
-    r = cli_here("train", str(path), "--nproc", "2", f"output_dir={root / 'p2'}")
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert json.loads((root / "p2" / "summary.json").read_text())["train"]["accumulation_steps"] == 2
+    single, p2 = root / "single", two / "p2" / "p2"
+    assert json.loads((p2 / "summary.json").read_text())["train"]["accumulation_steps"] == 2
     train(path, [f"output_dir={root / 'm8'}", "train.micro_batch_size=8"])
     assert json.loads((root / "m8" / "summary.json").read_text())["train"]["accumulation_steps"] == 1
-    for other in (root / "p2", root / "m8"):
+    for other in (p2, root / "m8"):
         assert_same_training(single, other)
         ea, eb = (json.loads((d / "summary.json").read_text())["eval"] for d in (single, other))
         assert ea["samples"] == eb["samples"] == 13 and ea["tokens"] == eb["tokens"]  # no duplicated eval rows
         assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5)
-    samples = [r for r in read_metrics(root / "p2" / "metrics.jsonl") if r["type"] == "samples"]
+    samples = [r for r in read_metrics(p2 / "metrics.jsonl") if r["type"] == "samples"]
     assert [r["step"] for r in samples] == [0, 3, 6]  # rank 0 wrote them once each
 
 
@@ -210,14 +222,10 @@ def test_tiny_shakespeare_perplexity_far_below_uniform(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_fsdp_two_processes_with_sample_prompts(lm):
+def test_fsdp_two_processes_with_sample_prompts(two):
     """Under FSDP every rank joins the generation (each forward gathers the sharded weights), and training goes on
     after it (no inference tensors left in FSDP's gathered parameters); rank 0 writes each samples record once."""
-    root, path, _ = lm
-    out = root / "fsdp"
-    r = cli_here("train", str(path), "--nproc", "2", "distributed.strategy=fsdp", "train.max_steps=2",
-                 "train.eval_every_steps=1", f"output_dir={out}")
-    assert r.returncode == 0, r.stderr[-4000:]
+    out = two / "fsdp" / "p2"
     samples = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "samples"]
     assert samples == [0, 1, 2]
     assert json.loads((out / "summary.json").read_text())["distributed"]["strategy"] == "fsdp"

@@ -1,6 +1,7 @@
 """The chunked loss in real runs (tiny Llama from a config, a small word-level tokenizer, fp32): a run with
 efficiency.chunked_loss=true trains and evaluates like the plain one (same per-step losses, parameters and eval
-loss), says so in its log, and does the same under DDP and FSDP through the launcher (2 processes, gloo)."""
+loss), says so in its log, and does the same under DDP and FSDP (2 processes, gloo: both runs in one torchrun
+launch, ``tests.processes.two_processes_each``)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ import logging
 from pathlib import Path
 
 import pytest
-import yaml
 
 from leantrain import train
-from tests.helpers import TINY_LLAMA, cli_here, lm_documents, make_tiny_lm_tokenizer
-from tests.processes import assert_same_training
+from tests.helpers import TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer
+from tests.processes import assert_same_training, two_processes_each
 
 
 @pytest.fixture(scope="module")
@@ -81,15 +81,22 @@ def test_leantrain_eval_of_a_causal_lm_with_the_chunked_loss(job):
     assert result["eval"]["loss"] == pytest.approx(plain["eval"]["loss"], rel=1e-5)
 
 
+@pytest.fixture(scope="module")
+def two(job) -> Path:
+    """The chunked run under DDP and under FSDP, 2 processes each, in <root>/two/<strategy>/p2 (one launch)."""
+    root, over, _, _ = job
+    (root / "two").mkdir()
+    two_processes_each(root / "two", {s: {"efficiency": {"chunked_loss": True}, "distributed": {"strategy": s}}
+                                      for s in ("ddp", "fsdp")}, *over)
+    return root / "two"
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_chunked_loss_under_ddp_and_fsdp(job, strategy):
-    root, over, _, _ = job
-    path = root / f"{strategy}.yaml"
-    path.write_text(yaml.safe_dump({"efficiency": {"chunked_loss": True}}))
-    out = root / f"p2_{strategy}"
-    r = cli_here("train", str(path), "--nproc", "2", f"distributed.strategy={strategy}", *over, f"output_dir={out}")
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert json.loads((out / "summary.json").read_text())["distributed"]["strategy"] == strategy
+def test_chunked_loss_under_ddp_and_fsdp(job, two, strategy):
+    root = job[0]
+    out = two / strategy / "p2"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["distributed"]["strategy"] == strategy and summary["efficiency"]["chunked_loss"] is True
     assert_same_training(root / "plain", out)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.helpers import YES_NO, cli_here, process_env, word_rows, write_rows
-from tests.processes import BIN, assert_same_training, free_port, run, train_losses
+from tests.processes import BIN, assert_same_training, free_port, run, train_losses, two_processes_each
 from leantrain import train
 from leantrain.report.logs import read_metrics
 
@@ -47,6 +47,23 @@ def single(job):
     return tmp / "single"
 
 
+@pytest.fixture(scope="module")
+def two(job) -> Path:
+    """The job's 2-process runs that test what the workers do, not how they start, all in one torchrun launch
+    (``tests.processes.two_processes_each``): as configured (2 x accumulation 2) in <tmp>/two/p2/p2, local SGD
+    (averaging every 3 steps, 6 steps of micro-batch 4, no warm-up) in <tmp>/two/lsgd/p2, and FSDP with bf16 and
+    gradient checkpointing (4 steps) in <tmp>/two/fsdp_bf16/p2."""
+    path, tmp = job
+    cfg = yaml.safe_load(path.read_text())
+    lsgd = {**cfg, "train": {**cfg["train"], "max_steps": 6, "micro_batch_size": 4}, "optim": {"warmup_steps": 0},
+            "distributed": {"local_sgd_steps": 3}}
+    fsdp_bf16 = {**cfg, "train": {**cfg["train"], "max_steps": 4}, "distributed": {"strategy": "fsdp"},
+                 "efficiency": {"precision": "bf16", "gradient_checkpointing": True}}
+    (tmp / "two").mkdir()
+    two_processes_each(tmp / "two", {"p2": cfg, "lsgd": lsgd, "fsdp_bf16": fsdp_bf16})
+    return tmp / "two"
+
+
 def assert_same_run(a: Path, b: Path, atol: float = 2e-5) -> None:
     assert_same_training(a, b, atol)
     ea, eb = (json.loads((d / "summary.json").read_text())["eval"] for d in (a, b))
@@ -58,18 +75,17 @@ def _summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def test_two_processes_accumulation_two_equals_one_process(job, single):
-    """leantrain's own launcher: --nproc 2 (2 processes x accumulation 2)."""
-    path, tmp = job
-    r = cli_here("train", str(path), "--nproc", "2", f"output_dir={tmp / 'p2'}")
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert_same_run(single, tmp / "p2")
-    s = _summary(tmp / "p2")
+def test_two_processes_accumulation_two_equals_one_process(single, two):
+    """2 processes x accumulation 2 (in ``two``'s launch; ``leantrain --nproc`` itself starts the two-node run and
+    the failing ranks below)."""
+    p2 = two / "p2" / "p2"
+    assert_same_run(single, p2)
+    s = _summary(p2)
     assert s["distributed"]["world_size"] == 2 and s["distributed"]["strategy"] == "ddp"
     assert s["train"]["accumulation_steps"] == 2
     # one all-reduce of all gradients per optimizer step, none on accumulation micro-steps
     assert s["distributed"]["communicated_bytes_per_step"] == s["distributed"]["parameter_bytes_full"]
-    spreads = [r["replica_spread"] for r in read_metrics(tmp / "p2" / "metrics.jsonl") if r["type"] == "train"]
+    spreads = [r["replica_spread"] for r in read_metrics(p2 / "metrics.jsonl") if r["type"] == "train"]
     assert len(spreads) == 12 and max(spreads) == 0.0  # replicas bitwise identical after every step
 
 
@@ -120,16 +136,13 @@ def test_fsdp_shards_parameters_and_matches(job, single):
     assert d["communicated_bytes_per_step"] == d["allgather_bytes_per_step"] + d["reduce_scatter_bytes_per_step"]
 
 
-def test_local_sgd_drifts_then_syncs(job):
-    path, tmp = job
-    common = ["--nproc", "2", "train.max_steps=6", "train.micro_batch_size=4", "optim.warmup_steps=0"]
-    r = cli_here("train", str(path), *common, "distributed.local_sgd_steps=3", f"output_dir={tmp / 'lsgd'}")
-    assert r.returncode == 0, r.stderr[-4000:]
-    spread = {rec["step"]: rec["replica_spread"] for rec in read_metrics(tmp / "lsgd" / "metrics.jsonl")
+def test_local_sgd_drifts_then_syncs(two):
+    out = two / "lsgd" / "p2"
+    spread = {rec["step"]: rec["replica_spread"] for rec in read_metrics(out / "metrics.jsonl")
               if rec["type"] == "train"}
     assert spread[3] == spread[6] == 0.0  # averaged every 3 steps
     assert all(spread[s] > 0 for s in (1, 2, 4, 5))  # each process steps alone inside the window
-    lsgd = _summary(tmp / "lsgd")["distributed"]
+    lsgd = _summary(out)["distributed"]
     assert lsgd["parameter_syncs"] == 2 and lsgd["gradient_allreduce_calls"] == 0
     # bytes per step: DDP all-reduces every gradient every step; local SGD averages the parameters every 3 steps
     assert lsgd["communicated_bytes_per_step"] == pytest.approx(lsgd["parameter_bytes_full"] / 3)
@@ -156,14 +169,11 @@ def test_bad_launch_options_fail_before_any_worker(job, capsys):
     assert "--master-addr" in capsys.readouterr().err
 
 
-def test_fsdp_with_bf16_and_gradient_checkpointing(job):
+def test_fsdp_with_bf16_and_gradient_checkpointing(two):
     """Mixed precision and gradient checkpointing keep working under a sharding strategy."""
-    path, tmp = job
-    r = cli_here("train", str(path), "--nproc", "2", "distributed.strategy=fsdp", "efficiency.precision=bf16",
-                 "efficiency.gradient_checkpointing=true", "train.max_steps=4", f"output_dir={tmp / 'fsdp_bf16'}")
-    assert r.returncode == 0, r.stderr[-4000:]
-    s = _summary(tmp / "fsdp_bf16")
+    out = two / "fsdp_bf16" / "p2"
+    s = _summary(out)
     assert s["efficiency"]["precision"] == "bf16" and s["efficiency"]["gradient_checkpointing"] is True
     assert s["distributed"]["parameter_bytes_per_process"] <= 0.55 * s["distributed"]["parameter_bytes_full"]
-    losses = train_losses(tmp / "fsdp_bf16")
+    losses = train_losses(out)
     assert len(losses) == 4 and all(0 < x < 5 for x in losses) and s["eval"]["samples"] == 13

@@ -18,12 +18,13 @@ pytestmark = pytest.mark.slow
 
 
 def _sst2_args(tmp):
-    """MiniLM fine-tuned for one epoch on a seeded 2,000-row slice of SST-2 train, evaluated on all of dev."""
+    """MiniLM fine-tuned for one epoch on a seeded 1,000-row slice of SST-2 train at lr 3e-4, evaluated on all of
+    dev (the default lr 3e-5 needs about twice the rows to get clear of the majority class)."""
     if not (tmp / "train.tsv").exists():
         full = pd.read_csv(shared_data("sst2", "train.tsv"), sep="\t", quoting=3)
-        full.sample(n=2000, random_state=0).to_csv(tmp / "train.tsv", sep="\t", index=False)
+        full.sample(n=1000, random_state=0).to_csv(tmp / "train.tsv", sep="\t", index=False)
     return [f"data.train={tmp / 'train.tsv'}", f"data.eval={shared_data('sst2', 'dev.tsv')}", "train.epochs=1",
-            "train.seed=0"]
+            "train.lr=3e-4", "train.seed=0"]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def test_minilm_learns_sst2(sst2_run):
     summary, out = sst2_run
     assert summary["eval"]["samples"] == 872
     assert summary["eval"]["accuracy"] > 0.75, summary["eval"]  # chance is ~0.51 (majority class)
-    assert summary["train"]["steps"] == 63  # ceil(2000 / 32)
+    assert summary["train"]["steps"] == 32  # ceil(1000 / 32)
     assert summary["train"]["tokens_per_second"] > 0 and summary["train"]["peak_memory_bytes"] > 0
 
 

@@ -1,7 +1,7 @@
 """Every task keeps the global normalisation: 1 process x accumulation 4 == 2 processes x accumulation 2 (2 CPU
 processes on gloo, fp32; 42 rows with batch 8, so the last batch of 2 leaves micro-batches of padding; 13 eval rows,
 uneven shards): text regression (mse; huber on standardised targets), multi-label, token classification, class
-weights, LoRA and instruction tuning (packed and not).
+weights, LoRA and instruction tuning (packed and not); and frozen weights stay untouched under FSDP.
 
 The 2-process runs of all of them are one torchrun launch whose two workers train the configs in turn
 (``tests.processes.two_processes_each``): a launch costs mostly its workers' imports, paid here once instead of once
@@ -14,10 +14,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from leantrain.report.logs import read_metrics
-from tests.helpers import (CHATML, YES_NO, alpaca_rows, make_tiny_chat_tokenizer, make_tiny_llama, ner_rows,
-                           score_rows, set_rows, uneven_rows, word_rows, write_jsonl, write_rows)
+from tests.helpers import (CHATML, YES_NO, alpaca_rows, make_tiny_chat_tokenizer, make_tiny_llama, model_params,
+                           ner_rows, score_rows, set_rows, uneven_rows, word_rows, write_jsonl, write_rows)
 from tests.processes import equals_one_process, two_processes_each
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -44,6 +45,7 @@ def _configs(root: Path, bert: Path, llama: Path) -> dict[str, dict]:
         {**{k: v for k, v in TRAIN.items() if k != "epochs"}, "max_steps": 6},
         report={"plots": False, "progress": "plain", "sample_prompts": ["what is two and two"],
                 "sample_max_new_tokens": 4})
+    yes_no = _files(root, "yes-no", lambda n, seed: word_rows(n, seed, max_words=20, words=YES_NO))
     return {
         "regression": _config(bert, {**_files(root, "scores", score_rows), "label_column": "score"}),
         "huber": _config(bert, {**_files(root, "scores", score_rows), "label_column": "score",
@@ -51,16 +53,18 @@ def _configs(root: Path, bert: Path, llama: Path) -> dict[str, dict]:
         "multilabel": _config(bert, _files(root, "sets", set_rows, "jsonl")),
         "tags": _config(bert, _files(root, "ner", ner_rows, "jsonl"), {**TRAIN, "lr": 3e-3}),
         "class_weights": _config(bert, _files(root, "uneven", uneven_rows), {**TRAIN, "class_weights": "balanced"}),
-        "lora": _config(bert, _files(root, "yes-no", lambda n, seed: word_rows(n, seed, max_words=20, words=YES_NO)),
-                        {**TRAIN, "lr": 1e-2}, peft={"method": "lora", "r": 4, "dropout": 0.0}),  # no per-process masks
+        "lora": _config(bert, yes_no, {**TRAIN, "lr": 1e-2},
+                        peft={"method": "lora", "r": 4, "dropout": 0.0}),  # no per-process masks
         "sft_packed": sft(True),
         "sft_unpacked": sft(False),
+        "freeze_fsdp": {**_config(bert, yes_no, distributed={"strategy": "fsdp"}),
+                        "model": {"name": str(bert), "freeze": ["embeddings", "encoder.layer.0"]}},
     }
 
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory, tiny_bert) -> dict[str, Path]:
-    """Every task's config file, its 2-process run already in <config>/p2 (one launch)."""
+    """Every task's config file, its 2-process run already in <config>/p2 (one launch, its log in launch.log)."""
     root = tmp_path_factory.mktemp("tasks-2p")
     llama = make_tiny_llama(root / "llama", make_tiny_chat_tokenizer(root / "tok", chat_template=CHATML))
     return two_processes_each(root, _configs(root, tiny_bert, llama))
@@ -134,3 +138,18 @@ def test_sft_two_processes_accumulation_two_equals_one_process(two, packing):
     samples = [r for r in read_metrics(a / "metrics.jsonl") if r["type"] == "samples"]
     assert samples[0]["step"] == 0 and samples[-1]["step"] == 6  # before training, and at the evaluation
     assert samples[0]["samples"][0]["prompt"] == "what is two and two"
+
+
+def test_freezing_under_fsdp_on_two_processes_leaves_the_frozen_weights_untouched(two, tiny_bert):
+    """FSDP2 (fully_shard) shards frozen and trainable parameters alike: the frozen ones must come out unchanged."""
+    from safetensors.torch import load_file
+
+    run = two["freeze_fsdp"].with_suffix("") / "p2"
+    assert "frozen: embeddings" in (two["freeze_fsdp"].parent / "launch.log").read_text()
+    base, tuned = load_file(str(tiny_bert / "model.safetensors")), model_params(run)
+    for name, value in base.items():
+        key = name if name in tuned else f"bert.{name}"
+        same = torch.equal(value, tuned[key])
+        assert same == (name.startswith(("embeddings.", "encoder.layer.0."))), name
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["distributed"]["strategy"] == "fsdp" and summary["model"]["peft"]["frozen"]["embeddings"] > 0
