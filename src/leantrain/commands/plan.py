@@ -28,7 +28,7 @@ from torch import nn
 from leantrain.config import Config, resolve
 from leantrain.engine.accelerator import make_accelerator, setup_logging
 from leantrain.engine.distributed import strategy_name
-from leantrain.engine.efficiency import apply_recast, choose_compile, choose_recast, resolve_precision
+from leantrain.engine.efficiency import resolve_model_choices, resolve_precision
 from leantrain.engine.preflight import check_max_length
 from leantrain.engine.training_data import prepare_training_data
 from leantrain.errors import UserError
@@ -161,10 +161,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
         micro = max(d for d in divisors_desc(per_process) if d <= micro)
     model, trainable = apply_trainable(build_model(cfg.model, data.label_names, data.task), cfg.model, cfg.peft)
     model = model.to(device)  # LoRA (peft.*) and model.freeze as the run applies them
-    log.info(apply_recast(model, *choose_recast(  # as train does, for the configured setting
-        cfg.efficiency.recast_weights, device.type, precision, cfg.distributed.strategy,
-        choose_compile(cfg.efficiency.compile, device.type, data.task.traits.token_blocks, cfg.distributed.strategy)[0],
-        cfg.efficiency.gradient_checkpointing)))
+    log.info(resolve_model_choices(cfg, data.task, device.type, precision).apply_recast(model))  # as train does
     chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # as train does; causal LMs only
     if chunked:
         log.info(chunked)

@@ -102,11 +102,12 @@ def output_loss_sizes(model: nn.Module, eff: EfficiencyConfig, device: torch.dev
 
 def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: str,
                          logits_bytes: int | None = None, budget: int | None = None, uniform: bool = True,
-                         recast: tuple[bool, str] = (False, "")) -> list[str]:
+                         choices: ModelChoices | None = None) -> list[str]:
     """Dropout, the output layer's loss (causal LMs: ``efficiency.chunked_loss``; auto decides from
     ``logits_bytes`` and ``budget``: :func:`output_loss_sizes`, and from ``uniform``, the task's
-    ``uniform_token_gradients``), the weight casts (``recast``: :func:`choose_recast`'s answer and why) and gradient
-    checkpointing on the (unwrapped) model, before the memory model measures it. Returns notes for the log. (The attention implementation is chosen before the model is built:
+    ``uniform_token_gradients``), the weight casts (as ``choices`` resolved ``efficiency.recast_weights``; none
+    without them) and gradient checkpointing on the (unwrapped) model, before the memory model measures it. Returns
+    notes for the log. (The attention implementation is chosen before the model is built:
     :func:`resolve_model_choices`.)
     """
     notes = []
@@ -114,8 +115,8 @@ def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: s
         swapped = use_fast_dropout(model)
         if swapped:
             notes.append(f"dropout: fast ({swapped} nn.Dropout modules; masks 4 elements per random draw)")
-    if recast[1]:  # before the chunked loss, whose plain path calls the output layer's class forward
-        notes.append(apply_recast(model, *recast))
+    if choices is not None:  # before the chunked loss, whose plain path calls the output layer's class forward
+        notes.append(choices.apply_recast(model))
     chunked = apply_chunked_loss(model, eff.chunked_loss, device_type, logits_bytes, budget, uniform)  # causal LMs
     if chunked:
         notes.append(chunked)
@@ -148,13 +149,6 @@ def choose_recast(requested: str | bool, device_type: str, precision: str, strat
     return True, "auto: on for CPU training (benchmarks/results/grpo.md)"
 
 
-def apply_recast(model: nn.Module, on: bool, why: str) -> str:
-    """:func:`choose_recast`'s answer applied to ``model`` (``install_recast`` when ``on``); the note for the log."""
-    if on:
-        return f"weight casts: made again in the backward in {install_recast(model)} linear layers ({why})"
-    return f"weight casts: kept for the backward ({why})"
-
-
 def choose_compile(requested: str | bool, device_type: str, language_model: bool, strategy: str) -> tuple[bool, str]:
     """(compile the model?, why) for ``efficiency.compile``; ``language_model``: the task trains on token blocks
     (causal LMs); ``strategy``: ``distributed.strategy``.
@@ -185,12 +179,21 @@ class ModelChoices:
     attention_reason: str
     compile: bool
     compile_reason: str
-    recast: bool = False  # efficiency.recast_weights, resolved (choose_recast)
-    recast_reason: str = ""
+    recast: bool  # efficiency.recast_weights, resolved (choose_recast)
+    recast_reason: str
 
     def attention_note(self, model: nn.Module) -> str:
         """The implementation the built model uses, and why (logged once)."""
         return f"attention: {getattr(model.config, '_attn_implementation', None) or 'default'} ({self.attention_reason})"
+
+    def apply_recast(self, model: nn.Module) -> str:
+        """The weight casts as resolved, applied to ``model`` (``install_recast``); the note for the log."""
+        if not self.recast:
+            return f"weight casts: kept for the backward ({self.recast_reason})"
+        swapped = install_recast(model)
+        if not swapped:
+            return "weight casts: kept for the backward (the model has no bias-free linear layer to recast)"
+        return f"weight casts: made again in the backward in {swapped} linear layers ({self.recast_reason})"
 
     def summary(self) -> dict:
         """summary.json's efficiency entries for the choices."""
@@ -202,8 +205,8 @@ class ModelChoices:
 def resolve_model_choices(cfg: Config, task: Task, device_type: str, precision: str) -> ModelChoices:
     """The attention implementation (:func:`leantrain.modeling.attention.choose_attention`, from the model class
     ``task`` builds for the model's config), compile (:func:`choose_compile`) and the weight casts
-    (:func:`choose_recast`) of a run on ``device_type`` in the
-    resolved ``precision``. Raises ConfigError for an explicit attention the model, device or precision cannot run."""
+    (:func:`choose_recast`) of a run on ``device_type`` in the resolved ``precision``. Raises ConfigError for an
+    explicit attention the model, device or precision cannot run."""
     support = attention_support(task.model_class(), load_config(cfg.model))
     attention, why = choose_attention(cfg.model.attn_implementation, device_type, precision, flash_attn_usable(),
                                       support, fp32_uses(cfg))

@@ -146,7 +146,7 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
     sizes = output_loss_sizes(model, cfg.efficiency, accelerator.device, micro, cfg.data.block_size)
     notes = [choices.attention_note(model), *apply_model_switches(
         model, cfg.efficiency, accelerator.device.type, *sizes,
-        uniform=data.task.traits.uniform_token_gradients, recast=(choices.recast, choices.recast_reason))]
+        uniform=data.task.traits.uniform_token_gradients, choices=choices)]
     data.bind_model(model, accelerator, cfg.train.eval_batch_size or 8)  # e.g. reference log-probs, before any resume
     if cfg.train.micro_batch_size == "auto":
         layout = batch_layout(cfg, len(data.train), accelerator.num_processes,

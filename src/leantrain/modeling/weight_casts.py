@@ -17,9 +17,9 @@ Where it applies, per call: a training forward (the module in training mode, gra
 dtype is lower than the fp32 weight's, on a plain ``nn.Linear`` without bias (autocast runs a biased 3-D linear as
 ``addmm``, another kernel) and a contiguous input. Elsewhere (evaluation, generation, fp32 runs) the module is
 ``nn.Linear``. The output layer is one too (the chunked loss, installed after it, keeps its own fp32 weight and
-calls this forward for plain logits); subclasses are left alone (bitsandbytes' 4-bit layers). It is not installed where the weight a backward reads is not the forward's: FSDP and
-DeepSpeed gather the weights for the forward and free them after it; nor under gradient checkpointing (the blocks keep
-nothing to save) or compile.
+calls this forward for plain logits); subclasses are left alone (bitsandbytes' 4-bit layers). It is not installed
+where the weight a backward reads is not the forward's: FSDP and DeepSpeed gather the weights for the forward and
+free them after it; nor under gradient checkpointing (the blocks keep nothing to save) or compile.
 """
 
 from __future__ import annotations

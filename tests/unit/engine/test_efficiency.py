@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers import gradients, text_batch, word_rows, write_rows
+from tests.tiny_models import loss_llama, tiny_bert_classifier
 from leantrain import train
 from leantrain.config import resolve
 from leantrain.engine.batch_layout import batch_layout
@@ -249,3 +250,30 @@ def test_compiled_run_gives_the_eager_loss(tmp_path, tiny_bert, data):
     compiled, _ = run(tmp_path, tiny_bert, data, "compiled", *args, "efficiency.compile=true")
     assert compiled["efficiency"]["compile"] is True and compiled["efficiency"]["compile_seconds"] > 0
     assert compiled["train"]["final_loss"] == pytest.approx(eager["train"]["final_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("requested,device,precision,strategy,compiled,ckpt,on", [
+    ("auto", "cpu", "bf16", "auto", False, False, True),
+    ("auto", "cuda", "bf16", "auto", False, False, False),  # not measured on GPUs
+    (True, "cuda", "bf16", "ddp", False, False, True),
+    ("auto", "cpu", "fp32", "auto", False, False, False),  # no autocast cast to remake
+    (True, "cpu", "bf16", "fsdp", False, False, False),  # FSDP frees the gathered weights after the forward
+    (True, "cpu", "bf16", "auto", True, False, False),
+    (True, "cpu", "bf16", "auto", False, True, False),
+    (False, "cpu", "bf16", "auto", False, False, False),
+])
+def test_choose_recast(requested, device, precision, strategy, compiled, ckpt, on):
+    from leantrain.engine.efficiency import choose_recast
+
+    chosen, why = choose_recast(requested, device, precision, strategy, compiled, ckpt)
+    assert chosen is on and why
+
+
+def test_the_resolved_recast_swaps_the_bias_free_linears_or_says_there_are_none():
+    from leantrain.engine.efficiency import ModelChoices
+
+    choices = ModelChoices(None, "", False, "", True, "auto: on for CPU training")
+    llama, bert = loss_llama(), tiny_bert_classifier()
+    assert "in 15 linear layers" in choices.apply_recast(llama)
+    assert "no bias-free linear layer" in choices.apply_recast(bert)
+    assert "kept for the backward (off)" in ModelChoices(None, "", False, "", False, "off").apply_recast(loss_llama())
