@@ -45,13 +45,23 @@ def assert_same_training(a: Path, b: Path, atol: float = 2e-5) -> None:
 
 
 # One torchrun launch, its 2 workers training several configs in turn: each run's process group meets at a store of
-# its own (a new port; the agent's store still holds the last group's keys), and Accelerate forgets the ended group.
+# its own (the agent's store still holds the last group's keys), and Accelerate forgets the ended group. Its port is
+# picked by rank 0 just before the run and handed to rank 1 through the agent's store: a port picked when the launch
+# starts could be taken meanwhile (by another test's store), and rank 1 would then meet the wrong store.
 TRAIN_EACH = """\
-import json, os, sys
+import json, os, socket, sys
+from datetime import timedelta
+from torch.distributed import TCPStore
 from accelerate.state import AcceleratorState
 from leantrain import train
-for path, overrides, port in json.loads(open(sys.argv[1]).read()):
-    os.environ.update(MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="False")
+agent = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                 timeout=timedelta(minutes=10))
+for i, (path, overrides) in enumerate(json.loads(open(sys.argv[1]).read())):
+    if os.environ["RANK"] == "0":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            agent.set(f"train_each/{i}/port", str(s.getsockname()[1]))
+    os.environ.update(MASTER_PORT=agent.get(f"train_each/{i}/port").decode(), TORCHELASTIC_USE_AGENT_STORE="False")
     train(path, overrides)
     AcceleratorState._reset_state(reset_partial_state=True)
 """
@@ -65,7 +75,7 @@ def two_processes_each(root: Path, configs: dict[str, dict], *overrides: str) ->
     for name, cfg in configs.items():
         paths[name] = root / f"{name}.yaml"
         paths[name].write_text(yaml.safe_dump(cfg))
-        runs.append([str(paths[name]), [*overrides, f"output_dir={root / name / 'p2'}"], str(free_port())])
+        runs.append([str(paths[name]), [*overrides, f"output_dir={root / name / 'p2'}"]])
     (root / "runs.json").write_text(json.dumps(runs))
     script = root / "train_each.py"
     script.write_text(TRAIN_EACH)
