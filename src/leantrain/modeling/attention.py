@@ -9,8 +9,11 @@ transformers' ``attn_implementation`` when the model is loaded or built from its
   LoRA merge check run the fp32 model as it is, which flash-attn cannot compute). Not measured against SDPA on a
   GPU yet (``benchmarks/gpu/check.sh`` measures it); flash-attn is no dependency of leantrain, so ``auto`` picks it
   only where the user installed it;
+- ``leantrain_sdpa``: a CPU run in bf16 / fp16 whose class supports SDPA: SDPA, with the backward of short rows
+  computed with matmuls in fp32, where PyTorch's CPU flash backward is several times slower in half precision
+  (``leantrain.modeling.short_attention``; the same forward, gradients as close to exact as SDPA's own);
 - ``sdpa``: PyTorch's ``scaled_dot_product_attention`` where the class supports it: transformers' own default, so a
-  CPU run (and any run without flash-attn) builds the same model as before the key existed;
+  run in fp32 or on a GPU without flash-attn builds the same model as before the key existed;
 - ``eager``: the class's own matmul-softmax attention, where it has no SDPA (or no attention at all: ConvNeXt, ResNet).
 
 An explicit value is checked the same way: one the model class, the device or the precision cannot run exits 2
@@ -22,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from leantrain.errors import ConfigError
+from leantrain.modeling.short_attention import MAX_SIDE, NAME as SHORT_SDPA
 
 HALF_PRECISIONS = ("bf16", "fp16")  # flash-attn computes in these only
 
@@ -100,6 +104,10 @@ def choose_attention(requested: str, device_type: str, precision: str, flash_ins
     if not flash_missing:
         return "flash_attention_2", (f"auto: CUDA in {precision} with flash_attn installed, and {support.model_class} "
                                      "supports it")
+    if support.sdpa and device_type == "cpu" and precision in HALF_PRECISIONS:
+        return SHORT_SDPA, (f"auto: PyTorch SDPA, the backward of rows of at most {MAX_SIDE} x {MAX_SIDE} scores a head as "
+                            f"matmuls in fp32 (the CPU flash backward is slow in {precision}); not flash attention: "
+                            f"{flash_missing}")
     if support.sdpa:
         return "sdpa", f"auto: PyTorch SDPA; not flash attention: {flash_missing}"
     return "eager", f"auto: {support.model_class} has no SDPA implementation in transformers"

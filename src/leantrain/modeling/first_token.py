@@ -19,7 +19,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-ATTENTION = ("sdpa", "eager")  # the attention functions whose query may be shorter than its keys, checked here
+from leantrain.modeling.short_attention import NAME as SHORT_SDPA
+
+ATTENTION = ("sdpa", "eager", SHORT_SDPA)  # the attention functions whose query may be shorter than its keys, checked here
 
 
 def last_layer(model: nn.Module) -> nn.Module | None:

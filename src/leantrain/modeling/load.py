@@ -22,6 +22,7 @@ from leantrain.modeling.hubcheck import check_model_name
 from leantrain.modeling.head_reuse import needs_remap, remap_head
 from leantrain.modeling.names import PACKAGED_MODEL, packaged_model_path, resolve_model_name  # noqa: F401
 from leantrain.modeling.pad_token import ensure_pad_token, set_model_pad_token
+from leantrain.modeling import short_attention
 from leantrain.modeling.pooling import apply_pooling
 from leantrain.modeling.switches import embeddings_of
 from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch
@@ -128,6 +129,8 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: Task | None = No
     ``leantrain.modeling.attention.choose_attention`` decides it for a run)."""
     task = task or get_task(TEXT)
     auto = task.model_class()
+    if attention == short_attention.NAME:
+        short_attention.register()
     attn = {"attn_implementation": attention} if attention else {}
     config = load_config(cfg)
     check_config_overrides(config, cfg.config_overrides)

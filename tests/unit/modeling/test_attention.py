@@ -12,6 +12,7 @@ from leantrain.errors import ConfigError
 from leantrain.modeling.attention import (AttentionSupport, attention_support, choose_attention, flash_attn_usable,
                                          fp32_uses)
 from leantrain.modeling.load import build_model
+from leantrain.modeling.short_attention import NAME as SHORT_SDPA
 from leantrain.modeling.tasks import TEXT, get_task
 
 LLAMA = AttentionSupport("LlamaForCausalLM", sdpa=True, flash=True)
@@ -23,14 +24,19 @@ def test_auto_every_branch():
     choice, why = choose_attention("auto", "cuda", "bf16", True, LLAMA)
     assert choice == "flash_attention_2" and "flash_attn installed" in why
     assert choose_attention("auto", "cuda", "fp16", True, LLAMA)[0] == "flash_attention_2"
-    for args, missing in [(("cpu", "bf16", True, LLAMA), "CUDA only"),  # what keeps flash attention out, said
-                          (("mps", "fp32", True, LLAMA), "CUDA only"),
+    for args, missing in [(("mps", "fp32", True, LLAMA), "CUDA only"),  # what keeps flash attention out, said
+                          (("cpu", "fp32", True, LLAMA), "CUDA only"),
                           (("cuda", "fp32", True, LLAMA), "bf16 / fp16 only"),
                           (("cuda", "bf16", False, LLAMA), "pip install flash-attn"),
                           (("cuda", "bf16", True, NO_FLASH), "SomeForCausalLM has no flash-attention"),
                           (("cuda", "bf16", True, LLAMA, ("report.sample_prompts",)), "outside autocast")]:
         choice, why = choose_attention("auto", *args)
         assert choice == "sdpa" and why.startswith("auto: PyTorch SDPA") and missing in why, args
+    for precision in ("bf16", "fp16"):  # the CPU in half precision: SDPA with the short rows' matmul backward
+        choice, why = choose_attention("auto", "cpu", precision, True, LLAMA)
+        assert choice == SHORT_SDPA and why.startswith("auto: PyTorch SDPA") and f"slow in {precision}" in why
+        assert "CUDA only" in why
+    assert choose_attention("auto", "cpu", "bf16", False, CONVNEXT)[0] == "eager"
     choice, why = choose_attention("auto", "cpu", "fp32", False, CONVNEXT)
     assert choice == "eager" and "ConvNextForImageClassification has no SDPA" in why
     assert choose_attention("auto", "cuda", "bf16", True, None)[0] is None  # remote code: transformers decides
