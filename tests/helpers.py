@@ -1,7 +1,8 @@
 """Helpers shared by the tests: ``from tests.helpers import write_rows``. Fixtures live in conftest.py.
 
-Paths (the repository, ../shared/data), small CSV data sets, a tiny random BERT built from a config, tiny from-config
-image/audio models, and the pieces of a kill-and-resume run used by more than one test file.
+Paths (the repository, ../shared/data, an FSDD slice), small CSV data sets, a tiny random BERT built from a config,
+tiny from-config image/audio models, the pieces of a kill-and-resume run and of a GRPO run used by more than one test
+file.
 """
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ def shared_data(*parts: str) -> Path:
             pytest.fail(f"shared data not found: {path} ({REQUIRE_SHARED_DATA}={required})", pytrace=False)
         pytest.skip(f"shared data not found: {path} (with {REQUIRE_SHARED_DATA}=1 this is a failure)")
     return path
+
+
+def write_fsdd4(out: Path) -> tuple[Path, Path]:
+    """Digits 0-3 of FSDD, every speaker: repetitions 5-14 to train (240 clips) in out/train.csv, 0-2 held out (72)
+    in out/test.csv (columns file_name, an absolute path, and label)."""
+    import pandas as pd
+
+    root = shared_data("fsdd")
+    meta = pd.read_csv(root / "metadata.csv")
+    meta = meta[meta.label < 4].assign(file_name=[str(root / f) for f in meta[meta.label < 4].file_name])
+    meta[(meta["index"] >= 5) & (meta["index"] < 15)][["file_name", "label"]].to_csv(out / "train.csv", index=False)
+    meta[meta["index"] < 3][["file_name", "label"]].to_csv(out / "test.csv", index=False)
+    return out / "train.csv", out / "test.csv"
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -457,6 +471,49 @@ def set_rows(n: int, seed: int = 0) -> list[dict]:
         r.shuffle(words)
         rows.append({"text": " ".join(words), "labels": labels})
     return rows
+
+
+# ------------------------------------------------------------------------------------------------ GRPO
+
+GRPO_REWARDS = '''
+def has_digit(prompts, completions, completion_ids, **kwargs):
+    return [float(any(ch.isdigit() for ch in c)) for c in completions]
+
+
+def short(completions, answer, **kwargs):
+    """None for an empty completion: no opinion (left out of the reward's mean)."""
+    return [1.0 / (1 + len(c)) if c else None for c in completions]
+
+
+def wrong_length(completions, **kwargs):
+    return [0.0] * min(len(completions), 2)  # right in the dry call on 2 rows, short of one per completion later
+'''
+
+
+def arithmetic_rows(n: int, seed: int) -> list[dict]:
+    r = random.Random(seed)
+    return [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)}
+            for a, b in ((r.randint(0, 9), r.randint(0, 9)) for _ in range(n))]
+
+
+def write_grpo_files(root: Path) -> Path:
+    """root/tok (a tiny chat tokenizer), train.jsonl (12 arithmetic prompts with an ``answer`` column), eval.jsonl
+    (4) and rewards.py (GRPO_REWARDS: reward functions with TRL's signature); returns root."""
+    make_tiny_chat_tokenizer(root / "tok", chat_template=CHATML)
+    write_jsonl(root / "train.jsonl", arithmetic_rows(12, 0))
+    write_jsonl(root / "eval.jsonl", arithmetic_rows(4, 1))
+    (root / "rewards.py").write_text(GRPO_REWARDS)
+    return root
+
+
+def grpo_args(root: Path, out: Path, *extra: str) -> list[str]:
+    """A tiny Llama from a config trained with GRPO on write_grpo_files(root): rewards has_digit and short, G = 4
+    completions of at most 8 tokens, 4 prompts a step in micro-batches of 2, fp32, into ``out``."""
+    rewards = f"grpo.rewards=[{root / 'rewards.py'}:has_digit,{root / 'rewards.py'}:short]"
+    return [*TINY_LLAMA, f"model.tokenizer={root / 'tok'}", "model.task=grpo", f"data.train={root / 'train.jsonl'}",
+            f"data.eval={root / 'eval.jsonl'}", rewards, "grpo.num_generations=4", "grpo.max_new_tokens=8",
+            "train.batch_size=4", "train.micro_batch_size=2", "train.lr=3e-3", "train.log_every_steps=1",
+            "report.plots=false", "report.progress=none", "efficiency.precision=fp32", f"output_dir={out}", *extra]
 
 
 # ------------------------------------------------------------------------------------------------ memory bounds

@@ -1,10 +1,14 @@
 """Test methods for the method seam (``leantrain.modeling.tasks.method_seam``), registered by the tests that use them
-and by the script a multi-process test launches: ``from tests.method_tasks import METERED, register_methods``."""
+and by the workers of a multi-process launch (``two_processes_each(..., prelude=...)``):
+``from tests.method_tasks import METERED, register_methods``."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from leantrain.config.tasks import SPECS, TEXT, task_spec
@@ -59,3 +63,10 @@ def unregister_methods() -> None:
     for name in (METERED, TWO_UPDATES):
         TASKS.pop(name, None)
         SPECS.pop(name, None)
+
+
+def label_mean(out: Path, rows: list[dict]) -> float:
+    """The mean label id of the training ``rows`` of the run in ``out``, by hand: what Metered logs as label_mean over
+    an interval of whole epochs."""
+    label2id = json.loads((out / "model" / "config.json").read_text())["label2id"]
+    return float(np.mean([label2id[r["label"]] for r in rows]))

@@ -67,10 +67,11 @@ for i, (path, overrides) in enumerate(json.loads(open(sys.argv[1]).read())):
 """
 
 
-def two_processes_each(root: Path, configs: dict[str, dict], *overrides: str) -> dict[str, Path]:
+def two_processes_each(root: Path, configs: dict[str, dict], *overrides: str, prelude: str = "") -> dict[str, Path]:
     """Each config written to root/<name>.yaml and trained with ``overrides`` as 2 processes into root/<name>/p2,
     all by one torchrun launch (gloo): its two workers pay their imports once for every config, not once per config.
-    The launch's stderr goes to root/launch.log. Returns name -> the config file."""
+    ``prelude``: Python each worker runs first (registering the test methods of tests/method_tasks.py, say). The
+    launch's stderr goes to root/launch.log. Returns name -> the config file."""
     paths, runs = {}, []
     for name, cfg in configs.items():
         paths[name] = root / f"{name}.yaml"
@@ -78,10 +79,10 @@ def two_processes_each(root: Path, configs: dict[str, dict], *overrides: str) ->
         runs.append([str(paths[name]), [*overrides, f"output_dir={root / name / 'p2'}"]])
     (root / "runs.json").write_text(json.dumps(runs))
     script = root / "train_each.py"
-    script.write_text(TRAIN_EACH)
+    script.write_text(f"{prelude}\n{TRAIN_EACH}")
     r = run([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), str(script),
              str(root / "runs.json")],
-            timeout=900, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+            timeout=900, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]))
     (root / "launch.log").write_text(r.stderr)  # every run's log lines, for the tests that read them
     assert r.returncode == 0, r.stderr[-4000:]
     return paths

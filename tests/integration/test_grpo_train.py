@@ -1,11 +1,11 @@
 """GRPO end to end (``model.task=grpo``): a tiny Llama from a config with a tiny chat tokenizer, arithmetic prompts
 with an ``answer`` column, reward functions in a file with TRL's signature; G = 4 completions of at most 8 tokens.
-One LoRA run (KL against the adapters-off model, two updates per rollout) is shared by most assertions."""
+One LoRA run (KL against the adapters-off model, two updates per rollout) is shared by most assertions. The
+2-process run's global means are tested in test_tasks_distributed.py, in its shared launch."""
 
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -13,57 +13,24 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from leantrain import train
 from leantrain.cli import main
 from leantrain.errors import UserError
 from leantrain.report.logs import read_metrics
-from tests.helpers import (CHATML, TINY_LLAMA, cli_here, make_tiny_chat_tokenizer, model_params, process_env,
-                           train_here, write_jsonl)
+from tests.helpers import cli_here, grpo_args, model_params, process_env, train_here, write_grpo_files
 
-REWARDS = '''
-def has_digit(prompts, completions, completion_ids, **kwargs):
-    return [float(any(ch.isdigit() for ch in c)) for c in completions]
-
-
-def short(completions, answer, **kwargs):
-    """None for an empty completion: no opinion (left out of the reward's mean)."""
-    return [1.0 / (1 + len(c)) if c else None for c in completions]
-
-
-def wrong_length(completions, **kwargs):
-    return [0.0] * min(len(completions), 2)  # right in the dry call on 2 rows, short of one per completion later
-'''
 STEPS = 4
-
-
-def _rows(n: int, seed: int) -> list[dict]:
-    r = random.Random(seed)
-    return [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)}
-            for a, b in ((r.randint(0, 9), r.randint(0, 9)) for _ in range(n))]
-
-
-def _args(root: Path, out: Path, *extra: str) -> list[str]:
-    rewards = f"grpo.rewards=[{root / 'rewards.py'}:has_digit,{root / 'rewards.py'}:short]"
-    return [*TINY_LLAMA, f"model.tokenizer={root / 'tok'}", "model.task=grpo", f"data.train={root / 'train.jsonl'}",
-            f"data.eval={root / 'eval.jsonl'}", rewards, "grpo.num_generations=4", "grpo.max_new_tokens=8",
-            "train.batch_size=4", "train.micro_batch_size=2", "train.lr=3e-3", "train.log_every_steps=1",
-            "report.plots=false", "report.progress=none", "efficiency.precision=fp32", f"output_dir={out}", *extra]
 
 
 @pytest.fixture(scope="module")
 def grpo(tmp_path_factory):
     """(root, the LoRA run's folder, its summary): 4 optimizer steps, 2 per rollout (grpo.num_iterations=2), a KL
     penalty against the model with its adapters off, the loss grpo."""
-    root = tmp_path_factory.mktemp("grpo")
-    make_tiny_chat_tokenizer(root / "tok", chat_template=CHATML)
-    write_jsonl(root / "train.jsonl", _rows(12, 0))
-    write_jsonl(root / "eval.jsonl", _rows(4, 1))
-    (root / "rewards.py").write_text(REWARDS)
+    root = write_grpo_files(tmp_path_factory.mktemp("grpo"))
     out = root / "lora"
-    summary = train(None, _args(root, out, f"train.max_steps={STEPS}", "peft.method=lora", "peft.r=4",
-                                "peft.alpha=8", "grpo.beta=0.04", "grpo.num_iterations=2", "grpo.loss=grpo"))
+    summary = train(None, grpo_args(root, out, f"train.max_steps={STEPS}", "peft.method=lora", "peft.r=4",
+                                    "peft.alpha=8", "grpo.beta=0.04", "grpo.num_iterations=2", "grpo.loss=grpo"))
     return root, out, summary
 
 
@@ -114,18 +81,18 @@ def test_a_reward_of_the_wrong_length_stops_the_run_naming_it_and_the_step(grpo)
     root, _, _ = grpo
     bad = f"grpo.rewards=[{root / 'rewards.py'}:wrong_length]"
     with pytest.raises(UserError, match=r"reward wrong_length at step 1 returned 2 values for 8 completions"):
-        train(None, [*_args(root, root / "bad", "train.max_steps=1"), bad])
+        train(None, [*grpo_args(root, root / "bad", "train.max_steps=1"), bad])
 
 
 def test_grpo_without_rewards_exits_2_naming_the_key(grpo, capsys):
     root, _, _ = grpo
-    assert main(["train", *_args(root, root / "none", "train.max_steps=1"), "grpo.rewards=[]"]) == 2
+    assert main(["train", *grpo_args(root, root / "none", "train.max_steps=1"), "grpo.rewards=[]"]) == 2
     assert "grpo.rewards" in capsys.readouterr().err
 
 
 def _resume_args(root: Path, out: Path) -> list[str]:
-    return _args(root, out, "model.config_overrides.attention_dropout=0.1", "train.epochs=2", "grpo.beta=0.04",
-                 "checkpoint.every_steps=2", "checkpoint.keep=2", "checkpoint.keep_final=2")
+    return grpo_args(root, out, "model.config_overrides.attention_dropout=0.1", "train.epochs=2", "grpo.beta=0.04",
+                     "checkpoint.every_steps=2", "checkpoint.keep=2", "checkpoint.keep_final=2")
 
 
 def _process(root: Path, out: Path, **extra) -> subprocess.CompletedProcess:
@@ -154,22 +121,3 @@ def test_sigkill_mid_run_resumes_bitwise(grpo):
     assert got == want  # bitwise: floats are written with repr
     a, b = model_params(ref_dir), model_params(resumed_dir)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_two_processes_log_the_global_means(grpo, tmp_path):
-    """Greedy sampling (every process generates what one process would): the first step's rollout metrics of 2
-    processes x 1 micro-batch equal one process x 2 micro-batches' (means over both processes' completions)."""
-    root, _, _ = grpo
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump({"grpo": {"temperature": 0.0}}))
-    one = train(cfg, _args(root, tmp_path / "one", "train.max_steps=2"))
-    r = cli_here("train", str(cfg), "--nproc", "2", *_args(root, tmp_path / "two", "train.max_steps=2"))
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert one["train"]["accumulation_steps"] == 2
-    first = [next(x for x in read_metrics(d / "metrics.jsonl") if x["type"] == "train") for d in (tmp_path / "one",
-                                                                                                  tmp_path / "two")]
-    for key in ("reward", "rewards/short/mean", "completions/mean_length", "frac_reward_zero_std"):
-        assert first[1][key] == pytest.approx(first[0][key], rel=1e-6), key
-    assert first[0]["frac_reward_zero_std"] == 1.0  # greedy: every completion of a group the same

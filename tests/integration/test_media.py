@@ -1,6 +1,7 @@
 """Images and audio on slices of ../shared/data (CIFAR-10 subset, FSDD): folder and path-column sources, image file
 checks, and short from-config training runs that must beat chance. Synthetic audio files, processors built from a
-config and task detection are in tests/unit/data/test_media.py."""
+config and task detection are in tests/unit/data/test_media.py; audio on 2 processes == 1 process is tested in
+test_tasks_distributed.py, in its shared launch."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from tests.helpers import TINY_AST, TINY_CONVNEXT, cli_here, shared_data, write_rows
+from tests.helpers import TINY_AST, TINY_CONVNEXT, shared_data, write_fsdd4, write_rows
 from leantrain.cli import main
 from leantrain.config import DataConfig
 from leantrain.data import audio, image
@@ -36,14 +36,7 @@ def cifar4(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def fsdd4(tmp_path_factory) -> tuple[Path, Path]:
     """Digits 0-3 of FSDD, every speaker: repetitions 5-14 to train (240 clips), 0-2 held out (72)."""
-    import pandas as pd
-
-    root, out = shared_data("fsdd"), tmp_path_factory.mktemp("fsdd4")
-    meta = pd.read_csv(root / "metadata.csv")
-    meta = meta[meta.label < 4].assign(file_name=[str(root / f) for f in meta[meta.label < 4].file_name])
-    meta[(meta["index"] >= 5) & (meta["index"] < 15)][["file_name", "label"]].to_csv(out / "train.csv", index=False)
-    meta[meta["index"] < 3][["file_name", "label"]].to_csv(out / "test.csv", index=False)
-    return out / "train.csv", out / "test.csv"
+    return write_fsdd4(tmp_path_factory.mktemp("fsdd4"))
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -147,24 +140,3 @@ def test_audio_model_from_config_trains_and_loads_in_pipeline(tmp_path, fsdd4):
     assert main(["eval", str(out / "model"), f"data.eval={test_csv}", "--output", str(tmp_path / "m.json")]) == 0
     again = json.loads((tmp_path / "m.json").read_text())["eval"]
     assert again["accuracy"] == pytest.approx(summary["eval"]["accuracy"])
-
-
-@pytest.mark.distributed
-def test_two_process_audio_run_equals_one_process(tmp_path, fsdd4):
-    """The same engine for every modality: audio on 2 processes (torchrun, gloo) == 1 process x accumulation 2."""
-    from safetensors.torch import load_file
-
-    from leantrain import train
-
-    train_csv, test_csv = fsdd4
-    args = [*TINY_AST, f"data.train={train_csv}", f"data.eval={test_csv}", "train.max_steps=4", "train.batch_size=8",
-            "train.micro_batch_size=4", "train.lr=3e-3", "efficiency.precision=fp32", "report.plots=false"]
-    one = train(None, [*args, f"output_dir={tmp_path / 'one'}"])
-    r = cli_here("train", "--nproc", "2", *args, f"output_dir={tmp_path / 'two'}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    two = json.loads((tmp_path / "two" / "summary.json").read_text())
-    assert two["distributed"]["world_size"] == 2 and one["train"]["accumulation_steps"] == 2
-    assert two["eval"]["samples"] == 72 and two["eval"]["accuracy"] == one["eval"]["accuracy"]
-    pa, pb = (load_file(tmp_path / d / "model" / "model.safetensors") for d in ("one", "two"))
-    for k in pa:
-        torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=2e-5, msg=k)

@@ -1,7 +1,10 @@
 """Every task keeps the global normalisation: 1 process x accumulation 4 == 2 processes x accumulation 2 (2 CPU
 processes on gloo, fp32; 42 rows with batch 8, so the last batch of 2 leaves micro-batches of padding; 13 eval rows,
 uneven shards): text regression (mse; huber on standardised targets), multi-label, token classification, class
-weights, LoRA and instruction tuning (packed and not); and frozen weights stay untouched under FSDP.
+weights, LoRA and instruction tuning (packed and not); and frozen weights stay untouched under FSDP. Beside them, the
+same engine for every modality and method: audio (an FSDD slice of ../shared/data) on 2 processes == 1 process x
+accumulation 2; GRPO's rollout metrics on 2 processes are the means over both processes' completions, and so are
+the step metrics a method returns beside its loss (a test method of tests/method_tasks.py, registered in the workers).
 
 The 2-process runs of all of them are one torchrun launch whose two workers train the configs in turn
 (``tests.processes.two_processes_each``): a launch costs mostly its workers' imports, paid here once instead of once
@@ -16,9 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from leantrain import train
+from leantrain.config.read import overrides_tree
 from leantrain.report.logs import read_metrics
-from tests.helpers import (CHATML, YES_NO, alpaca_rows, make_tiny_chat_tokenizer, make_tiny_llama, model_params,
-                           ner_rows, score_rows, set_rows, uneven_rows, word_rows, write_jsonl, write_rows)
+from tests.helpers import (CHATML, SHARED_DATA, TINY_AST, YES_NO, alpaca_rows, grpo_args, make_tiny_chat_tokenizer,
+                           make_tiny_llama, model_params, ner_rows, score_rows, set_rows, shared_data, uneven_rows,
+                           word_rows, write_fsdd4, write_grpo_files, write_jsonl, write_rows)
+from tests.method_tasks import METERED, label_mean, register_methods, unregister_methods
 from tests.processes import equals_one_process, two_processes_each
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -62,12 +69,35 @@ def _configs(root: Path, bert: Path, llama: Path) -> dict[str, dict]:
     }
 
 
+def _other_configs(root: Path, bert: Path) -> dict[str, dict]:
+    """The metered test method (16 rows, 2 epochs of 2 steps), GRPO, greedy (every process generates what one process
+    would), and audio on an FSDD slice where ../shared/data has one (else its test skips, or fails where the shared
+    data is required); the last three accumulate 2 on 1 process."""
+    grpo = write_grpo_files(root / "grpo-data")
+    metered = {"train": str(write_rows(root / "metered-train.csv", word_rows(16, 0, max_words=8, words=YES_NO))),
+               "eval": str(write_rows(root / "metered-eval.csv", word_rows(6, 1, max_words=8, words=YES_NO)))}
+    configs = {"grpo": overrides_tree(grpo_args(grpo, root / "grpo" / "p2", "train.max_steps=2",
+                                                "grpo.temperature=0.0")),
+               "metered": {**_config(bert, metered, {"batch_size": 8, "micro_batch_size": 2, "epochs": 2, "lr": 1e-3,
+                                                     "log_every_steps": 2, "seed": 3},
+                                     checkpoint={"every_steps": 1, "keep": 4}),
+                           "model": {"name": str(bert), "task": METERED}}}
+    if (SHARED_DATA / "fsdd").is_dir():
+        (root / "fsdd4").mkdir()
+        train_csv, test_csv = write_fsdd4(root / "fsdd4")
+        configs["audio"] = overrides_tree([*TINY_AST, f"data.train={train_csv}", f"data.eval={test_csv}",
+                                           "train.max_steps=4", "train.batch_size=8", "train.micro_batch_size=4",
+                                           "train.lr=3e-3", "efficiency.precision=fp32", "report.plots=false"])
+    return configs
+
+
 @pytest.fixture(scope="module")
 def two(tmp_path_factory, tiny_bert) -> dict[str, Path]:
     """Every task's config file, its 2-process run already in <config>/p2 (one launch, its log in launch.log)."""
     root = tmp_path_factory.mktemp("tasks-2p")
     llama = make_tiny_llama(root / "llama", make_tiny_chat_tokenizer(root / "tok", chat_template=CHATML))
-    return two_processes_each(root, _configs(root, tiny_bert, llama))
+    return two_processes_each(root, {**_configs(root, tiny_bert, llama), **_other_configs(root, tiny_bert)},
+                              prelude="from tests.method_tasks import register_methods\nregister_methods()")
 
 
 def _eval(*runs: Path) -> list[dict]:
@@ -153,3 +183,48 @@ def test_freezing_under_fsdp_on_two_processes_leaves_the_frozen_weights_untouche
         assert same == (name.startswith(("embeddings.", "encoder.layer.0."))), name
     summary = json.loads((run / "summary.json").read_text())
     assert summary["distributed"]["strategy"] == "fsdp" and summary["model"]["peft"]["frozen"]["embeddings"] > 0
+
+
+@pytest.mark.usefixtures("own_datasets_cache")
+def test_two_process_audio_run_equals_one_process(two):
+    """The same engine for every modality: audio on 2 processes == 1 process x accumulation 2."""
+    from safetensors.torch import load_file
+
+    shared_data("fsdd")
+    one_dir, two_dir = two["audio"].with_suffix("") / "single", two["audio"].with_suffix("") / "p2"
+    one = train(two["audio"], [f"output_dir={one_dir}"])
+    p2 = json.loads((two_dir / "summary.json").read_text())
+    assert p2["distributed"]["world_size"] == 2 and one["train"]["accumulation_steps"] == 2
+    assert p2["eval"]["samples"] == 72 and p2["eval"]["accuracy"] == one["eval"]["accuracy"]
+    pa, pb = (load_file(d / "model" / "model.safetensors") for d in (one_dir, two_dir))
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=2e-5, msg=k)
+
+
+def test_grpo_two_processes_log_the_global_means(two):
+    """Greedy sampling: the first step's rollout metrics of 2 processes x 1 micro-batch equal one process x 2
+    micro-batches' (means over both processes' completions)."""
+    one_dir, two_dir = two["grpo"].with_suffix("") / "single", two["grpo"].with_suffix("") / "p2"
+    one = train(two["grpo"], [f"output_dir={one_dir}"])
+    assert one["train"]["accumulation_steps"] == 2
+    first = [next(x for x in read_metrics(d / "metrics.jsonl") if x["type"] == "train") for d in (one_dir, two_dir)]
+    for key in ("reward", "rewards/short/mean", "completions/mean_length", "frac_reward_zero_std"):
+        assert first[1][key] == pytest.approx(first[0][key], rel=1e-6), key
+    assert first[0]["frac_reward_zero_std"] == 1.0  # greedy: every completion of a group the same
+
+
+def test_a_methods_step_metrics_are_the_means_over_both_processes(two):
+    """2 processes x accumulation 2: the logged step metrics are the means over both processes' rows."""
+    path = two["metered"]
+    single, out = path.with_suffix("") / "single", path.with_suffix("") / "p2"
+    assert json.loads((out / "summary.json").read_text())["train"]["accumulation_steps"] == 2
+    register_methods()
+    try:
+        train(path, [f"output_dir={single}"])
+    finally:
+        unregister_methods()
+    rows = word_rows(16, 0, max_words=8, words=YES_NO)
+    records = [[r for r in read_metrics(d / "metrics.jsonl") if r["type"] == "train"] for d in (single, out)]
+    for a, b in zip(*records, strict=True):
+        assert b["label_mean"] == pytest.approx(label_mean(out, rows), rel=1e-6)
+        assert b["ce"] == pytest.approx(a["ce"], rel=1e-5) and b["ce"] == pytest.approx(b["loss"], rel=1e-5)

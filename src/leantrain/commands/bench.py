@@ -145,16 +145,22 @@ def run_bench(source: str | None, overrides: list[str], sweeps: list[str], *, ro
     for v in runnable:
         if not v.summaries:
             v.error = v.failures[0]
-    rows = [row_of(v) for v in variants]
-    result = {"command": " ".join(["leantrain", "bench", *([source] if source else []), *overrides,
-                                   *(f"--sweep {s}" for s in sweeps), f"--rounds {repeat}"]),
-              "output_dir": str(out), "rounds": repeat, "repeat": repeat, "order": "interleaved",
-              "rows": bench_report.add_noise(bench_report.add_ratios(rows))}
+    command = " ".join(["leantrain", "bench", *([source] if source else []), *overrides,
+                        *(f"--sweep {s}" for s in sweeps), f"--rounds {repeat}"])
+    result = result_of(variants, command, out, repeat)
     out.mkdir(parents=True, exist_ok=True)
     bench_report.write_all(result, out)
     echo(bench_report.format_table(result["rows"]))
     echo(f"wrote {out / 'bench.csv'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)
     return result
+
+
+def result_of(variants: list[Variant], command: str, out: Path, rounds: int) -> dict:
+    """What bench.json holds: a row per variant (its medians over the rounds that ran, ratios to the baseline, whether
+    its speed differs from the baseline's beyond the spread) and how it was measured."""
+    rows = bench_report.add_noise(bench_report.add_ratios([row_of(v) for v in variants]))
+    return {"command": command, "output_dir": str(out), "rounds": rounds, "repeat": rounds, "order": "interleaved",
+            "rows": rows}
 
 
 def row_of(v: Variant) -> dict:

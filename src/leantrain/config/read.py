@@ -68,6 +68,15 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def overrides_tree(overrides: list[str]) -> dict[str, Any]:
+    """``["train.lr=3e-5", ...]`` -> ``{"train": {"lr": 3e-5}, ...}``: the mapping a YAML file with them would hold."""
+    tree: dict[str, Any] = {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(tree, key, value)
+    return tree
+
+
 def _flatten(tree: dict[str, Any], prefix: str = "") -> list[str]:
     out = []
     for k, v in tree.items():
@@ -143,10 +152,7 @@ def resolve(
     else:
         tree, where = {}, "defaults"
     _check_keys(tree, where)
-    over: dict[str, Any] = {}
-    for text in overrides or []:
-        key, value = parse_override(text)
-        _set_dotted(over, key, value)
+    over = overrides_tree(overrides or [])
     _check_keys(over, "overrides")
     for key in _flatten(over):
         node = over

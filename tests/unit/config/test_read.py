@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from leantrain.config import resolve
-from leantrain.config.read import describe_keys, parse_override
+from leantrain.config.read import describe_keys, overrides_tree, parse_override
 from leantrain.config.metric_names import check_metric, lower_is_better, metric_names
 from leantrain.config.problem_type import check_problem_type
 from leantrain.config.strict_yaml import DuplicateKeyError, safe_load_strict
@@ -29,6 +29,15 @@ def test_parse_override(text, expected):
 def test_parse_override_rejects(text, match):
     with pytest.raises(ConfigError, match=match):
         parse_override(text)
+
+
+def test_overrides_as_the_mapping_a_config_file_would_hold(tmp_path):
+    overrides = ["train.lr=0.5", "model.config_overrides.depths=[1,1]", "model.config_type=vit", "output_dir=x"]
+    tree = overrides_tree(overrides)
+    assert tree == {"train": {"lr": 0.5}, "model": {"config_overrides": {"depths": [1, 1]}, "config_type": "vit"},
+                    "output_dir": "x"}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tree))
+    assert resolve(tmp_path / "c.yaml") == resolve(None, overrides)
 
 
 def test_override_into_a_value_or_onto_a_section_is_refused():

@@ -1,15 +1,12 @@
 """The method seam through the real loop: step metrics a method returns beside its loss are logged as exact means over
-micro-batches, steps and processes (only at logging steps); batches a method makes, with a device count and two
-updates each, train exactly as two plain optimizer steps on them."""
+micro-batches and steps (only at logging steps; over processes: test_tasks_distributed.py, in its shared launch);
+batches a method makes, with a device count and two updates each, train exactly as two plain optimizer steps on them."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
@@ -20,10 +17,7 @@ from leantrain.engine.step import add_step_metrics, step_metric_means, train_ste
 from leantrain.modeling.tasks import get_task
 from leantrain.report.logs import read_metrics
 from tests.helpers import YES_NO, model_params, text_batch, word_rows, write_rows
-from tests.method_tasks import METERED, TWO_UPDATES, TwoUpdates, register_methods, unregister_methods
-from tests.processes import BIN, free_port, run
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.method_tasks import METERED, TWO_UPDATES, TwoUpdates, label_mean, register_methods, unregister_methods
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +49,6 @@ def _train_records(out: Path) -> list[dict]:
     return [r for r in read_metrics(out / "metrics.jsonl") if r["type"] == "train"]
 
 
-def _label_mean(out: Path, rows: list[dict]) -> float:
-    """The mean label id of the training rows, by hand (every logged interval here is one whole epoch)."""
-    label2id = json.loads((out / "model" / "config.json").read_text())["label2id"]
-    return float(np.mean([label2id[r["label"]] for r in rows]))
-
-
 def test_step_metrics_are_logged_as_exact_means_at_logging_steps_only(methods, job, capfd):
     path, tmp, rows = job
     out = tmp / "micro2"
@@ -70,9 +58,9 @@ def test_step_metrics_are_logged_as_exact_means_at_logging_steps_only(methods, j
     records = _train_records(out)
     assert [r["step"] for r in records] == [2, 4]  # log_every_steps=2: nothing written at steps 1 and 3
     for r in records:  # each logged interval is one epoch: every row once, the rows' mean exact
-        assert r["label_mean"] == pytest.approx(_label_mean(out, rows), rel=1e-6)
+        assert r["label_mean"] == pytest.approx(label_mean(out, rows), rel=1e-6)
         assert r["ce"] == pytest.approx(r["loss"], rel=1e-5)  # the same sum over the same count as the loss
-    expected = f"label_mean={_label_mean(out, rows):.4g}"
+    expected = f"label_mean={label_mean(out, rows):.4g}"
     assert len(shown) == 2 and all(expected in line and "ce=" not in line for line in shown)  # as the method names
 
 
@@ -118,27 +106,6 @@ def test_the_logged_metrics_do_not_depend_on_the_accumulation(methods, job, micr
     for a, b in zip(_train_records(reference), _train_records(out), strict=True):
         assert a["label_mean"] == b["label_mean"]
         assert a["ce"] == pytest.approx(b["ce"], rel=1e-5)
-
-
-@pytest.mark.distributed
-def test_two_processes_log_the_global_mean(methods, job):
-    """2 processes x accumulation 2 (torchrun, gloo): the logged metrics are the means over both processes' rows."""
-    path, tmp, rows = job
-    script = tmp / "train_metered.py"
-    script.write_text("import sys\nfrom tests.method_tasks import register_methods\nregister_methods()\n"
-                      "from leantrain import train\ntrain(sys.argv[1], sys.argv[2:])\n")
-    out = tmp / "p2"
-    r = run([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), str(script),
-             str(path), f"output_dir={out}"],
-            PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert json.loads((out / "summary.json").read_text())["train"]["accumulation_steps"] == 2
-    single = tmp / "micro2"
-    if not single.exists():
-        train(path, [f"output_dir={single}"])
-    for a, b in zip(_train_records(single), _train_records(out), strict=True):
-        assert b["label_mean"] == pytest.approx(_label_mean(out, rows), rel=1e-6)
-        assert b["ce"] == pytest.approx(a["ce"], rel=1e-5) and b["ce"] == pytest.approx(b["loss"], rel=1e-5)
 
 
 def test_made_batches_with_a_device_count_and_two_updates_are_two_plain_steps(methods, job, tiny_bert):

@@ -3,7 +3,9 @@ spreads overlap, and a chart that says what was measured how often (fabricated m
 
 import json
 
-from leantrain.commands.bench import DEFAULT_ROUNDS, Variant, row_of
+from pathlib import Path
+
+from leantrain.commands.bench import DEFAULT_ROUNDS, Variant, result_of
 from leantrain.report import bench_report
 
 
@@ -19,7 +21,7 @@ def _rows(measured: dict[str, list[float]]):
         v = Variant([label])
         v.summaries = [_summary(x) for x in values]
         variants.append(v)
-    return bench_report.add_noise(bench_report.add_ratios([row_of(v) for v in variants]))
+    return result_of(variants, "leantrain bench", Path("bench"), max(map(len, measured.values())))["rows"]
 
 
 def test_spread_and_within_noise_when_ranges_overlap():
