@@ -49,7 +49,7 @@ def assert_same_training(a: Path, b: Path, atol: float = 2e-5) -> None:
 # picked by rank 0 just before the run and handed to rank 1 through the agent's store: a port picked when the launch
 # starts could be taken meanwhile (by another test's store), and rank 1 would then meet the wrong store.
 TRAIN_EACH = """\
-import json, os, socket, sys
+import faulthandler, json, os, socket, sys
 from datetime import timedelta
 from torch.distributed import TCPStore
 from accelerate.state import AcceleratorState
@@ -57,6 +57,7 @@ from leantrain import train
 agent = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                  timeout=timedelta(minutes=10))
 for i, (path, overrides) in enumerate(json.loads(open(sys.argv[1]).read())):
+    faulthandler.dump_traceback_later(120)  # a run that hangs prints where each rank is, into launch.log
     if os.environ["RANK"] == "0":
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -64,6 +65,7 @@ for i, (path, overrides) in enumerate(json.loads(open(sys.argv[1]).read())):
     os.environ.update(MASTER_PORT=agent.get(f"train_each/{i}/port").decode(), TORCHELASTIC_USE_AGENT_STORE="False")
     train(path, overrides)
     AcceleratorState._reset_state(reset_partial_state=True)
+    faulthandler.cancel_dump_traceback_later()
 """
 
 

@@ -159,9 +159,11 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     micro = cfg.train.micro_batch_size if isinstance(cfg.train.micro_batch_size, int) else per_process
     if per_process % micro:
         micro = max(d for d in divisors_desc(per_process) if d <= micro)
-    model, trainable = apply_trainable(build_model(cfg.model, data.label_names, data.task), cfg.model, cfg.peft)
+    choices = resolve_model_choices(cfg, data.task, device.type, precision)  # the attention and casts train uses
+    model, trainable = apply_trainable(build_model(cfg.model, data.label_names, data.task,
+                                                   attention=choices.attention), cfg.model, cfg.peft)
     model = model.to(device)  # LoRA (peft.*) and model.freeze as the run applies them
-    log.info(resolve_model_choices(cfg, data.task, device.type, precision).apply_recast(model))  # as train does
+    log.info(choices.apply_recast(model))  # as train does
     chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # as train does; causal LMs only
     if chunked:
         log.info(chunked)

@@ -75,8 +75,10 @@ class ModelConfig(Section):
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto", description="transformers' attention implementation: auto = flash_attention_2 on CUDA in bf16/fp16 "
         "where the flash_attn package is installed and the model supports it (not with report.sample_prompts or a "
-        "merged LoRA, whose passes run the fp32 model outside autocast), else sdpa (PyTorch's fused attention, "
-        "transformers' default) where the model has it, else eager; the log says why. An explicit value the model, "
+        "merged LoRA, whose passes run the fp32 model outside autocast); on the CPU in bf16/fp16, leantrain_sdpa "
+        "(SDPA whose backward of short rows is computed with matmuls in fp32: the CPU flash backward is slow there); "
+        "else sdpa (PyTorch's fused attention, transformers' default) where the model has it, else eager; the log "
+        "says why. An explicit value the model, "
         "device or precision cannot run exits 2"
     )
 
