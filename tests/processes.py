@@ -46,8 +46,9 @@ def assert_same_training(a: Path, b: Path, atol: float = 2e-5) -> None:
 
 # One torchrun launch, its 2 workers training several configs in turn: each run's process group meets at a store of
 # its own (the agent's store still holds the last group's keys), and Accelerate forgets the ended group. Its port is
-# picked by rank 0 just before the run and handed to rank 1 through the agent's store: a port picked when the launch
-# starts could be taken meanwhile (by another test's store), and rank 1 would then meet the wrong store.
+# picked by rank 0 just before the run and handed to rank 1 through the agent's store (not minutes before, when the
+# launch starts). Twice in CI rank 1 never joined the third run's store (rank 0 timed out after 300 s); the cause is
+# not known yet, so a run that takes over 2 minutes prints every thread's stack of both ranks into launch.log.
 TRAIN_EACH = """\
 import faulthandler, json, os, socket, sys
 from datetime import timedelta
