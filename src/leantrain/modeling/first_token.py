@@ -21,7 +21,7 @@ from torch import nn
 
 from leantrain.modeling.short_attention import NAME as SHORT_SDPA
 
-ATTENTION = ("sdpa", "eager", SHORT_SDPA)  # the attention functions whose query may be shorter than its keys, checked here
+ATTENTION = ("sdpa", "eager", SHORT_SDPA)  # the attention functions whose query may be shorter than its keys
 
 
 def last_layer(model: nn.Module) -> nn.Module | None:

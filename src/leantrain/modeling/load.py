@@ -18,11 +18,11 @@ import torch
 
 from leantrain.config import Config, ModelConfig
 from leantrain.errors import ConfigError, UserError
+from leantrain.modeling import short_attention
 from leantrain.modeling.hubcheck import check_model_name
 from leantrain.modeling.head_reuse import needs_remap, remap_head
 from leantrain.modeling.names import PACKAGED_MODEL, packaged_model_path, resolve_model_name  # noqa: F401
 from leantrain.modeling.pad_token import ensure_pad_token, set_model_pad_token
-from leantrain.modeling import short_attention
 from leantrain.modeling.pooling import apply_pooling
 from leantrain.modeling.switches import embeddings_of
 from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch

@@ -76,8 +76,9 @@ def takes_short_backward(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     plain = not any(kwargs.get(k) for k in ("position_bias", "softcap", "output_attentions", "s_aux", "sinks"))
     shape_ok = query.shape[-1] == key.shape[-1] == value.shape[-1] and query.shape[2] * key.shape[2] <= MAX_SCORES
     mask_ok = mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 if mask is not None else True
+    dtypes = {compute_dtype(t) for t in (query, key, value)}
     return (grads and plain and shape_ok and mask_ok and dropout == 0.0 and query.device.type == "cpu"
-            and compute_dtype(query) in HALF and compute_dtype(key) == compute_dtype(value) == compute_dtype(query))
+            and len(dtypes) == 1 and dtypes <= set(HALF))
 
 
 def boolean_mask(module, query: torch.Tensor, key: torch.Tensor, attention_mask, is_causal: bool | None):
