@@ -106,8 +106,8 @@ def choose_attention(requested: str, device_type: str, precision: str, flash_ins
                                      "supports it")
     if support.sdpa and device_type == "cpu" and precision in HALF_PRECISIONS:
         return SHORT_SDPA, (f"auto: PyTorch SDPA, the backward of rows of at most {MAX_SIDE} x {MAX_SIDE} scores a "
-                            f"head as matmuls in fp32 (the CPU flash backward is slow in {precision}); not flash "
-                            f"attention: {flash_missing}")
+                            f"head as matmuls in fp32 (the CPU flash backward is slow in {precision}; calls with "
+                            f"attention dropout keep SDPA's); not flash attention: {flash_missing}")
     if support.sdpa:
         return "sdpa", f"auto: PyTorch SDPA; not flash attention: {flash_missing}"
     return "eager", f"auto: {support.model_class} has no SDPA implementation in transformers"
