@@ -2,12 +2,13 @@
 
 One prefill forward of the N left-padded prompts (position ids from the attention mask, so absolute-position models
 such as GPT-2 see each prompt start at 0), the KV cache and the last prompt logits then repeated G times per prompt
-(``Cache.batch_repeat_interleave``: the prompts are encoded once, not G times), then decoding token by token with the
-cache. Sampling is HF's: fp32 logits / temperature, then top-k, then top-p (the smallest set of tokens whose
-probability reaches ``top_p``, at least one), then one draw per row (``draw``: one uniform number per row) with the
-caller's generator (loop state, so a resumed run draws the same tokens); temperature 0 is greedy. A row stops at its
-first EOS (any of ``eos_ids``): later positions are ``pad_id`` with mask 0; decoding stops when every row has stopped
-or at ``max_new_tokens``.
+(the prompts are encoded once, not G times) into a cache with room reserved for every new token, kept in the dtype
+attention reads (``reserved_cache``: no copy of the whole cache per token, no cast of it per token under autocast),
+then decoding token by token with the cache. Sampling is HF's: fp32 logits / temperature, then top-k, then top-p (the
+smallest set of tokens whose probability reaches ``top_p``, at least one), then one draw per row (``draw``: one
+uniform number per row) with the caller's generator (loop state, so a resumed run draws the same tokens); temperature
+0 is greedy. A row stops at its first EOS (any of ``eos_ids``): later positions are ``pad_id`` with mask 0; decoding
+stops when every row has stopped or at ``max_new_tokens``.
 
 The model is used as it is: the DDP wrapper's ``.module``, peft's LoRA model with its adapters active, under
 whatever autocast the caller opened; in eval mode under ``no_grad`` (the mode restored after), no copy of the
@@ -26,6 +27,7 @@ from typing import Callable
 import torch
 
 from leantrain.errors import ConfigError, UserError
+from leantrain.modeling.reserved_cache import reserve
 from leantrain.modeling.tasks.preference import frozen_forward, unwrapped
 
 
@@ -57,7 +59,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_
     eos = torch.as_tensor(list(eos_ids), dtype=torch.long, device=prompt_ids.device)
     with frozen_forward(model), casts_kept(model):
         logits, cache = prefill(model, prompt_ids, prompt_mask)
-        cache.batch_repeat_interleave(num_generations)
+        reserve(cache, num_generations, capacity=prompt_ids.shape[1] + sampling.max_new_tokens)
         logits = logits.repeat_interleave(num_generations, dim=0)
         mask = prompt_mask.long().repeat_interleave(num_generations, dim=0)
         return decode(model, logits, cache, mask, sampling, eos, pad_id, generator)
@@ -127,7 +129,8 @@ def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | 
     """One token per row: the argmax at temperature 0, else a draw from the filtered distribution."""
     if sampling.temperature == 0:
         return logits.argmax(-1)
-    return draw(filtered(logits / sampling.temperature, sampling.top_k, sampling.top_p).softmax(-1), generator)
+    scaled = logits if sampling.temperature == 1 else logits / sampling.temperature  # the same values: one pass less
+    return draw(filtered(scaled, sampling.top_k, sampling.top_p).softmax(-1), generator)
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

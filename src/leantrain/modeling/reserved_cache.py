@@ -1,0 +1,68 @@
+"""A KV cache for decoding: room reserved once for every position, written in place, in the dtype attention reads.
+
+transformers' ``DynamicLayer`` grows by concatenation: every decoded token copies the whole cache of every layer
+(``torch.cat`` of the keys and of the values), so decoding C tokens after a P-token prompt copies the cache C times.
+Under a CPU autocast the keys also stay in fp32 (the rotary embedding multiplies the bf16 projections by fp32 cos /
+sin) and SDPA casts the whole key cache to bf16 again at every token. ``reserve`` turns the layers of a filled
+``DynamicCache`` into ``ReservedLayer``s: a buffer of ``capacity`` positions per layer, the prompt's keys and values
+copied in (each row repeated ``repeats`` times: the G samples of a prompt share its prefill), each new token written
+at its place; attention reads a view of the filled positions. Under an autocast they are stored in its dtype (what
+SDPA and eager attention's matmuls cast them to: attention sees the same values bit for bit), else as they are.
+
+Only plain ``DynamicLayer``s are reserved; a cache with any other layer (sliding window, quantized, linear attention)
+is repeated with ``batch_repeat_interleave`` and left as it is.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+
+class ReservedLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys and values are views of buffers reserved for ``capacity`` positions."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, repeats: int, capacity: int,
+                 dtype: torch.dtype | None):
+        super().__init__()
+        self.device, self.is_initialized = keys.device, True
+        self._buffers = tuple(self._reserve(t, repeats, capacity, dtype) for t in (keys, values))
+        self._length = keys.shape[-2]
+        self._view()
+
+    @staticmethod
+    def _reserve(t: torch.Tensor, repeats: int, capacity: int, dtype: torch.dtype | None) -> torch.Tensor:
+        b, h, n, d = t.shape
+        buffer = t.new_empty((b * repeats, h, capacity, d), dtype=dtype or t.dtype)
+        buffer.view(b, repeats, h, capacity, d)[:, :, :, :n].copy_(t[:, None])  # row i*G + j is prompt i's
+        return buffer
+
+    def _view(self) -> None:
+        self.keys, self.values = (b[:, :, :self._length] for b in self._buffers)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        start, end = self._length, self._length + key_states.shape[-2]
+        if end > self._buffers[0].shape[2]:
+            raise RuntimeError(f"the reserved KV cache holds {self._buffers[0].shape[2]} positions; {end} asked")
+        for buffer, new in zip(self._buffers, (key_states, value_states)):
+            buffer[:, :, start:end].copy_(new)
+        self._length = end
+        self._view()
+        return self.keys, self.values
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("a reserved layer is repeated when it is made (reserve's repeats)")
+
+
+def reserve(cache, repeats: int, capacity: int):
+    """``cache`` (a filled ``DynamicCache``) with each row repeated ``repeats`` times and room for ``capacity``
+    positions in all, in the open autocast's dtype if any, in place; returns it (module docstring)."""
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
+        cache.batch_repeat_interleave(repeats)
+        return cache
+    device = layers[0].keys.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    for i, layer in enumerate(layers):
+        layers[i] = ReservedLayer(layer.keys, layer.values, repeats, capacity, dtype)
+    return cache
