@@ -519,7 +519,20 @@ def grpo_args(root: Path, out: Path, *extra: str) -> list[str]:
 # ------------------------------------------------------------------------------------------------ memory bounds
 
 
-class LargestTensor:
+class _DispatchRecorder:
+    """A context manager around a TorchDispatchMode (``self.mode``) that records what the operations under it do."""
+
+    mode: object
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+class LargestTensor(_DispatchRecorder):
     """A TorchDispatchMode (as a context manager) that records the largest tensor any operation creates (bytes) and
     the most rows an embedding lookup reads (``rows``): what a pass allocates at its widest. Fake tensors (a memory
     estimate's) allocate nothing and are left out."""
@@ -544,9 +557,24 @@ class LargestTensor:
 
         self.mode = Mode()
 
-    def __enter__(self):
-        self.mode.__enter__()
-        return self
 
-    def __exit__(self, *exc):
-        return self.mode.__exit__(*exc)
+class WeightCasts(_DispatchRecorder):
+    """A TorchDispatchMode (as a context manager) that counts the fp32 -> bf16 casts of 2-D tensors (weights) made
+    under it (``count``)."""
+
+    def __init__(self):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        record = self
+        self.count = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if func is torch.ops.aten._to_copy.default and args[0].dim() == 2 and \
+                        args[0].dtype == torch.float32 and kwargs.get("dtype") == torch.bfloat16:
+                    record.count += 1
+                return func(*args, **kwargs)
+
+        self.mode = Mode()

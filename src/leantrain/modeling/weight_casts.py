@@ -93,6 +93,8 @@ class RecastLinear(nn.Linear):
         dtype = recast_dtype(self, x)
         if dtype is None:
             return F.linear(x, self.weight, self.bias)
+        if not x.numel():  # no rows (an empty ``logits_to_keep``): nothing to cast the weight for
+            return x.new_zeros((*x.shape[:-1], self.out_features), dtype=dtype)
         return _RecastLinear.apply(x, self.weight, dtype)
 
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from leantrain.modeling.chunked_loss import install_chunked_loss, labels_for_loss, per_token_losses
 from leantrain.modeling.weight_casts import RecastLinear, install_recast
+from tests.helpers import WeightCasts
 from tests.tiny_models import loss_batch, loss_llama
 
 
@@ -89,6 +90,17 @@ def test_the_forward_keeps_no_bf16_copy_of_the_weights_and_one_of_a_shared_input
     # (lm_head reads its input alone)
     shared = 2 * ids.numel() * plain.config.hidden_size * 3 * plain.config.num_hidden_layers
     assert saved_bytes(plain, ids) - saved_bytes(recast, ids) == casts + shared
+
+
+def test_no_rows_no_cast():
+    """An empty input (GRPO's prompt forward keeps no logits) gives an empty output without casting the weight."""
+    layer = nn.Linear(8, 300, bias=False)
+    assert install_recast(layer) == 1
+    with torch.autocast("cpu", dtype=torch.bfloat16), WeightCasts() as casts:
+        empty = layer(torch.randn(2, 0, 8))
+        assert casts.count == 0 and empty.shape == (2, 0, 300) and empty.dtype == torch.bfloat16
+        layer(torch.randn(2, 1, 8))
+    assert casts.count == 1
 
 
 def test_outside_a_training_forward_under_autocast_it_is_the_plain_linear():

@@ -4,11 +4,13 @@ each prompt encoded once for its G completions where the model allows it.
 A training micro-batch holds N left-padded prompts and their N*G right-padded completions (``grpo_rollout``). Two
 ways to the same numbers (tested equal, ``tests/unit/modeling/tasks/test_grpo_forward.py``):
 
-- **shared prompts** (``shares_prompts``): one forward of the N prompts with the KV cache, the cache and the last
-  prompt logits repeated G times (``Cache.batch_repeat_interleave``, differentiable: the completions' gradients flow
-  back into the prompt's keys and values), then one forward of the completions on that cache. The prompt tokens go
-  through the model once instead of G times: with 36-token prompts, 16-token completions and G = 8 the forward and
-  backward see 652 tokens instead of 1,664, and keep that many positions' activations.
+- **shared prompts** (``shares_prompts``): one forward of the N prompts but their last token with the KV cache and
+  no output layer, the cache repeated G times (``Cache.batch_repeat_interleave``, differentiable: the completions'
+  gradients flow back into the prompt's keys and values), then one forward of each prompt's last token and its
+  completion on that cache, the output layer run once on those positions. The prompt tokens go through the model
+  once instead of G times: with 36-token prompts, 16-token completions and G = 8 the forward and backward see 652
+  tokens instead of 1,664, and keep that many positions' activations; the output layer (a 49k x 576 weight for
+  SmolLM2) runs in one forward and one backward, not two (its weight cast, gradient and accumulation once).
 - **concatenated rows**: each completion after its (left-padded) prompt, N*G rows, position ids from the mask; the
   output layer on the completion positions alone (``logits_to_keep``). Taken when the forward cannot carry a cache
   through its backward: gradient checkpointing (transformers drops the cache under it; a recompute would append to
@@ -71,28 +73,30 @@ def completion_losses(task, model: nn.Module, batch: dict, entropy: bool = False
 
 
 def shared(model: nn.Module, batch: dict, entropy: bool):
-    """The prompts encoded once, their cache repeated for the G completions (module docstring). Completion token 0
-    comes from the prompts' last logits; the others from the completions' forward, through the chunked output layer
-    when it is installed (no entropy then), else from its logits, the last completion token left out (it predicts
-    nothing)."""
+    """The prompts but their last token encoded once, their cache repeated for the G completions, then one forward of
+    each prompt's last token and its completion on that cache: position 0 (the prompt's last token) predicts
+    completion token 0, position j completion token j. The output layer runs on the completion forward's positions
+    alone (the prompt forward keeps no logits: an empty ``logits_to_keep``), through the chunked output layer when
+    it is installed (no entropy then), else from its logits. The prompts are left-padded, so their last column is
+    each real prompt's last token."""
     g, prompt_mask, labels = group_size(batch), batch[PROMPT_MASK].long(), batch[COMPLETION_LABELS]
-    out = model(input_ids=batch[PROMPT_IDS], attention_mask=prompt_mask, position_ids=positions(prompt_mask),
-                use_cache=True, logits_to_keep=1)  # the chunked layer, given no labels, gives these logits as they are
-    losses, spread = target_losses(out.logits[:, -1:].repeat_interleave(g, dim=0), labels[:, :1], entropy)
-    if labels.shape[1] == 1:
-        return losses, spread
-    cache = out.cache
-    cache.batch_repeat_interleave(g)
-    prompt_mask = prompt_mask.repeat_interleave(g, dim=0)
+    head, head_mask = batch[PROMPT_IDS][:, :-1], prompt_mask[:, :-1]
+    cache = None
+    if head.shape[1]:
+        none = torch.zeros(0, dtype=torch.long, device=head.device)  # no output layer on the prompts
+        cache = model(input_ids=head, attention_mask=head_mask, position_ids=positions(head_mask), use_cache=True,
+                      logits_to_keep=none).cache
+        cache.batch_repeat_interleave(g)
     chunked = chunked_layer(model) is not None
     keep = labels.shape[1] if chunked else labels.shape[1] - 1  # the chunked layer shifts the labels itself
-    ids, mask = batch[COMPLETION_IDS][:, :keep], batch[COMPLETION_MASK][:, :keep]
-    inputs = {"input_ids": ids, "attention_mask": torch.cat([prompt_mask, mask.long()], dim=1),
-              "position_ids": prompt_mask.sum(-1, keepdim=True) + torch.arange(ids.shape[1], device=ids.device),
-              "cache": cache, "use_cache": True}
-    if chunked:  # per-token losses of completion tokens 1.. from the chunked layer
-        with labels_for_loss(model, labels):
-            rest, more = per_token_losses(model(**inputs), labels), None
-    else:
-        rest, more = target_losses(model(**inputs).logits, labels[:, 1:], entropy)
-    return torch.cat([losses, rest], dim=1), None if spread is None or more is None else torch.cat([spread, more], 1)
+    last = batch[PROMPT_IDS][:, -1:].repeat_interleave(g, dim=0)
+    ids = torch.cat([last, batch[COMPLETION_IDS][:, :keep]], dim=1)
+    mask = torch.cat([prompt_mask.repeat_interleave(g, dim=0), batch[COMPLETION_MASK][:, :keep].long()], dim=1)
+    start = head_mask.sum(-1, keepdim=True).repeat_interleave(g, dim=0)
+    inputs = {"input_ids": ids, "attention_mask": mask, "cache": cache, "use_cache": True,
+              "position_ids": start + torch.arange(ids.shape[1], device=ids.device)}
+    if chunked:  # the chunked layer's per-token losses of the shifted labels: completion tokens 0..
+        shifted = torch.cat([torch.full_like(last, IGNORE), labels], dim=1)
+        with labels_for_loss(model, shifted):
+            return per_token_losses(model(**inputs), shifted), None
+    return target_losses(model(**inputs).logits, labels, entropy)

@@ -91,17 +91,19 @@ def test_shared_prompts_give_the_numbers_of_the_concatenated_rows(bf16, mask_tru
     context = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else nullcontext
     batch = rows(mask_truncated)
     assert F.shares_prompts(model)
-    seen = []
+    seen, heads = [], []
     hook = model.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    head_hook = model.lm_head.register_forward_hook(lambda m, i, o: heads.append(i[0].shape[:2]))
     with context():
         shared = task.token_logps(model, batch).detach()
         ref_shared = task.reference_logps(model, batch)
-    # each prompt once, then the completions (but their last token, which predicts nothing: the chunked layer shifts
-    # its labels itself and takes every one)
-    assert seen == [(2, 5), (4, 4 if chunked else 3)]
+    # each prompt but its last token once, then the prompt's last token and its completion (but the completion's last
+    # token, which predicts nothing: the chunked layer shifts its labels itself and takes every one); the output layer
+    # on no prompt position
+    assert seen[:2] == [(2, 4), (4, 5 if chunked else 4)] and heads[0] == (2, 0)
     batch = {**batch, "old_logps": shared - 0.3, "ref_logps": ref_shared + 0.05}  # the policy moved: some ratios clip
     got = step(task, model, batch, context)
-    hook.remove()
+    hook.remove(), head_hook.remove()
     monkeypatch.setattr(F, "shares_prompts", lambda model: False)
     with context():
         concatenated = task.token_logps(model, batch).detach()

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from leantrain.errors import UserError
 from leantrain.modeling.tasks.grpo_generation import Sampling, backend, draw, filtered, generate, positions, prefill
+from tests.helpers import WeightCasts
 from tests.tiny_models import loss_llama, tiny_gpt2
 
 EOS, PAD = 2, 0
@@ -131,21 +131,6 @@ def test_bf16_autocast_is_the_callers():
     assert rollout.completion_ids.dtype == torch.long and rollout.completion_ids.shape == (6, 4)
 
 
-class Casts(TorchDispatchMode):
-    """Counts the fp32 -> bf16 casts of 2-D tensors (weights) made under it."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.ops.aten._to_copy.default and args[0].dim() == 2 and args[0].dtype == torch.float32 \
-                and kwargs.get("dtype") == torch.bfloat16:
-            self.count += 1
-        return func(*args, **kwargs)
-
-
 @pytest.mark.parametrize("sampling", [GREEDY, Sampling(8)], ids=["greedy", "sampled"])
 def test_lora_frozen_weights_are_cast_once_and_the_tokens_are_the_same(sampling):
     from peft import LoraConfig, get_peft_model
@@ -157,7 +142,7 @@ def test_lora_frozen_weights_are_cast_once_and_the_tokens_are_the_same(sampling)
     linears = sum(isinstance(m, torch.nn.Linear) for m in lora.modules())  # LoRA's A and B layers included
 
     def run(cache: bool):
-        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache), Casts() as casts:
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache), WeightCasts() as casts:
             out = generate(lora, ids, mask, num_generations=3, sampling=sampling, eos_ids=[EOS], pad_id=PAD,
                            generator=torch.Generator().manual_seed(5))
         return out, casts.count
