@@ -1,5 +1,6 @@
 """Multi-process training through the real launchers (torchrun, accelerate launch, leantrain --nproc / --nnodes),
-2-4 CPU processes on gloo over loopback, tiny random BERT. Each layout must compute what one process computes."""
+2-4 CPU processes on gloo over loopback, tiny random BERT. Each layout must compute what one process computes. The
+2-process example, examples/ddp-cpu.yaml, trains here too, in the launch of the runs that test what the workers do."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import YES_NO, cli_here, process_env, word_rows, write_rows
+from tests.helpers import REPO, YES_NO, cli_here, process_env, word_rows, write_rows
 from tests.processes import BIN, assert_same_training, free_port, run, train_losses, two_processes_each
 from leantrain import train
 from leantrain.report.logs import read_metrics
@@ -51,16 +52,21 @@ def single(job):
 def two(job) -> Path:
     """The job's 2-process runs that test what the workers do, not how they start, all in one torchrun launch
     (``tests.processes.two_processes_each``): as configured (2 x accumulation 2) in <tmp>/two/p2/p2, local SGD
-    (averaging every 3 steps, 6 steps of micro-batch 4, no warm-up) in <tmp>/two/lsgd/p2, and FSDP with bf16 and
-    gradient checkpointing (4 steps) in <tmp>/two/fsdp_bf16/p2."""
+    (averaging every 3 steps, 6 steps of micro-batch 4, no warm-up) in <tmp>/two/lsgd/p2, FSDP with bf16 and
+    gradient checkpointing (4 steps) in <tmp>/two/fsdp_bf16/p2, and examples/ddp-cpu.yaml (its model and data keys
+    the job's, 2 steps) in <tmp>/two/ddp_example/p2."""
     path, tmp = job
     cfg = yaml.safe_load(path.read_text())
     lsgd = {**cfg, "train": {**cfg["train"], "max_steps": 6, "micro_batch_size": 4}, "optim": {"warmup_steps": 0},
             "distributed": {"local_sgd_steps": 3}}
     fsdp_bf16 = {**cfg, "train": {**cfg["train"], "max_steps": 4}, "distributed": {"strategy": "fsdp"},
                  "efficiency": {"precision": "bf16", "gradient_checkpointing": True}}
+    example = yaml.safe_load((REPO / "examples" / "ddp-cpu.yaml").read_text())
+    example = {**example, "model": cfg["model"], "data": {**example["data"], **cfg["data"]},
+               "train": {**example["train"], "max_steps": 2}, "report": {"plots": False},
+               "checkpoint": {"every_steps": 0}}
     (tmp / "two").mkdir()
-    two_processes_each(tmp / "two", {"p2": cfg, "lsgd": lsgd, "fsdp_bf16": fsdp_bf16})
+    two_processes_each(tmp / "two", {"p2": cfg, "lsgd": lsgd, "fsdp_bf16": fsdp_bf16, "ddp_example": example})
     return tmp / "two"
 
 
@@ -177,3 +183,11 @@ def test_fsdp_with_bf16_and_gradient_checkpointing(two):
     assert s["distributed"]["parameter_bytes_per_process"] <= 0.55 * s["distributed"]["parameter_bytes_full"]
     losses = train_losses(out)
     assert len(losses) == 4 and all(0 < x < 5 for x in losses) and s["eval"]["samples"] == 13
+
+
+def test_ddp_cpu_example_trains_as_two_processes(two):
+    """examples/ddp-cpu.yaml as 2 processes (its header's command: ``--nproc 2``): the global batch 32 is 2 processes
+    x micro-batch 8 x accumulation 2, data parallel."""
+    s = _summary(two / "ddp_example" / "p2")
+    assert s["distributed"]["world_size"] == 2 and s["distributed"]["strategy"] == "ddp"
+    assert s["train"]["steps"] == 2 and s["train"]["accumulation_steps"] == 2
