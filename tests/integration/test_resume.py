@@ -1,4 +1,4 @@
-"""Kill-and-resume, for real: `python -m leantrain train` processes SIGKILLed at a step (or half-way through a save)
+"""Kill-and-resume, for real: `leantrain train` processes SIGKILLed at a step (or half-way through a save)
 and resumed must give bitwise the same per-step losses, learning rates, grad norms, evaluations and final parameters
 as an uninterrupted run. Dropout is on, so a lost RNG state would show.
 
