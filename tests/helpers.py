@@ -378,10 +378,62 @@ def cli_here(*argv: str, **extra: str) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(["leantrain", *argv], rc, out.read(), err.read())
 
 
+# A run that must end for real (SIGKILLed, dead half-way through a save, stopped by a signal to itself) runs in a
+# process of its own, forked from a fork server that imported torch, transformers and leantrain once per test
+# process (multiprocessing's forkserver, started on one thread in process_env()): each such process pays its run,
+# not those imports again. Its memory is its own; the kill, the exit status and the files left are real.
+PRELOAD = ["torch", "transformers", "datasets", "accelerate", "safetensors.torch", "sklearn.metrics", "peft",
+           "leantrain.cli", "leantrain.engine.loop", "tests.helpers"]
+
+
+def _cli_in_child(argv: list[str], env: dict, out: str, err: str) -> None:
+    """``leantrain ARGV`` in the forked process: its environment ``env``, its output into the files out and err."""
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout.reconfigure(line_buffering=True)  # written as it comes, as PYTHONUNBUFFERED does
+    sys.stderr.reconfigure(line_buffering=True)
+    import torch
+
+    from leantrain.cli import main
+
+    torch.set_num_threads(1)
+    sys.exit(main(argv))
+
+
+def cli_process(*argv: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``leantrain ARGV`` in a process of its own (forked from the fork server above), in ``process_env(**env)``, one
+    thread, its output captured; the exit status as subprocess gives it (-9: SIGKILLed)."""
+    import multiprocessing
+    import tempfile
+    from multiprocessing import forkserver
+
+    ctx = multiprocessing.get_context("forkserver")
+    saved = dict(os.environ)
+    try:  # the server's environment, read by the imports it preloads
+        os.environ.clear(), os.environ.update(process_env())
+        ctx.set_forkserver_preload(PRELOAD)
+        forkserver.ensure_running()
+    finally:
+        os.environ.clear(), os.environ.update(saved)
+    with tempfile.TemporaryDirectory(prefix="leantrain-process-") as tmp:
+        out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+        proc = ctx.Process(target=_cli_in_child, args=(list(argv), process_env(**(env or {})), out, err))
+        proc.start()
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill(), proc.join()
+            raise subprocess.TimeoutExpired(["leantrain", *argv], timeout)
+        return subprocess.CompletedProcess(["leantrain", *argv], proc.exitcode, Path(out).read_text(),
+                                           Path(err).read_text())
+
+
 def run_train_process(folder: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m leantrain train` on resume_args(folder, *extra) in a new process, one thread."""
-    return subprocess.run([sys.executable, "-m", "leantrain", "train", *resume_args(folder, *extra)],
-                          env=process_env(**(env or {})), capture_output=True, text=True, timeout=300)
+    """``leantrain train`` on resume_args(folder, *extra) in a process of its own (``cli_process``), one thread."""
+    return cli_process("train", *resume_args(folder, *extra), env=env)
 
 
 def killed_and_resumed(folder: Path, *extra: str, step: int, reference: list[str], env: dict | None = None) -> tuple:

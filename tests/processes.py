@@ -72,15 +72,22 @@ for i, (path, overrides) in enumerate(json.loads(open(sys.argv[1]).read())):
 
 def two_processes_each(root: Path, configs: dict[str, dict], *overrides: str, prelude: str = "") -> dict[str, Path]:
     """Each config written to root/<name>.yaml and trained with ``overrides`` as 2 processes into root/<name>/p2,
-    all by one torchrun launch (gloo): its two workers pay their imports once for every config, not once per config.
-    ``prelude``: Python each worker runs first (registering the test methods of tests/method_tasks.py, say). The
-    launch's stderr goes to root/launch.log. Returns name -> the config file."""
+    all by one torchrun launch (``train_each``). ``prelude``: Python each worker runs first (registering the test
+    methods of tests/method_tasks.py, say). Returns name -> the config file."""
     paths, runs = {}, []
     for name, cfg in configs.items():
         paths[name] = root / f"{name}.yaml"
         paths[name].write_text(yaml.safe_dump(cfg))
-        runs.append([str(paths[name]), [*overrides, f"output_dir={root / name / 'p2'}"]])
-    (root / "runs.json").write_text(json.dumps(runs))
+        runs.append((paths[name], [*overrides, f"output_dir={root / name / 'p2'}"]))
+    train_each(root, runs, prelude=prelude)
+    return paths
+
+
+def train_each(root: Path, runs: list[tuple[Path | None, list[str]]], prelude: str = "") -> None:
+    """``train(config, overrides)`` for each of ``runs`` in turn (config None: the overrides alone), as 2 processes
+    of one torchrun launch (gloo): its two workers pay their imports once for every run, not once per run. A run
+    whose output folder holds checkpoints resumes, as any run does. The launch's stderr goes to root/launch.log."""
+    (root / "runs.json").write_text(json.dumps([[None if path is None else str(path), list(o)] for path, o in runs]))
     script = root / "train_each.py"
     script.write_text(f"{prelude}\n{TRAIN_EACH}")
     r = run([str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), str(script),
@@ -88,7 +95,6 @@ def two_processes_each(root: Path, configs: dict[str, dict], *overrides: str, pr
             timeout=900, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO), os.environ.get("PYTHONPATH", "")]))
     (root / "launch.log").write_text(r.stderr)  # every run's log lines, for the tests that read them
     assert r.returncode == 0, r.stderr[-4000:]
-    return paths
 
 
 def equals_one_process(path: Path) -> tuple[Path, Path]:

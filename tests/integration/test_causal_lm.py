@@ -12,7 +12,6 @@ import collections
 import json
 import random
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,8 +22,8 @@ import yaml
 from leantrain import train
 from leantrain.cli import main
 from leantrain.report.logs import read_metrics
-from tests.helpers import (LM_WORDS, TINY_LLAMA, cli_here, lm_documents, make_tiny_lm_tokenizer, model_params,
-                           process_env, shared_data, train_here, write_jsonl)
+from tests.helpers import (LM_WORDS, TINY_LLAMA, cli_here, cli_process, lm_documents, make_tiny_lm_tokenizer,
+                           model_params, shared_data, train_here, write_jsonl)
 from tests.processes import assert_same_training, two_processes_each
 
 SAMPLE = "ba be"
@@ -163,9 +162,7 @@ def _resume_args(root: Path, out: Path, data: list[str]) -> list[str]:
 
 
 def _train_process(root: Path, out: Path, data: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "leantrain", "train", *_resume_args(root, out, data)],
-                          env=process_env(**(env or {})),
-                          capture_output=True, text=True, timeout=600)
+    return cli_process("train", *_resume_args(root, out, data), env=env, timeout=600)
 
 
 @pytest.mark.slow

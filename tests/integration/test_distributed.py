@@ -1,17 +1,18 @@
 """Multi-process training through the real launchers (torchrun, accelerate launch, leantrain --nproc / --nnodes),
-2-4 CPU processes on gloo over loopback, tiny random BERT. Each layout must compute what one process computes."""
+2-4 CPU processes on gloo over loopback, tiny random BERT. Each layout must compute what one process computes. The
+2-process runs that test what the workers do (DDP, FSDP, local SGD, the example examples/ddp-cpu.yaml) share one
+torchrun launch; the user's own launcher (accelerate launch, 4 processes), two nodes and failing ranks have theirs."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import YES_NO, cli_here, process_env, word_rows, write_rows
+from tests.helpers import REPO, YES_NO, cli_here, process_env, word_rows, write_rows
 from tests.processes import BIN, assert_same_training, free_port, run, train_losses, two_processes_each
 from leantrain import train
 from leantrain.report.logs import read_metrics
@@ -51,16 +52,23 @@ def single(job):
 def two(job) -> Path:
     """The job's 2-process runs that test what the workers do, not how they start, all in one torchrun launch
     (``tests.processes.two_processes_each``): as configured (2 x accumulation 2) in <tmp>/two/p2/p2, local SGD
-    (averaging every 3 steps, 6 steps of micro-batch 4, no warm-up) in <tmp>/two/lsgd/p2, and FSDP with bf16 and
-    gradient checkpointing (4 steps) in <tmp>/two/fsdp_bf16/p2."""
+    (averaging every 3 steps, 6 steps of micro-batch 4, no warm-up) in <tmp>/two/lsgd/p2, FSDP in <tmp>/two/fsdp/p2,
+    FSDP with bf16 and gradient checkpointing (4 steps) in <tmp>/two/fsdp_bf16/p2, and examples/ddp-cpu.yaml (its
+    model and data keys the job's, 2 steps) in <tmp>/two/ddp_example/p2."""
     path, tmp = job
     cfg = yaml.safe_load(path.read_text())
     lsgd = {**cfg, "train": {**cfg["train"], "max_steps": 6, "micro_batch_size": 4}, "optim": {"warmup_steps": 0},
             "distributed": {"local_sgd_steps": 3}}
+    fsdp = {**cfg, "distributed": {"strategy": "fsdp"}}
     fsdp_bf16 = {**cfg, "train": {**cfg["train"], "max_steps": 4}, "distributed": {"strategy": "fsdp"},
                  "efficiency": {"precision": "bf16", "gradient_checkpointing": True}}
+    example = yaml.safe_load((REPO / "examples" / "ddp-cpu.yaml").read_text())
+    example = {**example, "model": cfg["model"], "data": {**example["data"], **cfg["data"]},
+               "train": {**example["train"], "max_steps": 2}, "report": {"plots": False},
+               "checkpoint": {"every_steps": 0}}
     (tmp / "two").mkdir()
-    two_processes_each(tmp / "two", {"p2": cfg, "lsgd": lsgd, "fsdp_bf16": fsdp_bf16})
+    two_processes_each(tmp / "two", {"p2": cfg, "lsgd": lsgd, "fsdp": fsdp, "fsdp_bf16": fsdp_bf16,
+                                     "ddp_example": example})
     return tmp / "two"
 
 
@@ -89,11 +97,14 @@ def test_two_processes_accumulation_two_equals_one_process(single, two):
     assert len(spreads) == 12 and max(spreads) == 0.0  # replicas bitwise identical after every step
 
 
-def test_four_processes_under_torchrun(job, single):
-    """The user's own launcher: torchrun --nproc-per-node 4 -m leantrain train cfg.yaml (4 x accumulation 1)."""
+def test_four_processes_under_accelerate_launch(job, single):
+    """The user's own launcher: accelerate launch --multi_gpu --num_processes 4 (a CPU accelerator) -m leantrain
+    train cfg.yaml (4 x accumulation 1). (torchrun -m leantrain train, the same without the launcher's run file, is
+    what ``leantrain --nproc`` starts: the two-node run and the failing ranks below.)"""
     path, tmp = job
-    r = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
-             str(free_port()), "-m", "leantrain", "train", str(path), f"output_dir={tmp / 'p4'}"])
+    r = run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "4", "--num_machines", "1",
+             "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+             "-m", "leantrain", "train", str(path), f"output_dir={tmp / 'p4'}"])
     assert r.returncode == 0, r.stderr[-4000:]
     assert "terminate called" not in r.stderr  # the process group is destroyed before exit
     assert_same_run(single, tmp / "p4")
@@ -117,17 +128,12 @@ def test_two_nodes_on_loopback(job, single):
     assert _summary(tmp / "nodes")["distributed"]["world_size"] == 2
 
 
-def test_fsdp_shards_parameters_and_matches(job, single):
-    """accelerate launch --multi_gpu --num_processes 2 (a CPU accelerator) with distributed.strategy=fsdp."""
-    path, tmp = job
-    r = run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-             "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-             "-m", "leantrain", "train", str(path), "distributed.strategy=fsdp", f"output_dir={tmp / 'fsdp'}"])
-    assert r.returncode == 0, r.stderr[-4000:]
-    d = _summary(tmp / "fsdp")["distributed"]
+def test_fsdp_shards_parameters_and_matches(single, two):
+    """distributed.strategy=fsdp, 2 processes x accumulation 2 (in ``two``'s launch)."""
+    d = _summary(two / "fsdp" / "p2")["distributed"]
     assert d["strategy"] == "fsdp" and d["world_size"] == 2
     assert d["parameter_bytes_per_process"] <= 0.55 * d["parameter_bytes_full"]  # really sharded (DTensors)
-    assert_same_run(single, tmp / "fsdp")  # model/ saved from the gathered full state dict
+    assert_same_run(single, two / "fsdp" / "p2")  # model/ saved from the gathered full state dict
     # FSDP's traffic is counted, not 0: each micro-batch (2 per step here) gathers every unit's full parameters in
     # the forward (and the resharded ones again in the backward) and reduce-scatters their gradients
     full, accum = d["parameter_bytes_full"], 2
@@ -177,3 +183,11 @@ def test_fsdp_with_bf16_and_gradient_checkpointing(two):
     assert s["distributed"]["parameter_bytes_per_process"] <= 0.55 * s["distributed"]["parameter_bytes_full"]
     losses = train_losses(out)
     assert len(losses) == 4 and all(0 < x < 5 for x in losses) and s["eval"]["samples"] == 13
+
+
+def test_ddp_cpu_example_trains_as_two_processes(two):
+    """examples/ddp-cpu.yaml as 2 processes (its header's command: ``--nproc 2``): the global batch 32 is 2 processes
+    x micro-batch 8 x accumulation 2, data parallel."""
+    s = _summary(two / "ddp_example" / "p2")
+    assert s["distributed"]["world_size"] == 2 and s["distributed"]["strategy"] == "ddp"
+    assert s["train"]["steps"] == 2 and s["train"]["accumulation_steps"] == 2

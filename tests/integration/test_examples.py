@@ -1,5 +1,6 @@
 """examples/: every YAML loads and validates through the real config loader; the small ones train for 2 steps
-(a tiny random BERT or ViT, tiny generated data: the examples' data keys are overridden)."""
+(a tiny random BERT or ViT, tiny generated data: the examples' data keys are overridden). ddp-cpu.yaml trains as 2
+processes in test_distributed.py, in the launch of its other 2-process runs."""
 
 import random
 import re
@@ -7,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import REPO, cli_here, write_rows
+from tests.helpers import REPO, write_rows
 from leantrain import train
 from leantrain.config import Config, load_yaml, resolve
 
@@ -95,24 +96,3 @@ def test_vit_from_scratch_example_trains_two_steps(tmp_path):
     summary = _run("vit-from-scratch.yaml", tmp_path, [f"data.train={tmp_path / 'train'}",
                                                        f"data.eval={tmp_path / 'test'}", "train.batch_size=8"])
     assert summary["model"]["labels"] == ["dark", "light"]
-
-
-@pytest.mark.distributed
-def test_ddp_cpu_example_runs_as_two_processes(tmp_path, tiny_bert, monkeypatch):
-    """The command in ddp-cpu.yaml's header, as written (`--nproc 2`), 2 steps on gloo over loopback, from the
-    repository's folder (its launcher in this process: ``cli_here``)."""
-    import json
-
-    from tests.processes import free_port
-
-    rows = [{"text": t, "label": lab} for lab, t in _texts(80, 0)]
-    train_f = write_rows(tmp_path / "train.csv", rows[:64])
-    dev_f = write_rows(tmp_path / "dev.csv", rows[64:])
-    monkeypatch.chdir(REPO)
-    r = cli_here("train", str(EXAMPLES / "ddp-cpu.yaml"), "--nproc", "2", "--master-port", str(free_port()),
-                 f"model.name={tiny_bert}", f"data.train={train_f}", f"data.eval={dev_f}", "train.max_steps=2",
-                 f"output_dir={tmp_path / 'run'}", "report.plots=false", "checkpoint.every_steps=0")
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["distributed"]["world_size"] == 2 and summary["distributed"]["strategy"] == "ddp"
-    assert summary["train"]["steps"] == 2 and summary["train"]["accumulation_steps"] == 2

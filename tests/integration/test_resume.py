@@ -1,10 +1,10 @@
-"""Kill-and-resume, for real: `python -m leantrain train` processes SIGKILLed at a step (or half-way through a save)
+"""Kill-and-resume, for real: `leantrain train` processes SIGKILLed at a step (or half-way through a save)
 and resumed must give bitwise the same per-step losses, learning rates, grad norms, evaluations and final parameters
 as an uninterrupted run. Dropout is on, so a lost RNG state would show.
 
 Layout: 32 train rows, batch 8 (micro 4 x accumulation 2) -> 4 steps/epoch, 2 epochs = 8 steps; checkpoints every
-2 steps, keep 2. The two process chains run concurrently (each process uses one thread), the uninterrupted reference
-meanwhile in the test's own process."""
+2 steps, keep 2. One chain of processes dies twice (a SIGKILL mid-epoch, a crash half-way through a save) while the
+uninterrupted reference trains in the test's own process; then the chain is resumed a second time, here."""
 
 from __future__ import annotations
 
@@ -22,31 +22,25 @@ from tests.helpers import (cli_here, make_tiny_bert, model_params, resume_args, 
 from leantrain.cli import main
 
 
-def _chain_a(folder: Path) -> list[subprocess.CompletedProcess]:
-    """Killed after step 5 -> resumes at step 4 (an epoch boundary), dies half-way through the save at step 6 (the
-    processes that die); then resumes at step 4 again (a second resume) and finishes: ``_finish``."""
-    return [run_train_process(folder, env={"LEANTRAIN_TEST_KILL_AT_STEP": "5"}),
-            run_train_process(folder, env={"LEANTRAIN_TEST_CRASH_IN_SAVE": "6"})]
-
-
-def _chain_b(folder: Path) -> list[subprocess.CompletedProcess]:
-    """DataLoader workers; killed after step 3 (then resumes mid-epoch at step 2: ``_finish``)."""
-    return [run_train_process(folder, "data.num_workers=2", env={"LEANTRAIN_TEST_KILL_AT_STEP": "3"})]
+def _chain(folder: Path) -> list[subprocess.CompletedProcess]:
+    """With DataLoader workers: killed after step 3 -> resumes mid-epoch at step 2, dies half-way through the save at
+    step 6 (the processes that die); then resumes at step 4, an epoch boundary, without workers (a second resume)
+    and finishes: the fixture."""
+    return [run_train_process(folder, "data.num_workers=2", env={"LEANTRAIN_TEST_KILL_AT_STEP": "3"}),
+            run_train_process(folder, "data.num_workers=2", env={"LEANTRAIN_TEST_CRASH_IN_SAVE": "6"})]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
     make_tiny_bert(root / "bert", dropout=0.1, layers=1, hidden=16)
-    ref, a, b = resume_data(root, "ref"), resume_data(root, "a"), resume_data(root, "b")
-    with ThreadPoolExecutor(2) as pool:  # the chains' processes meanwhile; the reference in this process
-        jobs = [pool.submit(_chain_a, a), pool.submit(_chain_b, b)]
+    ref, a = resume_data(root, "ref"), resume_data(root, "a")
+    with ThreadPoolExecutor(1) as pool:  # the chain's processes meanwhile; the reference in this process
+        job = pool.submit(_chain, a)
         summary = train_here(resume_args(ref))
-        results = [j.result() for j in jobs]
-    # the resumed runs that finish, in this process (the chains' deaths needed processes of their own)
-    results[0].append(cli_here("train", *resume_args(a)))
-    results[1].append(cli_here("train", *resume_args(b, "data.num_workers=2")))
-    return {"ref": (ref, summary), "a": (a, results[0]), "b": (b, results[1])}
+        procs = job.result()
+    procs.append(cli_here("train", *resume_args(a)))  # the resumed run that finishes, in this process
+    return {"ref": (ref, summary), "a": (a, procs)}
 
 
 def _assert_same_as_reference(runs, name):
@@ -65,22 +59,20 @@ def _assert_same_as_reference(runs, name):
     assert summary["train"]["steps"] == 8
 
 
-def test_kill_at_epoch_boundary_crash_in_save_and_resume_twice(runs):
-    folder, (killed, crashed, final) = runs["a"]
+def test_kill_mid_epoch_with_dataloader_workers(runs):
+    _, (killed, crashed, _) = runs["a"]
     assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL
+    assert "resuming from" in crashed.stderr and "step-0000002" in crashed.stderr
+    _assert_same_as_reference(runs, "a")  # steps 3-4 as the resumed process with workers logged them
+
+
+def test_crash_in_save_then_resume_at_the_epoch_boundary(runs):
+    folder, (_, crashed, final) = runs["a"]
     assert crashed.returncode == 137, crashed.stderr[-3000:]  # died half-way through a save
-    assert "resuming from" in crashed.stderr and "step-0000004" in crashed.stderr
     assert "resuming from" in final.stderr and "step-0000004" in final.stderr  # the half-written step 6 is ignored
     _assert_same_as_reference(runs, "a")
     ckpts = sorted(p.name for p in (folder / "run" / "checkpoints").iterdir())
     assert ckpts == ["step-0000004", "step-0000006"]  # keep=2; the crashed save's temp folder is cleaned up
-
-
-def test_kill_mid_epoch_with_dataloader_workers(runs):
-    _, (killed, final) = runs["b"]
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    assert "step-0000002" in final.stderr
-    _assert_same_as_reference(runs, "b")
 
 
 def test_auto_resume_complete_run_and_changed_config(runs, capsys):

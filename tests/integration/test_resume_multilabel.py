@@ -1,4 +1,4 @@
-"""Multi-label kill-and-resume: a `python -m leantrain train` process with 0/1 label columns, train.pos_weight=balanced
+"""Multi-label kill-and-resume: a `leantrain train` process with 0/1 label columns, train.pos_weight=balanced
 and the tuned threshold, SIGKILLed mid-epoch and resumed, gives bitwise the per-step losses, evaluations (tuned
 threshold, per-label F1) and final parameters of an uninterrupted run (see test_resume.py for the layout)."""
 

@@ -1,4 +1,4 @@
-"""Kill-and-resume for text regression (Huber loss, standardised targets): a `python -m leantrain train` process
+"""Kill-and-resume for text regression (Huber loss, standardised targets): a `leantrain train` process
 SIGKILLed mid-epoch and resumed gives bitwise the same per-step losses, learning rates, grad norms, evaluations and
 final parameters as an uninterrupted run, and the same target standardisation in the saved config.
 

@@ -54,11 +54,11 @@ def test_sigterm_then_sigint_checkpoint_and_resume_bitwise_one_process(bert):
     assert term.returncode == 75, term.stderr[-3000:]
     assert "got SIGTERM" in term.stderr and "stopped by SIGTERM after step 3" in term.stderr
     assert "step-0000003" in _ckpts(chain) and not (chain / "run" / "summary.json").exists()
-    sigint = run_train_process(chain, env={"LEANTRAIN_TEST_SIGNAL_AT_STEP": "INT@5"})
+    sigint = cli_here("train", *resume_args(chain), LEANTRAIN_TEST_SIGNAL_AT_STEP="INT@5")
     assert sigint.returncode == 75, sigint.stderr[-3000:]
     assert "resuming from" in sigint.stderr and "step-0000003" in sigint.stderr
     assert "stopped by SIGINT after step 5" in sigint.stderr and "step-0000005" in _ckpts(chain)
-    final = cli_here("train", *resume_args(chain))  # resumed in this process
+    final = cli_here("train", *resume_args(chain))  # both resumes in this process
     assert final.returncode == 0, final.stderr[-3000:]
     assert "step-0000005" in final.stderr
     _same(ref, chain)
