@@ -404,6 +404,15 @@ def _cli_in_child(argv: list[str], env: dict, out: str, err: str) -> None:
     sys.exit(main(argv))
 
 
+def _set_environ(values: dict) -> None:
+    """Each key of ``values`` set in os.environ, or removed where its value is None."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def cli_process(*argv: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """``leantrain ARGV`` in a process of its own (forked from the fork server above), in ``process_env(**env)``, one
     thread, its output captured; the exit status as subprocess gives it (-9: SIGKILLed)."""
@@ -412,13 +421,14 @@ def cli_process(*argv: str, env: dict | None = None, timeout: int = 300) -> subp
     from multiprocessing import forkserver
 
     ctx = multiprocessing.get_context("forkserver")
-    saved = dict(os.environ)
-    try:  # the server's environment, read by the imports it preloads
-        os.environ.clear(), os.environ.update(process_env())
+    server_env = process_env()
+    changed = {k: os.environ.get(k) for k in {*server_env, *os.environ} if os.environ.get(k) != server_env.get(k)}
+    try:  # the server's environment, read by the imports it preloads; only the keys that differ are touched (a run
+        _set_environ({k: server_env.get(k) for k in changed})  # may be reading the environment in another thread)
         ctx.set_forkserver_preload(PRELOAD)
         forkserver.ensure_running()
     finally:
-        os.environ.clear(), os.environ.update(saved)
+        _set_environ(changed)
     with tempfile.TemporaryDirectory(prefix="leantrain-process-") as tmp:
         out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
         proc = ctx.Process(target=_cli_in_child, args=(list(argv), process_env(**(env or {})), out, err))
