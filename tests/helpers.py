@@ -380,7 +380,7 @@ def cli_here(*argv: str, **extra: str) -> subprocess.CompletedProcess:
 
 # A run that must end for real (SIGKILLed, dead half-way through a save, stopped by a signal to itself) runs in a
 # process of its own, forked from a fork server that imported torch, transformers and leantrain once per test
-# process (multiprocessing's forkserver, started on one thread in process_env()): each such process pays its run,
+# process (multiprocessing's forkserver, started in process_env()'s environment): each such process pays its run,
 # not those imports again. Its memory is its own; the kill, the exit status and the files left are real.
 PRELOAD = ["torch", "transformers", "datasets", "accelerate", "safetensors.torch", "sklearn.metrics", "peft",
            "leantrain.cli", "leantrain.engine.loop", "tests.helpers"]

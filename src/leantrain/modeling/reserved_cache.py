@@ -18,36 +18,37 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from leantrain.modeling.short_attention import compute_dtype
+
 
 class ReservedLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose keys and values are views of buffers reserved for ``capacity`` positions."""
+    """A ``DynamicLayer`` whose keys and values are views of buffers reserved for ``capacity`` positions, each in the
+    dtype SDPA computes it in (``short_attention.compute_dtype``: the autocast dtype under an autocast)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, repeats: int, capacity: int,
-                 dtype: torch.dtype | None):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, repeats: int, capacity: int):
         super().__init__()
         self.device, self.is_initialized = keys.device, True
-        self._buffers = tuple(self._reserve(t, repeats, capacity, dtype) for t in (keys, values))
-        self._length = keys.shape[-2]
-        self._view()
+        self._buffers = tuple(self._reserve(t, repeats, capacity) for t in (keys, values))
+        self._view(keys.shape[-2])
 
     @staticmethod
-    def _reserve(t: torch.Tensor, repeats: int, capacity: int, dtype: torch.dtype | None) -> torch.Tensor:
+    def _reserve(t: torch.Tensor, repeats: int, capacity: int) -> torch.Tensor:
         b, h, n, d = t.shape
-        buffer = t.new_empty((b * repeats, h, capacity, d), dtype=dtype or t.dtype)
+        buffer = t.new_empty((b * repeats, h, capacity, d), dtype=compute_dtype(t))
         buffer.view(b, repeats, h, capacity, d)[:, :, :, :n].copy_(t[:, None])  # row i*G + j is prompt i's
         return buffer
 
-    def _view(self) -> None:
-        self.keys, self.values = (b[:, :, :self._length] for b in self._buffers)
+    def _view(self, length: int) -> None:
+        self.keys, self.values = (b[:, :, :length] for b in self._buffers)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        start, end = self._length, self._length + key_states.shape[-2]
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
         if end > self._buffers[0].shape[2]:
             raise RuntimeError(f"the reserved KV cache holds {self._buffers[0].shape[2]} positions; {end} asked")
         for buffer, new in zip(self._buffers, (key_states, value_states)):
             buffer[:, :, start:end].copy_(new)
-        self._length = end
-        self._view()
+        self._view(end)
         return self.keys, self.values
 
     def batch_repeat_interleave(self, repeats: int) -> None:
@@ -56,13 +57,11 @@ class ReservedLayer(DynamicLayer):
 
 def reserve(cache, repeats: int, capacity: int):
     """``cache`` (a filled ``DynamicCache``) with each row repeated ``repeats`` times and room for ``capacity``
-    positions in all, in the open autocast's dtype if any, in place; returns it (module docstring)."""
+    positions in all, in the dtype attention reads, in place; returns it (module docstring)."""
     layers = getattr(cache, "layers", None)
     if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
         cache.batch_repeat_interleave(repeats)
         return cache
-    device = layers[0].keys.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
     for i, layer in enumerate(layers):
-        layers[i] = ReservedLayer(layer.keys, layer.values, repeats, capacity, dtype)
+        layers[i] = ReservedLayer(layer.keys, layer.values, repeats, capacity)
     return cache
