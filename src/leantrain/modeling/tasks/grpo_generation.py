@@ -4,11 +4,13 @@ One prefill forward of the N left-padded prompts (position ids from the attentio
 such as GPT-2 see each prompt start at 0), the KV cache and the last prompt logits then repeated G times per prompt
 (the prompts are encoded once, not G times) into a cache with room reserved for every new token, kept in the dtype
 attention reads (``reserved_cache``: no copy of the whole cache per token, no cast of it per token under autocast),
-then decoding token by token with the cache. Sampling is HF's: fp32 logits / temperature, then top-k, then top-p (the
-smallest set of tokens whose probability reaches ``top_p``, at least one), then one draw per row (``draw``: one
-uniform number per row) with the caller's generator (loop state, so a resumed run draws the same tokens); temperature
-0 is greedy. A row stops at its first EOS (any of ``eos_ids``): later positions are ``pad_id`` with mask 0; decoding
-stops when every row has stopped or at ``max_new_tokens``.
+then decoding token by token with the cache: for Llama-family models by ``fast_decode.Decoder`` (the same forward
+from the weights directly, a fraction of the operations per token), else by the model's own forward. Sampling is
+HF's: fp32 logits / temperature, then top-k, then top-p (the smallest set of tokens whose probability reaches
+``top_p``, at least one), then one draw per row (``draw``: one uniform number per row) with the caller's generator
+(loop state, so a resumed run draws the same tokens); temperature 0 is greedy. A row stops at its first EOS (any of
+``eos_ids``): later positions are ``pad_id`` with mask 0; decoding stops when every row has stopped or at
+``max_new_tokens``.
 
 The model is used as it is: the DDP wrapper's ``.module``, peft's LoRA model with its adapters active, under
 whatever autocast the caller opened; in eval mode under ``no_grad`` (the mode restored after), no copy of the
@@ -27,6 +29,7 @@ from typing import Callable
 import torch
 
 from leantrain.errors import ConfigError, UserError
+from leantrain.modeling import fast_decode
 from leantrain.modeling.reserved_cache import reserve
 from leantrain.modeling.tasks.preference import frozen_forward, unwrapped
 
@@ -62,7 +65,17 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_
         reserve(cache, num_generations, capacity=prompt_ids.shape[1] + sampling.max_new_tokens)
         logits = logits.repeat_interleave(num_generations, dim=0)
         mask = prompt_mask.long().repeat_interleave(num_generations, dim=0)
-        return decode(model, logits, cache, mask, sampling, eos, pad_id, generator)
+        step = fast_decode.decoder(model, cache) or transformers_step(model, cache)
+        return decode(step, logits, mask, sampling, eos, pad_id, generator)
+
+
+def transformers_step(model, cache) -> Callable[..., torch.Tensor]:
+    """The decode step through the model's own forward: fp32 logits (rows, V) of one token per row (``Decoder``'s
+    signature)."""
+    def step(token: torch.Tensor, position: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, cache=cache, use_cache=True)
+        return out.logits[:, -1].float()
+    return step
 
 
 @contextmanager
@@ -95,26 +108,23 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def decode(model, logits: torch.Tensor, cache, mask: torch.Tensor, sampling: Sampling, eos: torch.Tensor,
-           pad_id: int, generator: torch.Generator | None) -> Rollout:
-    """Token-by-token decoding from the prompts' last logits and cache; ``mask`` (B, P) the prompts' attention mask."""
+def decode(step: Callable[..., torch.Tensor], logits: torch.Tensor, mask: torch.Tensor, sampling: Sampling,
+           eos: torch.Tensor, pad_id: int, generator: torch.Generator | None) -> Rollout:
+    """Token-by-token decoding from the prompts' last logits; ``mask`` (B, P) the prompts' attention mask; ``step``
+    (token, position, mask) -> the next logits, the token's keys and values added to the cache it decodes on."""
     rows, length = mask.shape
     steps = sampling.max_new_tokens
     ids = torch.full((rows, steps), pad_id, dtype=torch.long, device=mask.device)
     done = torch.zeros(rows, dtype=torch.bool, device=mask.device)
     attention = torch.cat([mask, mask.new_ones(rows, steps)], dim=1)
     position = mask.sum(-1, keepdim=True)  # the next token's position per row
-    taken = 0
-    for step in range(steps):
+    for taken in range(1, steps + 1):
         token = torch.where(done, pad_id, pick(logits, sampling, generator))
-        ids[:, step] = token
+        ids[:, taken - 1] = token
         done |= torch.isin(token, eos)
-        taken = step + 1
         if taken == steps or bool(done.all()):
             break
-        out = model(input_ids=token[:, None], attention_mask=attention[:, :length + taken], position_ids=position,
-                    cache=cache, use_cache=True)
-        logits, cache, position = out.logits[:, -1].float(), out.cache, position + 1
+        logits, position = step(token, position, attention[:, :length + taken]), position + 1
     ids = ids[:, :taken]
     return Rollout(ids, completion_mask(ids, eos), ~done)
 
