@@ -98,16 +98,17 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             dlogits.sub_(lse[s:s + chunk, None]).exp_()
             dlogits[torch.arange(t.shape[0], device=t.device), t.clamp(min=0)] -= 1.0
             dlogits.mul_(g[:, None])
+            low = dlogits.to(dtype)  # cast once for both products (a no-op in fp32)
             if need_h:
-                grad_h[s:s + chunk] = (dlogits.to(dtype) @ w).to(hidden.dtype)
+                grad_h[s:s + chunk] = (low @ w).to(hidden.dtype)
             if need_w:
                 if dtype == torch.float32:
                     grad_w.addmm_(dlogits.t(), h)
                 else:
-                    grad_w += (dlogits.t().to(dtype) @ h).float()
+                    grad_w += low.t() @ h  # added in fp32 (type promotion), without an fp32 copy of the product
             if need_b:
                 grad_b += dlogits.sum(0)
-            del dlogits
+            del dlogits, low
         return (grad_h, grad_w.to(weight.dtype) if need_w else None,
                 grad_b.to(bias.dtype) if need_b else None, None, None, None)
 
