@@ -106,6 +106,8 @@ class Decoder:
         device = inner.embed_tokens.weight.device.type
         autocast = torch.is_autocast_enabled(device)
         self.dtype = torch.get_autocast_dtype(device) if autocast else inner.layers[0].self_attn.q_proj.weight.dtype
+        if autocast:
+            torch.clear_autocast_cache()  # the prefill's casts of trained weights: the copies below replace them
         self.model, self.cache, self.eps = inner, cache, config.rms_norm_eps
         attention = inner.layers[0].self_attn
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -113,8 +115,6 @@ class Decoder:
         self.layers = [self._layer(layer) for layer in inner.layers]
         self.norm = inner.norm.weight
         self.head = fused([model.get_output_embeddings()], self.dtype)
-        if autocast:
-            torch.clear_autocast_cache()  # the prefill's casts of trained weights: these copies replace them
 
     def _layer(self, layer: nn.Module) -> tuple:
         a, m = layer.self_attn, layer.mlp
