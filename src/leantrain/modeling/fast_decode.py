@@ -15,7 +15,9 @@ that is as long as the matmuls themselves. ``Decoder`` runs the same computation
   attention without repeating the keys; transformers packs them the same way for one query), over a boolean mask.
 
 The dtypes are autocast's: under an autocast the residual stream and the norms stay in fp32 and every matmul runs in
-the autocast dtype; without one everything runs in the weights' dtype. The logits equal transformers' forward on the
+the autocast dtype; without one everything runs in the weights' dtype. Which one is read from the cache the prefill
+left (its values are in the matmuls' dtype), so an autocast opened only around the model's forward (Accelerate's
+mixed precision) is followed too. The logits equal transformers' forward on the
 same cache to rounding (fp32: 1e-5; bf16: as close to the fp32 logits as transformers' own,
 ``tests/unit/modeling/test_fast_decode.py``); the attention kernel's packing order can differ from transformers' in
 the last bit of a bf16 value, so sampled tokens are draws from the same distribution, not always the same draws.
@@ -103,10 +105,12 @@ class Decoder:
 
     def __init__(self, model: nn.Module, cache):
         inner, config = model.model, model.config
-        device = inner.embed_tokens.weight.device.type
-        autocast = torch.is_autocast_enabled(device)
-        self.dtype = torch.get_autocast_dtype(device) if autocast else inner.layers[0].self_attn.q_proj.weight.dtype
-        if autocast:
+        # the prefill's matmul dtype, read from the values it cached: the autocast dtype also where the autocast is
+        # only around the model's forward (Accelerate's mixed precision wraps ``forward``), else the weights'
+        self.dtype = cache.layers[0].values.dtype
+        for layer in cache.layers:
+            layer.store_keys_in(self.dtype)  # reserved outside that autocast: the keys stayed in the rotary's fp32
+        if torch.is_autocast_enabled(inner.embed_tokens.weight.device.type):
             torch.clear_autocast_cache()  # the prefill's casts of trained weights: the copies below replace them
         self.model, self.cache, self.eps = inner, cache, config.rms_norm_eps
         attention = inner.layers[0].self_attn

@@ -51,6 +51,13 @@ class ReservedLayer(DynamicLayer):
         self._view(end)
         return self.keys, self.values
 
+    def store_keys_in(self, dtype: torch.dtype) -> None:
+        """Keep the keys in ``dtype`` from now on (the ones held cast once): for a decoder that reads them in the
+        values' dtype where the cache was reserved outside the autocast its forward runs in."""
+        if self._buffers[0].dtype != dtype:
+            self._buffers = (self._buffers[0].to(dtype), self._buffers[1])
+            self._view(self.keys.shape[-2])
+
     def batch_repeat_interleave(self, repeats: int) -> None:
         raise NotImplementedError("a reserved layer is repeated when it is made (reserve's repeats)")
 
