@@ -62,7 +62,7 @@ def takes(model: nn.Module, cache) -> bool:
     cached = getattr(cache, "layers", None)
     if not layers or not cached or len(cached) != len(layers) or not all(type(c) is ReservedLayer for c in cached):
         return False
-    if getattr(config, "sliding_window", None) is not None and config.sliding_window < cached[0]._buffers[0].shape[2]:
+    if getattr(config, "sliding_window", None) is not None and config.sliding_window < cached[0].capacity:
         return False  # Mistral's window shorter than the generation
     linears = [head] + [m for layer in layers for m in (*projections(layer.self_attn), *mlp_weights(layer.mlp))]
     norms = [inner.norm] + [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]

@@ -44,12 +44,17 @@ class ReservedLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         start = self.keys.shape[-2]
         end = start + key_states.shape[-2]
-        if end > self._buffers[0].shape[2]:
-            raise RuntimeError(f"the reserved KV cache holds {self._buffers[0].shape[2]} positions; {end} asked")
+        if end > self.capacity:
+            raise RuntimeError(f"the reserved KV cache holds {self.capacity} positions; {end} asked")
         for buffer, new in zip(self._buffers, (key_states, value_states)):
             buffer[:, :, start:end].copy_(new)
         self._view(end)
         return self.keys, self.values
+
+    @property
+    def capacity(self) -> int:
+        """The positions reserved."""
+        return self._buffers[0].shape[2]
 
     def store_keys_in(self, dtype: torch.dtype) -> None:
         """Keep the keys in ``dtype`` from now on (the ones held cast once): for a decoder that reads them in the
