@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
 
 from leantrain.modeling.reserved_cache import ReservedLayer
 from leantrain.modeling.weight_casts import RecastLinear
@@ -105,11 +106,9 @@ class Decoder:
 
     def __init__(self, model: nn.Module, cache):
         inner, config = model.model, model.config
-        # the prefill's matmul dtype, read from the values it cached: the autocast dtype also where the autocast is
+        # the prefill's matmul dtype, the cache's (``reserved_cache``): the autocast dtype also where the autocast is
         # only around the model's forward (Accelerate's mixed precision wraps ``forward``), else the weights'
         self.dtype = cache.layers[0].values.dtype
-        for layer in cache.layers:
-            layer.store_keys_in(self.dtype)  # reserved outside that autocast: the keys stayed in the rotary's fp32
         if torch.is_autocast_enabled(inner.embed_tokens.weight.device.type):
             torch.clear_autocast_cache()  # the prefill's casts of trained weights: the copies below replace them
         self.model, self.cache, self.eps = inner, cache, config.rms_norm_eps
@@ -152,6 +151,5 @@ class Decoder:
 
 
 def rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The rotary embedding as the Llama family applies it: ``x * cos + rotate_half(x) * sin``."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    """The rotary embedding as the Llama family applies it (``apply_rotary_pos_emb``), on queries and keys at once."""
+    return x * cos + rotate_half(x) * sin

@@ -6,8 +6,11 @@ Under a CPU autocast the keys also stay in fp32 (the rotary embedding multiplies
 sin) and SDPA casts the whole key cache to bf16 again at every token. ``reserve`` turns the layers of a filled
 ``DynamicCache`` into ``ReservedLayer``s: a buffer of ``capacity`` positions per layer, the prompt's keys and values
 copied in (each row repeated ``repeats`` times: the G samples of a prompt share its prefill), each new token written
-at its place; attention reads a view of the filled positions. Under an autocast they are stored in its dtype (what
-SDPA and eager attention's matmuls cast them to: attention sees the same values bit for bit), else as they are.
+at its place; attention reads a view of the filled positions. Keys and values are both stored in the dtype attention
+computes them in: the values' (the projections' matmul dtype; ``short_attention.compute_dtype`` where an autocast is
+open here). Under an autocast, whether open around the caller or only around the model's forward (Accelerate's mixed
+precision wraps ``forward``), the keys the rotary embedding left in fp32 are stored in it too: what SDPA and eager
+attention's matmuls cast them to, so attention sees the same values bit for bit.
 
 Only plain ``DynamicLayer``s are reserved; a cache with any other layer (sliding window, quantized, linear attention)
 is repeated with ``batch_repeat_interleave`` and left as it is.
@@ -22,19 +25,20 @@ from leantrain.modeling.short_attention import compute_dtype
 
 
 class ReservedLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose keys and values are views of buffers reserved for ``capacity`` positions, each in the
-    dtype SDPA computes it in (``short_attention.compute_dtype``: the autocast dtype under an autocast)."""
+    """A ``DynamicLayer`` whose keys and values are views of buffers reserved for ``capacity`` positions, both in the
+    dtype attention computes them in (module docstring)."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, repeats: int, capacity: int):
         super().__init__()
         self.device, self.is_initialized = keys.device, True
-        self._buffers = tuple(self._reserve(t, repeats, capacity) for t in (keys, values))
+        dtype = compute_dtype(values)
+        self._buffers = tuple(self._reserve(t, repeats, capacity, dtype) for t in (keys, values))
         self._view(keys.shape[-2])
 
     @staticmethod
-    def _reserve(t: torch.Tensor, repeats: int, capacity: int) -> torch.Tensor:
+    def _reserve(t: torch.Tensor, repeats: int, capacity: int, dtype: torch.dtype) -> torch.Tensor:
         b, h, n, d = t.shape
-        buffer = t.new_empty((b * repeats, h, capacity, d), dtype=compute_dtype(t))
+        buffer = t.new_empty((b * repeats, h, capacity, d), dtype=dtype)
         buffer.view(b, repeats, h, capacity, d)[:, :, :, :n].copy_(t[:, None])  # row i*G + j is prompt i's
         return buffer
 
@@ -55,13 +59,6 @@ class ReservedLayer(DynamicLayer):
     def capacity(self) -> int:
         """The positions reserved."""
         return self._buffers[0].shape[2]
-
-    def store_keys_in(self, dtype: torch.dtype) -> None:
-        """Keep the keys in ``dtype`` from now on (the ones held cast once): for a decoder that reads them in the
-        values' dtype where the cache was reserved outside the autocast its forward runs in."""
-        if self._buffers[0].dtype != dtype:
-            self._buffers = (self._buffers[0].to(dtype), self._buffers[1])
-            self._view(self.keys.shape[-2])
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         raise NotImplementedError("a reserved layer is repeated when it is made (reserve's repeats)")
