@@ -91,8 +91,12 @@ def cpu_model() -> str:
 
 
 def probe_matmul_flops(dtype: torch.dtype, n: int = 1024, seconds: float = 0.3) -> float:
-    """Best FLOP/s of an n x n matmul over ~``seconds`` (a short, noisy estimate of the CPU's peak)."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    """Best FLOP/s of an n x n matmul over ~``seconds`` (a short, noisy estimate of the CPU's peak). Its operands
+    come from a generator of its own: the probe runs only when peak_flops.json lacks the key, so a draw from the
+    global generator would make a run's dropout depend on what the cache held (a resumed run would then differ from
+    the uninterrupted one whose start probed)."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen).to(dtype) for _ in range(2))
     best, end = 0.0, time.perf_counter() + seconds
     with torch.no_grad():
         torch.mm(a, b)  # warm-up

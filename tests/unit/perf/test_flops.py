@@ -116,3 +116,20 @@ def test_an_unknown_gpu_or_precision_has_no_mfu_and_says_so():
     assert mfu(1e9, 1000.0, peak) is None
     peak, source = gpu_peak("NVIDIA A100-SXM4-80GB", "fp8")  # no fp8 tensor cores
     assert peak is None and "no fp8 peak for 'NVIDIA A100-SXM4-80GB'" in source
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_cpu_peak_probe_leaves_the_global_generator_alone(tmp_path, monkeypatch, precision):
+    """The matmul probe runs only on a cache miss (a new machine, thread count or precision): it must not move the
+    global generator, or a run's dropout would depend on the cache (a run that probed at its start differed from its
+    own resume on a CPU whose bf16 key was not cached yet). The cache hit that follows returns the probed number."""
+    import torch
+
+    from leantrain.perf.flops import cpu_peak_flops
+
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    probed = cpu_peak_flops(precision)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert probed > 0 and cpu_peak_flops(precision) == probed
