@@ -1,6 +1,6 @@
 """The import direction of src/leantrain: arrows point down the layers, never up, never sideways between packages.
 
-    {errors, version, units, files, processes} < config < {data, modeling, optim} < {perf, report} < engine
+    {errors, version, units, files, processes, heartbeat} < config < {data, modeling, optim} < {perf, report} < engine
         < launch < commands < {cli, leantrain} < __main__
 
 The map with what each layer holds is docs/architecture.md; its marked layer list must be LAYERS below.
@@ -20,6 +20,7 @@ ARCHITECTURE = SRC.parents[1] / "docs" / "architecture.md"
 
 LAYERS = {
     "leantrain.errors": 0, "leantrain.version": 0, "leantrain.units": 0, "leantrain.files": 0, "leantrain.processes": 0,
+    "leantrain.heartbeat": 0,
     "leantrain.config": 1,
     "leantrain.data": 2, "leantrain.modeling": 2, "leantrain.optim": 2,
     "leantrain.perf": 3, "leantrain.report": 3,

@@ -30,6 +30,7 @@ from leantrain.engine.run_settings import (FILE as RUN_FILE, eval_precision, sto
                                           with_run_settings)
 from leantrain.engine.training_data import data_side
 from leantrain.errors import ConfigError, UserError
+from leantrain.heartbeat import reporting
 from leantrain.modeling import load_processor, load_trained_model
 from leantrain.modeling.chunked_loss import apply_chunked_loss
 from leantrain.modeling.hubcheck import check_model_name, looks_local
@@ -38,6 +39,7 @@ from leantrain.modeling.names import resolve_model_name
 from leantrain.modeling.tasks import Task
 from leantrain.report.eval_report import confusion, confusion_stem, format_table, per_class, write_confusion
 from leantrain.report.logs import write_json
+from leantrain.report.progress import Progress
 
 log = logging.getLogger("leantrain")
 ROWS_BATCH = 64  # rows a batch of a task evaluated by rows (its logits are one row of classes each)
@@ -129,7 +131,9 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
             update={"name": folder})).to(accelerator.device), accelerator.autocast)  # the policy's precision
     width = eval_batch_width(model_dir, cfg, batch_size, model, configured, blocks, precision)
     model, loader = accelerator.prepare(model, eval_loader(blocks, width, collator))
-    metrics = evaluate(model, loader, accelerator, 0, configured, [])
+    progress = Progress(0, enabled=accelerator.is_main_process, mode=cfg.report.progress)  # a long eval says how far
+    with reporting(progress.sink):
+        metrics = evaluate(model, loader, accelerator, 0, configured, [])
     result = {"model": model_dir, "data": cfg.data.eval, "block_size": cfg.data.block_size, "precision": precision,
               "batch_size": width, "eval": metrics}
     if accelerator.is_main_process and output_path:

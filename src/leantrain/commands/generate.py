@@ -22,12 +22,14 @@ from leantrain.data.lm.sft import Prompts, sample_inputs
 from leantrain.engine.accelerator import device_type, setup_logging
 from leantrain.engine.preflight import check_weights
 from leantrain.engine.run_settings import stored_prompt_format, with_run_settings
+from leantrain.heartbeat import reporting
 from leantrain.modeling.positions import position_limit
 from leantrain.errors import UserError
 from leantrain.modeling.generation import check_room, check_settings, continuations, prompt_lengths, prompt_texts
 from leantrain.modeling.load import is_adapter_folder, load_adapter_model
 from leantrain.modeling.hubcheck import check_model_name
 from leantrain.modeling.names import resolve_model_name
+from leantrain.report.progress import Progress
 from leantrain.modeling.pad_token import ensure_pad_token
 
 log = logging.getLogger("leantrain")
@@ -161,8 +163,9 @@ def generate(model_name: str, prompts: list[str], *, max_new_tokens: int, temper
              "chat template" if templated else "raw prompts" if raw else "plain template",
              f"sampling (temperature {temperature}, top_p {top_p}, seed {seed})" if temperature > 0 else "greedy")
     start = time.perf_counter()
-    texts = continuations(model, tokenizer, rendered.texts, max_new_tokens=max_new_tokens, temperature=temperature,
-                          top_p=top_p, seed=seed, **rendered.context())
+    with reporting(Progress(0, enabled=True, mode=cfg.report.progress).sink):  # long generation: how far
+        texts = continuations(model, tokenizer, rendered.texts, max_new_tokens=max_new_tokens,
+                              temperature=temperature, top_p=top_p, seed=seed, **rendered.context())
     return {"model": folder, "chat": templated, "system": None if raw else cfg.data.system_prompt or None,
             "temperature": temperature, "top_p": top_p, "seed": seed,
             "max_new_tokens": max_new_tokens, "seconds": round(time.perf_counter() - start, 3),

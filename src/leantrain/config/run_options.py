@@ -96,7 +96,9 @@ class ReportConfig(Section):
         default_factory=list, description="Accelerate trackers, e.g. [tensorboard]; none by default"
     )
     progress: Literal["auto", "bar", "plain", "none"] = Field(
-        "auto", description="auto: a bar on a terminal, plain log lines otherwise"
+        "auto", description="auto: a bar on a terminal, plain log lines otherwise; a long generation "
+        "(GRPO's rollouts, sample prompts) or evaluation adds a second bar, or a line every 10 s (positions, new "
+        "tokens, tokens/s, time left), rank 0 only"
     )
     plots: bool = Field(True, description="write output_dir/loss_curve.png at the end")
     sample_prompts: list[str] = Field(

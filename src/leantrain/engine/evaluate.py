@@ -1,6 +1,7 @@
 """Evaluation: outputs gathered from every process with ``gather_for_metrics`` (padding duplicates dropped); the
 task turns each gathered batch into per-unit values and those, over the whole eval set, into its metrics
-(classification: loss, accuracy, macro-F1 and, for two classes, MCC)."""
+(classification: loss, accuracy, macro-F1 and, for two classes, MCC). A long evaluation reports its batches and
+rows to the open ``heartbeat`` sink."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader
 
+from leantrain.heartbeat import work
 from leantrain.modeling.tasks import Task, model_inputs
 
 
@@ -53,11 +55,16 @@ def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, num
              label_names: list[str] | None = None, stop=None) -> dict | None:  # noqa: ANN001 - stop: () -> bool
     """The task's metrics over the loader; None when ``stop()`` turns true between batches (a signal)."""
     values: dict[str, list[torch.Tensor]] = {}
-    for gathered in eval_outputs(model, loader, accelerator, task):
-        if stop is not None and stop():
-            return None
-        for key, value in task.eval_batch(*gathered).items():
-            values.setdefault(key, []).append(value.cpu())
+    rows = 0
+    with work("eval", len(loader), "batches") as progress:
+        for batches, gathered in enumerate(eval_outputs(model, loader, accelerator, task), 1):
+            if stop is not None and stop():
+                return None
+            for key, value in task.eval_batch(*gathered).items():
+                values.setdefault(key, []).append(value.cpu())
+            rows += len(gathered[0])
+            if progress.due():  # the rows of every process (gathered)
+                progress.update(batches, {"rows": rows})
     if not values:
         return {}
     values = {k: torch.cat(v).numpy() for k, v in values.items()}

@@ -46,6 +46,7 @@ from leantrain.engine.run_description import RunDescription, describe_run
 from leantrain.engine.samples import check_sample_room, write_samples
 from leantrain.engine.step import global_counts, step_metric_means, train_step
 from leantrain.engine.training_data import prepare_training_data
+from leantrain.heartbeat import reporting
 from leantrain.modeling import build_model, flop_parameters, parameter_counts
 from leantrain.modeling.lora import apply_trainable
 from leantrain.modeling.qlora import check_qlora_precision, load_kwargs as qlora_load_kwargs
@@ -93,8 +94,9 @@ def _train(described: RunDescription, allocator: str) -> dict:
         return start.decision.summary
     run, state = build_run(start, described)
     loop = Loop(run, state)
-    run_loop(loop)
-    return finish(loop, wall_seconds=time.perf_counter() - t_start)
+    with reporting(loop.progress.sink):  # generation and evaluation say how far they are (rank 0)
+        run_loop(loop)
+        return finish(loop, wall_seconds=time.perf_counter() - t_start)
 
 
 def start_run(cfg: Config, allocator: str) -> RunStart:

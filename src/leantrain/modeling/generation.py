@@ -11,7 +11,8 @@
   them); ``chat=True`` without a template is an error;
 - prompts run in batches, padded on the left (the new tokens of every row start at the same position); a tokenizer
   without a pad token pads with its EOS token, for the call only;
-- the model is put in eval mode for the call and back in train mode after when it was training.
+- the model is put in eval mode for the call and back in train mode after when it was training;
+- a long generation reports its new tokens to the open ``heartbeat`` sink (``leantrain generate``, sample prompts).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from leantrain.errors import UserError
+from leantrain.heartbeat import Work, work
 
 
 def has_chat_template(tokenizer) -> bool:
@@ -124,6 +126,27 @@ def prompt_lengths(tokenizer, texts: Sequence[str], templated: bool) -> list[int
     return [len(ids) for ids in tokenizer(list(texts), add_special_tokens=not templated)["input_ids"]]
 
 
+class Ticks:
+    """transformers' streamer protocol (``put`` the prompt, then each new token; ``end``) counting the new tokens of
+    a ``generate`` call into a ``heartbeat`` work. Only where a sink is open (``of``): transformers copies each token
+    to the host for a streamer."""
+
+    def __init__(self, progress: Work):
+        self.progress, self.seen = progress, -1  # the first put is the prompt
+
+    @classmethod
+    def of(cls, progress: Work) -> "Ticks | None":
+        return cls(progress) if progress.sink is not None else None
+
+    def put(self, value: torch.Tensor) -> None:
+        self.seen += 1
+        if self.seen and self.progress.due():
+            self.progress.update(self.seen)
+
+    def end(self) -> None:
+        pass
+
+
 def continuations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, chat: bool | None = None,
                   system: str | None = None, tools: list[dict] | None = None, temperature: float = 0.0,
                   top_p: float = 1.0, seed: int | None = None, batch_size: int = 16) -> list[str]:
@@ -153,7 +176,9 @@ def continuations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: i
                 # a template writes its own special tokens (BOS); plain prompts get the tokenizer's
                 enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
                                 add_special_tokens=not templated, return_token_type_ids=False).to(device)
-                ids = model.generate(**enc, generation_config=config)
+                with work(f"generation of prompts {start + 1}-{start + len(enc['input_ids'])} of "
+                                    f"{len(texts)}", max_new_tokens, "tokens", may_end_early=True) as progress:
+                    ids = model.generate(**enc, generation_config=config, streamer=Ticks.of(progress))
                 out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         return out
     finally:

@@ -10,7 +10,9 @@ HF's: fp32 logits / temperature, then top-k, then top-p (the smallest set of tok
 ``top_p``, at least one), then one draw per row (``draw``: one uniform number per row) with the caller's generator
 (loop state, so a resumed run draws the same tokens); temperature 0 is greedy. A row stops at its first EOS (any of
 ``eos_ids``): later positions are ``pad_id`` with mask 0; decoding stops when every row has stopped or at
-``max_new_tokens``.
+``max_new_tokens``. Long decoding reports its progress (positions, new tokens, rows done, tokens/s, time left) to
+the open ``heartbeat`` sink: rank 0's progress, a line every few seconds; nothing is read from the device for it
+between two lines.
 
 The model is used as it is: the DDP wrapper's ``.module``, peft's LoRA model with its adapters active, under
 whatever autocast the caller opened; in eval mode under ``no_grad`` (the mode restored after), no copy of the
@@ -29,6 +31,7 @@ from typing import Callable
 import torch
 
 from leantrain.errors import ConfigError, UserError
+from leantrain.heartbeat import work
 from leantrain.modeling import fast_decode
 from leantrain.modeling.reserved_cache import reserve
 from leantrain.modeling.tasks.preference import frozen_forward, unwrapped
@@ -118,13 +121,17 @@ def decode(step: Callable[..., torch.Tensor], logits: torch.Tensor, mask: torch.
     done = torch.zeros(rows, dtype=torch.bool, device=mask.device)
     attention = torch.cat([mask, mask.new_ones(rows, steps)], dim=1)
     position = mask.sum(-1, keepdim=True)  # the next token's position per row
-    for taken in range(1, steps + 1):
-        token = torch.where(done, pad_id, pick(logits, sampling, generator))
-        ids[:, taken - 1] = token
-        done |= torch.isin(token, eos)
-        if taken == steps or bool(done.all()):
-            break
-        logits, position = step(token, position, attention[:, :length + taken]), position + 1
+    with work(f"generation of {rows} rows", steps, "positions", may_end_early=True) as progress:
+        for taken in range(1, steps + 1):
+            token = torch.where(done, pad_id, pick(logits, sampling, generator))
+            ids[:, taken - 1] = token
+            done |= torch.isin(token, eos)
+            if taken == steps or bool(done.all()):
+                break
+            if progress.due():  # a clock read; the counts only when a line is wanted (rank 0, every few seconds)
+                progress.update(taken, {"new tokens": int(completion_mask(ids[:, :taken], eos).sum()),
+                                        "rows done": int(done.sum())})
+            logits, position = step(token, position, attention[:, :length + taken]), position + 1
     ids = ids[:, :taken]
     return Rollout(ids, completion_mask(ids, eos), ~done)
 
