@@ -4,6 +4,8 @@ datasets cache. Helper functions and constants are in tests/helpers.py."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,14 @@ from tests.helpers import make_tiny_bert
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the Hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# report.trackers=[trackio] writes to the SQLite store under TRACKIO_DIR, which trackio reads once, at its import:
+# the tests' runs go to a folder of this process's own, never to the user's ~/.cache/huggingface/trackio
+_TRACKIO_DIR = tempfile.mkdtemp(prefix="leantrain-tests-trackio-")
+os.environ["TRACKIO_DIR"] = _TRACKIO_DIR
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ANN001
+    shutil.rmtree(_TRACKIO_DIR, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001

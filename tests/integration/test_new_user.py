@@ -25,7 +25,8 @@ def _rows(n, seed=0):
 # ------------------------------------------------------------------------------------------------ 2. trackers
 
 
-@pytest.mark.parametrize("tracker,package", [("wandb", "wandb"), ("mlflow", "mlflow")])
+@pytest.mark.parametrize("tracker,package", [("wandb", "wandb"), ("mlflow", "mlflow"), ("trackio", "trackio"),
+                                             ("swanlab", "swanlab")])
 def test_missing_tracker_package_is_exit_2(tracker, package, monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))

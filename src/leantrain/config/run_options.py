@@ -92,8 +92,10 @@ class EfficiencyConfig(Section):
 class ReportConfig(Section):
     """What the run reports besides metrics.jsonl and summary.json: trackers, progress, plots."""
 
-    trackers: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive"]] = Field(
-        default_factory=list, description="Accelerate trackers, e.g. [tensorboard]; none by default"
+    trackers: list[Literal["tensorboard", "trackio", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive",
+                           "swanlab"]] = Field(
+        default_factory=list, description="Accelerate trackers, e.g. [tensorboard] or [trackio] (local: SQLite "
+        "under TRACKIO_DIR, default ~/.cache/huggingface/trackio; `trackio show` for its dashboard); none by default"
     )
     progress: Literal["auto", "bar", "plain", "none"] = Field(
         "auto", description="auto: a bar on a terminal, plain log lines otherwise; a long generation "
@@ -121,8 +123,9 @@ class ReportConfig(Section):
         return v
 
 
-TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
-                    "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",), "dvclive": ("dvclive",)}
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "trackio": ("trackio",), "wandb": ("wandb",),
+                    "mlflow": ("mlflow",), "comet_ml": ("comet_ml",), "aim": ("aim",), "clearml": ("clearml",),
+                    "dvclive": ("dvclive",), "swanlab": ("swanlab",)}
 
 
 class DistributedConfig(Section):

@@ -105,15 +105,18 @@ def end_processes(accelerator) -> None:
 
 
 def attach_trackers(cfg: Config, accelerator, run_dir: Path) -> None:
-    """Accelerate's trackers (report.trackers), logging under the run folder. The folder is known only once the
-    ranks agree on it, after the Accelerator exists, so the trackers are attached here rather than at construction."""
+    """Accelerate's trackers (report.trackers), logging under the run folder (those that take a folder: TensorBoard);
+    trackio keeps its own store (TRACKIO_DIR, default ~/.cache/huggingface/trackio), project ``leantrain``, the run
+    named after the run folder. The folder is known only once the ranks agree on it, after the Accelerator exists, so
+    the trackers are attached here rather than at construction."""
     if not cfg.report.trackers:
         return
     from accelerate.tracking import filter_trackers
 
     accelerator.project_configuration.set_directories(str(run_dir))
     accelerator.log_with = filter_trackers(list(cfg.report.trackers), accelerator.logging_dir)
-    accelerator.init_trackers("leantrain", config=_flat_scalars(cfg.to_dict()))
+    accelerator.init_trackers("leantrain", config=_flat_scalars(cfg.to_dict()),
+                              init_kwargs={"trackio": {"name": run_dir.name, "embed": False}})
 
 
 def _flat_scalars(tree: dict, prefix: str = "") -> dict:

@@ -200,10 +200,12 @@ def finish(loop: Loop, *, wall_seconds: float) -> dict:
         loop.best.update(last_eval, state.step, model)
     if cfg.checkpoint.save_model == "best":
         last_eval = loop.best.load_into(model) or last_eval
+    split = loop.clock.summary()  # where the time went (summary.json's train.time_split_seconds), to the trackers too
+    run.metrics_log.to_trackers({"type": "time_split_seconds", "step": state.step, **split})
     result = RunResult(
         layout=run.layout, meter=run.meter, steps=state.step, last_eval=last_eval, records=run.metrics_log.records,
         wall_seconds=wall_seconds, counts=run.counts, optim_state=loop.optim_state,
-        speed={**run.flops.summary(run.meter.tokens_per_second), "time_split_seconds": loop.clock.summary()},
+        speed={**run.flops.summary(run.meter.tokens_per_second), "time_split_seconds": split},
         efficiency=efficiency_summary(cfg.efficiency, accelerator, model, start.precision, start.precision_reason,
                                       start.allocator, run.choices),
         distributed=distributed_summary(cfg, accelerator, model, run.comm, run.meter),

@@ -1,7 +1,10 @@
 """Run folder writers: metrics.jsonl (one object per logged step and per evaluation), completions.jsonl (what a
 method that makes its own batches generated, a few records per logging step), summary.json, config.yaml.
 
-Only the main process writes; the others get a writer that does nothing.
+Only the main process writes; the others get a writer that does nothing. Every record also goes to the run's
+trackers (``report.trackers``, through Accelerate, which logs on the main process only): its numbers as scalars
+(``tracker_values``), its rows (a samples record's continuations, completions.jsonl's records) as a table where the
+tracker takes tables (``TABLE_TRACKERS``: trackio).
 """
 
 from __future__ import annotations
@@ -54,11 +57,14 @@ class MetricsLog:
         return self.path.with_name(COMPLETIONS)
 
     def write_samples(self, step: int, samples) -> None:  # noqa: ANN001 - JSON-able records
-        """A method's sample records of ``step`` (``StepBatches.samples``), appended to completions.jsonl."""
+        """A method's sample records of ``step`` (``StepBatches.samples``), appended to completions.jsonl; the
+        trackers that take tables get them as the table ``completions``."""
         if not self.path or not samples:
             return
+        rows = [_clean({"step": step, **dict(r)}) for r in samples]
         with self.samples_path.open("a") as f:
-            f.writelines(json.dumps(_clean({"step": step, **dict(r)})) + "\n" for r in samples)
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        self._log_table(Path(COMPLETIONS).stem, rows, step)
 
     def write(self, record: dict[str, Any]) -> None:
         record = _clean(record)
@@ -66,8 +72,27 @@ class MetricsLog:
         if self.path:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
-        if self.accelerator is not None and self.accelerator.trackers:
-            self.accelerator.log(tracker_values(record), step=record.get("step"))
+        self.to_trackers(record)
+        kind = str(record.get("type", "train"))
+        for key, rows in record.items():  # a samples record's continuations: the table ``samples``
+            if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+                self._log_table(kind if key == kind else f"{kind}/{key}", rows, record.get("step"))
+
+    def to_trackers(self, record: dict[str, Any]) -> None:
+        """``record``'s numbers to the trackers only (not metrics.jsonl), e.g. the run's time split at its end."""
+        values = tracker_values(record)  # none for a samples record: its rows go to a table
+        if values and self.accelerator is not None and self.accelerator.trackers:
+            self.accelerator.log(values, step=record.get("step"))
+
+    def _log_table(self, name: str, rows: list[dict[str, Any]], step: int | None) -> None:
+        """``rows`` as the table ``name`` at ``step``, to each tracker that takes tables (on the main process only,
+        as Accelerate logs). A nested mapping (GRPO's ``rewards``) becomes columns ``rewards.<name>``."""
+        if self.accelerator is None or not getattr(self.accelerator, "is_main_process", True):
+            return
+        for tracker in self.accelerator.trackers:
+            table = TABLE_TRACKERS.get(getattr(tracker, "name", None))
+            if table is not None:
+                tracker.log({name: table([table_row(r) for r in rows])}, step=step)
 
 
 def tracker_values(record: dict[str, Any]) -> dict[str, float]:
@@ -82,6 +107,29 @@ def tracker_values(record: dict[str, Any]) -> dict[str, float]:
         name = k.removeprefix(f"{kind}.").removeprefix(f"{kind}/")
         out[f"{kind}/{name}"] = v
     return out
+
+
+def table_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A record as one table row: scalars and text as they are, a nested mapping flattened to ``<key>.<name>``
+    columns, any other value (a list) as JSON text."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, dict):
+            out.update(table_row({f"{k}.{name}": x for name, x in v.items()}))
+        elif v is None or isinstance(v, (str, int, float)):
+            out[k] = v
+        else:
+            out[k] = json.dumps(v)
+    return out
+
+
+def _trackio_table(rows: list[dict[str, Any]]):
+    import trackio
+
+    return trackio.Table(data=rows)
+
+
+TABLE_TRACKERS = {"trackio": _trackio_table}  # Accelerate tracker name -> rows -> the value its ``log`` takes
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

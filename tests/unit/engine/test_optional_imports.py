@@ -1,5 +1,6 @@
 """Optional back-ends are imported only by the runs that ask for them: a plain classifier run on CPU never imports
-bitsandbytes (whose CPU kernel probe prints an error about a package the run does not use) nor peft."""
+bitsandbytes (whose CPU kernel probe prints an error about a package the run does not use), peft, nor trackio (a
+tracker it did not ask for)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 from leantrain.cli import main
 status = main(["train", "model.name={model}", "data.train={data}", "train.max_steps=1", "train.batch_size=4",
                "checkpoint.every_steps=0", "report.plots=false", "output_dir={out}"])
-print("imported:", sorted(m for m in ("bitsandbytes", "peft") if m in sys.modules), "status", status)
+print("imported:", sorted(m for m in ("bitsandbytes", "peft", "trackio") if m in sys.modules), "status", status)
 """
 
 

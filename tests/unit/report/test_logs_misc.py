@@ -5,6 +5,7 @@ import pytest
 
 from tests.helpers import write_rows
 from leantrain import train
+from leantrain.report.logs import read_metrics
 
 
 def test_tracker_tags_use_one_scheme_for_train_and_eval():
@@ -23,6 +24,48 @@ def test_tracker_tags_use_one_scheme_for_train_and_eval():
     m.write({"type": "eval", "step": 2, "loop_seconds": 1.5, "eval.accuracy": 0.75, "eval.loss": 0.4})
     assert logged == [(2, {"train/loss": 0.5, "train/lr": 1e-3}),
                       (2, {"eval/loop_seconds": 1.5, "eval/accuracy": 0.75, "eval/loss": 0.4})]
+
+
+def test_rows_go_as_tables_to_the_trackers_that_take_them_on_the_main_process_only(tmp_path, monkeypatch):
+    """A samples record's continuations and completions.jsonl's records (a nested ``rewards`` flattened to columns)
+    reach a table-taking tracker (trackio) as tables; a tracker without tables gets the scalars only, and a record
+    with no scalars (samples) logs none; another process writes nothing."""
+    import leantrain.report.logs as logs
+
+    monkeypatch.setitem(logs.TABLE_TRACKERS, "trackio", lambda rows: ("table", rows))
+    logged, tables = [], []
+
+    class Tracker:
+        def __init__(self, name):
+            self.name = name
+
+        def log(self, values, step=None):
+            tables.append((self.name, step, values))
+
+    class FakeAccelerator:
+        trackers = [Tracker("tensorboard"), Tracker("trackio")]
+        is_main_process = True
+
+        def log(self, values, step=None):
+            logged.append((step, values))
+
+    m = logs.MetricsLog(tmp_path / "metrics.jsonl", FakeAccelerator())
+    m.write({"type": "samples", "step": 0, "samples": [{"prompt": "Once", "continuation": " upon"}]})
+    m.write_samples(2, [{"prompt": "1+1?", "completion": "2", "reward": 1.5, "rewards": {"digit": 1.0, "short": 0.5}}])
+    m.to_trackers({"type": "time_split_seconds", "step": 2, "data": 0.25, "compute": 1.0})
+    assert tables == [("trackio", 0, {"samples": ("table", [{"prompt": "Once", "continuation": " upon"}])}),
+                      ("trackio", 2, {"completions": ("table", [{"step": 2, "prompt": "1+1?", "completion": "2",
+                                                                  "reward": 1.5, "rewards.digit": 1.0,
+                                                                  "rewards.short": 0.5}])})]
+    assert logged == [(2, {"time_split_seconds/data": 0.25, "time_split_seconds/compute": 1.0})]
+    assert read_metrics(tmp_path / "metrics.jsonl") == [m.records[0]]  # the time split: trackers only
+
+    tables.clear()
+    FakeAccelerator.is_main_process = False
+    other = logs.MetricsLog(None, FakeAccelerator())
+    other.write({"type": "samples", "step": 0, "samples": [{"prompt": "Once", "continuation": " upon"}]})
+    other.write_samples(2, [{"completion": "2"}])
+    assert tables == []
 
 
 def test_datasets_progress_bars_are_off_when_output_is_not_a_terminal(monkeypatch):
