@@ -200,8 +200,7 @@ def finish(loop: Loop, *, wall_seconds: float) -> dict:
         loop.best.update(last_eval, state.step, model)
     if cfg.checkpoint.save_model == "best":
         last_eval = loop.best.load_into(model) or last_eval
-    split = loop.clock.summary()  # where the time went (summary.json's train.time_split_seconds), to the trackers too
-    run.metrics_log.to_trackers({"type": "time_split_seconds", "step": state.step, **split})
+    split = loop.clock.summary()  # where the time went (summary.json's train.time_split_seconds)
     result = RunResult(
         layout=run.layout, meter=run.meter, steps=state.step, last_eval=last_eval, records=run.metrics_log.records,
         wall_seconds=wall_seconds, counts=run.counts, optim_state=loop.optim_state,
@@ -378,6 +377,7 @@ class Loop:
             logged["mfu"] = run.flops.of(logged["tokens_per_second"])
             run.metrics_log.write(logged)
             run.metrics_log.write_samples(step, samples)
+            run.metrics_log.to_trackers({"type": "time_split_seconds", "step": step, **self.clock.summary()})
             state.running.zero_()
             state.running_count = 0
             state.metrics.clear()

@@ -79,7 +79,7 @@ class MetricsLog:
                 self._log_table(kind if key == kind else f"{kind}/{key}", rows, record.get("step"))
 
     def to_trackers(self, record: dict[str, Any]) -> None:
-        """``record``'s numbers to the trackers only (not metrics.jsonl), e.g. the run's time split at its end."""
+        """``record``'s numbers to the trackers only (not metrics.jsonl), e.g. the run's time split so far."""
         values = tracker_values(record)  # none for a samples record: its rows go to a table
         if values and self.accelerator is not None and self.accelerator.trackers:
             self.accelerator.log(values, step=record.get("step"))
