@@ -63,7 +63,7 @@ def atomic_file(path: Path):
 def fsync_dir(path: Path) -> None:
     """fsync a folder (its entries: renames into it are durable); a file system that cannot is left as it is."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
             os.fsync(fd)
         finally:

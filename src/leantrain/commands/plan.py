@@ -28,12 +28,11 @@ from torch import nn
 from leantrain.config import Config, resolve
 from leantrain.engine.accelerator import make_accelerator, setup_logging
 from leantrain.engine.distributed import strategy_name
-from leantrain.engine.efficiency import resolve_model_choices, resolve_precision
+from leantrain.engine.efficiency import install_output_loss, resolve_model_choices, resolve_precision
 from leantrain.engine.preflight import check_max_length
 from leantrain.engine.training_data import prepare_training_data
 from leantrain.errors import UserError
 from leantrain.modeling import build_model
-from leantrain.modeling.chunked_loss import apply_chunked_loss
 from leantrain.modeling.lora import apply_trainable
 from leantrain.modeling.tasks import Task
 from leantrain.perf import estimate, memory_model
@@ -164,7 +163,8 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
                                                    attention=choices.attention), cfg.model, cfg.peft)
     model = model.to(device)  # LoRA (peft.*) and model.freeze as the run applies them
     log.info(choices.apply_recast(model))  # as train does
-    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss)  # as train does; causal LMs only
+    chunked = install_output_loss(model, cfg.efficiency, device, micro, cfg.data.block_size,  # as train does:
+                                  data.task.traits.uniform_token_gradients)  # causal LMs only, on this device
     if chunked:
         log.info(chunked)
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))

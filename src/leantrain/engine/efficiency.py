@@ -100,6 +100,14 @@ def output_loss_sizes(model: nn.Module, eff: EfficiencyConfig, device: torch.dev
     return plain_logits_bytes(micro_batch * block_size, layer.weight.shape[0]), budget
 
 
+def install_output_loss(model: nn.Module, eff: EfficiencyConfig, device: torch.device, micro_batch: int | str,
+                        block_size: int | None, uniform: bool) -> str | None:
+    """``efficiency.chunked_loss`` on ``model`` as a run on ``device`` with this micro-batch chooses it (the sizes of
+    :func:`output_loss_sizes`): for ``leantrain plan``, which prices what train installs; a note for the log."""
+    return apply_chunked_loss(model, eff.chunked_loss, device.type,
+                              *output_loss_sizes(model, eff, device, micro_batch, block_size), uniform=uniform)
+
+
 def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: str,
                          logits_bytes: int | None = None, budget: int | None = None, uniform: bool = True,
                          choices: ModelChoices | None = None) -> list[str]:

@@ -277,3 +277,19 @@ def test_the_resolved_recast_swaps_the_bias_free_linears_or_says_there_are_none(
     assert "in 15 linear layers" in choices.apply_recast(llama)
     assert "no bias-free linear layer" in choices.apply_recast(bert)
     assert "kept for the backward (off)" in ModelChoices(None, "", False, "", False, "off").apply_recast(loss_llama())
+
+
+@pytest.mark.parametrize("device, chosen", [("cpu", "chunked loss: on"), ("cuda", "output loss: plain")])
+def test_plan_installs_the_output_loss_train_would_on_its_device(device, chosen, monkeypatch):
+    """leantrain plan prices what train installs: the device's choice (a CUDA run whose logits fit its budget keeps
+    the plain logits; a CPU run chunks), from the micro-batch's logits and the budget, not the CPU's by default."""
+    from leantrain.config.run_options import EfficiencyConfig
+    from leantrain.engine.efficiency import install_output_loss
+    from leantrain.modeling.chunked_loss import is_installed
+    from tests.tiny_models import loss_llama
+
+    monkeypatch.setattr("leantrain.modeling.chunked_loss.liger_available", lambda: False)
+    model = loss_llama(vocab=8192)  # stays on the CPU: only the device's type is read
+    eff = EfficiencyConfig(memory_budget="80GiB")
+    note = install_output_loss(model, eff, torch.device(device), 4, 64, uniform=True)
+    assert note.startswith(chosen) and is_installed(model) == (device == "cpu")

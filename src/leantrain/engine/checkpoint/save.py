@@ -39,7 +39,7 @@ from leantrain.config import Config
 from leantrain.engine.batch_layout import BatchLayout
 from leantrain.engine.faults import FaultInjector
 from leantrain.engine.checkpoint.state_io import fsync_file, save_state
-from leantrain.files import disk_full, disk_of, sha256_file
+from leantrain.files import disk_full, disk_of, fsync_dir, sha256_file
 from leantrain.errors import UserError
 from leantrain.modeling.trainable_state import identity, saves_trainable_only, trainable_state
 
@@ -60,14 +60,6 @@ def checkpoint_name(step: int) -> str:
 
 def rank_file(rank: int) -> str:
     return f"rank-{rank}"
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def complete_checkpoints(out: Path) -> list[Path]:
