@@ -12,12 +12,12 @@ reads back.
 
 from __future__ import annotations
 
+import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
-
-from leantrain.engine.checkpoint.save import rng_state, set_rng_state
 
 
 @dataclass
@@ -116,3 +116,23 @@ class LoopState:
             from accelerate.utils import set_seed
 
             set_seed(seed + 1000003 * self.step + rank)
+
+
+def rng_state() -> dict:
+    """Every random number generator this process uses, as tensors and lists of ints (no pickle)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if hasattr(torch, "mps") and torch.backends.mps.is_available():
+        state["mps"] = torch.mps.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(tuple(tuple(v) if isinstance(v, list) else v for v in state["python"]))
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "mps" in state and hasattr(torch, "mps") and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(state["mps"])

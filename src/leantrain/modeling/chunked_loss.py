@@ -41,6 +41,7 @@ from torch import nn
 
 from leantrain.errors import ConfigError
 from leantrain.modeling.output_loss import choose_output_loss, liger_available, liger_token_losses
+from leantrain.modeling.wrappers import unwrapped
 
 IGNORE = -100
 # one chunk's logits: about this many fp32 values, whatever the vocabulary: 64 MiB on CPU; 256 MiB on GPUs, where
@@ -155,7 +156,7 @@ def keeps_logits(model: nn.Module) -> bool:
     """Whether the model's forward takes ``logits_to_keep`` (the output layer run on the last positions alone, as
     transformers' causal LMs do): its class's forward, inside DDP, compile and peft wrappers and under the forwards
     set on the instance (accelerate's, FSDP's autocast), which pass their keywords on."""
-    inner = _unwrap(model)
+    inner = unwrapped(model)
     base = inner.get_base_model() if hasattr(inner, "peft_config") else inner
     return "logits_to_keep" in inspect.signature(type(base).forward).parameters
 
@@ -272,23 +273,12 @@ def same_output_layer(source: nn.Module, target: nn.Module) -> bool:
     layer = chunked_layer(source)
     if layer is None:
         return False
-    return install_chunked_loss(_unwrap(target), getattr(layer, MARK) or None, getattr(layer, KERNEL))
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The model inside DDP / FSDP1 (``.module``) and torch.compile (``._orig_mod``) wrappers."""
-    seen = 0
-    while seen < 8:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            return model
-        model, seen = inner, seen + 1
-    return model
+    return install_chunked_loss(unwrapped(target), getattr(layer, MARK) or None, getattr(layer, KERNEL))
 
 
 def chunked_layer(model: nn.Module) -> nn.Module | None:
     """The output layer with the chunked loss installed, or None (also through DDP/FSDP/compile wrappers)."""
-    layer = output_layer(_unwrap(model))
+    layer = output_layer(unwrapped(model))
     return layer if layer is not None and hasattr(layer, MARK) else None
 
 

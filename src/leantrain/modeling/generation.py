@@ -24,6 +24,7 @@ import torch
 
 from leantrain.errors import UserError
 from leantrain.heartbeat import Work, work
+from leantrain.modeling.wrappers import unwrapped
 
 
 def has_chat_template(tokenizer) -> bool:
@@ -156,7 +157,7 @@ def continuations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: i
     if tokenizer.pad_token is None and tokenizer.eos_token is None and len(texts) > 1:
         raise UserError("the tokenizer has neither a pad token nor an EOS token, so several prompts cannot be "
                         "padded into one batch; give one prompt at a time")
-    model = getattr(model, "module", model)  # DDP: generate on the wrapped model (the same weights)
+    model = unwrapped(model)  # DDP, compile: generate on the wrapped model (the same weights)
     device = next(model.parameters()).device
     config = _generation_config(model, tokenizer, max_new_tokens, temperature, top_p)
     side, pad = tokenizer.padding_side, tokenizer.pad_token

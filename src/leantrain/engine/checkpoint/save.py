@@ -24,7 +24,6 @@ import hashlib
 import json
 import logging
 import os
-import random
 import re
 import shutil
 from pathlib import Path
@@ -114,26 +113,6 @@ def verify(folder: Path) -> dict:
         if sha256_file(path) != digest:
             raise ValueError(f"{folder}: {name} does not match its checksum in manifest.json (corrupt or replaced)")
     return manifest
-
-
-def rng_state() -> dict:
-    """Every random number generator this process uses, as tensors and lists of ints (no pickle)."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    if hasattr(torch, "mps") and torch.backends.mps.is_available():
-        state["mps"] = torch.mps.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(tuple(tuple(v) if isinstance(v, list) else v for v in state["python"]))
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "mps" in state and hasattr(torch, "mps") and torch.backends.mps.is_available():
-        torch.mps.set_rng_state(state["mps"])
 
 
 def data_fingerprint(dataset, columns: tuple[str, ...] | None = None) -> str:

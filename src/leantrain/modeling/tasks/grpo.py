@@ -37,9 +37,10 @@ from leantrain.modeling.tasks import grpo_rollout as G
 from leantrain.modeling.tasks.causal_lm import CausalLM
 from leantrain.modeling.tasks.grpo_generation import Sampling, backend
 from leantrain.modeling.tasks.method_seam import StepBatches
-from leantrain.modeling.tasks.preference import frozen_forward, unwrapped
+from leantrain.modeling.tasks.preference import frozen_forward
 from leantrain.modeling.tasks.registry import CardText, Task, register
 from leantrain.modeling.tasks.traits import Traits
+from leantrain.modeling.wrappers import unwrapped
 
 RECORD = "grpo"  # config.json's field: the settings the policy was trained with (the card; eval's default rewards)
 RECORDED = ("rewards", "reward_weights", "num_generations", "max_new_tokens", "loss", "scale_rewards", "beta",

@@ -34,7 +34,8 @@ from leantrain.errors import ConfigError, UserError
 from leantrain.heartbeat import work
 from leantrain.modeling import fast_decode
 from leantrain.modeling.reserved_cache import reserve
-from leantrain.modeling.tasks.preference import frozen_forward, unwrapped
+from leantrain.modeling.tasks.preference import frozen_forward
+from leantrain.modeling.wrappers import unwrapped
 
 
 @dataclass(frozen=True)

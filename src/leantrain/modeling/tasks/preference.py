@@ -38,6 +38,7 @@ from leantrain.modeling.tasks import preference_losses as L
 from leantrain.modeling.tasks.causal_lm import CausalLM
 from leantrain.modeling.tasks.registry import CardText, Task, register
 from leantrain.modeling.tasks.traits import Traits
+from leantrain.modeling.wrappers import unwrapped
 
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids")
 INPUT_COLUMNS = ("chosen_input_ids", "rejected_input_ids")  # a pair's two sequences
@@ -90,13 +91,6 @@ def pair_weights(batch: dict, losses: torch.Tensor) -> torch.Tensor:
 def lm_batch(batch: dict) -> dict:
     """The columns of a preference batch the causal LM's forward reads (not ``ref_logps``, ``desirable``)."""
     return {k: batch[k] for k in (*MODEL_KEYS, "labels") if k in batch}
-
-
-def unwrapped(model):
-    """The model inside DDP / compile wrappers."""
-    while isinstance(getattr(model, "module", None) or getattr(model, "_orig_mod", None), torch.nn.Module):
-        model = getattr(model, "module", None) or model._orig_mod
-    return model
 
 
 @contextmanager

@@ -22,9 +22,10 @@ import torch
 from leantrain.config.tasks import REWARD_MODEL, task_spec
 from leantrain.modeling.first_token import first_token_last_layer
 from leantrain.modeling.tasks import preference_losses as L
-from leantrain.modeling.tasks.preference import check_unread_keys, unwrapped
+from leantrain.modeling.tasks.preference import check_unread_keys
 from leantrain.modeling.tasks.registry import CardText, Task, register
 from leantrain.modeling.tasks.traits import Traits
+from leantrain.modeling.wrappers import unwrapped
 
 MODEL_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 RECORD = "reward_model"  # config.json's field: {"center_rewards": ...}

@@ -1,0 +1,18 @@
+"""The model inside its wrappers: DDP, FSDP1 and DeepSpeed hold it as ``.module``, torch.compile as ``._orig_mod``.
+The one unwrap of ``modeling`` and the methods (peft's model is not a wrapper here: its adapters are the model)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+MAX_DEPTH = 8  # wrappers around wrappers (compile of DDP of ...): a cycle of attributes never loops forever
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The innermost model under ``.module`` / ``._orig_mod`` wrappers (``model`` itself when unwrapped)."""
+    for _ in range(MAX_DEPTH):
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+    return model
