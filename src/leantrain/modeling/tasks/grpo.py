@@ -136,6 +136,9 @@ class Grpo(CausalLM):
         if cfg is not None and self.rewards and rows:
             R.check_rewards(list(self.rewards), rows, conversational=columns.get("prompt") == "messages")
 
+    def generated_tokens(self) -> tuple[int, str]:
+        return self.max_new_tokens, "grpo.max_new_tokens"
+
     def saved_config(self, ev: dict | None) -> dict:
         return {RECORD: {"rewards": list(self.reward_specs),
                          "reward_weights": [r.weight for r in self.rewards],
@@ -305,7 +308,7 @@ class Grpo(CausalLM):
             rollout = backend(self.generation)(model, batch["prompt_input_ids"], batch["prompt_attention_mask"],
                                                num_generations=1, sampling=greedy, eos_ids=self.stop_ids(model),
                                                pad_id=self.pad_id())
-        s = G.score(batch, rollout, self.tokenizer(), list(self.rewards), 1, step=None)
+        s = G.score(batch, rollout, self.tokenizer(), list(self.rewards), 1, step="in evaluation")
         values = torch.cat([s.rewards[:, None], torch.from_numpy(s.scores)], dim=1)
         return (values.to(batch["prompt_input_ids"].device),)
 
