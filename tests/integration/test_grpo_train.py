@@ -84,6 +84,38 @@ def test_a_reward_of_the_wrong_length_stops_the_run_naming_it_and_the_step(grpo)
         train(None, [*grpo_args(root, root / "bad", "train.max_steps=1"), bad])
 
 
+RAISES_ON_ONE_ROW = '''
+def picky(prompts, completions, **kwargs):
+    return [float(len(c) > 2) if p != "What is 9 + 3?" else {}["no rule for 9 + 3"] for p, c in zip(prompts, completions)]
+'''
+
+
+def test_a_reward_raising_on_one_row_mid_run_names_it_and_loses_nothing(grpo):
+    """A reward that raises on one prompt (train.jsonl line 6, first seen at step 2): exit 2 naming the function, the
+    step, the prompt and the original KeyError, no traceback; the metrics and the checkpoint of step 1 are intact,
+    and once the function is mended the same command resumes from that checkpoint and finishes."""
+    from leantrain.modeling.tasks.grpo import loaded_rewards
+
+    root, _, _ = grpo
+    rewards, out = root / "picky.py", root / "picky-run"
+    rewards.write_text(RAISES_ON_ONE_ROW)
+    args = [*grpo_args(root, out, "train.max_steps=3", "checkpoint.every_steps=1", "report.progress=none"),
+            f"grpo.rewards=[{rewards}:picky]"]
+    failed = cli_here("train", *args)
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr
+    assert ("reward picky failed at step 2 on completion 0 of 8 (prompt 'What is 9 + 3?'): KeyError: 'no rule for "
+            "9 + 3'") in failed.stderr
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "train"] == [1]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000001"]
+    rewards.write_text(RAISES_ON_ONE_ROW.replace('{}["no rule for 9 + 3"]', "0.5"))  # mended (another size: no stale
+    loaded_rewards.cache_clear()  # bytecode); this process loaded the raising one
+    resumed = cli_here("train", *args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["train"]["resumed_from_step"] == 1
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "train"] == [1, 2, 3]
+
+
 def test_grpo_without_rewards_exits_2_naming_the_key(grpo, capsys):
     root, _, _ = grpo
     assert main(["train", *grpo_args(root, root / "none", "train.max_steps=1"), "grpo.rewards=[]"]) == 2
