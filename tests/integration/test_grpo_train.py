@@ -84,6 +84,38 @@ def test_a_reward_of_the_wrong_length_stops_the_run_naming_it_and_the_step(grpo)
         train(None, [*grpo_args(root, root / "bad", "train.max_steps=1"), bad])
 
 
+RAISES_ON_ONE_ROW = '''
+def picky(prompts, completions, **kwargs):
+    return [float(len(c) > 2) if p != "What is 9 + 3?" else {}["no rule for 9 + 3"] for p, c in zip(prompts, completions)]
+'''
+
+
+def test_a_reward_raising_on_one_row_mid_run_names_it_and_loses_nothing(grpo):
+    """A reward that raises on one prompt (train.jsonl line 6, first seen at step 2): exit 2 naming the function, the
+    step, the prompt and the original KeyError, no traceback; the metrics and the checkpoint of step 1 are intact,
+    and once the function is mended the same command resumes from that checkpoint and finishes."""
+    from leantrain.modeling.tasks.grpo import loaded_rewards
+
+    root, _, _ = grpo
+    rewards, out = root / "picky.py", root / "picky-run"
+    rewards.write_text(RAISES_ON_ONE_ROW)
+    args = [*grpo_args(root, out, "train.max_steps=3", "checkpoint.every_steps=1", "report.progress=none"),
+            f"grpo.rewards=[{rewards}:picky]"]
+    failed = cli_here("train", *args)
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr
+    assert ("reward picky failed at step 2 on completion 0 of 8 (prompt 'What is 9 + 3?'): KeyError: 'no rule for "
+            "9 + 3'") in failed.stderr
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "train"] == [1]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000001"]
+    rewards.write_text(RAISES_ON_ONE_ROW.replace('{}["no rule for 9 + 3"]', "0.5"))  # mended (another size: no stale
+    loaded_rewards.cache_clear()  # bytecode); this process loaded the raising one
+    resumed = cli_here("train", *args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["train"]["resumed_from_step"] == 1
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "train"] == [1, 2, 3]
+
+
 def test_grpo_without_rewards_exits_2_naming_the_key(grpo, capsys):
     root, _, _ = grpo
     assert main(["train", *grpo_args(root, root / "none", "train.max_steps=1"), "grpo.rewards=[]"]) == 2
@@ -115,9 +147,37 @@ def test_sigkill_mid_run_resumes_bitwise(grpo):
     final = cli_here("train", *_resume_args(root, resumed_dir))
     assert final.returncode == 0, final.stderr[-3000:]
     assert json.loads((resumed_dir / "summary.json").read_text())["train"]["resumed_from_step"] == 4
+    _same_run(ref_dir, resumed_dir)
+
+
+def _same_run(ref_dir: Path, resumed_dir: Path) -> None:
+    """Bitwise the same metrics (floats are written with repr) and final weights."""
     keep = ("type", "step", "loss", "reward", "kl", "clip_ratio", "grad_norm", "eval.reward")
     got, want = ([{k: r[k] for k in keep if k in r} for r in read_metrics(d / "metrics.jsonl")]
                  for d in (resumed_dir, ref_dir))
-    assert got == want  # bitwise: floats are written with repr
+    assert got == want
     a, b = model_params(ref_dir), model_params(resumed_dir)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigterm_during_a_generation_stops_after_that_step_with_a_checkpoint_and_resumes_bitwise(grpo):
+    """The shape of the SIGKILL test, 6 steps: SIGTERM sent from inside the generation of step 3 (at its first forward:
+    LEANTRAIN_TEST_SIGNAL_IN_GENERATION) -> the generation and step 3 finish, a checkpoint of step 3 is written
+    (between the every-2-steps ones), exit 75, no traceback; the resume continues from step 3 bitwise."""
+    root, _, _ = grpo
+    ref_dir, stopped_dir = root / "ref-term", root / "stopped"
+    with ThreadPoolExecutor(1) as pool:  # the signalled process meanwhile; the reference and the resumed run here
+        job = pool.submit(_process, root, stopped_dir, LEANTRAIN_TEST_SIGNAL_IN_GENERATION="TERM@3")
+        assert train_here(_resume_args(root, ref_dir))["train"]["steps"] == 6
+        stopped = job.result()
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    err = stopped.stderr
+    assert "Traceback" not in err and "stopped by SIGTERM after step 3 of 6" in err
+    assert err.index("got SIGTERM") < err.index("checkpoints/step-0000003")  # during step 3, saved after it
+    assert sorted(p.name for p in (stopped_dir / "checkpoints").iterdir()) == ["step-0000002", "step-0000003"]
+    assert [r["step"] for r in read_metrics(stopped_dir / "metrics.jsonl") if r["type"] == "train"] == [1, 2, 3]
+    assert not (stopped_dir / "summary.json").exists()
+    final = cli_here("train", *_resume_args(root, stopped_dir))
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert json.loads((stopped_dir / "summary.json").read_text())["train"]["resumed_from_step"] == 3
+    _same_run(ref_dir, stopped_dir)

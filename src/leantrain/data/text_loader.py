@@ -8,6 +8,7 @@ The datasets returned keep only ``text``, optional ``text_pair`` and ``label`` (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import datasets
 import pyarrow.compute as pc
@@ -34,6 +35,9 @@ class PreparedData:
     columns: dict[str, str | None]  # {"text": user column, "text_pair": user column or None, "label": user column}
     notes: list[str] = field(default_factory=list)  # choices made (auto-detected columns, hold-out, label order)
     warnings: list[str] = field(default_factory=list)  # e.g. fewer training examples than one batch
+    # a side whose rows are generated from (prompts): (tokenizer (a callable giving it), new tokens, (positions,
+    # where that number comes from), key) -> the problems of the rows too long for the model with the new tokens
+    room: Callable | None = field(default=None, repr=False, compare=False)
 
 
 def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labels: list[str] | None = None,

@@ -11,6 +11,8 @@ NaN is caught. Read once when the run starts; unset, each costs one comparison p
                                        run settings).
 ``LEANTRAIN_TEST_SIGNAL_AT_STEP=SIG@k[:RANK]``  process RANK (default 0) sends itself SIG (TERM, INT) after step k,
                                        as a scheduler preempting the job would (see ``engine.checkpoint.preempt``).
+``LEANTRAIN_TEST_SIGNAL_IN_GENERATION=SIG@k[:RANK]``  the same, from inside the generation of step k of an online
+                                       method (GRPO: at the first forward of its first rollout), the step in flight.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ KILL_AT_STEP = "LEANTRAIN_TEST_KILL_AT_STEP"
 CRASH_IN_SAVE = "LEANTRAIN_TEST_CRASH_IN_SAVE"
 CRASH_IN_FINAL_SAVE = "LEANTRAIN_TEST_CRASH_IN_FINAL_SAVE"
 SIGNAL_AT_STEP = "LEANTRAIN_TEST_SIGNAL_AT_STEP"
+SIGNAL_IN_GENERATION = "LEANTRAIN_TEST_SIGNAL_IN_GENERATION"
 
 
 def parse(spec: str | None) -> tuple[str, int, int] | None:
@@ -66,6 +69,7 @@ class FaultInjector:
         self.crash_in_save_at = _step_of(CRASH_IN_SAVE)
         self.crash_in_final_save = _step_of(CRASH_IN_FINAL_SAVE) == 1
         self.signal_at = _signal_of(os.environ.get(SIGNAL_AT_STEP), rank)
+        self.signal_in_generation = _signal_of(os.environ.get(SIGNAL_IN_GENERATION), rank)
 
     def poison(self, micro_batches: list[dict], step: int) -> list[dict]:
         """Before optimizer step ``step``: its loss becomes NaN (``LEANTRAIN_TEST_NAN_AT_STEP``)."""
@@ -100,3 +104,10 @@ class FaultInjector:
         """After step ``step``, before the processes agree whether to stop: ``LEANTRAIN_TEST_SIGNAL_AT_STEP``."""
         if self.signal_at is not None and step == self.signal_at[1]:
             os.kill(os.getpid(), self.signal_at[0])
+
+    def in_generation(self, step: int):  # noqa: ANN201 - a callable or None
+        """What a method calls once the generation of step ``step`` has begun (``StepContext.generating``): sends
+        ``LEANTRAIN_TEST_SIGNAL_IN_GENERATION``'s signal at that step; None (nothing to call) at every other."""
+        if self.signal_in_generation is None or step != self.signal_in_generation[1]:
+            return None
+        return lambda: os.kill(os.getpid(), self.signal_in_generation[0])

@@ -324,7 +324,8 @@ class Loop:
         denominator over all processes."""
         run, state = self.run, self.state
         units = run.data.units_in(global_batch)  # the loss's denominator, the task's unit, known on the host
-        ctx = StepContext(run.model, run.accelerator, state.step, state.method)
+        ctx = StepContext(run.model, run.accelerator, state.step, state.method,
+                          generating=run.faults.in_generation(state.step + 1))
         made = run.data.task.step_batches(ctx, loaded, units)
         count, tokens = global_counts(made.count, made.tokens, run.accelerator)  # one collective, when any
         return replace(made, count=count, tokens=tokens)

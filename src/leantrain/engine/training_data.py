@@ -15,7 +15,7 @@ from leantrain.data.caches import using_cache_dir
 from leantrain.config import Config
 from leantrain.config.metric_names import check_metric
 from leantrain.config.training import parse_stop_when
-from leantrain.errors import ConfigError
+from leantrain.errors import ConfigError, problems_error
 from leantrain.data.loaders import eval_loader
 from leantrain.data.modalities import Modality, for_modality
 from leantrain.engine.eval_plan import eval_width
@@ -23,6 +23,7 @@ from leantrain.engine.precompute import with_precomputed
 from leantrain.engine.samples import check_sample_prompts
 from leantrain.modeling import load_processor, model_name, resolve_task_reason
 from leantrain.modeling.load import check_tokenizer_key
+from leantrain.modeling.positions import model_position_limit
 from leantrain.modeling.tasks import Task, check_config, task_for_labels
 
 log = logging.getLogger("leantrain")
@@ -147,7 +148,24 @@ def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - 
     configured = task.configured(cfg)
     configured.for_training(lambda: data.train["label"], data.label_names)  # class weights, pos_weight
     configured.check_data(data.columns, cfg)  # and the keys of the method the data selects (loss=auto)
+    check_generation_room(cfg, task, configured, data)
     check_stop_when(cfg, len(data.label_names), task)
+
+
+def check_generation_room(cfg: Config, task: Task, configured: Task, data) -> None:  # noqa: ANN001 - PreparedData
+    """A method that generates after its prompts (``Task.generated_tokens``, GRPO's ``grpo.max_new_tokens``): each
+    prompt, as it will be cut, with that many new tokens within the model's positions, or a DataError naming the
+    file, the lines and the numbers (``PreparedData.room``: the data side renders the prompts, with the run's
+    tokenizer, only when its prompt budget and the new tokens do not fit together)."""
+    wanted = configured.generated_tokens()
+    if wanted is None or data.room is None:
+        return
+    limit = model_position_limit(cfg)
+    if limit is None:
+        return
+    problems = data.room(lambda: load_processor(cfg.model, task), wanted[0], limit, wanted[1])
+    if problems:
+        raise problems_error(problems)
 
 
 def check_stop_when(cfg, num_labels: int, task: Task | None = None) -> None:  # noqa: ANN001

@@ -315,3 +315,48 @@ def test_resume_ignores_keys_added_since_the_checkpoint_at_their_default():
     old["efficiency"]["cpu_allocator"] = "reuse"
     assert config_diff(old, new) == ([], [])
     assert config_diff(old, resolve(None, ["data.quoting=none"]).to_dict())[0] == ["data.quoting: None -> 'none'"]
+
+
+# ------------------------------------------------------------------------------------------ issue 52, item 5: GRPO
+
+
+GRPO_BAD_REWARDS = '''
+def nan_reward(completions, **kwargs):
+    return [0.5] + [float("nan")] * (len(completions) - 1)
+'''
+
+
+@pytest.mark.parametrize("case, says", [
+    ("long prompt", "long.jsonl: line 3: the prompt is 60 tokens as cut (at most 60), and with "
+                    "grpo.max_new_tokens=200 new tokens it takes more than the model's 256 positions"),
+    ("nan reward", "reward nan_reward in the dry call on the first rows before training returned nan for completion 1 "
+                   "of 2 (prompt 'What is 0 + 4?'); a reward is a finite number, or None"),
+    ("empty prompt", "empty.jsonl: line 2: 'prompt' is empty"),
+])
+def test_grpo_bad_input_exits_2_before_any_worker_starts(tmp_path, capsys, monkeypatch, case, says):
+    """GRPO's bad rows and rewards, found by the launcher's checks (``--nproc 2``: no worker started): a prompt with no
+    room for grpo.max_new_tokens in the model's positions (file, line, numbers), a reward returning NaN (function,
+    completion, prompt), an empty prompt (file, line: a prompt to answer has some text; an empty one would be answered
+    from the template alone)."""
+    import leantrain.launch.torchrun
+    from tests.helpers import arithmetic_rows, grpo_args, write_grpo_files, write_jsonl
+
+    def spawned(*a, **k):
+        raise AssertionError("workers were started")
+
+    monkeypatch.setattr(leantrain.launch.torchrun, "launch", spawned)
+    root = write_grpo_files(tmp_path)
+    rows = arithmetic_rows(12, 0)
+    extra = []
+    if case == "long prompt":
+        long = {"prompt": "What is " + " + ".join(["1"] * 40) + "?", "answer": "40"}
+        extra = [f"data.train={write_jsonl(root / 'long.jsonl', [*rows[:2], long, *rows[3:]])}",
+                 "data.max_prompt_length=60", "grpo.max_new_tokens=200"]
+    elif case == "nan reward":
+        (root / "bad.py").write_text(GRPO_BAD_REWARDS)
+        extra = [f"grpo.rewards=[{root / 'bad.py'}:nan_reward]"]
+    else:
+        extra = [f"data.train={write_jsonl(root / 'empty.jsonl', [rows[0], {**rows[1], 'prompt': ' '}, *rows[2:]])}"]
+    assert main(["train", "--nproc", "2", *grpo_args(root, tmp_path / "out", *extra)]) == 2
+    err = _err(capsys)
+    assert says in err and "Traceback" not in err, err

@@ -21,8 +21,9 @@ column).
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import datasets
 import torch
@@ -147,7 +148,37 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
     shown = "messages" if conversational else "text"  # how sample prompts are rendered
     columns = {"format": "prompts", "prompt": shown,
                "first_rows": train_ds.select(range(min(FIRST_ROWS, len(train_ds)))).to_list()}  # the rewards' dry call
-    return PreparedData(train_ds, eval_ds, [], columns, notes, warnings)
+    return PreparedData(train_ds, eval_ds, [], columns, notes, warnings,
+                        room=functools.partial(too_long, parts, cfg))
+
+
+def too_long(parts: list[Part], cfg: DataConfig, tokenizer: Callable[[], Any], new_tokens: int,
+             limit: tuple[int, str], key: str) -> list[str]:
+    """The rows of ``parts`` whose prompt, rendered and cut as ``process`` cuts it (``data.max_prompt_length``: it
+    keeps its end), leaves no room in the model's ``limit`` (positions, where the number comes from) for ``new_tokens``
+    more (``key``): one problem per part naming its lines, the longest prompt's tokens and what to set. Nothing to
+    render when the prompt budget and the new tokens fit together (``tokenizer()`` is then never called)."""
+    positions, source = limit
+    budget = prompt_budget(cfg)
+    if budget + new_tokens <= positions:
+        return []
+    tok, problems = tokenizer(), []
+    for part in parts:
+        textual = isinstance(part.ds[0][PROMPT], str) if len(part.ds) else True
+        rendering = policy_rendering(tok, cfg.template, textual)
+        lengths = [min(len(render_prompt(p, tok, rendering, cfg.system_prompt)), budget) for p in part.ds[PROMPT]]
+        over = [i for i, n in enumerate(lengths) if n + new_tokens > positions]
+        if not over:
+            continue
+        longest = max(lengths[i] for i in over)
+        room = positions - longest
+        fix = f"{key}={room} or less, or " if room > 0 else ""
+        many = f", the longest {longest}" if len(over) > 1 else ""
+        problems.append(f"{part.where}: {part.rows(over)}: the prompt is {lengths[over[0]]} tokens as cut (at most "
+                        f"{budget}{many}), and with {key}={new_tokens} new tokens it takes more than the model's "
+                        f"{positions} positions ({source}); set {fix}data.max_prompt_length="
+                        f"{max(1, positions - new_tokens)} or less (a longer prompt keeps its end)")
+    return problems
 
 
 def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_labels=None):  # noqa: ANN001, ANN201

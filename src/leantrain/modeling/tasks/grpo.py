@@ -23,7 +23,7 @@ import copy
 import dataclasses
 import functools
 import math
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -78,6 +78,24 @@ class Sampler:
         self.seed = int(state["seed"])
         self._saved = state.get("generator")
         self._generator = None
+
+
+@contextmanager
+def _on_first_forward(model, call):  # noqa: ANN001, ANN202 - a model, a callable or None
+    """``call`` made once, at the first forward of ``model`` inside the context (nothing when None)."""
+    if call is None:
+        yield
+        return
+
+    def hook(module, args, kwargs):  # noqa: ANN001, ANN202
+        handle.remove()
+        call()
+
+    handle = unwrapped(model).register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +154,9 @@ class Grpo(CausalLM):
         rows = columns.get("first_rows")
         if cfg is not None and self.rewards and rows:
             R.check_rewards(list(self.rewards), rows, conversational=columns.get("prompt") == "messages")
+
+    def generated_tokens(self) -> tuple[int, str]:
+        return self.max_new_tokens, "grpo.max_new_tokens"
 
     def saved_config(self, ev: dict | None) -> dict:
         return {RECORD: {"rewards": list(self.reward_specs),
@@ -209,7 +230,8 @@ class Grpo(CausalLM):
         """Generate, score, compute advantages, build the training micro-batches (module docstring)."""
         model, acc = ctx.model, ctx.accelerator
         generator = ctx.state.generator(acc.device) if ctx.state is not None else None
-        scored = [self.rollout(model, acc, b, generator, ctx.step + 1) for b in micro_batches]
+        scored = [self.rollout(model, acc, b, generator, ctx.step + 1, ctx.generating if i == 0 else None)
+                  for i, b in enumerate(micro_batches)]
         batch_std = G.global_std(scored, acc)
         made, tokens = [], 0
         for s in scored:
@@ -228,9 +250,11 @@ class Grpo(CausalLM):
         return StepBatches(made, units, updates=self.num_iterations, tokens=tokens,
                            samples=G.samples(scored[0], list(self.rewards), self.log_completions) if scored else ())
 
-    def rollout(self, model, accelerator, batch: dict, generator, step: int) -> G.Scored:  # noqa: ANN001
-        """One micro-batch of prompts answered ``num_generations`` times and scored."""
-        with accelerator.autocast():
+    def rollout(self, model, accelerator, batch: dict, generator, step: int,  # noqa: ANN001
+                generating=None) -> G.Scored:  # noqa: ANN001 - a callable or None
+        """One micro-batch of prompts answered ``num_generations`` times and scored; ``generating`` (fault
+        injection, ``StepContext.generating``) called at the generation's first forward."""
+        with accelerator.autocast(), _on_first_forward(model, generating):
             rollout = backend(self.generation)(
                 model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=self.num_generations,
                 sampling=self.sampling, eos_ids=self.stop_ids(model), pad_id=self.pad_id(), generator=generator)
@@ -306,7 +330,7 @@ class Grpo(CausalLM):
             rollout = backend(self.generation)(model, batch["prompt_input_ids"], batch["prompt_attention_mask"],
                                                num_generations=1, sampling=greedy, eos_ids=self.stop_ids(model),
                                                pad_id=self.pad_id())
-        s = G.score(batch, rollout, self.tokenizer(), list(self.rewards), 1, step=None)
+        s = G.score(batch, rollout, self.tokenizer(), list(self.rewards), 1, step="in evaluation")
         values = torch.cat([s.rewards[:, None], torch.from_numpy(s.scores)], dim=1)
         return (values.to(batch["prompt_input_ids"].device),)
 

@@ -16,12 +16,16 @@ tokens, falling linearly to 0 at 0 and 2N tokens.
 
 Errors: a spec that cannot be loaded (no file, no function, a signature that cannot take the arguments) is a
 ConfigError naming ``grpo.rewards[i]``; a column a function needs that the data lacks, a wrong return (length, a
-non-number, an infinite value) or an exception inside is a UserError naming the function and the step (``score``) or
-the dry call on the first rows before training (``check_rewards``), the exception chained.
+non-number, NaN or an infinite value: None is how a function says it has no score, so a NaN is never taken for one)
+or an exception inside is a UserError naming the function, the step (``score``), evaluation or the dry call on the
+first rows before training (``check_rewards``), and the row: the completion, its prompt and the value returned. For
+an exception the function is called again on one completion at a time to find the first that raises alone (named
+with the original exception's text, which is chained).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -76,20 +80,45 @@ def check_rewards(rewards: list[Reward], rows: list[dict], conversational: bool)
 
 
 def score(rewards: list[Reward], prompts: list, completions: list[str], completion_ids: list[list[int]],
-          columns: dict[str, list], *, conversational: bool, step: int | None) -> np.ndarray:
+          columns: dict[str, list], *, conversational: bool, step: int | str | None) -> np.ndarray:
     """Each function's scores of the completions: ``(N, F)`` float64, NaN where a function returned None. Every list
-    holds one entry per completion. ``step``: the optimizer step, for the error (None: the dry call)."""
+    holds one entry per completion. ``step``: the optimizer step, for the error (None: the dry call; a text: where,
+    e.g. ``in evaluation``)."""
     given = [[{"role": "assistant", "content": c}] for c in completions] if conversational else list(completions)
     args = {"prompts": list(prompts), "completions": given, "completion_ids": completion_ids, **columns}
     out = np.full((len(completions), len(rewards)), np.nan)
-    when = "in the dry call on the first rows before training" if step is None else f"at step {step}"
+    when = ("in the dry call on the first rows before training" if step is None else step if isinstance(step, str)
+            else f"at step {step}")
+    row = functools.partial(_row, list(prompts), len(completions))
     for j, r in enumerate(rewards):
         try:
             returned = r.fn(**_arguments(r.fn, args))
         except Exception as e:
-            raise UserError(f"reward {r.name} failed {when}: {type(e).__name__}: {e}") from e
-        out[:, j] = _values(returned, len(completions), f"reward {r.name} {when}")
+            where = _failing_row(r.fn, args, len(completions))
+            raise UserError(f"reward {r.name} failed {when}{'' if where is None else ' on ' + row(where)}: "
+                            f"{type(e).__name__}: {e}") from e
+        out[:, j] = _values(returned, len(completions), f"reward {r.name} {when}", row)
     return out
+
+
+def _row(prompts: list, n: int, i: int) -> str:
+    """``completion 5 of 8 (prompt 'What is 2 + 3?')``: a completion and its prompt, for an error."""
+    prompt = prompts[i] if i < len(prompts) else None
+    if isinstance(prompt, list):  # messages: the last turn's text
+        prompt = prompt[-1].get("content") if prompt and isinstance(prompt[-1], dict) else prompt
+    text = repr(prompt) if not isinstance(prompt, str) or len(prompt) <= 80 else repr(prompt[:77] + "...")
+    return f"completion {i} of {n} (prompt {text})"
+
+
+def _failing_row(fn: Callable, args: dict, n: int) -> int | None:
+    """The first completion on which ``fn`` raises when called on it alone (every list cut to its entry), or None
+    when none does (it failed on the batch as a whole). Only after it raised on the batch."""
+    for i in range(n):
+        try:
+            fn(**_arguments(fn, {k: v[i:i + 1] for k, v in args.items()}))
+        except Exception:
+            return i
+    return None
 
 
 def combine(scores: np.ndarray, rewards: list[Reward]) -> np.ndarray:
@@ -170,7 +199,10 @@ def _arguments(fn: Callable, args: dict) -> dict:
     return {k: v for k, v in args.items() if k in params}
 
 
-def _values(returned, n: int, who: str) -> np.ndarray:  # noqa: ANN001 - whatever the function returned
+def _values(returned, n: int, who: str,  # noqa: ANN001 - whatever the function returned
+            row: Callable[[int], str] = lambda i: f"completion {i}") -> np.ndarray:
+    """What a function returned as ``n`` floats (NaN: None); a UserError naming ``who`` and the ``row`` of a bad
+    value (a non-number, NaN, an infinity)."""
     if isinstance(returned, (str, bytes, dict)) or not hasattr(returned, "__len__"):
         raise UserError(f"{who} returned a {type(returned).__name__}, not a list of {n} numbers (one per completion)")
     if len(returned) != n:
@@ -180,13 +212,17 @@ def _values(returned, n: int, who: str) -> np.ndarray:  # noqa: ANN001 - whateve
     for i, v in enumerate(returned):
         if v is None:
             out[i] = np.nan
-        elif isinstance(v, numbers.Real) or (hasattr(v, "item") and getattr(v, "ndim", 1) == 0):
+            continue
+        if isinstance(v, numbers.Real) or (hasattr(v, "item") and getattr(v, "ndim", 1) == 0):
             out[i] = float(v)
         else:
-            raise UserError(f"{who} returned {v!r} ({type(v).__name__}) for completion {i}; a reward is a number "
+            raise UserError(f"{who} returned {v!r} ({type(v).__name__}) for {row(i)}; a reward is a number "
                             "or None")
         if math.isinf(out[i]):
-            raise UserError(f"{who} returned {out[i]} for completion {i}; a reward is finite (None: no score)")
+            raise UserError(f"{who} returned {out[i]} for {row(i)}; a reward is finite (None: no score)")
+        if math.isnan(out[i]):
+            raise UserError(f"{who} returned nan for {row(i)}; a reward is a finite number, or None where the "
+                            "function has no score for a completion (left out of its mean, as TRL's None)")
     return out
 
 

@@ -58,8 +58,9 @@ def repeat(values: list, times: int) -> list:
 
 
 def score(batch: dict, rollout: Rollout, tokenizer, rewards: list[R.Reward], num_generations: int,
-          step: int) -> Scored:
-    """Decode the completions of one micro-batch and score them (each reward function once, host side)."""
+          step: int | str) -> Scored:
+    """Decode the completions of one micro-batch and score them (each reward function once, host side); ``step``
+    names when in an error (``grpo_rewards.score``)."""
     lengths = rollout.completion_mask.sum(-1).tolist()
     ids = [row[:n] for row, n in zip(rollout.completion_ids.tolist(), lengths)]
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)

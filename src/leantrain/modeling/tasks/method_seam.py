@@ -30,13 +30,15 @@ from typing import Any
 @dataclass(frozen=True)
 class StepContext:
     """What ``Task.step_batches`` may use: the model being trained (as placed: DDP-wrapped on several processes), the
-    Accelerator, the optimizer steps done so far, and the method's own resumable state (``Task.step_state``, or
-    None)."""
+    Accelerator, the optimizer steps done so far, the method's own resumable state (``Task.step_state``, or None),
+    and ``generating``: None, or a callable a method that generates calls once its generation has begun (the
+    engine's fault injection: a signal that lands during a generation)."""
 
     model: Any
     accelerator: Any
     step: int
     state: Any = None
+    generating: Any = None
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,12 @@ class Task:
         (training) also the keys the method this data selects does not read (preference.loss=auto: kto's on pairs).
         Nothing by default."""
 
+    def generated_tokens(self) -> tuple[int, str] | None:
+        """(tokens the method generates after each prompt of its data, the key that sets it): an online method's room
+        in the model's positions beside its prompts (``engine.training_data.check_generation_room``); None (it
+        generates nothing) by default."""
+        return None
+
     def for_data(self, columns: dict) -> "Task":
         """This task for data the data side described by ``columns`` (the training data's ``format``, or
         ``leantrain eval``'s ``eval_format``): the method that trains on it (preference.loss=auto: KTO on feedback,

@@ -117,6 +117,31 @@ def test_a_long_prompt_keeps_its_end(tmp_path, tokenizers):
     assert out[0]["prompt_input_ids"] == tok(text)["input_ids"][-10:]
 
 
+def test_a_prompt_with_no_room_for_the_new_tokens_is_named_by_file_line_and_numbers(tmp_path, tokenizers):
+    """GRPO generates grpo.max_new_tokens after each prompt as cut (data.max_prompt_length keeps its end): a row
+    whose prompt leaves no room for them in the model's positions is named before any model loads; the tokenizer is
+    not even loaded when the prompt budget and the new tokens fit together."""
+    tok = tokenizers["chat"]
+    long = "one two three four five six seven eight nine ten " * 4 + Q
+    rows = [{"prompt": Q}, {"prompt": Q}, {"prompt": long}, {"prompt": Q}]
+    prepared, _ = processed(tmp_path, tok, rows, max_prompt_length=30)
+    kept = min(len(tok(long)["input_ids"]), 30)
+    short = len(tok(Q)["input_ids"])
+    assert kept > short + 4
+    limit = (kept + 8, "max_position_embeddings=%d" % (kept + 8))
+    never = lambda: pytest.fail("the tokenizer is loaded although the budget and the new tokens fit")  # noqa: E731
+    assert prepared.room(never, kept + 8 - 30, limit, "grpo.max_new_tokens") == []  # 30 + new <= positions
+    assert prepared.room(lambda: tok, 8, limit, "grpo.max_new_tokens") == []  # the longest prompt + 8 fits exactly
+    problems = prepared.room(lambda: tok, 9, limit, "grpo.max_new_tokens")
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("data.train: train.jsonl: line 3: the prompt is %d tokens as cut" % kept)
+    for says in ("grpo.max_new_tokens=9 new tokens", f"the model's {kept + 8} positions (max_position_embeddings",
+                 "set grpo.max_new_tokens=8 or less, or data.max_prompt_length=%d or less" % (kept - 1)):
+        assert says in problems[0], problems[0]
+    every = prepared.room(lambda: tok, kept + 8 - short + 1, limit, "grpo.max_new_tokens")  # no room for any
+    assert "lines 1, 2, 3, 4: " in every[0] and f"the longest {kept}" in every[0]
+
+
 @pytest.mark.parametrize("rows,says", [
     ([{"question": Q, "answer": 4}], "no 'prompt' column; columns found: question, answer"),
     ([{"prompt": Q}, {"prompt": "  "}], r"train.jsonl: line 2: 'prompt' is empty"),

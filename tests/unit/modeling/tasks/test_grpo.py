@@ -118,3 +118,38 @@ def test_the_kl_penalty_and_the_ratio_read_the_reference_and_old_log_probs(llama
     # row 0 (A = 1.5 > 0): clipped at 1.2; row 1 (A = -0.5): min(-0.5 e^0.5, -0.6) = -0.5 e^0.5, not clipped
     assert loss_sum.item() == pytest.approx(-1.2 * 1.5 * 3 + 0.5 * math.exp(0.5), rel=1e-5)
     assert [float(x) for x in metrics["clip_ratio"]] == [3.0, 4.0]
+
+
+class _Tok:
+    """What the GRPO task's evaluation reads of a tokenizer: the ids, decoded as numbers."""
+
+    eos_token_id, pad_token_id = 1, 0
+
+    def batch_decode(self, ids, skip_special_tokens=True):  # noqa: ANN001, ANN201
+        return [" ".join(map(str, x)) for x in ids]
+
+
+def test_evaluation_is_one_greedy_completion_per_prompt_whatever_num_generations_and_the_eval_batch(llama):
+    """An eval batch of 3 prompts with grpo.num_generations=4 (not dividing it) is evaluated: one greedy completion
+    per prompt, the same as each prompt alone and as under another num_generations, so the eval batch needs no
+    multiple of it (no config check)."""
+    from leantrain.modeling.tasks.grpo_generation import Sampling
+
+    def length(completions, **kwargs):  # noqa: ANN001, ANN202
+        return [float(len(c.split())) for c in completions]
+
+    def task(g):  # noqa: ANN001, ANN202
+        return dataclasses.replace(get_task("grpo"), num_generations=g, sampling=Sampling(5),
+                                   rewards=(Reward("length", length),), _tokenizer=[_Tok()])
+
+    ids = torch.randint(2, 32, (3, 4), generator=torch.Generator().manual_seed(2))
+
+    def batch(rows):  # noqa: ANN001, ANN202
+        return {"prompt_input_ids": ids[rows], "prompt_attention_mask": torch.ones_like(ids[rows]),
+                "loss_weight": torch.ones(len(rows)), "prompt": [f"p{i}" for i in rows], "columns": {}}
+
+    (three,) = task(4).eval_outputs(llama, batch([0, 1, 2]))
+    assert three.shape == (3, 2) and not three.isnan().any()
+    assert torch.equal(three, task(3).eval_outputs(llama, batch([0, 1, 2]))[0])
+    alone = torch.cat([task(4).eval_outputs(llama, batch([i]))[0] for i in range(3)])
+    assert torch.equal(three, alone)

@@ -46,6 +46,17 @@ def infinite(completions, **kwargs):
 def broken(completions, **kwargs):
     return [1 / 0 for _ in completions]
 
+def not_a_number(completions, **kwargs):
+    return [0.5, float("nan")]
+
+def raises_on_one(prompts, completions, answer, **kwargs):
+    return [{"4": 1.0, "7": 0.0}[a] for a in answer]  # KeyError on an answer it has no rule for
+
+def raises_on_the_batch(completions, **kwargs):
+    if len(completions) > 1:
+        raise RuntimeError("the scoring service is down")
+    return [1.0]
+
 def positional(completions, /):
     return [0.0]
 
@@ -140,14 +151,34 @@ def test_a_file_that_fails_to_import_is_named(tmp_path):
     ("short", "at step 3 returned 1 values for 2 completions"),
     ("text", "at step 3 returned a str, not a list of 2 numbers"),
     ("words", "at step 3 returned 'yes' \\(str\\) for completion 0"),
-    ("infinite", "at step 3 returned inf for completion 0; a reward is finite"),
-    ("broken", "failed at step 3: ZeroDivisionError"),
+    ("infinite", "at step 3 returned inf for completion 0 of 2 \\(prompt 'q'\\); a reward is finite"),
+    ("not_a_number", "at step 3 returned nan for completion 1 of 2 \\(prompt 'q'\\); a reward is a finite number, "
+     "or None"),
+    ("broken", "failed at step 3 on completion 0 of 2 \\(prompt 'q'\\): ZeroDivisionError: division by zero"),
 ])
 def test_a_bad_return_or_an_exception_stops_naming_the_function_and_step(reward_file, name, says):
     with pytest.raises(UserError, match=f"reward {name} {says}") as e:
         run([f"{reward_file}:{name}"], ["a", "b"], {})
     if name == "broken":
         assert isinstance(e.value.__cause__, ZeroDivisionError)
+
+
+def test_a_function_that_raises_on_one_row_is_named_with_that_row_and_its_own_message(reward_file):
+    """Called on the batch it raises; called again on one completion at a time, the first that raises alone is named
+    with its prompt, and the original exception's text and object are kept."""
+    rewards = load_rewards([f"{reward_file}:raises_on_one"])
+    prompts, answers = ["What is 2 + 2?", "What is 2 + 2?", "What is 9 + 9?", "What is 9 + 9?"], ["4", "4", "18", "18"]
+    with pytest.raises(UserError, match=r"reward raises_on_one failed at step 7 on completion 2 of 4 \(prompt 'What "
+                       r"is 9 \+ 9\?'\): KeyError: '18'$") as e:
+        score(rewards, prompts, ["4"] * 4, [[1]] * 4, {"answer": answers}, conversational=False, step=7)
+    assert isinstance(e.value.__cause__, KeyError)
+    with pytest.raises(UserError, match=r"reward raises_on_the_batch failed in evaluation: RuntimeError: the scoring "
+                       "service is down"):  # no single row raises alone: the batch is named
+        score(load_rewards([f"{reward_file}:raises_on_the_batch"]), prompts, ["4"] * 4, [[1]] * 4, {},
+              conversational=False, step="in evaluation")
+    with pytest.raises(UserError, match=r"for completion 0 of 1 \(prompt 'What is 1 \+ 1\?'\)"):  # messages
+        score(load_rewards([f"{reward_file}:infinite"]), [[{"role": "user", "content": "What is 1 + 1?"}]], ["2"],
+              [[1]], {}, conversational=True, step=1)
 
 
 def test_the_dry_call_checks_columns_and_returns_before_training(reward_file):
