@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from leantrain import train
 from leantrain.cli import main
 from leantrain.errors import UserError
 from leantrain.report.logs import read_metrics
-from tests.helpers import cli_here, grpo_args, model_params, process_env, train_here, write_grpo_files
+from tests.helpers import cli_here, cli_process, grpo_args, model_params, train_here, write_grpo_files
 
 STEPS = 4
 
@@ -128,8 +127,7 @@ def _resume_args(root: Path, out: Path) -> list[str]:
 
 
 def _process(root: Path, out: Path, **extra) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "leantrain", "train", *_resume_args(root, out)], env=process_env(**extra),
-                          capture_output=True, text=True, timeout=600)
+    return cli_process("train", *_resume_args(root, out), env=extra, timeout=600)
 
 
 @pytest.mark.slow

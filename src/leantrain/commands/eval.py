@@ -16,10 +16,13 @@ import json
 import logging
 from pathlib import Path
 
+import datasets
+
 from leantrain.commands.generate import load_causal_lm_model, load_causal_lm_tokenizer, model_folder
 from leantrain.commands.predict import load_trained, logits_in_row_order
 from leantrain.config import Config, resolve
 from leantrain.data.loaders import eval_loader
+from leantrain.data.text_loader import first_rows
 from leantrain.engine.accelerator import has_accelerator, setup_logging
 from leantrain.engine.efficiency import ACCELERATE_PRECISION
 from leantrain.engine.eval_plan import UNRECORDED_WIDTH, planned_eval_width, with_eval_reference
@@ -58,7 +61,7 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     precision = eval_precision(model_dir, cfg)  # the run's own, so that both report the same metrics
     accelerator, model, side, labels, task = load_trained(model_dir, cfg, precision)
     cfg = with_run_settings(model_dir, cfg, cfg.data.eval)  # the run's columns and max_length, unless set here
-    rows, notes = side[0].load_rows(cfg.data.eval, cfg.data, require_labels=True, known_labels=labels)
+    rows, notes = eval_rows(side[0], cfg, require_labels=True, known_labels=labels)
     for n in notes:
         log.info(n)
     processed: list = []
@@ -86,6 +89,15 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     return result
 
 
+def eval_rows(side, cfg: Config, **kw):  # noqa: ANN001, ANN201 - a data side, its rows
+    """``data.eval``'s rows as the data side loads them for ``eval`` (rows, notes), the first
+    ``data.max_eval_samples`` of them (a language model's token blocks are cut by their own side)."""
+    rows, notes = side.load_rows(cfg.data.eval, cfg.data, **kw)
+    if isinstance(rows, datasets.Dataset):
+        rows = first_rows(rows, cfg.data.max_eval_samples, "data.max_eval_samples", "eval", notes)
+    return rows, notes
+
+
 def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: str | None,
                          batch_size: int | None = None) -> dict:
     """The metrics of ``task``'s evaluation in a training run: {"model", "data", "block_size", "precision",
@@ -110,7 +122,7 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     folder = reference_folder(reference, model_dir) if reference else None
     check_weights(model_dir, mcfg.allow_pickle)
     side = data_side(task)
-    split, notes = side.load_rows(cfg.data.eval, cfg.data, require_labels=False, known_labels=None)
+    split, notes = eval_rows(side, cfg, require_labels=False, known_labels=None)
     detected = side.detected(split)
     configured.check_data(detected)  # training's check of the data against the loss, before the model
     configured = configured.for_data(detected)  # the method for this data (a KTO policy on pairs: DPO's metrics)

@@ -88,3 +88,12 @@ def test_eval_per_class_and_confusion_matrix(run, tmp_path, capsys):
     assert (tmp_path / "m.confusion.png").stat().st_size > 1000
     assert main(["eval", str(out / "model"), f"data.eval={dev_f}"]) == 0  # no --output: into the run folder
     assert (out / "eval_confusion.json").is_file() and (out / "eval_confusion.png").is_file()
+
+
+def test_eval_takes_the_first_max_eval_samples_rows(run, tmp_path):
+    """data.max_eval_samples cuts leantrain eval's rows as it cuts a run's eval set (it was ignored here)."""
+    out, dev_f = run
+    assert main(["eval", str(out / "model"), f"data.eval={dev_f}", "data.max_eval_samples=7",
+                 "--output", str(tmp_path / "m.json")]) == 0
+    per_class = json.loads((tmp_path / "m.json").read_text())["eval"]["per_class"]
+    assert sum(c["support"] for c in per_class.values()) == 7
