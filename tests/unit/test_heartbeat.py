@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 
-import pytest
 import torch
 
 from leantrain.heartbeat import reporting, work

@@ -4,7 +4,6 @@ weighted nansum."""
 
 from __future__ import annotations
 
-import math
 import textwrap
 
 import numpy as np
