@@ -85,6 +85,12 @@ def runs(root: Path) -> dict[str, list[str]]:
         "grpo": grpo_args(grpo, root / "unused")[:-1] + ["train.max_steps=10"],
         "grpo-bf16-lora": grpo_args(grpo, root / "unused")[:-1] + ["efficiency.precision=bf16", "peft.method=lora",
                                                                    "peft.r=4", "grpo.temperature=0.7"],
+        "causal-lm-chunked": [*TINY_LLAMA, f"model.tokenizer={tok}", "model.task=causal-lm",
+                              f"data.train={root / 'lm.txt'}", "data.block_size=16", "data.eval_fraction=0.1",
+                              "efficiency.chunked_loss=on", "efficiency.precision=fp32"],
+        "dpo-chunked": [f"model.name={llama}", *pairs, "data.block_size=64", "efficiency.chunked_loss=on"],
+        "grpo-chunked": grpo_args(grpo, root / "unused")[:-1] + ["efficiency.chunked_loss=on",
+                                                                 "grpo.temperature=0.9"],
         "image": [*TINY_VIT, f"data.train={images(root / 'images', 24, 0)}", "data.eval_fraction=0.25"],
     }
     return {name: [*COMMON, *args] for name, args in out.items()}

@@ -148,7 +148,7 @@ def text_batch(n: int = 6, seed: int = 0):
 
 def gradients(model, batch) -> dict:
     """The gradients of the step's loss sum (text classification's ``forward_loss``) on one batch, by parameter name."""
-    from leantrain.modeling.tasks import TEXT, get_task
+    from leantrain.methods import TEXT, get_task
 
     model.zero_grad(set_to_none=True)
     get_task(TEXT).forward_loss(model, batch)[0].backward()
@@ -383,7 +383,7 @@ def cli_here(*argv: str, **extra: str) -> subprocess.CompletedProcess:
 # process (multiprocessing's forkserver, started in process_env()'s environment): each such process pays its run,
 # not those imports again. Its memory is its own; the kill, the exit status and the files left are real.
 PRELOAD = ["torch", "transformers", "datasets", "accelerate", "safetensors.torch", "sklearn.metrics", "peft",
-           "leantrain.cli", "leantrain.engine.loop", "tests.helpers"]
+           "leantrain.cli", "leantrain.engine.training.loop", "tests.helpers"]
 
 
 def _cli_in_child(argv: list[str], env: dict, out: str, err: str) -> None:

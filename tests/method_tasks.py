@@ -1,4 +1,4 @@
-"""Test methods for the method seam (``leantrain.modeling.tasks.method_seam``), registered by the tests that use them
+"""Test methods for the method seam (``leantrain.methods.seam``), registered by the tests that use them
 and by the workers of a multi-process launch (``two_processes_each(..., prelude=...)``):
 ``from tests.method_tasks import METERED, register_methods``."""
 
@@ -12,9 +12,9 @@ import numpy as np
 import torch
 
 from leantrain.config.tasks import SPECS, TEXT, task_spec
-from leantrain.modeling.tasks import TASKS, get_task, register
-from leantrain.modeling.tasks.classification import Classification, per_example_loss
-from leantrain.modeling.tasks.method_seam import StepBatches
+from leantrain.methods import TASKS, get_task, register
+from leantrain.methods.classify.classification import Classification, per_example_loss
+from leantrain.methods.seam import StepBatches
 
 METERED = "seam-metered"
 TWO_UPDATES = "seam-two-updates"

@@ -14,7 +14,7 @@ Contenders:
                 labels on the first sub-token of each word (-100 elsewhere)
   leantrain     leantrain's default (model.task=auto picks token-classification from tokens / ner_tags)
 Entity F1: seqeval, strict IOB2 spans, over the eval sentences, the same function for both
-(leantrain.modeling.tasks.token_classification.entity_metrics). Reuses benchmarks/driver's clock, machine
+(leantrain.methods.classify.token_classification.entity_metrics). Reuses benchmarks/driver's clock, machine
 line and RESULTS.md block writer.
 """
 
@@ -77,7 +77,7 @@ def tokenized(path: Path, tokenizer, names: list[str]):
 def entity_f1(logits, labels, names: list[str]) -> dict:
     import numpy as np
 
-    from leantrain.modeling.tasks.token_classification import entity_metrics
+    from leantrain.methods.classify.token_classification import entity_metrics
 
     preds = np.asarray(logits).argmax(-1)
     gold, pred = [], []

@@ -23,7 +23,7 @@ from leantrain.config import resolve
 from leantrain.data.lm import arithmetic, prompts
 from leantrain.data.lm.preference_render import policy_rendering
 from leantrain.modeling.presets import preset_path
-from leantrain.modeling.tasks.grpo_rewards import combine, load_rewards, score
+from leantrain.methods.grpo.rewards import combine, load_rewards, score
 
 
 def main() -> None:

@@ -56,7 +56,7 @@ def peak_bytes() -> int:
 
 def default_precision() -> str:
     """The precision leantrain's ``auto`` picks on this machine's device."""
-    from leantrain.engine.efficiency import resolve_precision
+    from leantrain.engine.devices.efficiency import resolve_precision
 
     return resolve_precision("auto", device_type())[0]
 
@@ -64,6 +64,6 @@ def default_precision() -> str:
 def cpu_default_precision() -> str:
     """The precision leantrain's default config resolves to on the CPU."""
     from leantrain.config import resolve
-    from leantrain.engine.efficiency import resolve_precision
+    from leantrain.engine.devices.efficiency import resolve_precision
 
     return resolve_precision(resolve().efficiency.precision, "cpu")[0]

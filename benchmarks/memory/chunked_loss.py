@@ -26,7 +26,7 @@ def child(chunked: str, precision: str, batch: int, seq: int, vocab: int) -> dic
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from leantrain.modeling.chunked_loss import apply_chunked_loss
-    from leantrain.modeling.tasks.causal_lm import CAUSAL_LM_TASK
+    from leantrain.methods.lm.causal_lm import CAUSAL_LM_TASK
     from leantrain.perf import memory
 
     torch.manual_seed(0)

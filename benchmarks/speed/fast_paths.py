@@ -42,9 +42,9 @@ def main() -> None:
 
     from leantrain.data.batching import epoch_batches
     from leantrain.data.text import TextCollator
-    from leantrain.engine import host_allocator
-    from leantrain.engine.distributed import clip_gradients
-    from leantrain.engine.dropout import FastDropout
+    from leantrain.engine.devices import host_allocator
+    from leantrain.engine.devices.distributed import clip_gradients
+    from leantrain.engine.devices.dropout import FastDropout
     from leantrain.modeling import packaged_model_path
 
     name = packaged_model_path()

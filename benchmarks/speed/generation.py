@@ -16,7 +16,7 @@ from contextlib import nullcontext
 import torch
 
 from leantrain.modeling.presets import preset_path
-from leantrain.modeling.tasks.grpo_generation import Sampling, generate, prefill
+from leantrain.modeling.generation.sampling import Sampling, generate, prefill
 
 PROMPTS = ["What is 17 + 25?", "Name a colour of the sky.", "Write a haiku about rain.",
            "Explain what a prime number is in one sentence."]

@@ -14,6 +14,6 @@ def train(config=None, overrides: list[str] | None = None) -> dict:
     or None for the defaults; ``overrides`` are ``key=value`` strings as on the command line.
     """
     from leantrain.config import resolve  # lazy: `import leantrain` stays light (no torch)
-    from leantrain.engine.loop import train as _train  # lazy: torch and transformers load on the first run
+    from leantrain.engine.training.loop import train as _train  # lazy: torch and transformers load on the first run
 
     return _train(resolve(config, overrides))

@@ -66,7 +66,7 @@ def test_chunked_run_equals_the_plain_run(job):
 
 def test_leantrain_eval_of_a_causal_lm_with_the_chunked_loss(job):
     from leantrain.commands.eval import evaluate_as_training
-    from leantrain.modeling.tasks import get_task
+    from leantrain.methods import get_task
     from leantrain.config import resolve
 
     root, _, plain, _ = job

@@ -93,7 +93,7 @@ def test_a_reward_raising_on_one_row_mid_run_names_it_and_loses_nothing(grpo):
     """A reward that raises on one prompt (train.jsonl line 6, first seen at step 2): exit 2 naming the function, the
     step, the prompt and the original KeyError, no traceback; the metrics and the checkpoint of step 1 are intact,
     and once the function is mended the same command resumes from that checkpoint and finishes."""
-    from leantrain.modeling.tasks.grpo import loaded_rewards
+    from leantrain.methods.grpo.grpo import loaded_rewards
 
     root, _, _ = grpo
     rewards, out = root / "picky.py", root / "picky-run"

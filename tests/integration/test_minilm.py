@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import REPO, shared_data
 from leantrain import train
 from leantrain.cli import main
-from leantrain.engine.efficiency import cpu_has_native_bf16
+from leantrain.engine.devices.efficiency import cpu_has_native_bf16
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,8 @@ pytest.importorskip("peft")
 
 @pytest.fixture
 def marked_4bit(monkeypatch):
-    from leantrain.engine import loop, preflight
+    from leantrain.engine.setup import preflight
+    from leantrain.engine.training import loop
 
     build = loop.build_model
 

@@ -10,8 +10,8 @@ import logging
 import torch
 
 from leantrain.heartbeat import reporting, work
-from leantrain.modeling.generation import continuations
-from leantrain.modeling.tasks.grpo_generation import Sampling, generate
+from leantrain.modeling.generation.prompts import continuations
+from leantrain.modeling.generation.sampling import Sampling, generate
 from leantrain.report.progress import Progress, describe_work
 from tests.tiny_models import loss_llama
 
@@ -127,8 +127,8 @@ def test_evaluation_reports_its_batches_and_rows():
     from accelerate import Accelerator
 
     from leantrain.config import Config
-    from leantrain.engine.evaluate import evaluate
-    from leantrain.modeling.tasks import get_task
+    from leantrain.engine.evaluation.evaluate import evaluate
+    from leantrain.methods import get_task
 
     model = loss_llama()
     ids = torch.arange(3, 27).reshape(3, 8)

@@ -1,7 +1,7 @@
 """The import direction of src/leantrain: arrows point down the layers, never up, never sideways between packages.
 
-    {errors, version, units, files, processes, heartbeat} < config < {data, modeling, optim} < {perf, report} < engine
-        < launch < commands < {cli, leantrain} < __main__
+    {errors, version, units, files, processes, heartbeat} < config < {data, modeling, optim} < methods
+        < {perf, report} < engine < launch < commands < {cli, leantrain} < __main__
 
 The map with what each layer holds is docs/architecture.md; its marked layer list must be LAYERS below.
 A package may import itself freely; packages of the same layer do not import each other. A leantrain import inside a
@@ -23,12 +23,13 @@ LAYERS = {
     "leantrain.heartbeat": 0,
     "leantrain.config": 1,
     "leantrain.data": 2, "leantrain.modeling": 2, "leantrain.optim": 2,
-    "leantrain.perf": 3, "leantrain.report": 3,
-    "leantrain.engine": 4,
-    "leantrain.launch": 5,
-    "leantrain.commands": 6,
-    "leantrain.cli": 7, "leantrain": 7,
-    "leantrain.__main__": 8,
+    "leantrain.methods": 3,
+    "leantrain.perf": 4, "leantrain.report": 4,
+    "leantrain.engine": 5,
+    "leantrain.launch": 6,
+    "leantrain.commands": 7,
+    "leantrain.cli": 8, "leantrain": 8,
+    "leantrain.__main__": 9,
 }
 
 

@@ -1,5 +1,5 @@
 """Task names are decided in one place: no task-name string literal (``"causal-lm"``, ``"text-classification"``, ...)
-in leantrain's code outside ``config/`` (the names, the specs) and ``modeling/tasks/`` (the registry, detection): the
+in leantrain's code outside ``config/`` (the names, the specs) and ``methods/`` (the registry, detection): the
 rest asks the Task object (``labelled``, ``generates``, ``token_blocks``, ...) or uses the constants."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import ast
 from pathlib import Path
 
 import leantrain
-from leantrain.modeling.tasks import TASKS
+from leantrain.methods import TASKS
 
 SRC = Path(leantrain.__file__).parent
-OWNERS = ("config", "modeling/tasks")
+OWNERS = ("config", "methods")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:

@@ -7,7 +7,7 @@ eval outputs): a causal language model's ``eval.loss`` (the mean cross-entropy o
 (``eval.reward_accuracy``, ``eval.reward_margin``, ...); a reward model's pairwise ``eval.accuracy``.
 
 ``--harness DIR --tasks a,b``: instead, EleutherAI's lm-evaluation-harness on a causal LM folder with the task YAMLs
-of DIR (``engine/harness.py``), its table printed and ``{"harness": {task: {metric: value}}}`` written to
+of DIR (``engine/evaluation/harness.py``), its table printed and ``{"harness": {task: {metric: value}}}`` written to
 ``--output``."""
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from leantrain.commands.predict import load_trained, logits_in_row_order
 from leantrain.config import Config, resolve
 from leantrain.data.loaders import eval_loader
 from leantrain.data.text_loader import first_rows
-from leantrain.engine.accelerator import has_accelerator, setup_logging
-from leantrain.engine.efficiency import ACCELERATE_PRECISION
-from leantrain.engine.eval_plan import UNRECORDED_WIDTH, planned_eval_width, with_eval_reference
-from leantrain.engine.evaluate import evaluate
-from leantrain.engine.harness import run_harness
-from leantrain.engine.preflight import check_max_length, check_output_file, check_weights
-from leantrain.engine.run_settings import (FILE as RUN_FILE, eval_precision, stored_eval_width, trained_task,
+from leantrain.engine.devices.accelerator import has_accelerator, setup_logging
+from leantrain.engine.devices.efficiency import ACCELERATE_PRECISION
+from leantrain.engine.evaluation.eval_plan import UNRECORDED_WIDTH, planned_eval_width, with_eval_reference
+from leantrain.engine.evaluation.evaluate import evaluate
+from leantrain.engine.evaluation.harness import run_harness
+from leantrain.engine.setup.preflight import check_max_length, check_output_file, check_weights
+from leantrain.engine.setup.run_settings import (FILE as RUN_FILE, eval_precision, stored_eval_width, trained_task,
                                           with_run_settings)
-from leantrain.engine.training_data import data_side
+from leantrain.engine.setup.training_data import data_side
 from leantrain.errors import ConfigError, UserError
 from leantrain.heartbeat import reporting
 from leantrain.modeling import load_processor, load_trained_model
@@ -39,7 +39,7 @@ from leantrain.modeling.chunked_loss import apply_chunked_loss
 from leantrain.modeling.hubcheck import check_model_name, looks_local
 from leantrain.modeling.load import load_config
 from leantrain.modeling.names import resolve_model_name
-from leantrain.modeling.tasks import Task
+from leantrain.methods import Task
 from leantrain.report.eval_report import confusion, confusion_stem, format_table, per_class, write_confusion
 from leantrain.report.logs import write_json
 from leantrain.report.progress import Progress

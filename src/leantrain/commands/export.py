@@ -11,8 +11,8 @@ import logging
 from pathlib import Path
 
 from leantrain.commands.generate import model_folder
-from leantrain.engine.accelerator import setup_logging
-from leantrain.engine.preflight import check_weights
+from leantrain.engine.devices.accelerator import setup_logging
+from leantrain.engine.setup.preflight import check_weights
 from leantrain.errors import UserError
 from leantrain.files import write_atomic
 from leantrain.units import format_bytes

@@ -19,13 +19,13 @@ from pathlib import Path
 from leantrain.config import resolve
 from leantrain.data.lm.conversation import row_tools
 from leantrain.data.lm.sft import Prompts, sample_inputs
-from leantrain.engine.accelerator import device_type, setup_logging
-from leantrain.engine.preflight import check_weights
-from leantrain.engine.run_settings import stored_prompt_format, with_run_settings
+from leantrain.engine.devices.accelerator import device_type, setup_logging
+from leantrain.engine.setup.preflight import check_weights
+from leantrain.engine.setup.run_settings import stored_prompt_format, with_run_settings
 from leantrain.heartbeat import reporting
 from leantrain.modeling.positions import position_limit
 from leantrain.errors import UserError
-from leantrain.modeling.generation import check_room, check_settings, continuations, prompt_lengths, prompt_texts
+from leantrain.modeling.generation.prompts import check_room, check_settings, continuations, prompt_lengths, prompt_texts
 from leantrain.modeling.load import is_adapter_folder, load_adapter_model
 from leantrain.modeling.hubcheck import check_model_name
 from leantrain.modeling.names import resolve_model_name

@@ -26,15 +26,15 @@ import torch
 from torch import nn
 
 from leantrain.config import Config, resolve
-from leantrain.engine.accelerator import make_accelerator, setup_logging
-from leantrain.engine.distributed import strategy_name
-from leantrain.engine.efficiency import install_output_loss, resolve_model_choices, resolve_precision
-from leantrain.engine.preflight import check_max_length
-from leantrain.engine.training_data import prepare_training_data
+from leantrain.engine.devices.accelerator import make_accelerator, setup_logging
+from leantrain.engine.devices.distributed import strategy_name
+from leantrain.engine.devices.efficiency import install_output_loss, resolve_model_choices, resolve_precision
+from leantrain.engine.setup.preflight import check_max_length
+from leantrain.engine.setup.training_data import prepare_training_data
 from leantrain.errors import UserError
 from leantrain.modeling import build_model
 from leantrain.modeling.lora import apply_trainable
-from leantrain.modeling.tasks import Task
+from leantrain.methods import Task
 from leantrain.perf import estimate, memory_model
 from leantrain.units import format_bytes, format_duration, format_rate
 from leantrain.perf.auto_micro_batch import (MARGIN, RUN_ALLOWANCE, default_budget, divisors_desc, framework_bytes,

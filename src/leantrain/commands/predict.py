@@ -11,17 +11,17 @@ import torch
 
 from leantrain.config import Config, resolve
 from leantrain.data.loaders import eval_loader
-from leantrain.engine.accelerator import has_accelerator, setup_logging
-from leantrain.engine.evaluate import predict_logits
-from leantrain.engine.training_data import data_side
+from leantrain.engine.devices.accelerator import has_accelerator, setup_logging
+from leantrain.engine.evaluation.evaluate import predict_logits
+from leantrain.engine.setup.training_data import data_side
 from leantrain.errors import UserError
 from leantrain.data.text_loader import open_rows
-from leantrain.engine.preflight import check_output_file, check_weights
-from leantrain.engine.efficiency import ACCELERATE_PRECISION
-from leantrain.engine.run_settings import with_run_settings
-from leantrain.modeling import load_config, load_processor, load_trained_model, resolve_task, trained_label_names
+from leantrain.engine.setup.preflight import check_output_file, check_weights
+from leantrain.engine.devices.efficiency import ACCELERATE_PRECISION
+from leantrain.engine.setup.run_settings import with_run_settings
+from leantrain.modeling import load_config, load_processor, load_trained_model, trained_label_names
 from leantrain.modeling.names import resolve_model_name
-from leantrain.modeling.tasks import Task
+from leantrain.methods import Task, resolve_task
 
 log = logging.getLogger("leantrain")
 

@@ -16,7 +16,7 @@ from leantrain.data.lm.shard_writer import write_shards
 from leantrain.data.lm.token_shards import MANIFEST, VERIFIED, TokenShards, read_manifest
 from leantrain.data.lm.token_sources import open_token_source
 from leantrain.engine.checkpoint import lock
-from leantrain.engine.accelerator import setup_logging
+from leantrain.engine.devices.accelerator import setup_logging
 from leantrain.errors import UserError
 from leantrain.modeling import model_name
 

@@ -7,8 +7,8 @@ import os
 import sys
 
 from leantrain.config import resolve
-from leantrain.engine.loop import train
-from leantrain.engine.run_description import describe_run
+from leantrain.engine.training.loop import train
+from leantrain.engine.setup.run_description import describe_run
 from leantrain.launch.torchrun import LaunchOptions, inside_launcher, launch
 from leantrain.report.final_line import final_line
 

@@ -73,7 +73,7 @@ class GrpoConfig(Section):
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
-def check_grpo_keys(cfg, task) -> None:  # noqa: ANN001 - a Config, a leantrain.modeling.tasks Task
+def check_grpo_keys(cfg, task) -> None:  # noqa: ANN001 - a Config, a leantrain.methods Task
     """grpo.* keys are for GRPO (a task whose rows are prompts) only; GRPO needs at least one reward function. A key
     counts as given when its value is not the default (the workers read the resolved config, every key written out)."""
     online = task.traits.labels == "prompts"

@@ -2,7 +2,7 @@
 ``checkpoint.best_metric`` may name, the problem_type an override must match), one ``TaskSpec`` per task.
 
 This is the low half of the task registry, importable by every layer. The task objects themselves (model class,
-loss, metrics, predictions: ``leantrain.modeling.tasks``) carry a spec; registering a task there registers its spec
+loss, metrics, predictions: ``leantrain.methods``) carry a spec; registering a task there registers its spec
 here, so a new task is one file and one ``register`` call.
 """
 
@@ -33,7 +33,7 @@ class TaskSpec:
     (``text``, ``image``, ``audio``: ``leantrain.data.modalities``), transformers' ``problem_type``, the metrics
     evaluation reports (``eval.<name>``; ``two_class_only`` ones only for 2 labels; ``lower_is_better`` ones pick
     the best model by their minimum). What the task is beyond that (its labels, units, what its saved model loads
-    as) is its traits record (``leantrain.modeling.tasks.traits``)."""
+    as) is its traits record (``leantrain.methods.traits``)."""
 
     name: str
     modality: str

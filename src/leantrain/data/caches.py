@@ -9,7 +9,7 @@ Two places (docs/caches.md):
 - leantrain's own cache: ``$LEANTRAIN_CACHE``, else ``~/.cache/leantrain`` (the built-in demo data, the measured
   ``peak_flops.json``, and the record of the datasets folders above);
 - values computed once per model and data before training (the preference task's reference log-probs,
-  ``leantrain.engine.precompute``): a ``leantrain-precomputed`` folder beside the processed data (inside a datasets
+  ``leantrain.engine.setup.precompute``): a ``leantrain-precomputed`` folder beside the processed data (inside a datasets
   cache folder above, else in the datasets cache's root), listed and cleared as entries of their own.
 
 Both are safe to delete: everything in them is rebuilt on the next run that needs it.

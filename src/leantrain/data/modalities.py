@@ -2,7 +2,7 @@
 causal-LM text and instruction data; pairs, feedback, scored-pairs: preference data, ``data/lm/preference.py``;
 prompts: GRPO's prompts to be answered, ``data/lm/prompts.py``): load + validate, process with the model's processor,
 collate.
-The engine picks one through the task's modality (``leantrain.modeling.tasks``: ``Task.modality``, and
+The engine picks one through the task's modality (``leantrain.methods``: ``Task.modality``, and
 ``Task.data_side`` may adapt it) and stays free of task and modality branches."""
 
 from __future__ import annotations

@@ -17,14 +17,14 @@ from torch import nn
 
 from leantrain.config import Config
 from leantrain.data.loaders import to_device
-from leantrain.engine.batch_layout import BatchLayout
+from leantrain.engine.devices.batch_layout import BatchLayout
 from leantrain.engine.checkpoint.save import complete_checkpoints
-from leantrain.engine.distributed import full_state_dict
-from leantrain.engine.dropout import resolve_dropout
-from leantrain.engine.efficiency import ModelChoices, compile_seconds
-from leantrain.engine.faults import FaultInjector
-from leantrain.engine.harness import harness_of_folder
-from leantrain.engine.training_data import TrainingData
+from leantrain.engine.devices.distributed import full_state_dict
+from leantrain.engine.devices.dropout import resolve_dropout
+from leantrain.engine.devices.efficiency import ModelChoices, compile_seconds
+from leantrain.engine.training.faults import FaultInjector
+from leantrain.engine.evaluation.harness import harness_of_folder
+from leantrain.engine.setup.training_data import TrainingData
 from leantrain.errors import UserError
 from leantrain.files import disk_full, disk_of, staged_folders
 from leantrain.modeling.load import save_dtype
@@ -35,7 +35,7 @@ from leantrain.perf.memory import device_memory, peak_rss_bytes
 from leantrain.perf.meter import Throughput
 from leantrain.report.card import write_model_card
 from leantrain.report.logs import write_json
-from leantrain.engine.run_settings import cut_like_training, write_run_settings
+from leantrain.engine.setup.run_settings import cut_like_training, write_run_settings
 from leantrain.report.plots import plot_loss_curve, short_model_name
 from leantrain.version import __version__
 

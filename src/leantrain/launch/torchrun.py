@@ -24,7 +24,7 @@ from pathlib import Path
 
 from leantrain.config import Config
 from leantrain.engine.checkpoint.preempt import EXIT_PREEMPTED, GRACE_SECONDS, STATUS_FILE, read_status
-from leantrain.engine.run_file import inside_launcher, write_run_file  # noqa: F401 - inside_launcher: for cli
+from leantrain.engine.setup.run_file import inside_launcher, write_run_file  # noqa: F401 - inside_launcher: for cli
 from leantrain.errors import UserError
 from leantrain.launch.supervise import run_group
 
@@ -99,7 +99,7 @@ def torchrun_command(opts: LaunchOptions, config_file: Path) -> list[str]:
 
 
 def worker_env(opts: LaunchOptions) -> dict[str, str]:
-    from leantrain.engine.accelerator import has_accelerator  # lazy: torch loads only when launching
+    from leantrain.engine.devices.accelerator import has_accelerator  # lazy: torch loads only when launching
 
     env = dict(os.environ)
     if not has_accelerator() and "OMP_NUM_THREADS" not in os.environ:

@@ -14,7 +14,7 @@ instead of logits, computed by :class:`ChunkedCrossEntropy`:
   chunk, from which d(hidden) of the chunk and the chunk's share of d(W) (accumulated in one fp32 buffer).
 
 So the largest temporary is one chunk's ``chunk_tokens x vocab`` fp32 logits (and their gradient in backward), not
-the whole batch's. The causal-LM task (``leantrain.modeling.tasks.causal_lm``: ``CausalLM.token_losses``) is the one
+the whole batch's. The causal-LM task (``leantrain.methods.lm.causal_lm``: ``CausalLM.token_losses``) is the one
 caller of ``labels_for_loss`` and ``per_token_losses``: the rest of leantrain asks the task for its loss, and sees
 logits under the name ``logits``. The cost is one more matmul of the output layer (the forward's, again in backward), the same
 recomputation gradient checkpointing makes.

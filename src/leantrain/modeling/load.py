@@ -16,18 +16,17 @@ from typing import Any
 
 import torch
 
-from leantrain.config import Config, ModelConfig
+from leantrain.config import ModelConfig
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling import short_attention
 from leantrain.modeling.hubcheck import check_model_name
 from leantrain.modeling.head_reuse import needs_remap, remap_head
-from leantrain.modeling.names import PACKAGED_MODEL, packaged_model_path, resolve_model_name  # noqa: F401
+from leantrain.modeling.names import (CLASSIFIER_ARCHS, PACKAGED_MODEL, packaged_model_path,  # noqa: F401
+                                      resolve_model_name)
 from leantrain.modeling.pad_token import ensure_pad_token, set_model_pad_token
 from leantrain.modeling.pooling import apply_pooling
 from leantrain.modeling.switches import embeddings_of
 from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch
-from leantrain.modeling.tasks import TEXT, Task, auto_model_class, default_task, get_task, task_of_config
-from leantrain.modeling.tasks.detect import CLASSIFIER_ARCHS, detect_task
 from leantrain.modeling.peft_import import import_peft, peft_quiet
 
 log = logging.getLogger("leantrain")
@@ -86,7 +85,7 @@ def load_tokenizer(cfg: ModelConfig, *, say: bool = True):
     return tokenizer
 
 
-def load_processor(cfg: ModelConfig, task: Task):
+def load_processor(cfg: ModelConfig, task):  # noqa: ANN001 - a leantrain.methods Task
     """The model's own processor: tokenizer (text), image processor (images) or feature extractor (audio).
 
     A model trained from scratch (model.config / model.config_type) gets one built from its config."""
@@ -118,7 +117,7 @@ def trained_label_names(config) -> list[str] | None:
     return None if all(_DEFAULT_LABEL.match(n) for n in names) else names
 
 
-def build_model(cfg: ModelConfig, label_names: list[str], task: Task | None = None, extra: dict | None = None,
+def build_model(cfg: ModelConfig, label_names: list[str], task, extra: dict | None = None,  # noqa: ANN001 - a Task
                 attention: str | None = None):
     """The task's AutoModelFor... (unset: the text classifier's) with the data's labels; a new head when the label
     set changes.
@@ -127,7 +126,6 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: Task | None = No
     ``extra``: more ``from_pretrained`` keywords (QLoRA's quantization_config / device_map / dtype); ``attention``:
     transformers' ``attn_implementation`` (None: its default, SDPA where the class has it;
     ``leantrain.modeling.attention.choose_attention`` decides it for a run)."""
-    task = task or get_task(TEXT)
     auto = task.model_class()
     if attention == short_attention.NAME:
         short_attention.register()
@@ -173,7 +171,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task: Task | None = No
     return _with_pad_token(model, cfg, task)
 
 
-def meta_model(cfg: ModelConfig, task: Task, config=None):  # noqa: ANN001 - a transformers config
+def meta_model(cfg: ModelConfig, task, config=None):  # noqa: ANN001 - a methods Task, a transformers config
     """The task's model on the meta device (shapes, no weights, milliseconds), from its config with
     ``model.config_overrides``: what the preflight checks measure before any weight loads. None when the
     architecture cannot be built so (remote code, a model that computes in its constructor)."""
@@ -189,7 +187,7 @@ def meta_model(cfg: ModelConfig, task: Task, config=None):  # noqa: ANN001 - a t
         return None
 
 
-def check_tokenizer_key(cfg: ModelConfig, task: Task) -> None:
+def check_tokenizer_key(cfg: ModelConfig, task) -> None:  # noqa: ANN001 - a leantrain.methods Task
     """A causal LM built from a config needs ``model.tokenizer`` (the vocabulary it is trained on): exit 2 naming it."""
     if from_scratch(cfg) and task.traits.scratch_needs_tokenizer and not cfg.tokenizer:
         key = "model.config" if cfg.config else "model.config_type"
@@ -197,7 +195,7 @@ def check_tokenizer_key(cfg: ModelConfig, task: Task) -> None:
                           "tokenizer folder or Hub id> (the vocabulary the new model is trained on)")
 
 
-def _scratch_fields(cfg: ModelConfig, task: Task, config) -> dict:
+def _scratch_fields(cfg: ModelConfig, task, config) -> dict:  # noqa: ANN001 - a leantrain.methods Task
     """The task's processor-dependent fields of a model from a config (causal LM: vocab_size = len(tokenizer),
     special token ids; ``check_tokenizer_key`` checked model.tokenizer before, with the run). A vocab_size the user set larger than the tokenizer's is kept (e.g. padded to a multiple of
     64); a smaller one cannot hold the token ids: exit 2."""
@@ -215,7 +213,7 @@ def _scratch_fields(cfg: ModelConfig, task: Task, config) -> dict:
     return fields
 
 
-def _with_pad_token(model, cfg: ModelConfig, task: Task):
+def _with_pad_token(model, cfg: ModelConfig, task):  # noqa: ANN001 - a leantrain.methods Task
     """A text model whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...); a sequence
     classifier's pooler as ``model.pooling`` says (``leantrain.modeling.pooling``)."""
     if task.traits.sequence_classifier:
@@ -267,7 +265,7 @@ def save_dtype(cfg: ModelConfig) -> torch.dtype:
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
-def load_trained_model(model_dir: str, task: Task, cfg: ModelConfig):
+def load_trained_model(model_dir: str, task, cfg: ModelConfig):  # noqa: ANN001 - a leantrain.methods Task
     """A trained model folder for eval / predict: the task's AutoModelFor..., fp32 weights (``WEIGHTS_DTYPE``),
     safetensors unless ``model.allow_pickle``. A LoRA adapter folder (``peft.merge=false``) is loaded over its base
     and merged."""
@@ -318,10 +316,11 @@ def load_adapter_model(folder: str, auto, kwargs: dict):  # noqa: ANN001 - an Au
         return import_peft().PeftModel.from_pretrained(model, folder).merge_and_unload()
 
 
-def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
+def inspect_model(cfg: ModelConfig, classifier_class) -> dict[str, Any]:  # noqa: ANN001 - a callable
     """Config and parameter counts of a model, as ``leantrain inspect`` prints them.
 
-    A fine-tuned classifier is loaded as such; a base model gets the AutoModel it was saved as.
+    A fine-tuned classifier is loaded as such (``classifier_class(config)``: its AutoModelFor... class); a base model
+    gets the AutoModel it was saved as.
     """
     from transformers import AutoModel
 
@@ -329,7 +328,7 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
     config = load_config(cfg)
     archs = getattr(config, "architectures", None) or []
     classifier = any(c in a for a in archs for c in CLASSIFIER_ARCHS)
-    auto = auto_model_class(task_of_config(config) or default_task("text")) if classifier else AutoModel
+    auto = classifier_class(config) if classifier else AutoModel
     name = model_name(cfg)
     try:
         model = auto.from_pretrained(name, **_weights_kwargs(cfg))
@@ -337,18 +336,6 @@ def inspect_model(cfg: ModelConfig) -> dict[str, Any]:
         raise _load_error(name, e) from None
     return {"name": name, "class": type(model).__name__, "parameters": parameter_counts(model),
             "labels": trained_label_names(config), "config": config.to_diff_dict()}
-
-
-def resolve_task(cfg: Config) -> Task:
-    """``model.task``, or what ``auto`` decides (``leantrain.modeling.tasks.detect``). Reads config.json at most."""
-    return resolve_task_reason(cfg)[0]
-
-
-def resolve_task_reason(cfg: Config) -> tuple[Task, str]:
-    """(the task, why ``model.task=auto`` chose it; "" when model.task is set): ``detect_task`` on the model's
-    config, read here (only under auto)."""
-    name, why = detect_task(cfg, detection_config(cfg.model) if cfg.model.task == "auto" else None)
-    return get_task(name), why
 
 
 def detection_config(m: ModelConfig):

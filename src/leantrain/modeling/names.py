@@ -60,3 +60,7 @@ def display_name(name: str | None) -> str:
     if name is None or (name.strip().lower() in SHORT_NAMES and not Path(name).exists()):
         return PACKAGED_MODEL
     return name
+
+
+CLASSIFIER_ARCHS = ("ForSequenceClassification", "ForImageClassification", "ForAudioClassification",
+                    "ForTokenClassification")  # what a fine-tuned classifier's architectures name ends in

@@ -25,7 +25,6 @@ from leantrain.config import Config
 from leantrain.errors import ConfigError, UserError
 from leantrain.modeling.load import build_model
 from leantrain.modeling.peft_import import import_peft, peft_quiet
-from leantrain.modeling.tasks import Task
 
 log = logging.getLogger("leantrain")
 
@@ -115,7 +114,7 @@ def record() -> dict:
 # ------------------------------------------------------------------------------------------------------ saving
 
 
-def merged_full_precision(cfg: Config, label_names: list[str], task: Task, adapter_dir: Path,
+def merged_full_precision(cfg: Config, label_names: list[str], task, adapter_dir: Path,
                           config_fields: dict | None = None) -> nn.Module:
     """The merged model of a QLoRA run: the base reloaded bf16 on CPU (not 4-bit), the adapter folder loaded onto
     it, ``merge_and_unload``: a plain transformers model that loads without peft or bitsandbytes. Costs one more

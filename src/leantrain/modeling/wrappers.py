@@ -3,6 +3,9 @@ The one unwrap of ``modeling`` and the methods (peft's model is not a wrapper he
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+import torch
 from torch import nn
 
 MAX_DEPTH = 8  # wrappers around wrappers (compile of DDP of ...): a cycle of attributes never loops forever
@@ -16,3 +19,15 @@ def unwrapped(model: nn.Module) -> nn.Module:
             return model
         model = inner
     return model
+
+
+@contextmanager
+def frozen_forward(model):
+    """No gradients, eval mode (no dropout, no random draws), the mode restored after."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was)

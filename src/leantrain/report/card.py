@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from leantrain.modeling.tasks import TEXT, Task, get_task
+from leantrain.methods import TEXT, Task, get_task
 from leantrain.units import format_bytes
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$")

@@ -98,7 +98,7 @@ def test_stop_when_unknown_metric_is_refused_with_did_you_mean():
 
 
 def test_stop_when_mcc_needs_two_classes():
-    from leantrain.engine.training_data import check_stop_when
+    from leantrain.engine.setup.training_data import check_stop_when
 
     cfg = resolve(None, ["train.stop_when=eval.mcc>=0.5"])
     check_stop_when(cfg, 2)
@@ -109,7 +109,7 @@ def test_stop_when_mcc_needs_two_classes():
 def test_metric_names_are_the_evaluators():
     import numpy as np
 
-    from leantrain.modeling.tasks.classification import classification_metrics
+    from leantrain.methods.classify.classification import classification_metrics
     from leantrain.config.metric_names import metric_names
 
     for k in (2, 3):
@@ -129,7 +129,7 @@ def test_max_length_above_the_models_positions_exits_2_naming_both(tmp_path, tin
 
 
 def test_default_max_length_is_lowered_to_a_small_models_limit(capsys):
-    from leantrain.engine.preflight import check_max_length
+    from leantrain.engine.setup.preflight import check_max_length
 
     small = ['model.config_type=bert', 'model.config_overrides={max_position_embeddings: 64, hidden_size: 32, '
              'num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 64}']
@@ -268,7 +268,7 @@ class FakeLibc:
 
 @pytest.fixture
 def fake_libc(monkeypatch):
-    from leantrain.engine import host_allocator as hostmem
+    from leantrain.engine.devices import host_allocator as hostmem
 
     libc = FakeLibc()
     monkeypatch.setattr(hostmem, "tunable_glibc", lambda: libc)
@@ -276,7 +276,7 @@ def fake_libc(monkeypatch):
 
 
 def test_cpu_allocator_auto_applies_on_cpu_training_only(fake_libc):
-    from leantrain.engine.host_allocator import host_memory
+    from leantrain.engine.devices.host_allocator import host_memory
 
     with host_memory("auto", "cuda") as applied:
         assert applied == "system" and fake_libc.values == {}
@@ -286,7 +286,7 @@ def test_cpu_allocator_auto_applies_on_cpu_training_only(fake_libc):
 
 
 def test_cpu_allocator_restores_the_previous_settings(fake_libc):
-    from leantrain.engine.host_allocator import GLIBC_DEFAULTS, REUSE, host_memory
+    from leantrain.engine.devices.host_allocator import GLIBC_DEFAULTS, REUSE, host_memory
 
     with host_memory("reuse", "cpu"):
         with host_memory("reuse", "cpu"):  # e.g. bench or a test running train() inside a run
@@ -297,7 +297,7 @@ def test_cpu_allocator_restores_the_previous_settings(fake_libc):
 
 
 def test_cpu_allocator_leaves_a_tuned_allocator_alone(monkeypatch):
-    from leantrain.engine import host_allocator as hostmem
+    from leantrain.engine.devices import host_allocator as hostmem
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1000000")
     monkeypatch.setattr(ctypes, "CDLL", lambda *a: pytest.fail("libc touched"))

@@ -1,4 +1,4 @@
-"""Continuations (leantrain.modeling.generation) and ``leantrain generate`` on a tiny random Llama with a ~90-word
+"""Continuations (leantrain.modeling.generation.prompts) and ``leantrain generate`` on a tiny random Llama with a ~90-word
 tokenizer: greedy is the argmax chain and repeatable, batching (left padding) changes nothing, sampling is seeded
 and leaves the caller's RNG alone, the chat template wraps prompts when present, eval mode is restored; a run's
 prompts are rendered as it trained (system prompt, template)."""
@@ -13,8 +13,8 @@ import torch
 
 from leantrain.cli import main
 from leantrain.errors import UserError
-from leantrain.modeling.generation import continuations, prompt_texts
-from leantrain.modeling.tasks import get_task
+from leantrain.modeling.generation.prompts import continuations, prompt_texts
+from leantrain.methods import get_task
 from tests.helpers import CHATML, make_tiny_chat_tokenizer, make_tiny_llama, make_tiny_lm_tokenizer
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
@@ -144,7 +144,7 @@ def test_generate_renders_the_prompt_as_the_run_trained(tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from leantrain.config import resolve
-    from leantrain.engine.run_settings import write_run_settings
+    from leantrain.engine.setup.run_settings import write_run_settings
 
     model_dir = make_tiny_llama(tmp_path / "run" / "model",
                                 make_tiny_chat_tokenizer(tmp_path / "tok", chat_template=CHATML))

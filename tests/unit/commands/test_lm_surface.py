@@ -159,8 +159,8 @@ def test_an_evaluation_stops_at_the_next_batch_when_asked(lm):
     from transformers import AutoModelForCausalLM
 
     from leantrain.config import Config
-    from leantrain.engine.evaluate import evaluate
-    from leantrain.modeling.tasks import get_task
+    from leantrain.engine.evaluation.evaluate import evaluate
+    from leantrain.methods import get_task
 
     model = AutoModelForCausalLM.from_pretrained(lm[0])
     ids = torch.arange(2, 18).reshape(2, 8)

@@ -74,7 +74,7 @@ def test_prepare_json_into_the_cache_then_train_reuses_it(tmp_path, tok_folder, 
 
     from leantrain.data.caches import using_cache_dir
 
-    with using_cache_dir(cfg.data.cache_dir):  # as train does (engine/training_data.py)
+    with using_cache_dir(cfg.data.cache_dir):  # as train does (engine/setup/training_data.py)
         prepared = corpus.load_and_validate(cfg.data, seed=1, batch_size=4)
     train = corpus.process(prepared.train, AutoTokenizer.from_pretrained(tok_folder), cfg.data)  # data.cache_dir
     assert str(train.shards.folder) == first["path"]  # the training run found the preparation

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from leantrain.config import resolve
-from leantrain.engine.accelerator import check_deepspeed_json
+from leantrain.engine.devices.accelerator import check_deepspeed_json
 from leantrain.errors import ConfigError
 
 DS = ["distributed.strategy=deepspeed", "distributed.deepspeed_config=zero2.json"]

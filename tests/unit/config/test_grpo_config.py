@@ -8,7 +8,7 @@ import pytest
 from leantrain.config import resolve
 from leantrain.config.grpo import check_grpo_keys
 from leantrain.errors import ConfigError
-from leantrain.modeling.tasks import get_task
+from leantrain.methods import get_task
 
 
 def test_the_defaults_are_trls():

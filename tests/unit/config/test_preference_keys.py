@@ -70,7 +70,7 @@ def test_the_keys_each_method_reads_are_accepted(overrides):
 
 
 def test_with_loss_auto_the_data_decides_the_method_before_any_model(tmp_path):
-    from leantrain.engine.training_data import validate_data
+    from leantrain.engine.setup.training_data import validate_data
 
     rows = [{"prompt": "Is 2 + 2 four?", "completion": "Yes.", "label": True},
             {"prompt": "Is 2 + 2 five?", "completion": "Yes.", "label": False}] * 4

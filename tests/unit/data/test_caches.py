@@ -24,7 +24,7 @@ def _rows(n):
 def test_data_cache_dir_holds_the_datasets_cache_and_cache_command_lists_and_clears_it(tmp_path, leantrain_cache,
                                                                                          capsys):
     from leantrain.config import resolve
-    from leantrain.engine.training_data import validate_data
+    from leantrain.engine.setup.training_data import validate_data
 
     data = write_rows(tmp_path / "train.csv", _rows(30))
     ds_cache = tmp_path / "ds-cache"

@@ -14,8 +14,8 @@ from leantrain.cli import main
 from leantrain.config import DataConfig, resolve
 from leantrain.data import audio
 from leantrain.errors import DataError
-from leantrain.modeling import resolve_task
-from leantrain.modeling.tasks import get_task
+from leantrain.methods import resolve_task
+from leantrain.methods import get_task
 from tests.helpers import TINY_AST, TINY_VIT, write_rows
 
 pytestmark = pytest.mark.usefixtures("own_datasets_cache")  # each test its own Arrow cache, never ~/.cache

@@ -1,6 +1,6 @@
 """Batch widths: on a CPU the collators round a batch's sequence length to one of at most four widths an octave
 (``padded_width``), so oneDNN's per-shape kernels are reused; on CUDA to a multiple of 8. The padding they add is
-masked: that it changes no loss or gradient is checked in tests/unit/modeling/tasks/test_preference.py
+masked: that it changes no loss or gradient is checked in tests/unit/methods/test_preference.py
 (``test_the_padding_of_bucketed_widths_changes_no_loss_or_gradient``)."""
 
 from __future__ import annotations

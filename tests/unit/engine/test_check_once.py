@@ -14,14 +14,16 @@ from tests.helpers import write_rows, word_rows
 from leantrain.cli import main
 from leantrain.config import resolve
 from leantrain.data import modalities
-from leantrain.engine import preflight, run_description, samples, training_data
-from leantrain.engine.run_file import RUN_FILE
+from leantrain.engine.evaluation import samples
+from leantrain.engine.setup import preflight, run_description, training_data
+from leantrain.engine.setup.run_file import RUN_FILE
 from leantrain.errors import UserError
+from leantrain.methods import detect
 from leantrain.modeling import load, qlora
 
 CHECKS = (preflight.check_train, preflight.check_max_length, preflight.check_model_plan, preflight.check_attention,
           qlora.check_qlora, qlora.check_qlora_precision, samples.check_sample_prompts, samples.check_sample_room,
-          load.check_tokenizer_key, load.resolve_task_reason, training_data.run_task_reason,
+          load.check_tokenizer_key, detect.resolve_task_reason, training_data.run_task_reason,
           training_data.check_task_keys, training_data.check_loaded_data, training_data.check_config,
           training_data.check_stop_when, training_data.prepare_training_data)
 

@@ -10,9 +10,9 @@ from tests.helpers import gradients, text_batch, word_rows, write_rows
 from tests.tiny_models import loss_llama, tiny_bert_classifier
 from leantrain import train
 from leantrain.config import resolve
-from leantrain.engine.batch_layout import batch_layout
+from leantrain.engine.devices.batch_layout import batch_layout
 from leantrain.errors import ConfigError
-from leantrain.modeling.tasks import TEXT, get_task
+from leantrain.methods import TEXT, get_task
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert):
     from transformers import AutoModelForSequenceClassification
 
     from leantrain.config import EfficiencyConfig
-    from leantrain.engine.efficiency import apply_model_switches
+    from leantrain.engine.devices.efficiency import apply_model_switches
 
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2).train()
@@ -88,8 +88,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert):
 def test_loss_is_fp32_under_bf16_autocast(tiny_bert):
     from transformers import AutoModelForSequenceClassification
 
-    from leantrain.modeling.tasks import model_inputs
-    from leantrain.modeling.tasks.classification import per_example_loss
+    from leantrain.methods import model_inputs
+    from leantrain.methods.classify.classification import per_example_loss
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2)
     batch = text_batch()
@@ -101,7 +101,7 @@ def test_loss_is_fp32_under_bf16_autocast(tiny_bert):
 
 
 def test_precision_choice_on_cpu():
-    from leantrain.engine.efficiency import cpu_has_native_bf16, resolve_precision
+    from leantrain.engine.devices.efficiency import cpu_has_native_bf16, resolve_precision
 
     assert resolve_precision("fp32", "cpu")[0] == "fp32" and resolve_precision("bf16", "cpu")[0] == "bf16"
     choice, why = resolve_precision("auto", "cpu")
@@ -211,7 +211,7 @@ def test_memory_budget_parsing():
 
 
 def test_choose_compile_every_branch():
-    from leantrain.engine.efficiency import choose_compile
+    from leantrain.engine.devices.efficiency import choose_compile
 
     assert choose_compile(True, "cpu", False, "auto") == (True, "as configured (efficiency.compile)")
     assert choose_compile(False, "cuda", True, "auto")[0] is False
@@ -234,7 +234,7 @@ def test_an_attention_the_device_cannot_run_exits_before_the_model_loads(tmp_pat
     def no_model(*a, **k):
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr("leantrain.engine.loop.build_model", no_model)
+    monkeypatch.setattr("leantrain.engine.training.loop.build_model", no_model)
     with pytest.raises(ConfigError, match="model.attn_implementation=flash_attention_2: flash attention runs on CUDA"):
         run(tmp_path, tiny_bert, data, "flash", "model.attn_implementation=flash_attention_2")
 
@@ -263,14 +263,14 @@ def test_compiled_run_gives_the_eager_loss(tmp_path, tiny_bert, data):
     (False, "cpu", "bf16", "auto", False, False, False),
 ])
 def test_choose_recast(requested, device, precision, strategy, compiled, ckpt, on):
-    from leantrain.engine.efficiency import choose_recast
+    from leantrain.engine.devices.efficiency import choose_recast
 
     chosen, why = choose_recast(requested, device, precision, strategy, compiled, ckpt)
     assert chosen is on and why
 
 
 def test_the_resolved_recast_swaps_the_bias_free_linears_or_says_there_are_none():
-    from leantrain.engine.efficiency import ModelChoices
+    from leantrain.engine.devices.efficiency import ModelChoices
 
     choices = ModelChoices(None, "", False, "", True, "auto: on for CPU training")
     llama, bert = loss_llama(), tiny_bert_classifier()
@@ -284,7 +284,7 @@ def test_plan_installs_the_output_loss_train_would_on_its_device(device, chosen,
     """leantrain plan prices what train installs: the device's choice (a CUDA run whose logits fit its budget keeps
     the plain logits; a CPU run chunks), from the micro-batch's logits and the budget, not the CPU's by default."""
     from leantrain.config.run_options import EfficiencyConfig
-    from leantrain.engine.efficiency import install_output_loss
+    from leantrain.engine.devices.efficiency import install_output_loss
     from leantrain.modeling.chunked_loss import is_installed
     from tests.tiny_models import loss_llama
 

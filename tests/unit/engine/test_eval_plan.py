@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from leantrain.engine.eval_plan import planned_eval_width
+from leantrain.engine.evaluation.eval_plan import planned_eval_width
 from leantrain.modeling.chunked_loss import install_chunked_loss
-from leantrain.modeling.tasks.causal_lm import CAUSAL_LM_TASK
+from leantrain.methods.lm.causal_lm import CAUSAL_LM_TASK
 from leantrain.perf.estimate import fake_eval_peak
 from leantrain.perf.memory_model import resident_bytes
 

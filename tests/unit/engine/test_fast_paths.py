@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from leantrain.engine.dropout import FastDropout, keep_mask, quantized_p, resolve_dropout, use_fast_dropout
+from leantrain.engine.devices.dropout import FastDropout, keep_mask, quantized_p, resolve_dropout, use_fast_dropout
 from tests.helpers import gradients, make_tiny_bert, text_batch
 
 # ------------------------------------------------------------------------------------------------ dropout
@@ -90,8 +90,8 @@ def test_dropout_switched_off_is_not_reported_fast(tiny_bert_dropout):
     from transformers import AutoModelForSequenceClassification
 
     from leantrain.config import EfficiencyConfig
-    from leantrain.engine.dropout import disable_dropout
-    from leantrain.engine.efficiency import apply_model_switches
+    from leantrain.engine.devices.dropout import disable_dropout
+    from leantrain.engine.devices.efficiency import apply_model_switches
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert_dropout, num_labels=2).train()
     assert disable_dropout(model) > 0
@@ -105,7 +105,7 @@ def test_checkpointing_recomputes_the_same_fast_dropout_masks(tiny_bert_dropout)
     from transformers import AutoModelForSequenceClassification
 
     from leantrain.config import EfficiencyConfig
-    from leantrain.engine.efficiency import apply_model_switches
+    from leantrain.engine.devices.efficiency import apply_model_switches
 
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert_dropout, num_labels=2).train()
@@ -138,7 +138,7 @@ def tiny_bert_dropout(tmp_path_factory):
 
 
 def _steps(accelerator, model, rows, clip, max_norm, steps=4):
-    from leantrain.engine.distributed import clip_gradients
+    from leantrain.engine.devices.distributed import clip_gradients
 
     model = copy.deepcopy(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, fused=True)
@@ -183,7 +183,7 @@ def test_clip_folded_into_fused_adamw_equals_clip_grad_norm(clip_setup, max_norm
 
 FAULTS = """
 import resource, torch
-from leantrain.engine.host_allocator import host_memory
+from leantrain.engine.devices.host_allocator import host_memory
 
 def faults_of_a_fresh_64mb_buffer():
     for _ in range(12):  # a training step's pattern: a big buffer and small tensors, allocated, touched, freed

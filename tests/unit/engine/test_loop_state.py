@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from leantrain.engine.loop_state import BestRecord, LoopState
+from leantrain.engine.training.loop_state import BestRecord, LoopState
 from leantrain.engine.checkpoint.state_io import load_state, save_state
 
 

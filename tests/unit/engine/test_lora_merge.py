@@ -15,7 +15,7 @@ from leantrain.config import resolve
 from leantrain.engine import artifacts
 from leantrain.errors import UserError
 from leantrain.modeling.lora import apply_trainable
-from leantrain.modeling.tasks import get_task
+from leantrain.methods import get_task
 from tests.helpers import TINY_LLAMA, lm_documents, make_tiny_lm_tokenizer
 
 pytest.importorskip("peft")

@@ -12,9 +12,9 @@ import torch
 import yaml
 
 from leantrain import train
-from leantrain.engine.loop_state import LoopState
-from leantrain.engine.step import add_step_metrics, step_metric_means, train_step
-from leantrain.modeling.tasks import get_task
+from leantrain.engine.training.loop_state import LoopState
+from leantrain.engine.training.step import add_step_metrics, step_metric_means, train_step
+from leantrain.methods import get_task
 from leantrain.report.logs import read_metrics
 from tests.helpers import YES_NO, model_params, text_batch, word_rows, write_rows
 from tests.method_tasks import METERED, TWO_UPDATES, TwoUpdates, label_mean, register_methods, unregister_methods

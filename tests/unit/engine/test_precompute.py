@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from leantrain.config import resolve
-from leantrain.engine import precompute
-from leantrain.modeling.tasks import get_task
+from leantrain.engine.setup import precompute
+from leantrain.methods import get_task
 
 IGNORE = -100
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from leantrain.config import resolve
-from leantrain.engine.preflight import check_max_length, check_model_plan
+from leantrain.engine.setup.preflight import check_max_length, check_model_plan
 from leantrain.errors import ConfigError
-from leantrain.modeling.tasks import get_task
+from leantrain.methods import get_task
 from tests.helpers import TINY_LLAMA, make_tiny_lm_tokenizer
 
 

@@ -13,8 +13,8 @@ import torch
 
 from leantrain.data.lm import instructions as ins
 from leantrain.data.batching import split_global_batch
-from leantrain.engine.step import train_step
-from leantrain.modeling.tasks import get_task
+from leantrain.engine.training.step import train_step
+from leantrain.methods import get_task
 from tests.helpers import CHATML, make_tiny_chat_tokenizer, make_tiny_llama
 
 QA = [("What is 2 + 2?", "The answer is 4."), ("Hello", "Hello world."),

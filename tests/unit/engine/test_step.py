@@ -8,8 +8,8 @@ import torch
 
 from leantrain.data.batching import split_global_batch
 from leantrain.data.text import TextCollator
-from leantrain.engine.step import train_step
-from leantrain.modeling.tasks import TEXT, get_task
+from leantrain.engine.training.step import train_step
+from leantrain.methods import TEXT, get_task
 
 
 @pytest.fixture(scope="module")

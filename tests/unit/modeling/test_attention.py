@@ -13,7 +13,7 @@ from leantrain.modeling.attention import (AttentionSupport, attention_support, c
                                          fp32_uses)
 from leantrain.modeling.load import build_model
 from leantrain.modeling.short_attention import NAME as SHORT_SDPA
-from leantrain.modeling.tasks import TEXT, get_task
+from leantrain.methods import TEXT, get_task
 
 LLAMA = AttentionSupport("LlamaForCausalLM", sdpa=True, flash=True)
 NO_FLASH = AttentionSupport("SomeForCausalLM", sdpa=True, flash=False)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from leantrain.modeling import fast_decode
-from leantrain.modeling.reserved_cache import reserve
+from leantrain.modeling.generation import fast_decode
+from leantrain.modeling.generation.reserved_cache import reserve
 from tests.tiny_models import loss_llama, tiny_gpt2
 
 G, NEW = 3, 4

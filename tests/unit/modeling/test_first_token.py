@@ -8,7 +8,7 @@ import torch
 
 from leantrain.config import resolve
 from leantrain.modeling.first_token import first_token_last_layer, last_layer
-from leantrain.modeling.tasks import get_task
+from leantrain.methods import get_task
 
 
 def tiny_reward_bert(attention: str):
@@ -36,7 +36,7 @@ def loss_and_grads(task, model, batch: dict, first_token: bool) -> tuple[torch.T
     if first_token:
         loss, _ = task.forward_loss(model, batch)
     else:  # the plain computation: the whole model, every position
-        from leantrain.modeling.tasks import preference_losses as L
+        from leantrain.methods.preference import losses as L
 
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.squeeze(-1)
         loss = L.bradley_terry(*L.split_pairs(logits.float()), task.center).sum()

@@ -6,9 +6,12 @@ import torch
 from tests.helpers import write_rows
 from leantrain import train
 from leantrain.config import ModelConfig
-from leantrain.engine.accelerator import setup_logging
+from leantrain.engine.devices.accelerator import setup_logging
 from leantrain.modeling.head_reuse import find_head, row_sources
+from leantrain.methods import TEXT, get_task
 from leantrain.modeling import build_model
+
+TEXT_TASK = get_task(TEXT)
 
 TEXTS = ["the cat sat", "a dog ran far", "birds sing at dawn", "rain on the roof", "quiet night here"]
 
@@ -61,7 +64,7 @@ def test_other_id_order_keeps_each_label_logits(trained, reference, tmp_path, ca
     assert summary["model"]["labels"] == ["c", "a", "b"]
     assert "mapped by label name" in capsys.readouterr().err
     torch.manual_seed(0)
-    model = build_model(ModelConfig(name=str(trained)), ["c", "a", "b"])
+    model = build_model(ModelConfig(name=str(trained)), ["c", "a", "b"], TEXT_TASK)
     after = _by_name(model, tok)
     assert list(model.config.id2label.values()) == ["c", "a", "b"]
     for name in "abc":
@@ -70,7 +73,7 @@ def test_other_id_order_keeps_each_label_logits(trained, reference, tmp_path, ca
 
 def test_renamed_labels_start_a_fresh_head(trained, capsys):
     setup_logging(True)
-    model = build_model(ModelConfig(name=str(trained)), ["x", "y", "z"])
+    model = build_model(ModelConfig(name=str(trained)), ["x", "y", "z"], TEXT_TASK)
     err = capsys.readouterr().err
     assert "re-initialised" in err and "none of the model's labels" in err
     assert model.config.id2label == {0: "x", 1: "y", 2: "z"}
@@ -83,7 +86,7 @@ def test_integer_labels_hint_at_label_names():
 
 def test_new_label_gets_a_fresh_row(trained, reference):
     tok, before = reference
-    model = build_model(ModelConfig(name=str(trained)), ["a", "b", "c", "d"])
+    model = build_model(ModelConfig(name=str(trained)), ["a", "b", "c", "d"], TEXT_TASK)
     after = _by_name(model, tok)
     assert model.config.num_labels == 4 and model.num_labels == 4
     for name in "abc":
@@ -94,11 +97,11 @@ def test_new_label_gets_a_fresh_row(trained, reference):
 
 def test_reuse_head_always_and_never(trained, reference):
     tok, before = reference
-    by_position = _by_name(build_model(ModelConfig(name=str(trained), reuse_head="always"), ["c", "a", "b"]), tok)
+    by_position = _by_name(build_model(ModelConfig(name=str(trained), reuse_head="always"), ["c", "a", "b"], TEXT_TASK), tok)
     torch.testing.assert_close(by_position["c"], before["a"])  # row 0 stays row 0, whatever it is called
     _, note = row_sources(["a", "b", "c"], ["c", "a", "b"], "always")
     assert "although the label names differ" in note
-    fresh = _by_name(build_model(ModelConfig(name=str(trained), reuse_head="never"), ["a", "b", "c"]), tok)
+    fresh = _by_name(build_model(ModelConfig(name=str(trained), reuse_head="never"), ["a", "b", "c"], TEXT_TASK), tok)
     assert not torch.allclose(fresh["a"], before["a"])
 
 

@@ -13,7 +13,7 @@ import torch
 
 from leantrain.config import OptimConfig, resolve
 from leantrain.modeling.head_start import head_group, prior_logits, set_fresh_bias
-from leantrain.modeling.tasks import get_task
+from leantrain.methods import get_task
 from leantrain.optim import build_optimizer
 from tests.helpers import write_jsonl
 

@@ -141,7 +141,7 @@ def test_missing_peft_exits_2_naming_the_install(monkeypatch):
 
 
 def test_qlora_and_fsdp_are_refused_before_any_model_with_the_reason(tmp_path):
-    from leantrain.engine.preflight import check_train
+    from leantrain.engine.setup.preflight import check_train
 
     cfg = resolve(None, ["peft.method=qlora", f"output_dir={tmp_path / 'run'}"])  # accepted at config time
     if not torch.cuda.is_available():  # the device decides: refused on CPU before any worker or model

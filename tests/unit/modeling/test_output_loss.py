@@ -33,7 +33,7 @@ def test_auto_does_not_choose_liger_for_a_task_whose_token_gradients_differ(monk
     """The preference losses give a pair's tokens different incoming gradients (Liger's reduction='none' gradient
     would be wrong, and its guard stops the run): auto knows the task and picks the plain or the chunked loss."""
     from leantrain.modeling.chunked_loss import chunked_layer
-    from leantrain.modeling.tasks import get_task
+    from leantrain.methods import get_task
 
     assert get_task("causal-lm").traits.uniform_token_gradients
     assert not get_task("preference").traits.uniform_token_gradients
@@ -90,7 +90,7 @@ def test_liger_loss_and_gradients_equal_the_plain_computation():
         losses_and_grads(fused, ids, labels, torch.rand(3, 10, device="cuda") + 0.5, chunked=True)
     # the task's loss with a row of weight 0 (it keeps processes in step): its targets are masked, so Liger's
     # gradient is uniform over the tokens with a target and equals the plain one
-    from leantrain.modeling.tasks import get_task
+    from leantrain.methods import get_task
 
     task, batch_ = get_task("causal-lm"), {"input_ids": ids, "labels": labels,
                                            "loss_weight": torch.tensor([1.0, 0.0, 1.0], device="cuda")}
@@ -103,7 +103,7 @@ def test_liger_loss_and_gradients_equal_the_plain_computation():
 
 def test_the_sizes_auto_decides_from():
     from leantrain.config import resolve
-    from leantrain.engine.efficiency import output_loss_sizes
+    from leantrain.engine.devices.efficiency import output_loss_sizes
 
     model, cuda = loss_llama(vocab=8192), torch.device("cuda")  # a device object only: nothing runs on it
     eff = resolve(None, ["efficiency.memory_budget=8GiB"]).efficiency

@@ -70,7 +70,7 @@ def test_choices_set_the_pooler(flat_bert):
 def test_auto_on_an_untrained_pooler_is_the_tasks_choice(flat_bert, tiny_bert):
     from leantrain.modeling import build_model
     from leantrain.config import ModelConfig
-    from leantrain.modeling.tasks import get_task
+    from leantrain.methods import get_task
 
     assert get_task("multi-label").untrained_pooler == "cls"
     assert {get_task(t).untrained_pooler for t in ("text-classification", "text-regression")} == {"pooler"}

@@ -31,7 +31,7 @@ class Params4bit(nn.Parameter):
 
 def test_qlora_on_cpu_exits_2_before_any_model_naming_lora(tmp_path, monkeypatch):
     import leantrain
-    from leantrain.engine import loop
+    from leantrain.engine.training import loop
 
     def no_model(*a, **k):
         raise AssertionError("a model was built")

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-from leantrain.modeling.reserved_cache import ReservedLayer, reserve
+from leantrain.modeling.generation.reserved_cache import ReservedLayer, reserve
 from tests.tiny_models import loss_llama, tiny_gpt2
 
 G, NEW = 3, 4

@@ -8,7 +8,7 @@ import torch
 
 from leantrain.config import resolve
 from leantrain.modeling import build_model, load_trained_model
-from leantrain.modeling.tasks import get_task
+from leantrain.methods import get_task
 from leantrain.optim import build_optimizer
 from tests.helpers import make_tiny_llama, make_tiny_lm_tokenizer
 
@@ -47,7 +47,7 @@ def test_the_fine_tune_of_a_bf16_checkpoint_is_saved_in_bf16_unless_float32_is_a
 
     from safetensors import safe_open
 
-    from leantrain.engine.loop import train
+    from leantrain.engine.training.loop import train
     from tests.helpers import lm_documents
 
     import shutil

@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from leantrain.modeling.chunked_loss import install_chunked_loss
-from leantrain.modeling.tasks import get_task
+from leantrain.methods import get_task
 from leantrain.perf import estimate, memory_model
 
 

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from leantrain.modeling.chunked_loss import install_chunked_loss
-from leantrain.modeling.tasks.causal_lm import CAUSAL_LM_TASK
+from leantrain.methods.lm.causal_lm import CAUSAL_LM_TASK
 from leantrain.perf import memory_model
 
 
@@ -63,7 +63,7 @@ def test_a_reference_forward_in_the_step_raises_the_planned_peak(llama):
     """The preference task: live (and adapter) run the reference's no-grad forward in each step, precompute reads
     the log-probs from the batch; the memory model's passes do as training does, so live plans a higher peak."""
     from leantrain.config import resolve
-    from leantrain.modeling.tasks import get_task
+    from leantrain.methods import get_task
     from leantrain.perf import estimate
 
     model, totals = copy.deepcopy(llama), {}

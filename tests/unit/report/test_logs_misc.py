@@ -71,7 +71,7 @@ def test_rows_go_as_tables_to_the_trackers_that_take_them_on_the_main_process_on
 def test_datasets_progress_bars_are_off_when_output_is_not_a_terminal(monkeypatch):
     import datasets
 
-    from leantrain.engine.accelerator import setup_logging
+    from leantrain.engine.devices.accelerator import setup_logging
 
     datasets.enable_progress_bars()
     try:

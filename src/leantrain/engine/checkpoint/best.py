@@ -19,7 +19,7 @@ from torch import nn
 
 from leantrain.config import Config
 from leantrain.config.metric_names import lower_is_better
-from leantrain.engine.loop_state import BestRecord
+from leantrain.engine.training.loop_state import BestRecord
 from leantrain.errors import UserError
 from leantrain.modeling.lora import is_peft_model, load_adapter_state
 from leantrain.report.logs import write_json

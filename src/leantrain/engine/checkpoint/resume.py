@@ -27,10 +27,10 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from leantrain.config import Config
-from leantrain.engine.batch_layout import BatchLayout
+from leantrain.engine.devices.batch_layout import BatchLayout
 from leantrain.engine.checkpoint.save import ROOT, checkpoint_folders, clean_leftovers, rank_file, verify
 from leantrain.engine.checkpoint.state_io import StateFormatError, load_safetensors, load_state
-from leantrain.engine.loop_state import LoopState
+from leantrain.engine.training.loop_state import LoopState
 from leantrain.errors import UserError
 from leantrain.modeling.trainable_state import CHECKPOINT_KIND, base_fingerprint, load_trainable_state
 from leantrain.report.logs import read_metrics

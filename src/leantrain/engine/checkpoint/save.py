@@ -35,8 +35,8 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from leantrain.config import Config
-from leantrain.engine.batch_layout import BatchLayout
-from leantrain.engine.faults import FaultInjector
+from leantrain.engine.devices.batch_layout import BatchLayout
+from leantrain.engine.training.faults import FaultInjector
 from leantrain.engine.checkpoint.state_io import fsync_file, save_state
 from leantrain.files import disk_full, disk_of, fsync_dir, sha256_file
 from leantrain.errors import UserError

@@ -97,7 +97,7 @@ def test_the_step_keeps_packed_examples_apart(tiny):
     """Through the engine's forward (model_inputs) and the causal-LM loss, with the model's own config (use_cache on,
     as loaded): the loss of a batch of packed blocks is the sum of the examples' losses run alone."""
     from leantrain.data.lm.collate import LMCollator
-    from leantrain.modeling.tasks import get_task
+    from leantrain.methods import get_task
 
     tok, model = tiny
     assert model.config.use_cache

@@ -112,7 +112,7 @@ def test_generation_prompt_is_the_trained_prompt_with_system_and_tools(tmp_path,
     instruction, the same data.system_prompt and the same tools: the system prompt and the tool schemas included."""
     from leantrain.data.lm import rendering as rd
     from leantrain.data.lm.conversation import row_tools
-    from leantrain.modeling.generation import prompt_lengths, prompt_texts
+    from leantrain.modeling.generation.prompts import prompt_lengths, prompt_texts
 
     tok = AutoTokenizer.from_pretrained(make_tiny_chat_tokenizer(tmp_path / "tok", chat_template=chat_template))
     data_cfg = cfg(system_prompt="Answer briefly.", template=template)

@@ -32,7 +32,7 @@ def test_optimizer_and_rng_state_roundtrip_bitwise(tmp_path):
 
     import numpy as np
 
-    from leantrain.engine.loop_state import rng_state, set_rng_state
+    from leantrain.engine.training.loop_state import rng_state, set_rng_state
 
     model = torch.nn.Linear(4, 3)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.8, 0.9))

@@ -38,7 +38,7 @@ def finished(tiny_bert, data, tmp_path_factory) -> Path:
 # --- 4: a damaged metrics.jsonl -----------------------------------------------------------------------------------
 def test_damaged_metrics_log_is_skipped_with_a_warning(tmp_path, caplog):
     from leantrain.engine.checkpoint.resume import prior_records
-    from leantrain.engine.loop_state import LoopState
+    from leantrain.engine.training.loop_state import LoopState
 
     good = [{"type": "train", "step": s, "loss": 0.5} for s in range(1, 6)]
     lines = [json.dumps(r) for r in good]

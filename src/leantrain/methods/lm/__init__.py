@@ -1,0 +1,2 @@
+"""Language modelling: causal LM pretraining and instruction tuning (``causal_lm``), the base of every method that
+trains a causal LM."""

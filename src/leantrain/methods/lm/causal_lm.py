@@ -1,0 +1,143 @@
+"""Causal language modelling (``model.task=causal-lm``): next-token prediction on blocks of tokens (the ``tokens``
+data side: rows of ``input_ids``, unshifted ``labels`` with -100 where there is no target, ``targets`` = how many
+shifted targets a row holds).
+
+The unit is the target token. The task owns its labels and the chunked output layer: ``token_losses(model, batch)``
+runs the forward and returns the fp32 cross-entropy of each shifted target (position i predicts ``labels[i + 1]``;
+-100 is ignored), through the chunked output layer when ``efficiency.chunked_loss`` installed it (the labels are
+set on the layer for that forward: ``leantrain.modeling.chunked_loss``; the ``tokens x vocab`` logits never exist)
+or from the plain logits; it reads nothing but the batch (input columns and ``labels``), so a task that compares
+sequences (two per row, a frozen reference model) calls it on its own batches and models. ``forward_loss`` is the
+sum over rows of ``loss_weight`` x the row's summed token losses; ``count`` is the sum of
+the rows' ``targets``, read from an array in memory. The engine divides the sum over all micro-batches and processes
+by that count of the global batch, so the loss is the mean over the global batch's target tokens, whatever the
+accumulation and the number of processes.
+
+Evaluation gathers two numbers per row (its summed loss and its target count) instead of the logits, and reports
+``loss`` = the sum of the losses / the number of target tokens of the whole eval set (exact under several
+processes: sums and counts, never a mean of means) and ``perplexity`` = exp(loss).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+from leantrain.config.tasks import CAUSAL_LM, task_spec
+from leantrain.modeling.chunked_loss import (chunked_layer, keeps_logits, labels_for_loss, logit_losses,
+                                             per_token_losses)
+from leantrain.methods.registry import CardText, Task, register
+from leantrain.methods.traits import Traits
+from leantrain.methods.row_counts import RowCounts
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalLM(Task):
+    """Next-token prediction: the loss of each target token, summed; the count of target tokens."""
+
+    _counts: RowCounts = dataclasses.field(default_factory=RowCounts, compare=False, repr=False)  # targets per row
+
+    # -- model
+    def model_fields(self, label_names: list[str]) -> dict:
+        return {}  # no head to size: the output layer is the vocabulary's
+
+    def scratch_fields(self, tokenizer) -> dict:
+        """Config fields of a model built from a config: the vocabulary and special tokens follow the tokenizer."""
+        fields = {"vocab_size": len(tokenizer)}
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(tokenizer, name, None)
+            if value is not None:
+                fields[name] = value
+        return fields
+
+    # -- training
+    def forward_token_losses(self, model, batch: dict, row_weights=None, keep: int | None = None,
+                             entropy: bool = False) -> tuple[torch.Tensor, object, torch.Tensor | None]:
+        """(per-token losses, outputs, entropy): ``token_losses``; the forward's outputs when they are the model's own
+        (plain logits), None when the chunked layer computed the losses instead of the logits; with ``entropy`` and
+        plain logits, each position's entropy from the same log-softmax (``logit_losses``), else None.
+        ``row_weights``: the rows' ``loss_weight`` when the losses are weighted by them (Liger's kernel masks the rows
+        of weight 0). ``keep``: the last ``keep`` shifted targets alone (``[B, keep]``), the output layer run on their
+        positions only (transformers' ``logits_to_keep``; a model without it computes them all, then they are cut)."""
+        labels, inputs, cut = batch["labels"], batch, None
+        if keep is not None and keeps_logits(model):
+            labels, inputs = labels[:, -(keep + 1):], {**batch, "logits_to_keep": keep + 1}
+        elif keep is not None:
+            cut = slice(-keep, None)
+        if chunked_layer(model) is None:
+            outputs = self.forward(model, inputs)
+            losses, spread = logit_losses(outputs.logits, labels, entropy)
+        else:  # the output layer returns per-token losses for this forward (the row weights: for Liger's kernel)
+            with labels_for_loss(model, labels, row_weights):
+                losses, outputs, spread = per_token_losses(self.forward(model, inputs), labels), None, None
+        if cut is not None:
+            losses, spread = losses[:, cut], None if spread is None else spread[:, cut]
+        return losses, outputs, spread
+
+    def token_losses(self, model, batch: dict, keep: int | None = None) -> torch.Tensor:
+        """Per-token losses ``[B, T-1]`` (fp32, 0 where the shifted label is -100) of ``model`` on ``batch``
+        (``input_ids``, ``attention_mask``, ..., unshifted ``labels [B, T]``): through the chunked output layer when
+        installed, else from the plain logits; ``[B, keep]``: the last ``keep`` alone (``forward_token_losses``)."""
+        return self.forward_token_losses(model, batch, keep=keep)[0]
+
+    def forward_loss(self, model, batch: dict) -> tuple[torch.Tensor, object]:
+        """The weighted sum of the token losses (rows of weight 0, which only keep processes in step, weigh 0; Liger's
+        kernel masks their targets itself: ``leantrain.modeling.output_loss``)."""
+        losses, outputs, _ = self.forward_token_losses(model, batch, batch["loss_weight"])
+        return (losses.sum(-1) * batch["loss_weight"]).sum(), outputs
+
+    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
+        """The loss sum from plain outputs (logits ``[B, T, V]``)."""
+        return (per_token_losses(outputs, batch["labels"]).sum(-1) * batch["loss_weight"]).sum()
+
+    def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
+        return input_ids  # every next token is a target
+
+    def count(self, dataset, indices) -> int:
+        """Target tokens in the rows ``indices`` (padding indices, negative, hold none), from the ``targets`` column
+        (read once per dataset)."""
+        return self._counts.total(dataset, "targets", indices)
+
+    def throughput_tokens(self, dataset, indices) -> int:
+        """tokens/s counts target tokens (the tokens the model learns from)."""
+        return self.count(dataset, indices)
+
+    # -- evaluation
+    def eval_outputs(self, model, batch: dict) -> tuple:
+        """Per row: (summed loss of its targets, its target count), fp64: two numbers gathered instead of logits."""
+        labels = batch["labels"]
+        losses = self.token_losses(model, batch).double().sum(-1)
+        counts = (labels[:, 1:] != -100).sum(-1).double()
+        return (torch.stack([losses, counts], dim=-1),)
+
+    def eval_batch(self, values: torch.Tensor, labels=None) -> dict:
+        return {"loss_sum": values[:, 0], "tokens": values[:, 1]}
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        tokens = float(values["tokens"].sum())
+        loss = float(values["loss_sum"].sum() / tokens) if tokens else math.nan
+        return {"loss": loss, "perplexity": math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf,
+                "samples": int(len(values["tokens"])), "tokens": int(tokens)}
+
+    def headline(self, ev: dict) -> str:
+        return f"eval loss: {ev['loss']:.4f}  perplexity: {ev['perplexity']:.2f} ({ev.get('tokens', 0):,} tokens)"
+
+    def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
+        """The model card's training-data lines: corpus, tokens seen, block size, final perplexity."""
+        data, tr, ev = config.get("data") or {}, summary.get("train") or {}, summary.get("eval") or {}
+        rows = [("corpus", data.get("train")), ("eval data", data.get("eval")),
+                ("block size", data.get("block_size")), ("tokens seen (targets)", tr.get("tokens_seen")),
+                ("final eval loss", ev.get("loss")), ("final eval perplexity", ev.get("perplexity"))]
+        return [(k, v) for k, v in rows if v is not None]
+
+
+CAUSAL_LM_TASK = register(CausalLM(
+    task_spec(CAUSAL_LM),
+    Traits(labels="none", unit="tokens", auto_model="AutoModelForCausalLM", loads_as="text-generation",
+           speed_unit="tokens", eval_row_kind="blocks", token_blocks=True, headline_loss=True,
+           scratch_needs_tokenizer=True),
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    CardText("causal language modelling", "causal language model", '"Once upon a time", max_new_tokens=40')))
