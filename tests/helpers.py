@@ -151,7 +151,7 @@ def gradients(model, batch) -> dict:
     from leantrain.methods import TEXT, get_task
 
     model.zero_grad(set_to_none=True)
-    get_task(TEXT).forward_loss(model, batch)[0].backward()
+    get_task(TEXT).step.forward_loss(model, batch)[0].backward()
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

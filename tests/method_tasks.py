@@ -20,15 +20,30 @@ METERED = "seam-metered"
 TWO_UPDATES = "seam-two-updates"
 
 
-class Metered(Classification):
-    """Text classification reporting two step metrics per micro-batch: its own cross-entropy (the loss again, so its
-    logged mean must equal the logged loss) and the label id of its rows (known from the data alone)."""
-
-    def step_loss(self, model, batch: dict) -> tuple:
+class MeteredStep(Classification.parts.step):
+    def loss(self, model, batch: dict) -> tuple:
         weight = batch["loss_weight"]
         per_row = per_example_loss(self.forward(model, batch).logits, batch["labels"]) * weight
         return per_row.sum(), {"ce": (per_row.detach().sum(), weight.sum()),
                                "label_mean": ((batch["labels"].float() * weight).sum(), weight.sum())}
+
+
+class Metered(Classification):
+    """Text classification reporting two step metrics per micro-batch: its own cross-entropy (the loss again, so its
+    logged mean must equal the logged loss) and the label id of its rows (known from the data alone)."""
+    parts = replace(Classification.parts, step=MeteredStep)
+
+
+class TwoUpdatesStep(Classification.parts.step):
+    def batches(self, ctx, micro_batches: list[dict], count) -> StepBatches:
+        mine = [dict(b, loss_weight=b["loss_weight"] * (1 + b["labels"])) for b in micro_batches]
+        weight = torch.stack([b["loss_weight"].sum() for b in mine]).sum()
+        inner = ctx.accelerator.unwrap_model(ctx.model)
+        self.task.made.append({"step": ctx.step, "count": weight.clone(),
+                          "params": {n: p.detach().clone() for n, p in inner.named_parameters()},
+                          "batches": [{k: v.clone() for k, v in b.items()} for b in mine]})
+        rows = sum(len(b["labels"]) for b in mine)
+        return StepBatches(mine, weight, updates=2, tokens=torch.tensor(10.0 * rows), samples=[{"rows": rows}])
 
 
 class TwoUpdates(Classification):
@@ -38,16 +53,7 @@ class TwoUpdates(Classification):
     the parameters it started from and what it made (``made``: for a test's hand computation, one process)."""
 
     made: list = []
-
-    def step_batches(self, ctx, micro_batches: list[dict], count) -> StepBatches:
-        mine = [dict(b, loss_weight=b["loss_weight"] * (1 + b["labels"])) for b in micro_batches]
-        weight = torch.stack([b["loss_weight"].sum() for b in mine]).sum()
-        inner = ctx.accelerator.unwrap_model(ctx.model)
-        self.made.append({"step": ctx.step, "count": weight.clone(),
-                          "params": {n: p.detach().clone() for n, p in inner.named_parameters()},
-                          "batches": [{k: v.clone() for k, v in b.items()} for b in mine]})
-        rows = sum(len(b["labels"]) for b in mine)
-        return StepBatches(mine, weight, updates=2, tokens=torch.tensor(10.0 * rows), samples=[{"rows": rows}])
+    parts = replace(Classification.parts, step=TwoUpdatesStep)
 
 
 def register_methods() -> None:
@@ -56,7 +62,7 @@ def register_methods() -> None:
     text = get_task(TEXT)
     metered = replace(text.traits, progress_keys=("loss", "label_mean"))
     for name, kind, traits in ((METERED, Metered, metered), (TWO_UPDATES, TwoUpdates, text.traits)):
-        register(kind(replace(task_spec(TEXT), name=name), traits, None, text.card))
+        register(kind(replace(task_spec(TEXT), name=name), traits, text.card))
 
 
 def unregister_methods() -> None:

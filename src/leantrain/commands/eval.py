@@ -66,10 +66,10 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
         log.info(n)
     processed: list = []
     logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size or ROWS_BATCH, processed)
-    y = task.row_labels(rows, processed[0])
-    values = {k: v.numpy() for k, v in task.eval_batch(logits, y).items()}
+    y = task.evaluation.row_labels(rows, processed[0])
+    values = {k: v.numpy() for k, v in task.evaluation.batch(logits, y).items()}
     y = y.numpy()
-    metrics = task.all_metrics(values, labels)
+    metrics = task.evaluation.all_metrics(values, labels)
     classes = task.traits.class_labels  # per class and a confusion matrix: for class labels
     preds = values.get("preds")  # multi-label has probabilities instead
     if classes:
@@ -117,21 +117,22 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     setup_logging(accelerator.is_main_process)
     log.info(why)
     configured = task.configured(cfg, load_config(mcfg))  # preference: the recorded loss settings, reference
-    configured.check_evaluable()  # before any weight or data loads
-    reference = configured.reference_model_name()
+    configured.evaluation.check_evaluable()  # before any weight or data loads
+    reference = configured.evaluation.reference_model_name()
     folder = reference_folder(reference, model_dir) if reference else None
     check_weights(model_dir, mcfg.allow_pickle)
     side = data_side(task)
     split, notes = eval_rows(side, cfg, require_labels=False, known_labels=None)
     detected = side.detected(split)
-    configured.check_data(detected)  # training's check of the data against the loss, before the model
-    configured = configured.for_data(detected)  # the method for this data (a KTO policy on pairs: DPO's metrics)
+    configured.data.check(detected)  # training's check of the data against the loss, before the model
+    configured = configured.data.for_data(detected)  # the method for this data (a KTO policy on pairs: DPO's metrics)
     model = load_trained_model(model_dir, task, mcfg).to(accelerator.device)
     chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss, accelerator.device.type,  # as training chose:
                                  uniform=task.traits.uniform_token_gradients)  # no [B, T, V] logits
     if chunked:
         log.info(chunked)
     tokenizer = load_processor(mcfg, task)
+    configured = configured.data.with_processor(tokenizer)  # a method that decodes what it generates keeps it
     for n in notes:
         log.info(n)
     blocks = side.process(split, tokenizer, cfg.data, desc="Processing eval")

@@ -170,7 +170,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     budget, budget_source = ((parse_bytes(memory), "--memory") if memory is not None else
                              default_budget(device, local=nproc) if device.type == "cpu" else default_budget(device))
-    task = data.task.with_model(model)  # as train binds it (live: its frozen copy, priced apart below)
+    task = data.task.model.bind(model)  # as train binds it (live: its frozen copy, priced apart below)
     plan = Search(cfg, model, task, facts, longest_sequence(cfg, data), per_process, nproc,
                   strategy_name(cfg, nproc), budget)
     ckpt = cfg.efficiency.gradient_checkpointing
@@ -200,7 +200,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     result["trainable_parameters"] = trainable.trainable or result["parameters"]
     if trainable.method != "none" or trainable.frozen:
         result["peft"] = trainable.record(cfg.peft)
-    result.update(data.task.plan(model))  # the preference task: each reference choice's cost
+    result.update(data.task.report.plan(model))  # the preference task: each reference choice's cost
     if as_json:
         print(json.dumps(result, indent=2, default=str))
     else:

@@ -93,7 +93,7 @@ def predict(model_dir: str, input_path: str, output_path: str, cfg: Config, batc
     shown = _shown_fields(rows, task, input_path, cfg, id_column)
     processed: list = []
     logits = logits_in_row_order(accelerator, model, side, rows, cfg, batch_size, processed)
-    predicted = task.row_predictions(logits, labels, rows, processed[0])
+    predicted = task.prediction.rows(logits, labels, rows, processed[0])
     if accelerator.is_main_process:
         Path(output_path).parent.mkdir(parents=True, exist_ok=True)
         with open(output_path, "w") as f:
@@ -108,7 +108,7 @@ def _shown_fields(rows, task: Task, input_path: str, cfg: Config, id_column: str
     """What each prediction carries beside its label: the user's id column, else the input (text or file path)."""
     if id_column is None:
         if task.traits.media_inputs:
-            return {"path": rows[task.modality]}  # each prediction names its file
+            return {"path": rows[task.spec.modality]}  # each prediction names its file
         return {k: rows[k] for k in ("text", "text_pair", "tokens") if k in rows.column_names}
     ds = open_rows(input_path, cfg.data).ds
     if id_column not in ds.column_names:

@@ -29,5 +29,5 @@ def train_command(source: str | None, overrides: list[str], launch_options: Laun
     summary = train(run)
     ev = summary.get("eval") or {}
     if ev and os.environ.get("RANK", "0") == "0":
-        print(final_line(run.task.headline(ev), summary, with_loss=not run.task.traits.headline_loss))
+        print(final_line(run.task.evaluation.headline(ev), summary, with_loss=not run.task.traits.headline_loss))
     return 0

@@ -120,7 +120,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             **result.speed,
             "resumed_from_step": result.resumed_from_step,
             "skipped_steps": result.skipped_steps,
-            **data.task.summary(data.label_names),  # classification: class_weights; multi-label: pos_weight
+            **data.task.report.summary(data.label_names),  # classification: class_weights; multi-label: pos_weight
         },
         "efficiency": result.efficiency,
         "model": {"name": data.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
@@ -166,7 +166,7 @@ def _write_outputs(cfg: Config, model: nn.Module, out: Path, state_dict: dict | 
     loss_curve.png, and summary.json LAST: a run killed before summary.json is written is not complete, and its
     rerun writes every file again."""
     (out / "config.yaml").write_text(cfg.to_yaml())
-    saved = data.task.saved_config(summary["eval"])
+    saved = data.task.report.saved_config(summary["eval"])
     model.config.update(saved)
     with staged_folders(out) as stage:
         staged = _save_model(cfg, model, out, state_dict, data, stage)
@@ -234,7 +234,7 @@ def _save_model(cfg: Config, model: nn.Module, out: Path, state_dict: dict | Non
     if is_quantized(model):
         log.info("QLoRA: merging the adapter into the base reloaded in bf16 on CPU (not 4-bit)")
         merged = merged_full_precision(cfg, data.label_names, data.task, stage / "adapter",
-                                       data.task.saved_config(None))
+                                       data.task.report.saved_config(None))
         dtype = torch.float32 if cfg.model.save_dtype == "float32" else torch.bfloat16  # its weights are bf16 values
     else:
         merged = _checked_merge(model, data)
@@ -260,7 +260,7 @@ def _checked_merge(model: nn.Module, data: TrainingData) -> nn.Module:
     collate = data.eval_collator or data.collator
     device = next(model.parameters()).device
     batch = to_device(collate([rows[i] for i in range(n)]), device)
-    units = max(data.task.count(rows, list(range(n))), 1)
+    units = max(data.task.data.count(rows, list(range(n))), 1)
     adapted = _loss_of(model, batch, data) / units
     merged = merged_for_saving(model)
     result = _loss_of(merged, batch, data) / units
@@ -278,7 +278,7 @@ def _loss_of(model: nn.Module, batch: dict, data: TrainingData) -> float:
     model.eval()
     try:
         with torch.no_grad():
-            return float(data.task.merge_check_value(model, batch))
+            return float(data.task.model.merge_check_value(model, batch))
     finally:
         model.train(was_training)
 

@@ -1,7 +1,7 @@
 """The method seam of the training step: what a method (a task) hands the engine at the start of each global step,
 and what it returns beside its loss.
 
-- ``Task.step_batches(ctx, micro_batches, count) -> StepBatches``: called at the start of each global step with this
+- ``Task.step.batches(ctx, micro_batches, count) -> StepBatches``: called at the start of each global step with this
   process's micro-batches as loaded (on the device) and the loss's denominator counted on the host (global: all
   micro-batches, all processes). By default they go on unchanged, with one update. A method may make its own (e.g.
   generate with ``ctx.model`` under no_grad), give a ``count`` that is a device scalar (this process's units: the
@@ -13,10 +13,10 @@ and what it returns beside its loss.
   what it made (e.g. generated completions), which the engine writes to ``completions.jsonl`` at logging steps.
 - Loaded micro-batches may carry non-tensor entries (e.g. a prompt batch's texts and reward columns, as lists): they
   reach ``step_batches`` as they are; only the tensors are moved to the device.
-- ``Task.step_loss(model, batch) -> (loss_sum, step_metrics)``: ``step_metrics`` is ``{name: (sum, count)}`` of device
+- ``Task.step.loss(model, batch) -> (loss_sum, step_metrics)``: ``step_metrics`` is ``{name: (sum, count)}`` of device
   tensors (the same names at every call), so that the mean over micro-batches, steps and processes is exact: the
   engine adds them on the device and logs ``sum / count`` under ``name`` at each logging step.
-- ``Task.step_state(seed, rank)``: what the method must carry across a resume (e.g. its sampling generator), an object
+- ``Task.step.state(seed, rank)``: what the method must carry across a resume (e.g. its sampling generator), an object
   with ``state_dict()`` / ``load_state_dict()`` kept in the loop's state, checkpointed per process, handed back to it
   as ``ctx.state``.
 """

@@ -38,6 +38,10 @@ class Traits:
     scratch_needs_tokenizer: bool = False  # a model from a config needs model.tokenizer (causal LM), not model.name's
     # what the progress line shows at a logging step before lr and speed: the loss and step metrics (``Task.step_loss``)
     progress_keys: tuple[str, ...] = ("loss",)
+    model_mapping: str | None = None  # the modeling_auto mapping of model types it takes (model.task=auto), or None
+    default_for: tuple[str, ...] = ()  # modalities whose data picks it under model.task=auto
+    head_lr_factor: float = 1.0  # the classifier head's peak lr / train.lr when train.head_lr is unset (head_start)
+    untrained_pooler: str = "pooler"  # what model.pooling=auto does with an untrained-looking BERT pooler (pooling)
 
     @property
     def labelled(self) -> bool:

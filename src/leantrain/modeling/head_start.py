@@ -5,7 +5,7 @@ weight by about 5e-5 per step. On multi-label data with rare labels (Reuters-215
 texts) the head first has to bring every label's logit from 0 (p = 0.5) to the label's prior (p = 0.01 is a logit of
 -4.6); at that speed that takes most of a short run, and the model ends at the prior: every text gets the same
 ranking of labels, and the tuned threshold picks the most frequent one (benchmarks/results/multilabel-reuters.md, "Multi-label default
-on Reuters-21578"). Two remedies, each the task's to choose (``Task.head_lr_factor`` / ``Task.start_head``; multi-label
+on Reuters-21578"). Two remedies, each the task's to choose (``Traits.head_lr_factor`` / ``Model.start_head``; multi-label
 takes both, the other tasks neither):
 
 - the head's parameters in their own optimizer group at ``train.head_lr`` (unset: train.lr x the task's factor);

@@ -126,13 +126,13 @@ def build_model(cfg: ModelConfig, label_names: list[str], task, extra: dict | No
     ``extra``: more ``from_pretrained`` keywords (QLoRA's quantization_config / device_map / dtype); ``attention``:
     transformers' ``attn_implementation`` (None: its default, SDPA where the class has it;
     ``leantrain.modeling.attention.choose_attention`` decides it for a run)."""
-    auto = task.model_class()
+    auto = task.model.auto_class()
     if attention == short_attention.NAME:
         short_attention.register()
     attn = {"attn_implementation": attention} if attention else {}
     config = load_config(cfg)
     check_config_overrides(config, cfg.config_overrides)
-    labels = task.model_fields(label_names)  # num_labels, label maps, problem_type: the task's
+    labels = task.model.fields(label_names)  # num_labels, label maps, problem_type: the task's
     if from_scratch(cfg):
         config.update(labels)
         config.update(_scratch_fields(cfg, task, config))
@@ -182,7 +182,7 @@ def meta_model(cfg: ModelConfig, task, config=None):  # noqa: ANN001 - a methods
         config.update(cfg.config_overrides)
     try:
         with torch.device("meta"):
-            return task.model_class().from_config(config, trust_remote_code=cfg.trust_remote_code)
+            return task.model.auto_class().from_config(config, trust_remote_code=cfg.trust_remote_code)
     except Exception:  # noqa: BLE001 - a best-effort look: the real build reports its own errors
         return None
 
@@ -201,7 +201,7 @@ def _scratch_fields(cfg: ModelConfig, task, config) -> dict:  # noqa: ANN001 - a
     64); a smaller one cannot hold the token ids: exit 2."""
     if not task.traits.tokenized:
         return {}
-    fields = task.scratch_fields(load_tokenizer(cfg, say=False))
+    fields = task.model.scratch_fields(load_tokenizer(cfg, say=False))
     given = cfg.config_overrides.get("vocab_size")
     if given is not None and "vocab_size" in fields:
         if given < fields["vocab_size"]:
@@ -217,7 +217,7 @@ def _with_pad_token(model, cfg: ModelConfig, task):  # noqa: ANN001 - a leantrai
     """A text model whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...); a sequence
     classifier's pooler as ``model.pooling`` says (``leantrain.modeling.pooling``)."""
     if task.traits.sequence_classifier:
-        apply_pooling(model, cfg.pooling, task.untrained_pooler)
+        apply_pooling(model, cfg.pooling, task.traits.untrained_pooler)
     if task.traits.tokenized and getattr(model.config, "pad_token_id", None) is None:
         set_model_pad_token(model, load_tokenizer(cfg, say=False))
     return model
@@ -271,8 +271,8 @@ def load_trained_model(model_dir: str, task, cfg: ModelConfig):  # noqa: ANN001 
     and merged."""
     kwargs = {"dtype": WEIGHTS_DTYPE, **_weights_kwargs(cfg)}
     if is_adapter_folder(model_dir):
-        return load_adapter_model(model_dir, task.model_class(), kwargs)
-    return task.model_class().from_pretrained(model_dir, **kwargs)
+        return load_adapter_model(model_dir, task.model.auto_class(), kwargs)
+    return task.model.auto_class().from_pretrained(model_dir, **kwargs)
 
 
 ADAPTER_CONFIG = "adapter_config.json"

@@ -10,7 +10,7 @@ the head starts from a near-constant input and the loss sits at the label prior 
   ``initializer_range``; bias 0; from ``train.seed``), then trained with the rest.
 - ``cls``: the pooler's dense layer set to the identity (bias 0): the head starts from ``tanh(h_[CLS])``.
 - ``auto`` (default): whether the pooler looks untrained (below) is logged with the numbers; an untrained-looking
-  pooler is replaced as the task says (``Task.untrained_pooler``): ``cls`` for multi-label (issue 26: on Reuters-21578
+  pooler is replaced as the task says (``Traits.untrained_pooler``): ``cls`` for multi-label (issue 26: on Reuters-21578
   a head reading ``tanh(h_[CLS])`` beat one reading the untrained pooler, benchmarks/results/multilabel-reuters.md "Multi-label default
   on Reuters-21578"), kept (``pooler``) for the other tasks: re-initialising it measured worse at 60 steps on SST-2
   (0.696 vs 0.764 accuracy) and STS-B (Pearson 0.016 vs 0.099), and ``cls`` is not measured on them at full length.

@@ -134,9 +134,9 @@ def probe_micro_batch(model, task, per_process: int, seq_len: int, budget: int, 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         try:
-            batch = memory_model.calibration_batch(model, task, m, seq_len)
+            batch = memory_model.model.calibration_batch(model, task, m, seq_len)
             with torch.random.fork_rng(devices=[device]), (autocast or nullcontext)():
-                loss, _ = task.forward_loss(model, batch)
+                loss, _ = task.step.forward_loss(model, batch)
             loss.backward()
             peak = torch.cuda.max_memory_allocated(device)
         except torch.cuda.OutOfMemoryError:

@@ -92,7 +92,7 @@ def fake_eval_peak(model, task, rows: int, seq_len: int, precision: str) -> int:
             batch = calibration_batch(model, task, rows, seq_len)
             live = LiveBytes()
             with live, autocast_for(precision, device)():
-                task.eval_outputs(model, batch)
+                task.evaluation.outputs(model, batch)
     finally:
         model.train(was_training)
     return live.peak

@@ -116,8 +116,8 @@ def calibration_batch(model, task, m: int, seq_len: int, low: int = 0) -> dict:
     device = next(model.parameters()).device
     vocab = getattr(model.config, "vocab_size", 1000) or 1000
     ids = torch.randint(min(low, vocab - 1), vocab, (m, seq_len), device=device)
-    return task.calibration_batch({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                                   "labels": task.calibration_labels(model, ids),
+    return task.model.calibration_batch({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                   "labels": task.model.calibration_labels(model, ids),
                                    "loss_weight": torch.ones(m, device=device)})
 
 
@@ -175,7 +175,7 @@ def forward_backward(model, task, m: int, seq_len: int, autocast, hooks) -> None
     ``forward_loss`` (a causal LM's over every token, chunked where installed); ``hooks`` around the forward."""
     batch = calibration_batch(model, task, m, seq_len, low=1000)
     with hooks, autocast():
-        loss, _ = task.forward_loss(model, batch)
+        loss, _ = task.step.forward_loss(model, batch)
     loss.backward()
 
 

@@ -120,7 +120,7 @@ def write_model_card(
     lines += [f"A{'n' if noun[0] in 'aeiou' else ''} {noun} fine-tuned from {base_text} with leantrain{on_labels}.", ""]
     if label_names:
         lines += ["## Labels", "", *_table(("id", "label"), list(enumerate(label_names))), ""]
-    if data_rows := entry.card_rows(summary, config):  # the task's (causal LM: corpus, tokens, block size, perplexity)
+    if data_rows := entry.report.card_rows(summary, config):  # the task's (causal LM: corpus, tokens, block size, perplexity)
         lines += ["## Training data", "", *_table(("item", "value"), data_rows), ""]
     if ev:
         n = ev.get("samples", ev.get("eval.samples"))
@@ -132,7 +132,7 @@ def write_model_card(
         lines += ["## Evaluation harness", "", "EleutherAI's lm-evaluation-harness on the saved model "
                   f"(tasks: {', '.join(harness)}):", "", *_table(("task metric", "value"), rows), ""]
     saved = model_dir / "config.json"
-    lines += entry.card_notes(json.loads(saved.read_text()) if saved.is_file() else {})  # e.g. standardised scores
+    lines += entry.report.card_notes(json.loads(saved.read_text()) if saved.is_file() else {})  # e.g. standardised scores
     if hparams := _hparam_rows(config):
         lines += ["## Training hyperparameters", "", *_table(("setting", "value"), hparams), ""]
     if cost := _train_rows(tr, summary):

@@ -97,7 +97,7 @@ def test_loss_is_fp32_under_bf16_autocast(tiny_bert):
         logits = model(**model_inputs(batch)).logits
         assert logits.dtype == torch.bfloat16  # the autocast is real ...
         assert per_example_loss(logits, batch["labels"]).dtype == torch.float32  # ... and the loss is not in it
-        assert get_task(TEXT).forward_loss(model, batch)[0].dtype == torch.float32
+        assert get_task(TEXT).step.forward_loss(model, batch)[0].dtype == torch.float32
 
 
 def test_precision_choice_on_cpu():

@@ -46,7 +46,8 @@ def rows_and_batch():
              "loss_weight": torch.ones(4)}
     task = get_task("causal-lm")
     data = SimpleNamespace(eval=list(range(4)), train=None, eval_collator=lambda rows: batch, collator=None,
-                           task=SimpleNamespace(merge_check_value=task.merge_check_value, count=lambda rows, idx: 4 * 11))
+                           task=SimpleNamespace(model=SimpleNamespace(merge_check_value=task.model.merge_check_value),
+                                                data=SimpleNamespace(count=lambda rows, idx: 4 * 11)))
     return data, batch
 
 
@@ -77,7 +78,7 @@ def test_the_merge_check_compares_in_the_weights_precision_after_a_mixed_precisi
         data, batch = rows_and_batch()
         model.eval()
         with torch.no_grad():
-            autocast = data.task.merge_check_value(model, batch).item() / 44
+            autocast = data.task.model.merge_check_value(model, batch).item() / 44
             exact = tied_llama_with_lora("q_proj", "v_proj").eval()(**{k: batch[k] for k in ("input_ids", "labels")})
         with caplog.at_level("INFO", logger="leantrain"):
             artifacts._checked_merge(model, data)

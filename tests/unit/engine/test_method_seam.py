@@ -142,7 +142,7 @@ def test_made_batches_with_a_device_count_and_two_updates_are_two_plain_steps(me
         model.load_state_dict(m["params"], strict=False)
         for _ in range(2):  # two plain SGD steps: p -= lr * d(sum of losses / count)
             model.zero_grad(set_to_none=True)
-            (sum(task.forward_loss(model, b)[0] for b in m["batches"]) / m["count"]).backward()
+            (sum(task.step.forward_loss(model, b)[0] for b in m["batches"]) / m["count"]).backward()
             with torch.no_grad():
                 for p in model.parameters():
                     p -= lr * p.grad

@@ -136,8 +136,8 @@ def test_live_adapter_and_precompute_give_the_same_reference_logps_under_bf16(se
         values = precompute.compute_values(task, model, ds, collate, accelerator, 3)  # under the autocast
         want = torch.from_numpy(values)
         live = get_task("preference").configured(resolve(None, ["preference.reference=live"]))
-        got_live = live.with_model(model, accelerator.autocast).reference_logps(model, batch)  # no outer autocast
-        fp32 = live.with_model(model).reference_logps(model, batch)
+        got_live = live.model.bind(model, accelerator.autocast).reference_logps(model, batch)  # no outer autocast
+        fp32 = live.model.bind(model).reference_logps(model, batch)
         lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, lora_alpha=4,
                                                                           target_modules=["q_proj", "v_proj"]))
         adapter = get_task("preference").configured(resolve(None, ["preference.reference=adapter",

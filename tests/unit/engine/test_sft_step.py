@@ -69,7 +69,7 @@ def run(accelerator, model, ds, parts: int, pad_id: int, steps: int = 2):
     losses = []
     for _ in range(steps):
         batch = np.arange(len(rows))
-        count = task.count(ds, batch)
+        count = task.data.count(ds, batch)
         micro = [collate([dict(rows[i if i >= 0 else -1 - i], loss_weight=0.0 if i < 0 else 1.0) for i in idx], pad_id)
                  for idx in split_global_batch(batch, parts)]
         loss_sum, _ = train_step(model, micro, global_count=count, task=task, accelerator=accelerator, optimizer=opt,

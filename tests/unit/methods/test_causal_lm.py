@@ -68,7 +68,7 @@ def test_loss_sum_is_the_weighted_sum_of_shifted_token_losses(model):
     task = get_task("causal-lm")
     batch = collate(rows(5, seed=1), weights=[1.0, 0.0, 1.0, 1.0, 0.0])  # two padding rows weigh 0
     with torch.no_grad():
-        got = task.loss_sum(model(**{k: batch[k] for k in ("input_ids", "attention_mask")}), batch)
+        got = task.step.loss_sum(model(**{k: batch[k] for k in ("input_ids", "attention_mask")}), batch)
         want = (plain_token_losses(model, batch) * batch["loss_weight"]).sum()
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
@@ -88,7 +88,7 @@ def test_forward_loss_is_the_plain_computation_with_and_without_the_chunked_laye
     plain, tried = copy.deepcopy(model), copy.deepcopy(model)
     if chunked:
         assert install_chunked_loss(tried, chunk_tokens=3)
-    got, outputs = task.forward_loss(tried, batch)
+    got, outputs = task.step.forward_loss(tried, batch)
     want = (plain_token_losses(plain, batch) * batch["loss_weight"]).sum()
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
@@ -101,7 +101,7 @@ def test_forward_loss_is_the_plain_computation_with_and_without_the_chunked_laye
     else:
         assert outputs.logits.shape == (*batch["input_ids"].shape, tried.config.vocab_size)
     with torch.no_grad():
-        (per_row,) = task.eval_outputs(tried, batch)
+        (per_row,) = task.evaluation.outputs(tried, batch)
         torch.testing.assert_close(per_row[:, 0].float(), plain_token_losses(plain, batch), rtol=1e-6, atol=1e-6)
         assert per_row[:, 1].tolist() == [float((r[1:] != IGNORE).sum()) for r in batch["labels"]]
         assert task.token_losses(tried, batch).shape == (5, batch["input_ids"].shape[1] - 1)
@@ -115,8 +115,8 @@ def test_count_sums_targets_of_real_rows():
     task = get_task("causal-lm")
     idx = [3, 0, 7, -1, -2]  # negative: padding indices (WeightedView), no targets
     want = sum(sum(1 for x in data[i]["labels"][1:] if x != IGNORE) for i in (3, 0, 7))
-    assert task.count(ds, idx) == want
-    assert task.count(ds, np.array([8])) == data[8]["targets"]
+    assert task.data.count(ds, idx) == want
+    assert task.data.count(ds, np.array([8])) == data[8]["targets"]
     assert task.traits.unit == "tokens"
 
 
@@ -132,9 +132,9 @@ def test_global_normalisation_over_micro_batches_with_different_targets(model):
     task = get_task("causal-lm")
     micro = [[0, 1], [2, 3, 4], [5, 6, 7]]
     with torch.no_grad():
-        total = sum(task.loss_sum(model(**{k: b[k] for k in ("input_ids", "attention_mask")}), b)
+        total = sum(task.step.loss_sum(model(**{k: b[k] for k in ("input_ids", "attention_mask")}), b)
                     for b in (collate([data[i] for i in m]) for m in micro))
-        loss = total / task.count(ds, [i for m in micro for i in m])
+        loss = total / task.data.count(ds, [i for m in micro for i in m])
         whole = collate(data)
         logits = model(input_ids=whole["input_ids"], attention_mask=whole["attention_mask"]).logits.float()
         want = F.cross_entropy(logits[:, :-1].transpose(1, 2), whole["labels"][:, 1:], ignore_index=IGNORE)

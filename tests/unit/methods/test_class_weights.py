@@ -25,16 +25,16 @@ def test_weighted_loss_sum_over_count_is_torchs_weighted_mean():
     logits = torch.randn(len(indices) + 1, 3, generator=g)  # + one padding example (loss_weight 0)
     y = torch.as_tensor(np.append(labels[indices], 1))
     batch = {"labels": y, "loss_weight": torch.tensor([1.0] * len(indices) + [0.0])}
-    loss = task.loss_sum(SimpleNamespace(logits=logits), batch) / task.count(None, indices)
+    loss = task.step.loss_sum(SimpleNamespace(logits=logits), batch) / task.data.count(None, indices)
     want = F.cross_entropy(logits[:-1], y[:-1], weight=torch.tensor(w))
     assert abs(loss.item() - want.item()) < 1e-6
-    assert task.count(None, indices) == pytest.approx(float(np.asarray(w)[labels[indices]].sum()))
+    assert task.data.count(None, indices) == pytest.approx(float(np.asarray(w)[labels[indices]].sum()))
 
 
 def test_eval_stays_unweighted():
     logits, y = torch.randn(5, 2), torch.tensor([0, 1, 1, 0, 1])
     plain, weighted = get_task(TEXT), weighted_task(get_task(TEXT), [1.0, 9.0], [0, 1])
-    assert torch.equal(plain.eval_batch(logits, y)["losses"], weighted.eval_batch(logits, y)["losses"])
+    assert torch.equal(plain.evaluation.batch(logits, y)["losses"], weighted.evaluation.batch(logits, y)["losses"])
 
 
 def test_balanced_weights_are_sklearns():
@@ -52,19 +52,19 @@ def test_the_classifier_owns_its_class_weights():
 
     labels = np.array([0, 0, 0, 1])
     task = get_task(TEXT).configured(resolve(None, ["train.class_weights=balanced"]))
-    weighted = task.for_training(lambda: labels, ["neg", "pos"])
-    assert weighted.summary(["neg", "pos"]) == {"class_weights": [{"label": "neg", "weight": pytest.approx(2 / 3)},
+    weighted = task.data.for_training(lambda: labels, ["neg", "pos"])
+    assert weighted.report.summary(["neg", "pos"]) == {"class_weights": [{"label": "neg", "weight": pytest.approx(2 / 3)},
                                                                   {"label": "pos", "weight": 2.0}]}
-    assert weighted.count(None, [0, 3, -1]) == pytest.approx(2 / 3 + 2.0)  # a padding index (-1) weighs nothing
+    assert weighted.data.count(None, [0, 3, -1]) == pytest.approx(2 / 3 + 2.0)  # a padding index (-1) weighs nothing
     plain = get_task(TEXT).configured(resolve(None, []))
-    assert plain.for_training(lambda: labels, ["neg", "pos"]) is plain
-    assert plain.summary(["neg", "pos"]) == {"class_weights": None}
+    assert plain.data.for_training(lambda: labels, ["neg", "pos"]) is plain
+    assert plain.report.summary(["neg", "pos"]) == {"class_weights": None}
 
 
 def test_recall_per_class_by_label_name():
     task = get_task(TEXT)
     values = {"preds": np.array([0, 0, 1, 1, 2]), "labels": np.array([0, 1, 1, 1, 0]), "losses": np.ones(5)}
-    out = task.all_metrics(values, ["neg", "pos", "meh"])
+    out = task.evaluation.all_metrics(values, ["neg", "pos", "meh"])
     assert out["recall_per_class"] == {"neg": 0.5, "pos": pytest.approx(2 / 3), "meh": None}
     assert out["accuracy"] == pytest.approx(0.6) and out["samples"] == 5
 

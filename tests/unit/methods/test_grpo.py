@@ -101,7 +101,7 @@ def micro_batch(g) -> dict:
 def test_the_loss_at_the_sampling_policy_is_minus_the_advantage_per_token(llama, loss, want):
     task = dataclasses.replace(get_task("grpo"), loss=loss, rewards=(Reward("r", None),))
     batch = micro_batch(torch.Generator().manual_seed(0))
-    loss_sum, metrics = task.step_loss(llama, batch)
+    loss_sum, metrics = task.step.loss(llama, batch)
     assert loss_sum.item() == pytest.approx(want, rel=1e-6)
     assert [float(x) for x in metrics["clip_ratio"]] == [0.0, 4.0]  # nothing clipped, 4 completion tokens
     assert 0 < float(metrics["entropy"][0]) / 4 <= math.log(32) + 1e-5
@@ -113,7 +113,7 @@ def test_the_kl_penalty_and_the_ratio_read_the_reference_and_old_log_probs(llama
     batch = micro_batch(torch.Generator().manual_seed(1))
     logps = task.token_logps(llama, batch).detach()
     batch.update(ref_logps=logps, old_logps=logps - 0.5)  # the policy moved: ratio e^0.5 > 1.2 everywhere
-    loss_sum, metrics = task.step_loss(llama, batch)
+    loss_sum, metrics = task.step.loss(llama, batch)
     assert [float(x) for x in metrics["kl"]] == pytest.approx([0.0, 4.0], abs=1e-6)  # at the reference
     # row 0 (A = 1.5 > 0): clipped at 1.2; row 1 (A = -0.5): min(-0.5 e^0.5, -0.6) = -0.5 e^0.5, not clipped
     assert loss_sum.item() == pytest.approx(-1.2 * 1.5 * 3 + 0.5 * math.exp(0.5), rel=1e-5)
@@ -140,7 +140,7 @@ def test_evaluation_is_one_greedy_completion_per_prompt_whatever_num_generations
 
     def task(g):  # noqa: ANN001, ANN202
         return dataclasses.replace(get_task("grpo"), num_generations=g, sampling=Sampling(5),
-                                   rewards=(Reward("length", length),), _tokenizer=[_Tok()])
+                                   rewards=(Reward("length", length),), processor=_Tok())
 
     ids = torch.randint(2, 32, (3, 4), generator=torch.Generator().manual_seed(2))
 
@@ -148,8 +148,8 @@ def test_evaluation_is_one_greedy_completion_per_prompt_whatever_num_generations
         return {"prompt_input_ids": ids[rows], "prompt_attention_mask": torch.ones_like(ids[rows]),
                 "loss_weight": torch.ones(len(rows)), "prompt": [f"p{i}" for i in rows], "columns": {}}
 
-    (three,) = task(4).eval_outputs(llama, batch([0, 1, 2]))
+    (three,) = task(4).evaluation.outputs(llama, batch([0, 1, 2]))
     assert three.shape == (3, 2) and not three.isnan().any()
-    assert torch.equal(three, task(3).eval_outputs(llama, batch([0, 1, 2]))[0])
-    alone = torch.cat([task(4).eval_outputs(llama, batch([i]))[0] for i in range(3)])
+    assert torch.equal(three, task(3).evaluation.outputs(llama, batch([0, 1, 2]))[0])
+    alone = torch.cat([task(4).evaluation.outputs(llama, batch([i]))[0] for i in range(3)])
     assert torch.equal(three, alone)

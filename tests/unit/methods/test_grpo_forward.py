@@ -55,14 +55,14 @@ def test_the_batch_holds_each_prompt_once_and_its_completions_cut_at_the_longest
 
 def grpo(model):
     return dataclasses.replace(get_task("grpo"), loss="dapo", beta=0.3, num_iterations=2, reference="live",
-                               rewards=(Reward("r", None),)).with_model(model)
+                               rewards=(Reward("r", None),)).model.bind(model)
 
 
 def step(task, model, batch, context) -> tuple:
     """(loss, metrics as stacked (sum, count), gradients) of one training micro-batch."""
     model.zero_grad(set_to_none=True)
     with context():
-        loss, metrics = task.step_loss(model, batch)
+        loss, metrics = task.step.loss(model, batch)
     loss.backward()
     return (loss.detach(), {k: torch.stack([v[0], v[1]]) for k, v in metrics.items()},
             {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
@@ -140,7 +140,7 @@ def test_the_entropy_is_each_completion_positions_from_its_logits():
     model = loss_llama(tied=False)
     task = dataclasses.replace(get_task("grpo"), rewards=(Reward("r", None),))
     batch = rows()
-    _, metrics = task.step_loss(model, batch)
+    _, metrics = task.step.loss(model, batch)
     whole = F.concatenated(batch)
     with torch.no_grad():
         logits = model(input_ids=whole["input_ids"], attention_mask=whole["attention_mask"],
@@ -183,10 +183,10 @@ def test_the_memory_models_batch_is_m_prompts_and_their_completions():
     model = loss_llama()
     task = dataclasses.replace(grpo(model), num_generations=2, max_new_tokens=3, prompt_tokens=6, beta=0.0)
     ids = torch.randint(3, LOSS_VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
-    batch = task.calibration_batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids,
+    batch = task.model.calibration_batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids,
                                     "loss_weight": torch.ones(2)})
     assert batch[F.PROMPT_IDS].tolist() == ids[:, :6].tolist()
     assert batch[F.COMPLETION_IDS].tolist() == ids[:, 6:9].repeat_interleave(2, 0).tolist()
     assert batch["old_logps"].shape == (4, 3) and "ref_logps" not in batch  # num_iterations 2, beta 0
-    loss, _ = task.forward_loss(model, batch)
+    loss, _ = task.step.forward_loss(model, batch)
     assert torch.isfinite(loss) and loss.requires_grad

@@ -29,16 +29,16 @@ def test_loss_is_bce_summed_over_examples_x_labels():
     task = get_task("multi-label")
     logits, targets = torch.randn(5, 4), (torch.rand(5, 4) > 0.5).float()
     out = type("Out", (), {"logits": logits})()
-    total = task.loss_sum(out, {"labels": targets, "loss_weight": torch.ones(5)})
-    n_l = task.count(_Rows(5, 4), range(5))
+    total = task.step.loss_sum(out, {"labels": targets, "loss_weight": torch.ones(5)})
+    n_l = task.data.count(_Rows(5, 4), range(5))
     assert n_l == 20
     ref = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / 20
     assert torch.allclose(total / n_l, ref)
     weight = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0])  # a padding example counts nothing
-    assert torch.allclose(task.loss_sum(out, {"labels": targets, "loss_weight": weight}),
+    assert torch.allclose(task.step.loss_sum(out, {"labels": targets, "loss_weight": weight}),
                           torch.nn.functional.binary_cross_entropy_with_logits(logits[:4], targets[:4],
                                                                                reduction="sum"))
-    assert task.count(_Rows(5, 4), [0, 1, -3]) == 8
+    assert task.data.count(_Rows(5, 4), [0, 1, -3]) == 8
 
 
 class _Rows:
@@ -70,7 +70,7 @@ def test_metrics_match_sklearn():
     from leantrain.methods import get_task  # eval.threshold reaches the task's metrics
 
     task = get_task("multi-label").configured(resolve(None, ["eval.threshold=0.3"]))
-    low = task.metrics({"probs": probs, "labels": labels, "losses": losses}, 4)
+    low = task.evaluation.metrics({"probs": probs, "labels": labels, "losses": losses}, 4)
     assert low["f1_micro"] == pytest.approx(f1_score(labels, (probs > 0.3).astype(int), average="micro"))
 
 
@@ -169,8 +169,8 @@ def test_count_holds_the_label_count_and_reads_no_row():
         def __getitem__(self, i):
             raise AssertionError("count read a row")
 
-    task = get_task("multi-label").configured(resolve(None, [])).for_training(lambda: None, EMOTIONS)
-    assert task.count(NoRows(), [0, 1, 2, -1]) == 3 * len(EMOTIONS)
+    task = get_task("multi-label").configured(resolve(None, [])).data.for_training(lambda: None, EMOTIONS)
+    assert task.data.count(NoRows(), [0, 1, 2, -1]) == 3 * len(EMOTIONS)
 
 
 def test_pos_weight_loss_is_torch_bce_with_pos_weight_over_examples_x_labels():
@@ -179,14 +179,14 @@ def test_pos_weight_loss_is_torch_bce_with_pos_weight_over_examples_x_labels():
     logits, targets = torch.randn(6, 4), (torch.rand(6, 4) > 0.5).float()
     out = type("Out", (), {"logits": logits})()
     w = [1.0, 2.5, 0.5, 4.0]
-    task = get_task("multi-label").configured(resolve(None, [f"train.pos_weight={w}"])).for_training(
+    task = get_task("multi-label").configured(resolve(None, [f"train.pos_weight={w}"])).data.for_training(
         lambda: None, EMOTIONS)
-    loss = task.loss_sum(out, {"labels": targets, "loss_weight": torch.ones(6)}) / task.count(None, range(6))
+    loss = task.step.loss_sum(out, {"labels": targets, "loss_weight": torch.ones(6)}) / task.data.count(None, range(6))
     ref = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor(w))(logits, targets)  # mean over examples x labels
     assert torch.allclose(loss, ref)
-    assert task.summary(EMOTIONS)["pos_weight"] == [{"label": n, "weight": x} for n, x in zip(EMOTIONS, w)]
-    plain = get_task("multi-label").configured(resolve(None, [])).for_training(lambda: None, EMOTIONS)
-    assert plain.summary(EMOTIONS) == {"pos_weight": None}
+    assert task.report.summary(EMOTIONS)["pos_weight"] == [{"label": n, "weight": x} for n, x in zip(EMOTIONS, w)]
+    plain = get_task("multi-label").configured(resolve(None, [])).data.for_training(lambda: None, EMOTIONS)
+    assert plain.report.summary(EMOTIONS) == {"pos_weight": None}
 
 
 def test_pos_weight_forms_and_errors():
@@ -216,15 +216,15 @@ def test_tuned_threshold_maximises_micro_f1_and_per_label_f1():
     probs = np.clip(0.25 * labels + 0.3 * rng.random((40, 4)), 0, 1)  # scores under 0.5: 0.5 predicts nothing
     values = {"probs": probs, "labels": labels, "losses": rng.random((40, 4))}
     task = get_task("multi-label").configured(resolve(None, []))  # eval.tune_threshold: on by default
-    m = task.all_metrics(values, EMOTIONS)
+    m = task.evaluation.all_metrics(values, EMOTIONS)
     best = max(f1_score(labels, probs > t, average="micro") for t in CANDIDATES)
     assert m["f1_micro"] == pytest.approx(best) and m["f1_micro"] > m["f1_micro_untuned"]
     assert m["f1_micro"] == pytest.approx(f1_score(labels, probs > m["threshold"], average="micro"))
     per_label = f1_score(labels, probs > m["threshold"], average=None, zero_division=0)
     assert m["f1_per_label"] == {n: pytest.approx(f) for n, f in zip(EMOTIONS, per_label)}
-    assert task.saved_config(m) == {"threshold": m["threshold"]}
+    assert task.report.saved_config(m) == {"threshold": m["threshold"]}
     fixed = get_task("multi-label").configured(resolve(None, ["eval.tune_threshold=false"]))
-    assert "threshold" not in fixed.metrics(values, 4) and fixed.saved_config(m) == {}
+    assert "threshold" not in fixed.evaluation.metrics(values, 4) and fixed.report.saved_config(m) == {}
     stored = type("C", (), {"threshold": 0.2})()  # a trained model's config: its threshold, no tuning
     assert get_task("multi-label").configured(resolve(None, []), stored).threshold == 0.2
     assert not get_task("multi-label").configured(resolve(None, []), stored).tune

@@ -107,7 +107,7 @@ def test_loss_equals_the_hand_computed_formula(model, loss, extra):
     lens = (batch["labels"][:, 1:] != IGNORE).sum(-1).tolist()
     if task.reference != "none":
         batch["ref_logps"] = torch.stack(ref.chunk(2), -1)
-    loss_sum, _ = task.forward_loss(model, batch)
+    loss_sum, _ = task.step.forward_loss(model, batch)
     eps = 0.2 if extra else 0.0
     expected = hand_loss(loss, pol.tolist(), ref.tolist(), lens, batch.get("desirable", torch.zeros(3)).tolist(),
                          beta=0.5, eps=eps)
@@ -128,7 +128,7 @@ def test_gradient_through_the_chunked_layer_equals_autograd_of_the_plain_formula
         ref = plain_logps(model, batch) - 0.3 * torch.arange(6.0)  # any fixed reference
     if task.reference != "none":
         batch["ref_logps"] = torch.stack(ref.chunk(2), -1)
-    task.forward_loss(chunked, batch)[0].backward()
+    task.step.forward_loss(chunked, batch)[0].backward()
     pol = plain_logps(plain, batch)  # the plain formula, autograd through the full logits
     lens = (batch["labels"][:, 1:] != IGNORE).sum(-1).float()
     c, r = pol.chunk(2)
@@ -179,7 +179,7 @@ def test_loss_is_the_mean_over_the_global_batch_whatever_the_micro_batches(model
         for a, b in zip(params, big):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     with torch.no_grad():
-        assert task.forward_loss(model, padded)[0].item() == 0.0
+        assert task.step.forward_loss(model, padded)[0].item() == 0.0
 
 
 def pairs_with_reference(model) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -196,8 +196,8 @@ def test_eval_metrics_have_trl_meanings(model):
     task = task_for("dpo", "preference.beta=0.2")
     batch, pol, ref = pairs_with_reference(model)
     with torch.no_grad():
-        values = task.eval_batch(*task.eval_outputs(model, batch))
-    m = task.metrics({k: v.numpy() for k, v in values.items()}, 0)
+        values = task.evaluation.batch(*task.evaluation.outputs(model, batch))
+    m = task.evaluation.metrics({k: v.numpy() for k, v in values.items()}, 0)
     chosen, rejected = 0.2 * (pol[:4] - ref[:4]), 0.2 * (pol[4:] - ref[4:])
     assert m["chosen_reward"] == pytest.approx(chosen.mean().item(), abs=1e-6)
     assert m["rejected_reward"] == pytest.approx(rejected.mean().item(), abs=1e-6)
@@ -214,8 +214,8 @@ def test_step_metrics_are_trls_training_metrics_over_the_real_pairs(model):
     batch, pol, ref = pairs_with_reference(model)
     batch["loss_weight"] = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last pair pads the micro-batch
     with torch.no_grad():
-        loss_sum, metrics = task.step_loss(model, batch)
-        assert loss_sum.item() == pytest.approx(task.forward_loss(model, batch)[0].item(), rel=1e-6)
+        loss_sum, metrics = task.step.loss(model, batch)
+        assert loss_sum.item() == pytest.approx(task.step.forward_loss(model, batch)[0].item(), rel=1e-6)
     chosen, rejected = 0.2 * (pol[:3] - ref[:3]), 0.2 * (pol[4:7] - ref[4:7])
     expected = {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margins": chosen - rejected,
                 "rewards/accuracies": (chosen > rejected).float()}
@@ -232,7 +232,7 @@ def test_kto_step_metrics_split_the_rewards_by_label(model):
         pol = plain_logps(model, batch)
     batch["ref_logps"] = torch.stack([pol[:4] - 0.3, pol[4:] + 0.1], -1)
     with torch.no_grad():
-        _, metrics = task.step_loss(model, batch)
+        _, metrics = task.step.loss(model, batch)
     reward = 0.5 * torch.full((4,), 0.3)
     assert metrics["rewards/chosen"][1].item() == 2 and metrics["rewards/rejected"][1].item() == 2
     assert metrics["rewards/chosen"][0].item() == pytest.approx(reward[[1, 3]].sum().item(), abs=1e-5)
@@ -246,7 +246,7 @@ def test_live_reference_is_a_frozen_copy_and_adapter_reference_is_the_base(model
     batch = pairs(2, seed=5)
     with torch.no_grad():
         base = torch.stack(plain_logps(model, batch).chunk(2), -1)
-    live = task_for("dpo", "preference.reference=live").with_model(model)
+    live = task_for("dpo", "preference.reference=live").model.bind(model)
     torch.testing.assert_close(live.reference_logps(model, batch), base, rtol=1e-5, atol=1e-5)
     lora = get_peft_model(copy.deepcopy(model), LoraConfig(r=2, target_modules=["q_proj", "v_proj"],
                                                            init_lora_weights=False))  # adapters that change outputs
@@ -265,7 +265,7 @@ def _loss_and_grads(model, task, batch, precision: str = "fp32", checkpointing: 
     if checkpointing:
         enable_checkpointing(m)
     with torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext():
-        loss, _ = task.forward_loss(m, batch)
+        loss, _ = task.step.forward_loss(m, batch)
     loss.backward()
     return loss.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
 
@@ -278,7 +278,7 @@ def _live_dpo(model):
             p.add_(0.05 * torch.randn_like(p))
     policy = copy.deepcopy(model)
     assert install_chunked_loss(policy, chunk_tokens=5)
-    return task_for("dpo", "preference.reference=live").with_reference(ref_model), policy
+    return task_for("dpo", "preference.reference=live").evaluation.with_reference(ref_model), policy
 
 
 def test_dpo_under_gradient_checkpointing_and_bf16_equals_the_plain_fp32_computation(model):
@@ -327,7 +327,7 @@ def test_reward_model_under_gradient_checkpointing_equals_the_plain_computation(
     task = get_task("reward-model").configured(resolve(None, ["model.task=reward-model"]))
     model = BertForSequenceClassification(BertConfig(
         vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **task.model_fields([])))
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **task.model.fields([])))
     batch = pairs(3, seed=8)
     batch.pop("labels")
     loss, grads = _loss_and_grads(model, task, batch)
@@ -351,7 +351,7 @@ def test_dropout_is_off_while_training_unless_kept_and_the_saved_config_keeps_it
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(
         vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, **off.model_fields([]))).train()
+        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, **off.model.fields([]))).train()
     batch = pairs(3, seed=8)
     batch.pop("labels")
     assert not torch.equal(off.scores(model, batch)[0], off.scores(model, batch)[0])  # dropout draws differ
@@ -366,9 +366,9 @@ def test_reference_resolves_per_loss_and_lora():
     assert task_for("dpo", "peft.method=lora").reference == "adapter"
     assert task_for("simpo").reference == "none" and task_for("simpo").beta == 2.0
     assert task_for("orpo").reference == "none"
-    assert task_for("kto").precomputed_columns(["input_ids", "desirable"]) == ("ref_logps", "ref_kl_logps")
-    assert task_for("dpo").precomputed_columns(["chosen_input_ids"]) == ("ref_chosen_logps", "ref_rejected_logps")
-    assert task_for("dpo", "preference.reference=live").precomputed_columns(["chosen_input_ids"]) == ()
+    assert task_for("kto").data.precomputed_columns(["input_ids", "desirable"]) == ("ref_logps", "ref_kl_logps")
+    assert task_for("dpo").data.precomputed_columns(["chosen_input_ids"]) == ("ref_chosen_logps", "ref_rejected_logps")
+    assert task_for("dpo", "preference.reference=live").data.precomputed_columns(["chosen_input_ids"]) == ()
     from leantrain.errors import ConfigError
 
     with pytest.raises(ConfigError, match="preference.reference=none"):
@@ -385,17 +385,17 @@ def test_reward_model_loss_is_bradley_terry_with_centring_and_pairwise_accuracy(
     task = get_task("reward-model").configured(cfg)
     model = BertForSequenceClassification(BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1,
                                                      num_attention_heads=2, intermediate_size=32,
-                                                     **task.model_fields([]))).eval()
+                                                     **task.model.fields([]))).eval()
     batch = pairs(3, seed=6)
     batch.pop("labels")
-    loss_sum, _ = task.forward_loss(model, batch)
+    loss_sum, _ = task.step.forward_loss(model, batch)
     with torch.no_grad():
         r = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.squeeze(-1).tolist()
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
     expected = sum(-math.log(sig(r[i] - r[3 + i])) + 0.01 * (r[i] + r[3 + i]) ** 2 for i in range(3))
     assert loss_sum.item() == pytest.approx(expected, rel=1e-5)
     with torch.no_grad():
-        m = task.metrics({k: v.numpy() for k, v in task.eval_batch(*task.eval_outputs(model, batch)).items()}, 0)
+        m = task.evaluation.metrics({k: v.numpy() for k, v in task.evaluation.batch(*task.evaluation.outputs(model, batch)).items()}, 0)
     assert m["accuracy"] == pytest.approx(sum(r[i] > r[3 + i] for i in range(3)) / 3)
     assert m["loss"] == pytest.approx(expected / 3, rel=1e-5) and m["samples"] == 3
 
@@ -405,10 +405,10 @@ def test_loss_and_data_that_contradict_each_other_exit_2_before_the_model():
     from leantrain.errors import UserError
 
     with pytest.raises(UserError, match="preference.loss=kto is for unpaired feedback"):
-        task_for("kto").check_data({"format": "explicit"})
+        task_for("kto").data.check({"format": "explicit"})
     with pytest.raises(UserError, match="preference.loss=ipo compares a chosen and a rejected"):
-        task_for("ipo").check_data({"format": "feedback"})
-    task_for("auto").check_data({"format": "feedback"})
+        task_for("ipo").data.check({"format": "feedback"})
+    task_for("auto").data.check({"format": "feedback"})
     with pytest.raises(UserError, match="preference.beta: for preference tuning and reward models only"):
         check_preference_keys(resolve(None, ["preference.beta=0.2"]), get_task("text-classification"))
     check_preference_keys(resolve(None, ["preference.beta=0.2"]), get_task("preference"))

@@ -101,16 +101,16 @@ def test_huber_and_mse_loss_sums():
     out = SimpleNamespace(logits=torch.tensor([[0.0], [1.0], [4.0], [-2.0]]))
     batch = {"labels": torch.tensor([0.5, 1.0, 0.0, 0.0]), "loss_weight": torch.tensor([1.0, 1.0, 1.0, 0.0])}
     err = torch.tensor([-0.5, 0.0, 4.0])  # the padding example (weight 0) counts for nothing
-    assert _task().loss_sum(out, batch).item() == pytest.approx(float((err ** 2).sum()))
+    assert _task().step.loss_sum(out, batch).item() == pytest.approx(float((err ** 2).sum()))
     for delta in (1.0, 2.5):
         quad = err.abs() <= delta
         want = torch.where(quad, 0.5 * err ** 2, delta * (err.abs() - 0.5 * delta)).sum()
-        got = _task("train.loss=huber", f"train.huber_delta={delta}").loss_sum(out, batch)
+        got = _task("train.loss=huber", f"train.huber_delta={delta}").step.loss_sum(out, batch)
         assert got.item() == pytest.approx(want.item())
-    assert _task("train.loss=huber").loss_sum(out, batch) < _task().loss_sum(out, batch)  # the outlier weighs less
-    std = _task("data.standardize_targets=true").for_training(lambda: [1.0, 3.0], [])  # mean 2, std 1
+    assert _task("train.loss=huber").step.loss_sum(out, batch) < _task().step.loss_sum(out, batch)  # the outlier weighs less
+    std = _task("data.standardize_targets=true").data.for_training(lambda: [1.0, 3.0], [])  # mean 2, std 1
     assert (std.mean, std.std) == (2.0, 1.0)
-    assert std.loss_sum(out, batch).item() == pytest.approx(float(((torch.tensor([0.0, 1.0, 4.0]) -
+    assert std.step.loss_sum(out, batch).item() == pytest.approx(float(((torch.tensor([0.0, 1.0, 4.0]) -
                                                                     torch.tensor([-1.5, -1.0, -2.0])) ** 2).sum()))
 
 

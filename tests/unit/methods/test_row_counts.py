@@ -39,6 +39,6 @@ def test_a_column_is_read_once_per_dataset_and_another_dataset_is_read_afresh():
 def test_both_tasks_read_their_count_column_once(task, column):
     data = Counted(**{column: [2, 5, 0, 7]})
     t = get_task(task)
-    assert t.count(data, [0, 1, -1]) == 7
-    assert t.count(data, [3, 2]) == 7
+    assert t.data.count(data, [0, 1, -1]) == 7
+    assert t.data.count(data, [3, 2]) == 7
     assert data.reads == [column]

@@ -4,6 +4,7 @@ trains through the unchanged engine, with its own model fields, loss, count, met
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,25 +18,36 @@ from tests.helpers import word_rows, write_rows
 TOY = "toy-score"
 
 
-class ToyScore(Task):
-    """One number per text: the label id as a float target, squared error summed over the examples."""
-
-    def model_fields(self, label_names):
+class ToyScoreModel(Task.parts.model):
+    def fields(self, label_names):
         return {"num_labels": 1, "problem_type": "regression"}
 
+
+class ToyScoreStep(Task.parts.step):
     def loss_sum(self, outputs, batch):
         err = outputs.logits.float().squeeze(-1) - batch["labels"].float()
         return (err.square() * batch["loss_weight"]).sum()
 
-    def eval_batch(self, logits, labels):
+
+class ToyScoreEvaluation(Task.parts.evaluation):
+    def batch(self, logits, labels):
         return {"err": logits.float().squeeze(-1) - labels.float()}
 
     def metrics(self, values, num_labels):
         mse = float(np.mean(values["err"] ** 2))
         return {"mse": mse, "loss": mse, "samples": int(len(values["err"]))}
 
-    def predictions(self, logits, label_names):
+
+class ToyScorePrediction(Task.parts.prediction):
+    def records(self, logits, label_names):
         return [{"score": round(float(v), 6)} for v in logits.float().squeeze(-1)]
+
+
+class ToyScore(Task):
+    """One number per text: the label id as a float target, squared error summed over the examples."""
+
+    parts = replace(Task.parts, model=ToyScoreModel, step=ToyScoreStep, evaluation=ToyScoreEvaluation,
+                    prediction=ToyScorePrediction)
 
 
 @pytest.fixture
@@ -43,7 +55,7 @@ def toy_task():
     task = register(ToyScore(TaskSpec(TOY, "text", "regression", ("mse", "loss"), lower_is_better=("mse", "loss")),
                              Traits(labels="classes", unit="examples", auto_model="AutoModelForSequenceClassification",
                                     loads_as="text-classification"),
-                             None, CardText("toy scoring", "toy scorer", '"great lovely"')))
+                             CardText("toy scoring", "toy scorer", '"great lovely"')))
     yield task
     TASKS.pop(TOY, None)
     SPECS.pop(TOY, None)
@@ -53,7 +65,7 @@ def test_builtin_tasks_are_registered():
     for name, modality in (("text-classification", "text"), ("image-classification", "image"),
                            ("audio-classification", "audio")):
         task = get_task(name)
-        assert task.modality == modality and task.traits.unit == "examples"
+        assert task.spec.modality == modality and task.traits.unit == "examples"
         assert task.spec.problem_type == "single_label_classification" and "accuracy" in task.spec.metrics
     with pytest.raises(ValueError, match="unknown task"):
         get_task("nope")
@@ -89,7 +101,7 @@ def test_a_registered_task_is_a_config_value_and_its_metrics_are_checked(toy_tas
     check_stop_when(cfg, 2)  # the toy task reports eval.mse
     with pytest.raises(ConfigError, match="eval.mse"):
         check_stop_when(resolve(None, [f"model.task={TOY}", "train.stop_when=eval.accuracy>=0.9"]), 2)
-    assert toy_task.count(None, [3, 1, 2]) == 3  # units: examples
+    assert toy_task.data.count(None, [3, 1, 2]) == 3  # units: examples
 
 
 def test_the_step_asks_the_task_for_its_loss(tiny_bert, toy_task):
@@ -101,6 +113,6 @@ def test_the_step_asks_the_task_for_its_loss(tiny_bert, toy_task):
     batch = text_batch()
     expected = ((model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.squeeze(-1)
                  - batch["labels"].float()).square() * batch["loss_weight"]).sum()
-    loss, outputs = toy_task.forward_loss(model, batch)  # what train_step calls: the default forward, then loss_sum
+    loss, outputs = toy_task.step.forward_loss(model, batch)  # what train_step calls: the default forward, then loss_sum
     torch.testing.assert_close(loss, expected)
     assert outputs.logits.shape == (len(batch["labels"]), 1)

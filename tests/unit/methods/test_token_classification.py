@@ -68,7 +68,7 @@ def test_loss_is_ce_summed_over_labelled_tokens_over_their_count():
     logits = torch.randn(3, 6, 5)
     labels = torch.tensor([[-100, 1, 2, -100, 0, -100], [-100, 3, 4, 0, -100, -100], [-100, 0, -100, -100, -100, -100]])
     out = type("Out", (), {"logits": logits})()
-    total = task.loss_sum(out, {"labels": labels, "loss_weight": torch.tensor([1.0, 1.0, 0.0])})
+    total = task.step.loss_sum(out, {"labels": labels, "loss_weight": torch.tensor([1.0, 1.0, 0.0])})
 
     class Rows:  # a processed dataset's per-row counts
         _fingerprint = "rows-1"
@@ -76,7 +76,7 @@ def test_loss_is_ce_summed_over_labelled_tokens_over_their_count():
         def __getitem__(self, col):
             return {"n_first": [3, 3, 1], "n_all": [4, 5, 2]}[col]
 
-    count = task.count(Rows(), np.array([0, 1, -1 - 2]))  # the padding index (weight 0) is not counted
+    count = task.data.count(Rows(), np.array([0, 1, -1 - 2]))  # the padding index (weight 0) is not counted
     assert count == 6
     ref = torch.nn.functional.cross_entropy(logits[:2].reshape(-1, 5), labels[:2].reshape(-1), ignore_index=-100,
                                             reduction="sum")
@@ -84,7 +84,7 @@ def test_loss_is_ce_summed_over_labelled_tokens_over_their_count():
     assert torch.allclose(total / count, torch.nn.functional.cross_entropy(
         logits[:2].reshape(-1, 5), labels[:2].reshape(-1), ignore_index=-100))
     all_tokens = task.configured(resolve(None, ["data.label_all_tokens=true"]))
-    assert all_tokens.count(Rows(), [0, 1, 2]) == 11
+    assert all_tokens.data.count(Rows(), [0, 1, 2]) == 11
 
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -103,7 +103,7 @@ def test_metrics_match_seqeval_strict():
     values = {"labels": np.array([index[t] for s in gold for t in s]), "preds": np.array([index[t] for s in pred for t in s]),
               "first": np.array([i == 0 for s in gold for i in range(len(s))]),
               "losses": np.ones(sum(map(len, gold)), dtype=np.float32)}
-    ev = get_task("token-classification").all_metrics(values, TAGS)
+    ev = get_task("token-classification").evaluation.all_metrics(values, TAGS)
     kw = {"mode": "strict", "scheme": IOB2}
     assert ev["entity_f1"] == pytest.approx(f1_score(gold, pred, **kw))
     assert ev["entity_precision"] == pytest.approx(precision_score(gold, pred, **kw))

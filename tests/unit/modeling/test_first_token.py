@@ -18,7 +18,7 @@ def tiny_reward_bert(attention: str):
     task = get_task("reward-model").configured(resolve(None, ["model.task=reward-model"]))
     config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                        **task.model_fields([]))
+                        **task.model.fields([]))
     config._attn_implementation = attention
     return task, BertForSequenceClassification(config).train()
 
@@ -34,7 +34,7 @@ def pair_batch(lengths: list[int], width: int) -> dict:
 def loss_and_grads(task, model, batch: dict, first_token: bool) -> tuple[torch.Tensor, dict]:
     model.zero_grad(set_to_none=True)
     if first_token:
-        loss, _ = task.forward_loss(model, batch)
+        loss, _ = task.step.forward_loss(model, batch)
     else:  # the plain computation: the whole model, every position
         from leantrain.methods.preference import losses as L
 
@@ -62,7 +62,7 @@ def test_reward_model_runs_the_last_layer_on_the_first_token_only():
     seen = {}
     for i, layer in enumerate(model.bert.encoder.layer):
         layer.intermediate.dense.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(i, a[0].shape[:2]))
-    task.forward_loss(model, pair_batch([9, 9, 9, 9], 9))
+    task.step.forward_loss(model, pair_batch([9, 9, 9, 9], 9))
     assert seen == {0: (4, 9), 1: (4, 1)}  # the first layer on every position, the last on the first one
     model(input_ids=torch.ones(4, 9, dtype=torch.long))  # outside the reward model's forward: the class's own
     assert seen[1] == (4, 9) and "forward" not in vars(last_layer(model))

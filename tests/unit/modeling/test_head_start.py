@@ -31,8 +31,8 @@ def tiny_classifier(num_labels: int):
 
 def test_head_gets_its_own_lr_group_as_configured():
     model = tiny_classifier(len(LABELS))
-    factor = get_task("multi-label").head_lr_factor
-    assert factor > 1 and get_task("text-classification").head_lr_factor == 1.0  # multi-label only, by default
+    factor = get_task("multi-label").traits.head_lr_factor
+    assert factor > 1 and get_task("text-classification").traits.head_lr_factor == 1.0  # multi-label only, by default
     head, rate = head_group(model, len(LABELS), 5e-5, None, factor)
     assert {id(p) for p in head} == {id(model.classifier.weight), id(model.classifier.bias)}
     assert rate == pytest.approx(5e-5 * factor)
@@ -72,11 +72,11 @@ def test_fresh_bias_starts_at_the_prior_and_trained_rows_are_kept():
         model.classifier.bias[1] = 0.25  # a reused, trained row
     assert set_fresh_bias(model, logits) == 2
     assert model.classifier.bias.tolist() == pytest.approx([logits[0], 0.25, logits[2]], abs=1e-6)
-    task = get_task("multi-label").configured(resolve(None, [])).for_training(lambda: hot, ["a", "b", "c"])
+    task = get_task("multi-label").configured(resolve(None, [])).data.for_training(lambda: hot, ["a", "b", "c"])
     fresh = tiny_classifier(3)
-    assert "prior log-odds" in task.start_head(fresh)
+    assert "prior log-odds" in task.model.start_head(fresh)
     assert fresh.classifier.bias.tolist() == pytest.approx(logits.tolist(), abs=1e-6)
-    assert get_task("text-classification").start_head(tiny_classifier(3)) is None
+    assert get_task("text-classification").model.start_head(tiny_classifier(3)) is None
 
 
 def topic_rows(n: int, seed: int) -> list[dict]:

@@ -96,7 +96,7 @@ def test_liger_loss_and_gradients_equal_the_plain_computation():
                                            "loss_weight": torch.tensor([1.0, 0.0, 1.0], device="cuda")}
     for model in (plain, fused):
         model.zero_grad(set_to_none=True)
-        task.forward_loss(model, batch_)[0].backward()
+        task.step.forward_loss(model, batch_)[0].backward()
     for (name, p), q in zip(fused.named_parameters(), plain.parameters()):
         assert_close(p.grad, q.grad, name)
 

@@ -72,8 +72,8 @@ def test_auto_on_an_untrained_pooler_is_the_tasks_choice(flat_bert, tiny_bert):
     from leantrain.config import ModelConfig
     from leantrain.methods import get_task
 
-    assert get_task("multi-label").untrained_pooler == "cls"
-    assert {get_task(t).untrained_pooler for t in ("text-classification", "text-regression")} == {"pooler"}
+    assert get_task("multi-label").traits.untrained_pooler == "cls"
+    assert {get_task(t).traits.untrained_pooler for t in ("text-classification", "text-regression")} == {"pooler"}
     ml = build_model(ModelConfig(name=str(flat_bert)), ["a", "b", "c"], get_task("multi-label"))
     assert torch.equal(ml.bert.pooler.dense.weight, torch.eye(32))  # auto, untrained-looking: cls
     single = build_model(ModelConfig(name=str(flat_bert)), ["a", "b"], get_task("text-classification"))

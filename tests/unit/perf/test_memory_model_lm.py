@@ -71,6 +71,6 @@ def test_a_reference_forward_in_the_step_raises_the_planned_peak(llama):
     for reference in ("precompute", "live"):
         cfg = resolve(None, ["preference.loss=dpo", f"preference.reference={reference}"])  # auto: the data decides
         task = get_task("preference").configured(cfg)
-        cal = estimate.estimate(model, 32, "fp32", False, task=task.with_model(model))
+        cal = estimate.estimate(model, 32, "fp32", False, task=task.model.bind(model))
         totals[reference] = memory_model.lines(facts, cal, 4, state_bytes=0)["total"]
     assert totals["live"] > totals["precompute"], totals

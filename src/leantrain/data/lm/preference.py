@@ -160,7 +160,7 @@ def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_
 
 
 def detected(rows: datasets.Dataset) -> dict:
-    """What ``leantrain eval`` found in its rows, as the run's ``columns`` name it for ``Task.check_data``:
+    """What ``leantrain eval`` found in its rows, as the run's ``columns`` name it for ``Data.check``:
     {"eval_format": the preference format}."""
     return {"eval_format": pf.table_format(rows)}
 

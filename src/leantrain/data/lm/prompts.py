@@ -48,7 +48,7 @@ PROMPT = "prompt"
 ANSWERED = ("completion", "response", "output", "chosen", "rejected")  # a column that answers the prompt: other data
 NOT_AUTO = (*ANSWERED, "label")  # model.task=auto: a label beside a prompt is feedback or classification data
 ROLES = ("system", "user", "assistant", "tool")
-FIRST_ROWS = 2  # rows the reward functions are tried on before the model loads (Task.check_data)
+FIRST_ROWS = 2  # rows the reward functions are tried on before the model loads (Data.check)
 DESCRIPTION = "prompt: a text or a list of {role, content} messages; any other columns are passed to the rewards"
 
 

@@ -215,7 +215,7 @@ def resolve_model_choices(cfg: Config, task: Task, device_type: str, precision: 
     ``task`` builds for the model's config), compile (:func:`choose_compile`) and the weight casts
     (:func:`choose_recast`) of a run on ``device_type`` in the resolved ``precision``. Raises ConfigError for an
     explicit attention the model, device or precision cannot run."""
-    support = attention_support(task.model_class(), load_config(cfg.model))
+    support = attention_support(task.model.auto_class(), load_config(cfg.model))
     attention, why = choose_attention(cfg.model.attn_implementation, device_type, precision, flash_attn_usable(),
                                       support, fp32_uses(cfg))
     compiled, compile_why = choose_compile(cfg.efficiency.compile, device_type, task.traits.token_blocks,

@@ -32,7 +32,7 @@ def with_eval_reference(task: Task, policy, reference, autocast=None) -> Task:
     output layer first (a training run's live reference is a copy of the policy, so it has it already)."""
     if same_output_layer(policy, reference):
         log.info("reference: the policy's chunked output layer (no tokens x vocabulary logits)")
-    return task.with_reference(reference, autocast)
+    return task.evaluation.with_reference(reference, autocast)
 
 
 def planned_eval_width(model, task: Task, wanted: int, seq_len: int, precision: str,

@@ -46,7 +46,7 @@ def eval_outputs(model: nn.Module, loader: DataLoader, accelerator: Accelerator,
     model.eval()
     try:
         for batch in loader:
-            yield accelerator.gather_for_metrics(_same_width(accelerator, *task.eval_outputs(model, batch)))
+            yield accelerator.gather_for_metrics(_same_width(accelerator, *task.evaluation.outputs(model, batch)))
     finally:
         model.train(was_training)
 
@@ -60,7 +60,7 @@ def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, num
         for batches, gathered in enumerate(eval_outputs(model, loader, accelerator, task), 1):
             if stop is not None and stop():
                 return None
-            for key, value in task.eval_batch(*gathered).items():
+            for key, value in task.evaluation.batch(*gathered).items():
                 values.setdefault(key, []).append(value.cpu())
             rows += len(gathered[0])
             if progress.due():  # the rows of every process (gathered)
@@ -68,4 +68,4 @@ def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, num
     if not values:
         return {}
     values = {k: torch.cat(v).numpy() for k, v in values.items()}
-    return task.metrics(values, num_labels) if label_names is None else task.all_metrics(values, label_names)
+    return task.evaluation.metrics(values, num_labels) if label_names is None else task.evaluation.all_metrics(values, label_names)

@@ -23,7 +23,7 @@ def optimizer_and_schedule(cfg: Config, model: nn.Module, data: TrainingData, to
     """The optimizer over ``model``'s parameters (a classifier head in its own group at its own rate, when the task
     or ``train.head_lr`` asks for one) and its learning-rate schedule."""
     head, head_lr = head_group(model, len(data.label_names), cfg.train.lr, cfg.train.head_lr,
-                               data.task.head_lr_factor)
+                               data.task.traits.head_lr_factor)
     if head:
         log.info("classifier head: its own learning rate %.3g (%s; the rest %.3g)", head_lr, "train.head_lr" if
                  cfg.train.head_lr is not None else f"{data.task.name}'s default, train.head_lr to change", cfg.train.lr)

@@ -99,7 +99,7 @@ def compute_values(task, model, dataset, collator, accelerator: Accelerator, bat
     with torch.no_grad(), accelerator.autocast():
         for batch in loader:
             batch = to_device(batch, accelerator.device)
-            parts.append(task.precompute(model, batch).float().cpu())
+            parts.append(task.data.precompute(model, batch).float().cpu())
     values = np.empty((len(dataset), parts[0].shape[1] if parts else 0), dtype=np.float32)
     if parts:
         values[order] = torch.cat(parts).numpy()
@@ -108,7 +108,7 @@ def compute_values(task, model, dataset, collator, accelerator: Accelerator, bat
 
 def with_precomputed(task, model, dataset, collator, accelerator: Accelerator, batch_size: int, what: str):
     """``dataset`` with the task's precomputed columns added (from the cache when it holds them)."""
-    columns = task.precomputed_columns(list(dataset.column_names)) if dataset is not None else ()
+    columns = task.data.precomputed_columns(list(dataset.column_names)) if dataset is not None else ()
     if not columns or len(dataset) == 0:
         return dataset
     h = hashlib.sha256(model_fingerprint(model).encode())

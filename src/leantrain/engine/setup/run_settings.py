@@ -35,7 +35,7 @@ def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None =
     the precision the run trained and evaluated in, "eval_batch_size": the rows a process evaluated at once}, and the
     task's ``saved`` record (``Task.saved_config``: a preference-tuned policy's method, beta and reference)."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
-    data["max_length"] = task.sequence_length(cfg.data)  # the one length train, eval, predict and pipeline() cut at
+    data["max_length"] = task.data.sequence_length(cfg.data)  # the one length train, eval, predict and pipeline() cut at
     rendering = {}
     if task.traits.token_blocks:  # a language model's eval cuts the text as the run did
         data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
@@ -48,7 +48,7 @@ def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None =
 def cut_like_training(processor, task: Task, cfg: Config) -> None:  # noqa: ANN001 - a tokenizer
     """The tokenizer about to be saved with a model that scores texts (not a text generator) gets the run's length as
     its ``model_max_length`` when that is lower: ``pipeline(..., truncation=True)`` then cuts where training did."""
-    length, traits = task.sequence_length(cfg.data), task.traits
+    length, traits = task.data.sequence_length(cfg.data), task.traits
     limit = getattr(processor, "model_max_length", None) or length + 1
     if traits.tokenized and not traits.generates and length < limit:
         processor.model_max_length = length

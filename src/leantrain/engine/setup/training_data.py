@@ -55,17 +55,17 @@ class TrainingData:
         class weights its weighted form; bound to the model by ``bind_model``."""
         if self._task is None:
             task = self.registered.configured(self.config) if self.config is not None else self.registered
-            task = task.for_data(self.columns).for_training(lambda: self.train["labels"], self.label_names)
-            self._task = task
+            task = task.data.for_data(self.columns).data.for_training(lambda: self.train["labels"], self.label_names)
+            self._task = task.data.with_processor(self.processor)
         return self._task
 
     def bind_model(self, model, accelerator: Accelerator, batch_size: int) -> None:
         """Before training, with the model as it starts: the task bound to it (``Task.with_model``: a frozen copy
         where the task keeps one) and the task's precomputed columns added to both splits (``engine.precompute``:
         the reference log-probs, computed once and cached on disk)."""
-        task = self.task.with_model(model, accelerator.autocast)  # the policy's precision context
+        task = self.task.model.bind(model, accelerator.autocast)  # the policy's precision context
         self._task = task
-        if not any(task.precomputed_columns(list(ds.column_names)) for ds in (self.train, self.eval) if ds is not None):
+        if not any(task.data.precomputed_columns(list(ds.column_names)) for ds in (self.train, self.eval) if ds is not None):
             return
         if not getattr(model, "is_loaded_in_4bit", False):  # a 4-bit model is on its GPU already
             model.to(accelerator.device)
@@ -75,12 +75,12 @@ class TrainingData:
 
     def units_in(self, indices) -> int:
         """The task's loss units (examples, labels, tokens) in these training examples: the loss's denominator."""
-        return self.task.count(self.train, indices)
+        return self.task.data.count(self.train, indices)
 
     def tokens_in(self, indices) -> int | None:
         """Tokens of these training examples that tokens/s counts: the task's (causal LM: its target tokens), else
         the non-padding input tokens; None when the inputs are not tokens."""
-        counted = self.task.throughput_tokens(self.train, indices)
+        counted = self.task.data.throughput_tokens(self.train, indices)
         if counted is not None:
             return counted
         return int(self.token_lengths[indices].sum()) if self.token_lengths is not None else None
@@ -96,7 +96,7 @@ class TrainingData:
 
 def data_side(task: Task) -> Modality:
     """The data side (loader, processor step, collator) of a task: its modality's, as the task adapts it."""
-    return task.data_side(for_modality(task.modality))
+    return task.data.side(for_modality(task.spec.modality))
 
 
 def run_task(cfg: Config) -> Task:
@@ -111,7 +111,7 @@ def run_task_reason(cfg: Config) -> tuple[Task, str]:
     task, why = resolve_task_reason(cfg)
     if cfg.model.task != "auto":
         return task, why
-    labelled = task_for_labels(task, for_modality(task.modality).label_kind(cfg.data))
+    labelled = task_for_labels(task, for_modality(task.spec.modality).label_kind(cfg.data))
     return labelled, why if labelled is task else f"{why}, and the labels"
 
 
@@ -146,8 +146,8 @@ def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - 
     train.class_weights against the labels, pos_weight), its data check (e.g. preference.loss=kto on pairs, and the
     keys of the method the data selects), the metric ``train.stop_when`` names (eval.mcc: 2 classes)."""
     configured = task.configured(cfg)
-    configured.for_training(lambda: data.train["label"], data.label_names)  # class weights, pos_weight
-    configured.check_data(data.columns, cfg)  # and the keys of the method the data selects (loss=auto)
+    configured.data.for_training(lambda: data.train["label"], data.label_names)  # class weights, pos_weight
+    configured.data.check(data.columns, cfg)  # and the keys of the method the data selects (loss=auto)
     check_generation_room(cfg, task, configured, data)
     check_stop_when(cfg, len(data.label_names), task)
 
@@ -157,7 +157,7 @@ def check_generation_room(cfg: Config, task: Task, configured: Task, data) -> No
     prompt, as it will be cut, with that many new tokens within the model's positions, or a DataError naming the
     file, the lines and the numbers (``PreparedData.room``: the data side renders the prompts, with the run's
     tokenizer, only when its prompt budget and the new tokens do not fit together)."""
-    wanted = configured.generated_tokens()
+    wanted = configured.data.generated_tokens()
     if wanted is None or data.room is None:
         return
     limit = model_position_limit(cfg)
@@ -219,7 +219,7 @@ def prepare_training_data(cfg: Config, accelerator: Accelerator, run=None) -> Tr
     prepared = TrainingData(train, evals, data.label_names, processor, collator, name, data.columns,
                             cfg.train.eval_batch_size, cfg.data.num_workers, registered=task,
                             eval_collator=eval_collator, token_lengths=tokens, config=cfg)
-    for key, weights in prepared.task.summary(data.label_names).items():  # class weights, pos_weight, resolved
+    for key, weights in prepared.task.report.summary(data.label_names).items():  # class weights, pos_weight, resolved
         if isinstance(weights, list):
             log.info("%s: %s", key.replace("_", " "), ", ".join(f"{w['label']}={w['weight']:.4g}" for w in weights))
     return prepared

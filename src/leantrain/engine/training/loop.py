@@ -134,8 +134,8 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
     choices = resolve_model_choices(cfg, data.task, accelerator.device.type, start.precision)  # attention, compile
     model = build_model(cfg.model, data.label_names, data.task, attention=choices.attention,  # qlora: 4-bit here
                         extra=qlora_load_kwargs(cfg.peft.method, accelerator.local_process_index))
-    model.config.update(data.task.saved_config(None))  # e.g. the target standardisation, saved with it
-    if note := data.task.start_head(model):  # multi-label: a fresh head's bias at the labels' prior
+    model.config.update(data.task.report.saved_config(None))  # e.g. the target standardisation, saved with it
+    if note := data.task.model.start_head(model):  # multi-label: a fresh head's bias at the labels' prior
         log.info("%s", note)
     model, trainable = apply_trainable(model, cfg.model, cfg.peft,  # LoRA (peft.*) and model.freeze
                                        gradient_checkpointing=cfg.efficiency.gradient_checkpointing)
@@ -164,7 +164,7 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
     faults = FaultInjector(accelerator.process_index)
     ckpt = Checkpointer(cfg, accelerator, out, layout, fingerprint, faults)
     state = restore(start.decision, cfg, accelerator, layout, ckpt.fingerprint, model, optimizer, scheduler)
-    state.attach_method(data.task.step_state(cfg.train.seed, accelerator.process_index))
+    state.attach_method(data.task.step.state(cfg.train.seed, accelerator.process_index))
     metrics_log = MetricsLog(out / "metrics.jsonl" if accelerator.is_main_process else None, accelerator,
                              prior=prior_records(out, state) if accelerator.is_main_process else None)
     meter = Throughput(skip=cfg.train.warmup_steps_excluded)
@@ -326,7 +326,7 @@ class Loop:
         units = run.data.units_in(global_batch)  # the loss's denominator, the task's unit, known on the host
         ctx = StepContext(run.model, run.accelerator, state.step, state.method,
                           generating=run.faults.in_generation(state.step + 1))
-        made = run.data.task.step_batches(ctx, loaded, units)
+        made = run.data.task.step.batches(ctx, loaded, units)
         count, tokens = global_counts(made.count, made.tokens, run.accelerator)  # one collective, when any
         return replace(made, count=count, tokens=tokens)
 

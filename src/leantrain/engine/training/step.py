@@ -56,7 +56,7 @@ def train_step(
         last = i == len(micro_batches) - 1
         with grad_sync(model, accelerator, enabled=last):
             with record_function("forward"):
-                loss, step_metrics = task.step_loss(model, batch)
+                loss, step_metrics = task.step.loss(model, batch)
             with record_function("backward"):
                 accelerator.backward(loss * scale)
         loss_sum += loss.detach()

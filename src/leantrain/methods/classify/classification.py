@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from leantrain.config.metric_names import metric_names
 from leantrain.config.tasks import AUDIO, IMAGE, TEXT, task_spec
 from leantrain.errors import ConfigError, DataError
+from leantrain.methods.parts import Data, Evaluation, Parts, Prediction, Report, Step
 from leantrain.methods.registry import CardText, Task, register
 from leantrain.methods.traits import Traits
 
@@ -46,14 +47,57 @@ def recall_per_class(preds: np.ndarray, labels: np.ndarray, label_names: list[st
     return out
 
 
+class ClassifyData(Data):
+    def for_training(self, labels, label_names: list[str]) -> Task:  # noqa: ANN001 - a callable
+        """With class weights, the weighted form for the training ``labels`` (ids; ``balanced`` reads them); a
+        UserError (exit 2) for weights the data contradicts."""
+        if self.task.class_weights is None:
+            return self.task
+        weights = resolve_class_weights(self.task.class_weights, label_names, labels)
+        return weighted_task(self.task, weights, labels())
+
+
+class ClassifyStep(Step):
+    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:  # noqa: ANN001
+        return (per_example_loss(outputs.logits, batch["labels"]) * batch["loss_weight"]).sum()
+
+
+class ClassifyEvaluation(Evaluation):
+    def batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
+        return {"preds": logits.argmax(-1), "labels": labels, "losses": per_example_loss(logits, labels)}
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        return classification_metrics(values["preds"], values["labels"], values.get("losses"), num_labels)
+
+    def label_metrics(self, values: dict[str, np.ndarray], label_names: list[str]) -> dict:
+        return {"recall_per_class": recall_per_class(values["preds"], values["labels"], label_names)}
+
+    def headline(self, ev: dict) -> str:
+        return f"eval accuracy: {ev['accuracy']:.4f}  macro-F1: {ev['f1_macro']:.4f}"
+
+
+class ClassifyPrediction(Prediction):
+    def records(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
+        score, pred = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+        return [{"label": label_names[p], "score": round(s, 6)} for p, s in zip(pred.tolist(), score.tolist())]
+
+
+class ClassifyReport(Report):
+    def summary(self, label_names: list[str]) -> dict:
+        """summary.json's ``train.class_weights``: null (unweighted)."""
+        return {"class_weights": None}
+
+
 @dataclass(frozen=True)
 class Classification(Task):
     """One class per example; with ``train.class_weights`` (``class_weights``: the setting, resolved for the training
-    labels by ``for_training``) its weighted form (``class_weights.WeightedClassification``)."""
+    labels by ``data.for_training``) its weighted form (``WeightedClassification``)."""
 
     class_weights: str | tuple[float, ...] | None = None  # train.class_weights as set: balanced, a weight per label
+    parts = Parts(data=ClassifyData, step=ClassifyStep, evaluation=ClassifyEvaluation, prediction=ClassifyPrediction,
+                  report=ClassifyReport)
 
-    def configured(self, cfg, model_config=None) -> "Classification":
+    def configured(self, cfg, model_config=None) -> "Classification":  # noqa: ANN001
         """The run's ``train.class_weights`` (training only: evaluation is unweighted)."""
         if model_config is not None or cfg.train.class_weights is None:
             return self
@@ -66,58 +110,27 @@ class Classification(Task):
             raise ConfigError(f"train.class_weights is for single-label classification; this run's task is "
                               f"{task.name}")
 
-    def for_training(self, labels, label_names: list[str]) -> Task:
-        """With class weights, the weighted form for the training ``labels`` (ids; ``balanced`` reads them); a
-        UserError (exit 2) for weights the data contradicts."""
-        if self.class_weights is None:
-            return self
-        weights = resolve_class_weights(self.class_weights, label_names, labels)
-        return weighted_task(self, weights, labels())
 
-    def summary(self, label_names: list[str]) -> dict:
-        """summary.json's ``train.class_weights``: null (unweighted)."""
-        return {"class_weights": None}
-
-    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
-        return (per_example_loss(outputs.logits, batch["labels"]) * batch["loss_weight"]).sum()
-
-    def eval_batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
-        return {"preds": logits.argmax(-1), "labels": labels, "losses": per_example_loss(logits, labels)}
-
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
-        return classification_metrics(values["preds"], values["labels"], values.get("losses"), num_labels)
-
-    def label_metrics(self, values: dict[str, np.ndarray], label_names: list[str]) -> dict:
-        return {"recall_per_class": recall_per_class(values["preds"], values["labels"], label_names)}
-
-    def predictions(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
-        score, pred = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-        return [{"label": label_names[p], "score": round(s, 6)} for p, s in zip(pred.tolist(), score.tolist())]
-
-    def headline(self, ev: dict) -> str:
-        return f"eval accuracy: {ev['accuracy']:.4f}  macro-F1: {ev['f1_macro']:.4f}"
-
-
-def classes(auto_model: str, loads_as: str, processor: str) -> Traits:
-    """A classifier's traits: one class per example, counted in examples and samples/s."""
-    return Traits(labels="classes", unit="examples", auto_model=auto_model, loads_as=loads_as, processor=processor)
+def classes(auto_model: str, loads_as: str, processor: str, mapping: str, modality: str) -> Traits:
+    """A classifier's traits: one class per example, counted in examples and samples/s; the default method of its
+    modality's data."""
+    return Traits(labels="classes", unit="examples", auto_model=auto_model, loads_as=loads_as, processor=processor,
+                  model_mapping=mapping, default_for=(modality,))
 
 
 TEXT_CLASSIFICATION = register(Classification(
-    task_spec(TEXT), classes("AutoModelForSequenceClassification", TEXT, "tokenizer"),
-    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
-    CardText("text classification", "text classifier", '"The delivery was quick and the product works perfectly."'),
-    default_for=("text",)))
+    task_spec(TEXT), classes("AutoModelForSequenceClassification", TEXT, "tokenizer",
+                             "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "text"),
+    CardText("text classification", "text classifier", '"The delivery was quick and the product works perfectly."')))
 IMAGE_CLASSIFICATION = register(Classification(
-    task_spec(IMAGE), classes("AutoModelForImageClassification", IMAGE, "image_processor"),
-    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-    CardText("image classification", "image classifier", '"photo.jpg"'), default_for=("image",)))
+    task_spec(IMAGE), classes("AutoModelForImageClassification", IMAGE, "image_processor",
+                              "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "image"),
+    CardText("image classification", "image classifier", '"photo.jpg"')))
 AUDIO_CLASSIFICATION = register(Classification(
-    task_spec(AUDIO), classes("AutoModelForAudioClassification", AUDIO, "feature_extractor"),
-    "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+    task_spec(AUDIO), classes("AutoModelForAudioClassification", AUDIO, "feature_extractor",
+                              "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "audio"),
     CardText("audio classification", "audio classifier",
-                                  '{"raw": samples, "sampling_rate": 16000}  # or a file path (needs ffmpeg)'),
-    default_for=("audio",)))
+             '{"raw": samples, "sampling_rate": 16000}  # or a file path (needs ffmpeg)')))
 
 
 # -- class weights (train.class_weights)
@@ -150,31 +163,44 @@ def resolve_class_weights(setting, label_names: list[str], labels) -> list[float
     return [float(w) for w in setting]
 
 
+class WeightedStep(ClassifyStep):
+    """Weight x cross-entropy per example; the weights as a tensor made once per device (a cache of this part)."""
+
+    def __init__(self, task) -> None:  # noqa: ANN001 - a WeightedClassification
+        super().__init__(task)
+        self.on_device: dict = {}
+
+    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:  # noqa: ANN001
+        logits, labels = outputs.logits, batch["labels"]
+        w = self.on_device.get(logits.device)
+        if w is None:
+            w = self.on_device[logits.device] = torch.tensor(self.task.weights, dtype=torch.float32,
+                                                             device=logits.device)
+        return (per_example_loss(logits, labels) * w[labels] * batch["loss_weight"]).sum()
+
+
+class WeightedData(ClassifyData):
+    def count(self, dataset, indices) -> float:  # noqa: ANN001
+        indices = np.asarray(indices, dtype=np.int64)
+        return float(self.task.example_weights[indices[indices >= 0]].sum())
+
+    def for_training(self, labels, label_names: list[str]) -> Task:  # noqa: ANN001
+        return self.task  # weighted already
+
+
+class WeightedReport(ClassifyReport):
+    def summary(self, label_names: list[str]) -> dict:
+        """summary.json's ``train.class_weights``: ``[{"label": name, "weight": w}, ...]`` in label-id order."""
+        return {"class_weights": class_weights_record(list(self.task.weights), label_names)}
+
+
 @dataclass(frozen=True)
 class WeightedClassification(Classification):
     """Classification with a weight per class: the loss sums weight x cross-entropy, the count sums the weights."""
 
     weights: tuple[float, ...] = ()
     example_weights: np.ndarray | None = field(default=None, compare=False, repr=False)  # per training example
-    _on_device: dict = field(default_factory=dict, compare=False, repr=False)  # the weights as a tensor, per device
-
-    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
-        logits, labels = outputs.logits, batch["labels"]
-        w = self._on_device.get(logits.device)
-        if w is None:
-            w = self._on_device[logits.device] = torch.tensor(self.weights, dtype=torch.float32, device=logits.device)
-        return (per_example_loss(logits, labels) * w[labels] * batch["loss_weight"]).sum()
-
-    def count(self, dataset, indices) -> float:
-        indices = np.asarray(indices, dtype=np.int64)
-        return float(self.example_weights[indices[indices >= 0]].sum())
-
-    def for_training(self, labels, label_names: list[str]) -> Task:
-        return self  # weighted already
-
-    def summary(self, label_names: list[str]) -> dict:
-        """summary.json's ``train.class_weights``: ``[{"label": name, "weight": w}, ...]`` in label-id order."""
-        return {"class_weights": class_weights_record(list(self.weights), label_names)}
+    parts = replace(Classification.parts, data=WeightedData, step=WeightedStep, report=WeightedReport)
 
 
 def weighted_task(task: Task, weights: list[float] | None, train_labels) -> Task:

@@ -100,19 +100,115 @@ def multilabel_metrics(probs: np.ndarray, labels: np.ndarray, losses: np.ndarray
     return out
 
 
+class MultiLabelData(Task.parts.data):
+    def for_training(self, labels, label_names: list[str]) -> "MultiLabel":
+        raw = labels() if callable(labels) else labels  # None: no labels at hand (no prior, pos_weight as set)
+        hot = None if raw is None else np.asarray(raw, dtype=np.float64).reshape(-1, len(label_names))
+        weights = resolve_pos_weight(self.task.pos_weight_setting, label_names, hot)
+        return dataclasses.replace(self.task, num_labels=len(label_names),
+                                   pos_weight=None if weights is None else tuple(weights),
+                                   prior=None if hot is None else tuple(float(v) for v in prior_logits(hot)))
+
+    def side(self, side):
+        return dataclasses.replace(
+            side, load_and_validate=functools.partial(side.load_and_validate, labels="label_sets"),
+            load_rows=functools.partial(side.load_rows, labels="label_sets"))
+
+    def count(self, dataset, indices) -> int:
+        """Examples x labels: the real examples of ``indices`` (padding indices are negative) times the labels
+        (``num_labels``, held since ``for_training``; without it, read from one row)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        real = int((indices >= 0).sum())
+        if not real:
+            return 0
+        width = self.task.num_labels if self.task.num_labels is not None else len(dataset[int(indices[indices >= 0][0])]["labels"])
+        return real * width
+
+
+class MultiLabelModel(Task.parts.model):
+    def start_head(self, model) -> str | None:
+        """A fresh head's bias at each label's prior log-odds (``head_start``): training starts at the prior."""
+        if self.task.prior is None or not (rows := set_fresh_bias(model, self.task.prior)):
+            return None
+        return (f"classifier head: bias of {rows} new label rows set to the labels' prior log-odds on the training "
+                f"data ({min(self.task.prior):.1f} .. {max(self.task.prior):.1f})")
+
+    def fields(self, label_names: list[str]) -> dict:
+        return {**super().fields(label_names), "problem_type": self.task.spec.problem_type}
+
+    def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(input_ids.shape[0], model.config.num_labels, device=input_ids.device)  # 0/1 per label
+
+
+class MultiLabelReport(Task.parts.report):
+    def summary(self, label_names: list[str]) -> dict:
+        return {"pos_weight": None if self.task.pos_weight is None else
+                [{"label": n, "weight": w} for n, w in zip(label_names, self.task.pos_weight)]}
+
+    def saved_config(self, ev: dict | None) -> dict:
+        return {"threshold": ev["threshold"]} if ev and self.task.tune and "threshold" in ev else {}
+
+
+class MultiLabelStep(Task.parts.step):
+    def __init__(self, task) -> None:  # noqa: ANN001 - a MultiLabel
+        super().__init__(task)
+        self.on_device: dict = {}  # pos_weight as a tensor, per device
+
+    def weights_on(self, device) -> torch.Tensor | None:  # noqa: ANN001
+        if self.task.pos_weight is None:
+            return None
+        w = self.on_device.get(device)
+        if w is None:
+            w = self.on_device[device] = torch.tensor(self.task.pos_weight, dtype=torch.float32, device=device)
+        return w
+
+    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
+        logits = outputs.logits
+        per_label = bce_per_label(logits, batch["labels"], self.weights_on(logits.device))
+        return (per_label.sum(-1) * batch["loss_weight"]).sum()
+
+
+class MultiLabelEvaluation(Task.parts.evaluation):
+    def batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
+        return {"probs": torch.sigmoid(logits.float()), "labels": labels.float(),
+                "losses": bce_per_label(logits, labels)}
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        t = self.task.threshold_for(values)
+        out = multilabel_metrics(values["probs"], values["labels"], values.get("losses"), t)
+        if self.task.tune:
+            untuned = multilabel_metrics(values["probs"], values["labels"], None, self.task.threshold)["f1_micro"]
+            out.update(threshold=t, f1_micro_untuned=untuned)
+        return out
+
+    def label_metrics(self, values: dict[str, np.ndarray], label_names: list[str]) -> dict:
+        return {"f1_per_label": f1_per_label(values["probs"], values["labels"], label_names, self.task.threshold_for(values))}
+
+    def headline(self, ev: dict) -> str:
+        return (f"eval micro-F1: {ev['f1_micro']:.4f}  macro-F1: {ev['f1_macro']:.4f}  "
+                f"subset accuracy: {ev['subset_accuracy']:.4f}")
+
+
+class MultiLabelPrediction(Task.parts.prediction):
+    def records(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
+        probs = torch.sigmoid(logits.float()).tolist()
+        return [{"labels": [n for n, p in zip(label_names, row) if p > self.task.threshold],
+                 "scores": {n: round(p, 6) for n, p in zip(label_names, row)}} for row in probs]
+
+
 @dataclasses.dataclass(frozen=True)
 class MultiLabel(Task):
     """A set of labels per example: one sigmoid output per label name, predicted above ``threshold``."""
 
-    head_lr_factor: float = HEAD_LR_FACTOR
-    untrained_pooler: str = "cls"  # model.pooling=auto on the packaged MiniLM: tanh(h_[CLS]) (RESULTS.md)
     threshold: float = THRESHOLD
     tune: bool = False  # eval.tune_threshold: pick the threshold on the eval data at each evaluation
     pos_weight_setting: object = dataclasses.field(default=None, compare=False)  # train.pos_weight as set
     pos_weight: tuple[float, ...] | None = None  # resolved, one per label (for_training)
     num_labels: int | None = None  # set by for_training: count() reads no row
     prior: tuple[float, ...] | None = None  # each label's prior log-odds on the training data (for_training)
-    _on_device: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    parts = dataclasses.replace(Task.parts, data=MultiLabelData, model=MultiLabelModel, report=MultiLabelReport,
+                                step=MultiLabelStep, evaluation=MultiLabelEvaluation, prediction=MultiLabelPrediction)
 
     def check_config(self, cfg, task: Task) -> None:  # noqa: ANN001 - a Config
         """``train.pos_weight`` is for multi-label runs: a ConfigError (exit 2) for any other task."""
@@ -131,95 +227,16 @@ class MultiLabel(Task):
         return dataclasses.replace(self, threshold=cfg.eval.threshold, tune=tune and model_config is None,
                                    pos_weight_setting=cfg.train.pos_weight)
 
-    def for_training(self, labels, label_names: list[str]) -> "MultiLabel":
-        raw = labels() if callable(labels) else labels  # None: no labels at hand (no prior, pos_weight as set)
-        hot = None if raw is None else np.asarray(raw, dtype=np.float64).reshape(-1, len(label_names))
-        weights = resolve_pos_weight(self.pos_weight_setting, label_names, hot)
-        return dataclasses.replace(self, num_labels=len(label_names), _on_device={},
-                                   pos_weight=None if weights is None else tuple(weights),
-                                   prior=None if hot is None else tuple(float(v) for v in prior_logits(hot)))
-
-    def start_head(self, model) -> str | None:
-        """A fresh head's bias at each label's prior log-odds (``head_start``): training starts at the prior."""
-        if self.prior is None or not (rows := set_fresh_bias(model, self.prior)):
-            return None
-        return (f"classifier head: bias of {rows} new label rows set to the labels' prior log-odds on the training "
-                f"data ({min(self.prior):.1f} .. {max(self.prior):.1f})")
-
-    def summary(self, label_names: list[str]) -> dict:
-        return {"pos_weight": None if self.pos_weight is None else
-                [{"label": n, "weight": w} for n, w in zip(label_names, self.pos_weight)]}
-
-    def saved_config(self, ev: dict | None) -> dict:
-        return {"threshold": ev["threshold"]} if ev and self.tune and "threshold" in ev else {}
-
-    def _weights_on(self, device) -> torch.Tensor | None:
-        if self.pos_weight is None:
-            return None
-        w = self._on_device.get(device)
-        if w is None:
-            w = self._on_device[device] = torch.tensor(self.pos_weight, dtype=torch.float32, device=device)
-        return w
-
-    def model_fields(self, label_names: list[str]) -> dict:
-        return {**super().model_fields(label_names), "problem_type": self.spec.problem_type}
-
-    def data_side(self, side):
-        return dataclasses.replace(
-            side, load_and_validate=functools.partial(side.load_and_validate, labels="label_sets"),
-            load_rows=functools.partial(side.load_rows, labels="label_sets"))
-
-    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
-        logits = outputs.logits
-        per_label = bce_per_label(logits, batch["labels"], self._weights_on(logits.device))
-        return (per_label.sum(-1) * batch["loss_weight"]).sum()
-
-    def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(input_ids.shape[0], model.config.num_labels, device=input_ids.device)  # 0/1 per label
-
-    def count(self, dataset, indices) -> int:
-        """Examples x labels: the real examples of ``indices`` (padding indices are negative) times the labels
-        (``num_labels``, held since ``for_training``; without it, read from one row)."""
-        indices = np.asarray(indices, dtype=np.int64)
-        real = int((indices >= 0).sum())
-        if not real:
-            return 0
-        width = self.num_labels if self.num_labels is not None else len(dataset[int(indices[indices >= 0][0])]["labels"])
-        return real * width
-
-    def eval_batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
-        return {"probs": torch.sigmoid(logits.float()), "labels": labels.float(),
-                "losses": bce_per_label(logits, labels)}
-
     def threshold_for(self, values: dict[str, np.ndarray]) -> float:
         """The threshold the metrics use: tuned on these values (eval.tune_threshold), else the configured one."""
         return tuned_threshold(values["probs"], values["labels"]) if self.tune else self.threshold
-
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
-        t = self.threshold_for(values)
-        out = multilabel_metrics(values["probs"], values["labels"], values.get("losses"), t)
-        if self.tune:
-            untuned = multilabel_metrics(values["probs"], values["labels"], None, self.threshold)["f1_micro"]
-            out.update(threshold=t, f1_micro_untuned=untuned)
-        return out
-
-    def label_metrics(self, values: dict[str, np.ndarray], label_names: list[str]) -> dict:
-        return {"f1_per_label": f1_per_label(values["probs"], values["labels"], label_names, self.threshold_for(values))}
-
-    def predictions(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
-        probs = torch.sigmoid(logits.float()).tolist()
-        return [{"labels": [n for n, p in zip(label_names, row) if p > self.threshold],
-                 "scores": {n: round(p, 6) for n, p in zip(label_names, row)}} for row in probs]
-
-    def headline(self, ev: dict) -> str:
-        return (f"eval micro-F1: {ev['f1_micro']:.4f}  macro-F1: {ev['f1_macro']:.4f}  "
-                f"subset accuracy: {ev['subset_accuracy']:.4f}")
 
 
 MULTI_LABEL_TASK = register(MultiLabel(
     task_spec(MULTI_LABEL),
     Traits(labels="label_sets", unit="labels", auto_model="AutoModelForSequenceClassification",
-           loads_as="text-classification"),
-    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+           loads_as="text-classification", model_mapping="MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+           # model.pooling=auto on the packaged MiniLM: tanh(h_[CLS]) (RESULTS.md)
+           head_lr_factor=HEAD_LR_FACTOR, untrained_pooler="cls"),
     CardText("multi-label text classification", "multi-label text classifier",
              '"I love this and it makes me so happy!", top_k=None')))

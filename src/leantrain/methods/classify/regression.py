@@ -57,6 +57,75 @@ def regression_metrics(preds: np.ndarray, targets: np.ndarray, losses: np.ndarra
             "loss": mse if losses is None else float(np.mean(losses)), "samples": int(len(preds))}
 
 
+class RegressionData(Task.parts.data):
+    def for_training(self, labels, label_names: list[str]) -> "Regression":
+        if not self.task.standardize:
+            return self.task
+        y = np.asarray(labels(), dtype=np.float64)
+        mean, std = (float(y.mean()), float(y.std())) if len(y) else (0.0, 1.0)
+        if not std > 0:
+            log.warning("data.standardize_targets: every training score is %g; the std is taken as 1", mean)
+            std = 1.0
+        log.info("scores standardised: (score - %.6g) / %.6g (training split); predictions are turned back", mean, std)
+        return dataclasses.replace(self.task, mean=mean, std=std)
+
+    def side(self, side):
+        return dataclasses.replace(side, load_and_validate=functools.partial(side.load_and_validate, labels="scores"),
+                                   load_rows=functools.partial(side.load_rows, labels="scores"))
+
+
+class RegressionReport(Task.parts.report):
+    def saved_config(self, ev: dict | None) -> dict:
+        fields = {STANDARDIZATION: {"mean": self.task.mean, "std": self.task.std}} if self.task.standardize else {}
+        if self.task.loss != "mse":  # eval / predict of the saved model report the loss it was trained with
+            fields[LOSS] = {"name": self.task.loss, "delta": self.task.huber_delta}
+        return fields
+
+    def card_notes(self, model_config: dict) -> list[str]:
+        found = model_config.get(STANDARDIZATION)
+        if not found:
+            return []
+        m, s = found["mean"], found["std"]
+        return ["## Scores", "", f"Trained on standardised scores, (score - {m:.6g}) / {s:.6g} (the mean and standard "
+                "deviation of the training split, stored in config.json as `target_standardization`). `leantrain "
+                "predict` and `leantrain eval` return the data's scale; `pipeline()` returns the standardised "
+                f"score: multiply it by {s:.6g} and add {m:.6g}.", ""]
+
+
+class RegressionModel(Task.parts.model):
+    def fields(self, label_names: list[str]) -> dict:
+        return dict(num_labels=1, problem_type=self.task.spec.problem_type, id2label={0: "score"}, label2id={"score": 0})
+
+    def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(input_ids.shape[0], device=input_ids.device)  # one score per row
+
+
+class RegressionStep(Task.parts.step):
+    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
+        return (self.task.per_example_loss(outputs.logits, batch["labels"]) * batch["loss_weight"]).sum()
+
+
+class RegressionEvaluation(Task.parts.evaluation):
+    def batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
+        values = {"preds": self.task.to_scale(logits), "labels": labels.float()}
+        if self.task.loss != "mse" or self.task.standardize:  # else the loss is the MSE, computed from these in float64
+            values["losses"] = self.task.per_example_loss(logits, labels)
+        return values
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        losses = values.get("losses")
+        return regression_metrics(values["preds"].astype(np.float64), values["labels"].astype(np.float64),
+                                  None if losses is None else losses.astype(np.float64))
+
+    def headline(self, ev: dict) -> str:
+        return f"eval pearson: {ev['pearson']:.4f}  spearman: {ev['spearman']:.4f}  mse: {ev['mse']:.4f}"
+
+
+class RegressionPrediction(Task.parts.prediction):
+    def records(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
+        return [{"score": round(v, 6)} for v in self.task.to_scale(logits).tolist()]
+
+
 @dataclasses.dataclass(frozen=True)
 class Regression(Task):
     """One score per example; ``loss`` (mse / huber) and the target standardisation come from the run's config
@@ -68,6 +137,9 @@ class Regression(Task):
     standardize: bool = False
     mean: float = 0.0
     std: float = 1.0
+
+    parts = dataclasses.replace(Task.parts, data=RegressionData, report=RegressionReport, model=RegressionModel,
+                                step=RegressionStep, evaluation=RegressionEvaluation, prediction=RegressionPrediction)
 
     def configured(self, cfg, model_config=None) -> "Regression":
         if model_config is not None:  # predict / eval of a trained model: what it was trained with
@@ -90,33 +162,6 @@ class Regression(Task):
                                   f"{task.name} (model.task=text-regression, or a label column of numbers that are "
                                   "not all whole)")
 
-    def for_training(self, labels, label_names: list[str]) -> "Regression":
-        if not self.standardize:
-            return self
-        y = np.asarray(labels(), dtype=np.float64)
-        mean, std = (float(y.mean()), float(y.std())) if len(y) else (0.0, 1.0)
-        if not std > 0:
-            log.warning("data.standardize_targets: every training score is %g; the std is taken as 1", mean)
-            std = 1.0
-        log.info("scores standardised: (score - %.6g) / %.6g (training split); predictions are turned back", mean, std)
-        return dataclasses.replace(self, mean=mean, std=std)
-
-    def saved_config(self, ev: dict | None) -> dict:
-        fields = {STANDARDIZATION: {"mean": self.mean, "std": self.std}} if self.standardize else {}
-        if self.loss != "mse":  # eval / predict of the saved model report the loss it was trained with
-            fields[LOSS] = {"name": self.loss, "delta": self.huber_delta}
-        return fields
-
-    def card_notes(self, model_config: dict) -> list[str]:
-        found = model_config.get(STANDARDIZATION)
-        if not found:
-            return []
-        m, s = found["mean"], found["std"]
-        return ["## Scores", "", f"Trained on standardised scores, (score - {m:.6g}) / {s:.6g} (the mean and standard "
-                "deviation of the training split, stored in config.json as `target_standardization`). `leantrain "
-                "predict` and `leantrain eval` return the data's scale; `pipeline()` returns the standardised "
-                f"score: multiply it by {s:.6g} and add {m:.6g}.", ""]
-
     def per_example_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The training loss per example, against the (standardised) targets, fp32."""
         targets = (targets.float() - self.mean) / self.std if self.standardize else targets
@@ -129,40 +174,9 @@ class Regression(Task):
         out = outputs.float().squeeze(-1)
         return out * self.std + self.mean if self.standardize else out
 
-    def model_fields(self, label_names: list[str]) -> dict:
-        return dict(num_labels=1, problem_type=self.spec.problem_type, id2label={0: "score"}, label2id={"score": 0})
-
-    def data_side(self, side):
-        return dataclasses.replace(side, load_and_validate=functools.partial(side.load_and_validate, labels="scores"),
-                                   load_rows=functools.partial(side.load_rows, labels="scores"))
-
-    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
-        return (self.per_example_loss(outputs.logits, batch["labels"]) * batch["loss_weight"]).sum()
-
-    def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(input_ids.shape[0], device=input_ids.device)  # one score per row
-
-    def eval_batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
-        values = {"preds": self.to_scale(logits), "labels": labels.float()}
-        if self.loss != "mse" or self.standardize:  # else the loss is the MSE, computed from these in float64
-            values["losses"] = self.per_example_loss(logits, labels)
-        return values
-
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
-        losses = values.get("losses")
-        return regression_metrics(values["preds"].astype(np.float64), values["labels"].astype(np.float64),
-                                  None if losses is None else losses.astype(np.float64))
-
-    def predictions(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
-        return [{"score": round(v, 6)} for v in self.to_scale(logits).tolist()]
-
-    def headline(self, ev: dict) -> str:
-        return f"eval pearson: {ev['pearson']:.4f}  spearman: {ev['spearman']:.4f}  mse: {ev['mse']:.4f}"
-
 
 TEXT_REGRESSION_TASK = register(Regression(
     task_spec(TEXT_REGRESSION),
     Traits(labels="scores", unit="examples", auto_model="AutoModelForSequenceClassification",
-           loads_as="text-classification"),
-    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+           loads_as="text-classification", model_mapping="MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
     CardText("text regression", "text regression model", '"A plane is taking off.", function_to_apply="none"')))

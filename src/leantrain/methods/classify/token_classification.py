@@ -77,31 +77,29 @@ def entity_metrics(gold: list[list[str]], pred: list[list[str]], scheme: str = "
     return out, per_type
 
 
-@dataclasses.dataclass(frozen=True)
-class TokenClassification(Task):
-    """One tag per word; the loss over the labelled sub-tokens."""
-
-    all_tokens: bool = False  # data.label_all_tokens: every sub-token of a word counts (training)
-    scheme: str = "auto"  # eval.tag_scheme
-    _counts: RowCounts = dataclasses.field(default_factory=RowCounts, compare=False, repr=False)  # n_first / n_all
-
-    def configured(self, cfg, model_config=None) -> "TokenClassification":
-        return dataclasses.replace(self, all_tokens=cfg.data.label_all_tokens, scheme=cfg.eval.tag_scheme)
-
-    # -- training
+class TokenClassificationStep(Task.parts.step):
     def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
         return (token_losses(outputs.logits, batch["labels"]).sum(-1) * batch["loss_weight"]).sum()
 
+
+class TokenClassificationModel(Task.parts.model):
     def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(input_ids)  # a tag per sub-token
+
+
+class TokenClassificationData(Task.parts.data):
+    def __init__(self, task) -> None:  # noqa: ANN001 - the method
+        super().__init__(task)
+        self.counts = RowCounts()  # per-row counts of each dataset, read once
 
     def count(self, dataset, indices) -> int:
         """Labelled sub-tokens of the real examples of ``indices`` (padding indices are negative), from the per-row
         counts made at processing time (read from Arrow once per dataset, then numpy)."""
-        return self._counts.total(dataset, "n_all" if self.all_tokens else "n_first", indices)
+        return self.counts.total(dataset, "n_all" if self.task.all_tokens else "n_first", indices)
 
-    # -- evaluation
-    def eval_batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
+
+class TokenClassificationEvaluation(Task.parts.evaluation):
+    def batch(self, logits: torch.Tensor, labels: torch.Tensor) -> dict:
         """Per labelled word (flat over the batch): gold and predicted tag ids, loss, and whether it starts its
         sentence."""
         mask = labels != IGNORE
@@ -118,16 +116,12 @@ class TokenClassification(Task):
 
     def all_metrics(self, values: dict[str, np.ndarray], label_names: list[str]) -> dict:
         gold, pred = sentences(values, label_names)
-        ents, per_type = entity_metrics(gold, pred, self.scheme, label_names)
+        ents, per_type = entity_metrics(gold, pred, self.task.scheme, label_names)
         base = self.metrics(values, len(label_names))
         return {**ents, **base, "f1_per_entity": per_type}
 
     def label_metrics(self, values: dict[str, np.ndarray], label_names: list[str]) -> dict:
-        return {"f1_per_entity": entity_metrics(*sentences(values, label_names), self.scheme, label_names)[1]}
-
-    # -- prediction
-    def predictions(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
-        raise NotImplementedError("token classification predicts per word: row_predictions")
+        return {"f1_per_entity": entity_metrics(*sentences(values, label_names), self.task.scheme, label_names)[1]}
 
     def row_labels(self, rows, processed) -> torch.Tensor:
         """(rows, width) labels: each word's tag on its first sub-token, -100 elsewhere."""
@@ -139,7 +133,16 @@ class TokenClassification(Task):
             labels[i, first] = np.asarray(tags)[ids[first]]
         return torch.from_numpy(labels)
 
-    def row_predictions(self, logits: torch.Tensor, label_names: list[str], rows, processed) -> list[dict]:
+    def headline(self, ev: dict) -> str:
+        return (f"eval entity F1: {ev['entity_f1']:.4f}  precision: {ev['entity_precision']:.4f}  "
+                f"recall: {ev['entity_recall']:.4f}  token accuracy: {ev['token_accuracy']:.4f}")
+
+
+class TokenClassificationPrediction(Task.parts.prediction):
+    def records(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
+        raise NotImplementedError("token classification predicts per word: row_predictions")
+
+    def rows(self, logits: torch.Tensor, label_names: list[str], rows, processed) -> list[dict]:
         """Per row: {"entities": [{"entity", "words", "start", "end" (word indices, end exclusive), "score" (the
         mean probability of the entity's words' tags)}], "tags": [tag per word]}; words cut off by data.max_length
         are tagged O."""
@@ -162,16 +165,32 @@ class TokenClassification(Task):
             out.append({"entities": entities, "tags": tags})
         return out
 
-    def headline(self, ev: dict) -> str:
-        return (f"eval entity F1: {ev['entity_f1']:.4f}  precision: {ev['entity_precision']:.4f}  "
-                f"recall: {ev['entity_recall']:.4f}  token accuracy: {ev['token_accuracy']:.4f}")
+
+@dataclasses.dataclass(frozen=True)
+class TokenClassification(Task):
+    """One tag per word; the loss over the labelled sub-tokens."""
+
+    all_tokens: bool = False  # data.label_all_tokens: every sub-token of a word counts (training)
+    scheme: str = "auto"  # eval.tag_scheme
+
+    parts = dataclasses.replace(Task.parts, step=TokenClassificationStep, model=TokenClassificationModel,
+                                data=TokenClassificationData, evaluation=TokenClassificationEvaluation,
+                                prediction=TokenClassificationPrediction)
+
+    def configured(self, cfg, model_config=None) -> "TokenClassification":
+        return dataclasses.replace(self, all_tokens=cfg.data.label_all_tokens, scheme=cfg.eval.tag_scheme)
+
+    # -- training
+
+    # -- evaluation
+
+    # -- prediction
 
 
 TOKEN_CLASSIFICATION_TASK = register(TokenClassification(
     task_spec(TOKEN_CLASSIFICATION),
     # counts tokens, but no language model: samples/s, eval rows are sentences (issue 32: not "blocks")
     Traits(labels="tags", unit="tokens", auto_model="AutoModelForTokenClassification",
-           loads_as="token-classification"),
-    "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+           loads_as="token-classification", model_mapping="MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
     CardText("token classification (named entities)", "token classifier",
              '"Angela Merkel visited Paris.", aggregation_strategy="simple"')))

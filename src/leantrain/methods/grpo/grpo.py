@@ -97,6 +97,174 @@ def _on_first_forward(model, call):  # noqa: ANN001, ANN202 - a model, a callabl
         handle.remove()
 
 
+class GrpoData(CausalLM.parts.data):
+    def check(self, columns: dict, cfg=None) -> None:  # noqa: ANN001 - a Config
+        """The dry call of the reward functions on the data's first rows (``grpo_rewards.check_rewards``), before the
+        model loads: a column a function needs that the data lacks, a wrong return, an exception."""
+        rows = columns.get("first_rows")
+        if cfg is not None and self.task.rewards and rows:
+            R.check_rewards(list(self.task.rewards), rows, conversational=columns.get("prompt") == "messages")
+
+    def generated_tokens(self) -> tuple[int, str]:
+        return self.task.max_new_tokens, "grpo.max_new_tokens"
+
+    def with_processor(self, processor) -> "Grpo":  # noqa: ANN001 - a tokenizer
+        """Bound to the run's tokenizer (the one its prompt batches are made with): the completions are decoded with it
+        for the rewards."""
+        return dataclasses.replace(self.task, processor=processor)
+
+    def count(self, dataset, indices) -> int:
+        """Prompts in these rows (the loss's own count is made with its batches: ``step_batches``)."""
+        return int((np.asarray(indices) >= 0).sum())
+
+
+class GrpoReport(CausalLM.parts.report):
+    def saved_config(self, ev: dict | None) -> dict:
+        return {RECORD: {"rewards": list(self.task.reward_specs),
+                         "reward_weights": [r.weight for r in self.task.rewards],
+                         **{k: getattr(self.task, k) for k in RECORDED[2:]}, "temperature": self.task.sampling.temperature}}
+
+    def card_notes(self, model_config: dict) -> list[str]:
+        rec = model_config.get(RECORD) or {}
+        if not rec:
+            return []
+        return ["## GRPO", "", f"Rewards: {', '.join(rec.get('rewards') or [])}; {rec.get('num_generations')} "
+                f"completions per prompt of at most {rec.get('max_new_tokens')} tokens, loss {rec.get('loss')}, "
+                f"beta {rec.get('beta')}.", ""]
+
+    def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
+        data, ev = config.get("data") or {}, summary.get("eval") or {}
+        rows = [("prompts", data.get("train")), ("eval prompts", data.get("eval")),
+                ("final eval reward (greedy)", ev.get("reward"))]
+        return [(k, v) for k, v in rows if v is not None]
+
+    def plan(self, model) -> dict:
+        """The KV cache generation holds beside training: micro-batch prompts x G completions x (prompt +
+        max_new_tokens) positions, keys and values of every layer, in the model's compute precision."""
+        c = unwrapped(model).config
+        heads = getattr(c, "num_attention_heads", 1)
+        kv_heads = getattr(c, "num_key_value_heads", None) or heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        rows = (self.task.micro_batch_size or 1) * self.task.num_generations
+        positions = self.task.prompt_tokens + self.task.max_new_tokens
+        element = 2 if self.task.precision in ("bf16", "fp16") else next(unwrapped(model).parameters()).element_size()
+        per_position = 2 * c.num_hidden_layers * kv_heads * head_dim * element
+        return {"grpo_generation": {"rows": rows, "positions": positions, "kv_cache_bytes": rows * positions *
+                                    per_position, "micro_batch_size": self.task.micro_batch_size or "auto"}}
+
+
+class GrpoModel(CausalLM.parts.model):
+    def bind(self, model, autocast=None) -> "Grpo":
+        """Bound to the model as it starts training: its precision context (generation, evaluation) and, for a KL
+        penalty without LoRA, a frozen copy of it (the reference)."""
+        frozen = self.task.frozen_reference
+        if self.task.reference == "live" and frozen is None:
+            frozen = copy.deepcopy(unwrapped(model)).eval().requires_grad_(False)
+        return dataclasses.replace(self.task, frozen_reference=frozen, policy_autocast=autocast)
+
+    def calibration_batch(self, batch: dict) -> dict:
+        """The memory model's m synthetic rows as a training micro-batch of m prompts, each cut at the prompt budget and
+        followed by ``max_new_tokens`` of its tokens as the G completions, with what ``step_batches`` adds
+        (advantages, rollout values, old and reference log-probs as configured)."""
+        ids = batch["input_ids"]
+        width = min(ids.shape[1], self.task.prompt_tokens + self.task.max_new_tokens)
+        span = min(self.task.max_new_tokens, width - 1)
+        prompts = ids[:, :width - span]
+        completions = ids[:, width - span:width].repeat_interleave(self.task.num_generations, 0)
+        n, names = completions.shape[0], G.metric_names(list(self.task.rewards))
+        out = {F.PROMPT_IDS: prompts, F.PROMPT_MASK: torch.ones_like(prompts), F.COMPLETION_IDS: completions,
+               F.COMPLETION_MASK: torch.ones_like(completions), F.COMPLETION_LABELS: completions,
+               "loss_weight": ids.new_ones(n, dtype=torch.float32), "advantages": ids.new_ones(n, dtype=torch.float32),
+               "rollout_values": ids.new_zeros((n, len(names)), dtype=torch.float32)}
+        for key, wanted in (("old_logps", self.task.num_iterations > 1), ("ref_logps", self.task.beta > 0)):
+            if wanted:
+                out[key] = ids.new_zeros((n, span), dtype=torch.float32)
+        return out
+
+    def merge_check_value(self, model, batch: dict):
+        """The model's summed loss on the prompts themselves (a batch of prompts has no completions to score)."""
+        mask = batch["prompt_attention_mask"]
+        prompts = {"input_ids": batch["prompt_input_ids"], "attention_mask": mask,
+                   "labels": batch["prompt_input_ids"].masked_fill(mask == 0, G.IGNORE)}
+        return self.task.token_losses(model, prompts).sum()
+
+
+class GrpoStep(CausalLM.parts.step):
+    def state(self, seed: int, rank: int) -> Sampler:
+        return Sampler(seed, rank)
+
+    def batches(self, ctx, micro_batches: list[dict], count) -> StepBatches:  # noqa: ANN001 - a StepContext
+        """Generate, score, compute advantages, build the training micro-batches (module docstring)."""
+        model, acc = ctx.model, ctx.accelerator
+        generator = ctx.state.generator(acc.device) if ctx.state is not None else None
+        scored = [self.task.rollout(model, acc, b, generator, ctx.step + 1, ctx.generating if i == 0 else None)
+                  for i, b in enumerate(micro_batches)]
+        batch_std = G.global_std(scored, acc)
+        made, tokens = [], 0
+        for s in scored:
+            adv, std = L.advantages(s.rewards, self.task.num_generations, self.task.scale_rewards, batch_std)
+            rows = G.training_rows(s, adv, std, batch_std, self.task.pad_id(), self.task.mask_truncated, self.task.num_generations)
+            with acc.autocast():
+                if self.task.num_iterations > 1:
+                    with frozen_forward(unwrapped(model)) as inner:
+                        rows["old_logps"] = self.task.token_logps(inner, rows)
+                if self.task.beta > 0:
+                    rows["ref_logps"] = self.task.reference_logps(model, rows)
+            made.append(rows)
+            tokens += int(G.tokens(rows))
+        units = torch.stack([L.count(self.task.completion_mask(b), b["loss_weight"], self.task.loss, self.task.max_new_tokens)
+                             for b in made]).sum()
+        return StepBatches(made, units, updates=self.task.num_iterations, tokens=tokens,
+                           samples=G.samples(scored[0], list(self.task.rewards), self.task.log_completions) if scored else ())
+
+    def loss(self, model, batch: dict) -> tuple:
+        """The loss sum of a training micro-batch and TRL's step metrics: the rollout's (reward, ...), the clipped
+        fraction, the KL (beta > 0) and the entropy of the completions (from the forward's log-softmax, when it has
+        logits); every per-token value is one per completion position (``grpo_forward``)."""
+        weights = batch["loss_weight"]
+        losses, spread = F.completion_losses(self.task, model, batch, entropy=True)
+        logps, mask = -losses, self.task.completion_mask(batch)
+        old = batch.get("old_logps", logps.detach())
+        per_token, clipped = L.surrogate(logps, old, batch["advantages"], self.task.epsilon, self.task.epsilon_high)
+        metrics = G.rollout_metrics(batch["rollout_values"], weights, G.metric_names(list(self.task.rewards)))
+        if self.task.beta > 0:
+            kl = L.kl_k3(logps, batch["ref_logps"])
+            per_token = per_token + self.task.beta * kl
+            metrics["kl"] = L.masked_sum(kl.detach(), mask, weights)
+        metrics["clip_ratio"] = L.masked_sum(clipped, mask, weights)
+        if spread is not None:
+            metrics["entropy"] = L.masked_sum(spread, mask, weights)
+        return L.reduce(per_token, mask, weights, self.task.loss), metrics
+
+    def forward_loss(self, model, batch: dict):
+        """The loss of a training micro-batch (the memory model's calibration passes; ``step_loss``'s)."""
+        return self.loss(model, batch)[0], None
+
+
+class GrpoEvaluation(CausalLM.parts.evaluation):
+    def outputs(self, model, batch: dict) -> tuple:
+        """Per prompt: the weighted reward of its greedy completion and each function's score (fp64, NaN: none)."""
+        greedy = dataclasses.replace(self.task.sampling, temperature=0.0)
+        with self.task.autocast():
+            rollout = backend(self.task.generation)(model, batch["prompt_input_ids"], batch["prompt_attention_mask"],
+                                               num_generations=1, sampling=greedy, eos_ids=self.task.stop_ids(model),
+                                               pad_id=self.task.pad_id())
+        s = G.score(batch, rollout, self.task.tokenizer(), list(self.task.rewards), 1, step="in evaluation")
+        values = torch.cat([s.rewards[:, None], torch.from_numpy(s.scores)], dim=1)
+        return (values.to(batch["prompt_input_ids"].device),)
+
+    def batch(self, values: torch.Tensor) -> dict:
+        return {"reward": values[:, 0], **{f"rewards/{r.name}": values[:, 1 + j] for j, r in enumerate(self.task.rewards)}}
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        n = len(values.get("reward", ()))
+        return {**{k: float(np.nanmean(v)) if n and not np.isnan(v).all() else math.nan
+                   for k, v in values.items()}, "samples": int(n)}
+
+    def headline(self, ev: dict) -> str:
+        return f"eval reward: {ev.get('reward', math.nan):.4f} ({ev.get('samples', 0)} prompts, greedy)"
+
+
 @dataclasses.dataclass(frozen=True)
 class Grpo(CausalLM):
     """Prompts -> sampled completions -> rewards -> advantages -> the clipped surrogate; ``grpo.*`` as its fields."""
@@ -119,11 +287,14 @@ class Grpo(CausalLM):
     micro_batch_size: int | None = None  # prompts a micro-batch holds (``plan``: the KV cache), None: auto
     precision: str = "auto"  # efficiency.precision (``plan``: the KV cache's element size)
     prompt_tokens: int = 0  # the prompts' budget (data.max_prompt_length or block_size // 2)
-    _tokenizer: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # shared by its copies
-    _frozen: list = dataclasses.field(default_factory=list, compare=False, repr=False)  # live: [the frozen copy]
-    _autocast: object = dataclasses.field(default=None, compare=False, repr=False)
+    processor: object = dataclasses.field(default=None, compare=False, repr=False)  # the run's tokenizer
+    frozen_reference: object = dataclasses.field(default=None, compare=False, repr=False)  # live: the frozen copy
+    policy_autocast: object = dataclasses.field(default=None, compare=False, repr=False)  # the policy's precision
 
     # -- settings
+    parts = dataclasses.replace(CausalLM.parts, data=GrpoData, report=GrpoReport, model=GrpoModel, step=GrpoStep,
+                                evaluation=GrpoEvaluation)
+
     def configured(self, cfg, model_config=None) -> "Grpo":
         """The run's ``grpo.*``; with a trained model's ``model_config`` (``leantrain eval``), what it recorded
         (rewards, ``max_new_tokens``, ...) for each key not given."""
@@ -147,45 +318,14 @@ class Grpo(CausalLM):
     def check_config(self, cfg, task: Task) -> None:  # noqa: ANN001 - a Config
         check_grpo_keys(cfg, task)
 
-    def check_data(self, columns: dict, cfg=None) -> None:  # noqa: ANN001 - a Config
-        """The dry call of the reward functions on the data's first rows (``grpo_rewards.check_rewards``), before the
-        model loads: a column a function needs that the data lacks, a wrong return, an exception."""
-        rows = columns.get("first_rows")
-        if cfg is not None and self.rewards and rows:
-            R.check_rewards(list(self.rewards), rows, conversational=columns.get("prompt") == "messages")
-
-    def generated_tokens(self) -> tuple[int, str]:
-        return self.max_new_tokens, "grpo.max_new_tokens"
-
-    def saved_config(self, ev: dict | None) -> dict:
-        return {RECORD: {"rewards": list(self.reward_specs),
-                         "reward_weights": [r.weight for r in self.rewards],
-                         **{k: getattr(self, k) for k in RECORDED[2:]}, "temperature": self.sampling.temperature}}
-
-    def card_notes(self, model_config: dict) -> list[str]:
-        rec = model_config.get(RECORD) or {}
-        if not rec:
-            return []
-        return ["## GRPO", "", f"Rewards: {', '.join(rec.get('rewards') or [])}; {rec.get('num_generations')} "
-                f"completions per prompt of at most {rec.get('max_new_tokens')} tokens, loss {rec.get('loss')}, "
-                f"beta {rec.get('beta')}.", ""]
-
     # -- the model's tokenizer and the reference
-    def data_side(self, side):  # noqa: ANN001, ANN201 - a Modality
-        """The prompts side, its collator remembering the tokenizer it is built with (the run's, or ``leantrain
-        eval``'s): the completions are decoded with it for the rewards."""
-        def collator(tokenizer, cfg, **kw):  # noqa: ANN001, ANN202
-            self._tokenizer[:] = [tokenizer]
-            return side.collator(tokenizer, cfg, **kw)
-
-        return dataclasses.replace(side, collator=collator)
 
     def tokenizer(self):  # noqa: ANN201 - a tokenizer
         """The model's tokenizer, as the data side's collator was given it."""
-        if not self._tokenizer:
-            raise RuntimeError("GRPO decodes its completions with the run's tokenizer: build the data side's collator "
-                               "(Grpo.data_side) first")
-        return self._tokenizer[0]
+        if self.processor is None:
+            raise RuntimeError("GRPO decodes its completions with the run's tokenizer: bind it first "
+                               "(task.data.with_processor)")
+        return self.processor
 
     def stop_ids(self, model) -> list[int]:
         """The ids that end a completion: the tokenizer's EOS and the model's generation config's."""
@@ -198,23 +338,14 @@ class Grpo(CausalLM):
         tok = self.tokenizer()
         return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id or 0)
 
-    def with_model(self, model, autocast=None) -> "Grpo":
-        """Bound to the model as it starts training: its precision context (generation, evaluation) and, for a KL
-        penalty without LoRA, a frozen copy of it (the reference)."""
-        frozen = self._frozen
-        if self.reference == "live" and not frozen:
-            ref = copy.deepcopy(unwrapped(model)).eval().requires_grad_(False)
-            frozen = [ref]
-        return dataclasses.replace(self, _frozen=frozen, _autocast=autocast)
-
     def autocast(self):  # noqa: ANN201 - a context manager
-        return self._autocast() if self._autocast is not None else nullcontext()
+        return self.policy_autocast() if self.policy_autocast is not None else nullcontext()
 
     def reference_logps(self, model, batch: dict) -> torch.Tensor:
         """The reference's per-token log-probs of a training micro-batch (``token_logps``): the model with its adapters
         off, or the frozen copy."""
         if self.reference == "live":
-            ref, context = self._frozen[0].to(batch[F.PROMPT_IDS].device), self.autocast()
+            ref, context = self.frozen_reference.to(batch[F.PROMPT_IDS].device), self.autocast()
         else:
             ref = unwrapped(model)
             context = ref.disable_adapter() if hasattr(ref, "disable_adapter") else nullcontext()
@@ -222,32 +353,6 @@ class Grpo(CausalLM):
             return self.token_logps(ref, batch)
 
     # -- the method seam
-    def step_state(self, seed: int, rank: int) -> Sampler:
-        return Sampler(seed, rank)
-
-    def step_batches(self, ctx, micro_batches: list[dict], count) -> StepBatches:  # noqa: ANN001 - a StepContext
-        """Generate, score, compute advantages, build the training micro-batches (module docstring)."""
-        model, acc = ctx.model, ctx.accelerator
-        generator = ctx.state.generator(acc.device) if ctx.state is not None else None
-        scored = [self.rollout(model, acc, b, generator, ctx.step + 1, ctx.generating if i == 0 else None)
-                  for i, b in enumerate(micro_batches)]
-        batch_std = G.global_std(scored, acc)
-        made, tokens = [], 0
-        for s in scored:
-            adv, std = L.advantages(s.rewards, self.num_generations, self.scale_rewards, batch_std)
-            rows = G.training_rows(s, adv, std, batch_std, self.pad_id(), self.mask_truncated, self.num_generations)
-            with acc.autocast():
-                if self.num_iterations > 1:
-                    with frozen_forward(unwrapped(model)) as inner:
-                        rows["old_logps"] = self.token_logps(inner, rows)
-                if self.beta > 0:
-                    rows["ref_logps"] = self.reference_logps(model, rows)
-            made.append(rows)
-            tokens += int(G.tokens(rows))
-        units = torch.stack([L.count(self.completion_mask(b), b["loss_weight"], self.loss, self.max_new_tokens)
-                             for b in made]).sum()
-        return StepBatches(made, units, updates=self.num_iterations, tokens=tokens,
-                           samples=G.samples(scored[0], list(self.rewards), self.log_completions) if scored else ())
 
     def rollout(self, model, accelerator, batch: dict, generator, step: int,  # noqa: ANN001
                 generating=None) -> G.Scored:  # noqa: ANN001 - a callable or None
@@ -268,101 +373,7 @@ class Grpo(CausalLM):
         """1 on the completion tokens that weigh in the loss (rows, C)."""
         return (batch[F.COMPLETION_LABELS] != G.IGNORE).long()
 
-    def step_loss(self, model, batch: dict) -> tuple:
-        """The loss sum of a training micro-batch and TRL's step metrics: the rollout's (reward, ...), the clipped
-        fraction, the KL (beta > 0) and the entropy of the completions (from the forward's log-softmax, when it has
-        logits); every per-token value is one per completion position (``grpo_forward``)."""
-        weights = batch["loss_weight"]
-        losses, spread = F.completion_losses(self, model, batch, entropy=True)
-        logps, mask = -losses, self.completion_mask(batch)
-        old = batch.get("old_logps", logps.detach())
-        per_token, clipped = L.surrogate(logps, old, batch["advantages"], self.epsilon, self.epsilon_high)
-        metrics = G.rollout_metrics(batch["rollout_values"], weights, G.metric_names(list(self.rewards)))
-        if self.beta > 0:
-            kl = L.kl_k3(logps, batch["ref_logps"])
-            per_token = per_token + self.beta * kl
-            metrics["kl"] = L.masked_sum(kl.detach(), mask, weights)
-        metrics["clip_ratio"] = L.masked_sum(clipped, mask, weights)
-        if spread is not None:
-            metrics["entropy"] = L.masked_sum(spread, mask, weights)
-        return L.reduce(per_token, mask, weights, self.loss), metrics
-
-    def forward_loss(self, model, batch: dict):
-        """The loss of a training micro-batch (the memory model's calibration passes; ``step_loss``'s)."""
-        return self.step_loss(model, batch)[0], None
-
-    def calibration_batch(self, batch: dict) -> dict:
-        """The memory model's m synthetic rows as a training micro-batch of m prompts, each cut at the prompt budget and
-        followed by ``max_new_tokens`` of its tokens as the G completions, with what ``step_batches`` adds
-        (advantages, rollout values, old and reference log-probs as configured)."""
-        ids = batch["input_ids"]
-        width = min(ids.shape[1], self.prompt_tokens + self.max_new_tokens)
-        span = min(self.max_new_tokens, width - 1)
-        prompts = ids[:, :width - span]
-        completions = ids[:, width - span:width].repeat_interleave(self.num_generations, 0)
-        n, names = completions.shape[0], G.metric_names(list(self.rewards))
-        out = {F.PROMPT_IDS: prompts, F.PROMPT_MASK: torch.ones_like(prompts), F.COMPLETION_IDS: completions,
-               F.COMPLETION_MASK: torch.ones_like(completions), F.COMPLETION_LABELS: completions,
-               "loss_weight": ids.new_ones(n, dtype=torch.float32), "advantages": ids.new_ones(n, dtype=torch.float32),
-               "rollout_values": ids.new_zeros((n, len(names)), dtype=torch.float32)}
-        for key, wanted in (("old_logps", self.num_iterations > 1), ("ref_logps", self.beta > 0)):
-            if wanted:
-                out[key] = ids.new_zeros((n, span), dtype=torch.float32)
-        return out
-
-    def merge_check_value(self, model, batch: dict):
-        """The model's summed loss on the prompts themselves (a batch of prompts has no completions to score)."""
-        mask = batch["prompt_attention_mask"]
-        prompts = {"input_ids": batch["prompt_input_ids"], "attention_mask": mask,
-                   "labels": batch["prompt_input_ids"].masked_fill(mask == 0, G.IGNORE)}
-        return self.token_losses(model, prompts).sum()
-
-    def count(self, dataset, indices) -> int:
-        """Prompts in these rows (the loss's own count is made with its batches: ``step_batches``)."""
-        return int((np.asarray(indices) >= 0).sum())
-
     # -- evaluation
-    def eval_outputs(self, model, batch: dict) -> tuple:
-        """Per prompt: the weighted reward of its greedy completion and each function's score (fp64, NaN: none)."""
-        greedy = dataclasses.replace(self.sampling, temperature=0.0)
-        with self.autocast():
-            rollout = backend(self.generation)(model, batch["prompt_input_ids"], batch["prompt_attention_mask"],
-                                               num_generations=1, sampling=greedy, eos_ids=self.stop_ids(model),
-                                               pad_id=self.pad_id())
-        s = G.score(batch, rollout, self.tokenizer(), list(self.rewards), 1, step="in evaluation")
-        values = torch.cat([s.rewards[:, None], torch.from_numpy(s.scores)], dim=1)
-        return (values.to(batch["prompt_input_ids"].device),)
-
-    def eval_batch(self, values: torch.Tensor) -> dict:
-        return {"reward": values[:, 0], **{f"rewards/{r.name}": values[:, 1 + j] for j, r in enumerate(self.rewards)}}
-
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
-        n = len(values.get("reward", ()))
-        return {**{k: float(np.nanmean(v)) if n and not np.isnan(v).all() else math.nan
-                   for k, v in values.items()}, "samples": int(n)}
-
-    def headline(self, ev: dict) -> str:
-        return f"eval reward: {ev.get('reward', math.nan):.4f} ({ev.get('samples', 0)} prompts, greedy)"
-
-    def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
-        data, ev = config.get("data") or {}, summary.get("eval") or {}
-        rows = [("prompts", data.get("train")), ("eval prompts", data.get("eval")),
-                ("final eval reward (greedy)", ev.get("reward"))]
-        return [(k, v) for k, v in rows if v is not None]
-
-    def plan(self, model) -> dict:
-        """The KV cache generation holds beside training: micro-batch prompts x G completions x (prompt +
-        max_new_tokens) positions, keys and values of every layer, in the model's compute precision."""
-        c = unwrapped(model).config
-        heads = getattr(c, "num_attention_heads", 1)
-        kv_heads = getattr(c, "num_key_value_heads", None) or heads
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-        rows = (self.micro_batch_size or 1) * self.num_generations
-        positions = self.prompt_tokens + self.max_new_tokens
-        element = 2 if self.precision in ("bf16", "fp16") else next(unwrapped(model).parameters()).element_size()
-        per_position = 2 * c.num_hidden_layers * kv_heads * head_dim * element
-        return {"grpo_generation": {"rows": rows, "positions": positions, "kv_cache_bytes": rows * positions *
-                                    per_position, "micro_batch_size": self.micro_batch_size or "auto"}}
 
 
 GRPO_TASK = register(Grpo(
@@ -370,7 +381,5 @@ GRPO_TASK = register(Grpo(
     # advantages weigh a row's tokens by its sign: no Liger (efficiency.chunked_loss); tokens/s: prompt + completion
     Traits(labels="prompts", unit="tokens", auto_model="AutoModelForCausalLM", loads_as="text-generation",
            speed_unit="tokens", token_blocks=True, uniform_token_gradients=False, scratch_needs_tokenizer=True,
-           progress_keys=("reward", "reward_std", "kl")),
-    None, CardText("reinforcement learning (GRPO)", "language model trained with GRPO",
-                   '"What is 2 + 3?", max_new_tokens=40'),
-    default_for=("prompts",)))
+           progress_keys=("reward", "reward_std", "kl"), default_for=("prompts",)),
+    CardText("reinforcement learning (GRPO)", "language model trained with GRPO", '"What is 2 + 3?", max_new_tokens=40')))

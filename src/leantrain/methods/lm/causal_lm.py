@@ -34,14 +34,8 @@ from leantrain.methods.traits import Traits
 from leantrain.methods.row_counts import RowCounts
 
 
-@dataclasses.dataclass(frozen=True)
-class CausalLM(Task):
-    """Next-token prediction: the loss of each target token, summed; the count of target tokens."""
-
-    _counts: RowCounts = dataclasses.field(default_factory=RowCounts, compare=False, repr=False)  # targets per row
-
-    # -- model
-    def model_fields(self, label_names: list[str]) -> dict:
+class CausalLMModel(Task.parts.model):
+    def fields(self, label_names: list[str]) -> dict:
         return {}  # no head to size: the output layer is the vocabulary's
 
     def scratch_fields(self, tokenizer) -> dict:
@@ -53,7 +47,79 @@ class CausalLM(Task):
                 fields[name] = value
         return fields
 
+    def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
+        return input_ids  # every next token is a target
+
+
+class CausalLMStep(Task.parts.step):
+    def forward_loss(self, model, batch: dict) -> tuple[torch.Tensor, object]:
+        """The weighted sum of the token losses (rows of weight 0, which only keep processes in step, weigh 0; Liger's
+        kernel masks their targets itself: ``leantrain.modeling.output_loss``)."""
+        losses, outputs, _ = self.task.forward_token_losses(model, batch, batch["loss_weight"])
+        return (losses.sum(-1) * batch["loss_weight"]).sum(), outputs
+
+    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
+        """The loss sum from plain outputs (logits ``[B, T, V]``)."""
+        return (per_token_losses(outputs, batch["labels"]).sum(-1) * batch["loss_weight"]).sum()
+
+
+class CausalLMData(Task.parts.data):
+    def __init__(self, task) -> None:  # noqa: ANN001 - the method
+        super().__init__(task)
+        self.counts = RowCounts()  # per-row counts of each dataset, read once
+
+    def count(self, dataset, indices) -> int:
+        """Target tokens in the rows ``indices`` (padding indices, negative, hold none), from the ``targets`` column
+        (read once per dataset)."""
+        return self.counts.total(dataset, "targets", indices)
+
+    def throughput_tokens(self, dataset, indices) -> int:
+        """tokens/s counts target tokens (the tokens the model learns from)."""
+        return self.count(dataset, indices)
+
+
+class CausalLMEvaluation(Task.parts.evaluation):
+    def outputs(self, model, batch: dict) -> tuple:
+        """Per row: (summed loss of its targets, its target count), fp64: two numbers gathered instead of logits."""
+        labels = batch["labels"]
+        losses = self.task.token_losses(model, batch).double().sum(-1)
+        counts = (labels[:, 1:] != -100).sum(-1).double()
+        return (torch.stack([losses, counts], dim=-1),)
+
+    def batch(self, values: torch.Tensor, labels=None) -> dict:
+        return {"loss_sum": values[:, 0], "tokens": values[:, 1]}
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        tokens = float(values["tokens"].sum())
+        loss = float(values["loss_sum"].sum() / tokens) if tokens else math.nan
+        return {"loss": loss, "perplexity": math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf,
+                "samples": int(len(values["tokens"])), "tokens": int(tokens)}
+
+    def headline(self, ev: dict) -> str:
+        return f"eval loss: {ev['loss']:.4f}  perplexity: {ev['perplexity']:.2f} ({ev.get('tokens', 0):,} tokens)"
+
+
+class CausalLMReport(Task.parts.report):
+    def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
+        """The model card's training-data lines: corpus, tokens seen, block size, final perplexity."""
+        data, tr, ev = config.get("data") or {}, summary.get("train") or {}, summary.get("eval") or {}
+        rows = [("corpus", data.get("train")), ("eval data", data.get("eval")),
+                ("block size", data.get("block_size")), ("tokens seen (targets)", tr.get("tokens_seen")),
+                ("final eval loss", ev.get("loss")), ("final eval perplexity", ev.get("perplexity"))]
+        return [(k, v) for k, v in rows if v is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalLM(Task):
+    """Next-token prediction: the loss of each target token, summed; the count of target tokens."""
+
+
+    # -- model
+
     # -- training
+    parts = dataclasses.replace(Task.parts, model=CausalLMModel, step=CausalLMStep, data=CausalLMData,
+                                evaluation=CausalLMEvaluation, report=CausalLMReport)
+
     def forward_token_losses(self, model, batch: dict, row_weights=None, keep: int | None = None,
                              entropy: bool = False) -> tuple[torch.Tensor, object, torch.Tensor | None]:
         """(per-token losses, outputs, entropy): ``token_losses``; the forward's outputs when they are the model's own
@@ -68,11 +134,11 @@ class CausalLM(Task):
         elif keep is not None:
             cut = slice(-keep, None)
         if chunked_layer(model) is None:
-            outputs = self.forward(model, inputs)
+            outputs = self.step.forward(model, inputs)
             losses, spread = logit_losses(outputs.logits, labels, entropy)
         else:  # the output layer returns per-token losses for this forward (the row weights: for Liger's kernel)
             with labels_for_loss(model, labels, row_weights):
-                losses, outputs, spread = per_token_losses(self.forward(model, inputs), labels), None, None
+                losses, outputs, spread = per_token_losses(self.step.forward(model, inputs), labels), None, None
         if cut is not None:
             losses, spread = losses[:, cut], None if spread is None else spread[:, cut]
         return losses, outputs, spread
@@ -83,61 +149,12 @@ class CausalLM(Task):
         installed, else from the plain logits; ``[B, keep]``: the last ``keep`` alone (``forward_token_losses``)."""
         return self.forward_token_losses(model, batch, keep=keep)[0]
 
-    def forward_loss(self, model, batch: dict) -> tuple[torch.Tensor, object]:
-        """The weighted sum of the token losses (rows of weight 0, which only keep processes in step, weigh 0; Liger's
-        kernel masks their targets itself: ``leantrain.modeling.output_loss``)."""
-        losses, outputs, _ = self.forward_token_losses(model, batch, batch["loss_weight"])
-        return (losses.sum(-1) * batch["loss_weight"]).sum(), outputs
-
-    def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
-        """The loss sum from plain outputs (logits ``[B, T, V]``)."""
-        return (per_token_losses(outputs, batch["labels"]).sum(-1) * batch["loss_weight"]).sum()
-
-    def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
-        return input_ids  # every next token is a target
-
-    def count(self, dataset, indices) -> int:
-        """Target tokens in the rows ``indices`` (padding indices, negative, hold none), from the ``targets`` column
-        (read once per dataset)."""
-        return self._counts.total(dataset, "targets", indices)
-
-    def throughput_tokens(self, dataset, indices) -> int:
-        """tokens/s counts target tokens (the tokens the model learns from)."""
-        return self.count(dataset, indices)
-
     # -- evaluation
-    def eval_outputs(self, model, batch: dict) -> tuple:
-        """Per row: (summed loss of its targets, its target count), fp64: two numbers gathered instead of logits."""
-        labels = batch["labels"]
-        losses = self.token_losses(model, batch).double().sum(-1)
-        counts = (labels[:, 1:] != -100).sum(-1).double()
-        return (torch.stack([losses, counts], dim=-1),)
-
-    def eval_batch(self, values: torch.Tensor, labels=None) -> dict:
-        return {"loss_sum": values[:, 0], "tokens": values[:, 1]}
-
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
-        tokens = float(values["tokens"].sum())
-        loss = float(values["loss_sum"].sum() / tokens) if tokens else math.nan
-        return {"loss": loss, "perplexity": math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf,
-                "samples": int(len(values["tokens"])), "tokens": int(tokens)}
-
-    def headline(self, ev: dict) -> str:
-        return f"eval loss: {ev['loss']:.4f}  perplexity: {ev['perplexity']:.2f} ({ev.get('tokens', 0):,} tokens)"
-
-    def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
-        """The model card's training-data lines: corpus, tokens seen, block size, final perplexity."""
-        data, tr, ev = config.get("data") or {}, summary.get("train") or {}, summary.get("eval") or {}
-        rows = [("corpus", data.get("train")), ("eval data", data.get("eval")),
-                ("block size", data.get("block_size")), ("tokens seen (targets)", tr.get("tokens_seen")),
-                ("final eval loss", ev.get("loss")), ("final eval perplexity", ev.get("perplexity"))]
-        return [(k, v) for k, v in rows if v is not None]
 
 
 CAUSAL_LM_TASK = register(CausalLM(
     task_spec(CAUSAL_LM),
     Traits(labels="none", unit="tokens", auto_model="AutoModelForCausalLM", loads_as="text-generation",
            speed_unit="tokens", eval_row_kind="blocks", token_blocks=True, headline_loss=True,
-           scratch_needs_tokenizer=True),
-    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+           scratch_needs_tokenizer=True, model_mapping="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
     CardText("causal language modelling", "causal language model", '"Once upon a time", max_new_tokens=40')))

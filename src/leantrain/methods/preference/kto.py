@@ -15,6 +15,7 @@ scored as DPO scores them (``for_data``: its rewards are the same log-ratios).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -28,11 +29,44 @@ REF_COLUMNS = ("ref_logps", "ref_kl_logps")  # the row's, its KL row's
 VALUES = ("loss", "reward", "logps", "kl")
 
 
+class KtoData(Preference.parts.data):
+    def for_data(self, columns: dict) -> Preference:
+        """Itself on feedback; on pairs (``leantrain eval`` of a KTO policy) DPO with these settings."""
+        return self.task if data_format(columns) in (None, "feedback") else self.task.as_method("dpo")
+
+
+class KtoEvaluation(Preference.parts.evaluation):
+    def outputs(self, model, batch: dict) -> tuple:
+        """Per row: its loss, reward, log-prob and KL log-ratio (fp64), and ``desirable`` (its label)."""
+        _, values = self.task.pair_values(model, batch)
+        return torch.stack([values[k] for k in VALUES], dim=-1).double(), values["desirable"]
+
+    def batch(self, values: torch.Tensor, desirable: torch.Tensor) -> dict:
+        return {**{k: values[:, i] for i, k in enumerate(VALUES)}, "desirable": desirable.double()}
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        n = len(values["loss"])
+        if not n:
+            return {"loss": math.nan, "samples": 0}
+        good = values["desirable"] > 0.5
+
+        def mean(key: str, rows: np.ndarray) -> float:
+            return float(values[key][rows].mean()) if rows.any() else math.nan
+
+        out = {"loss": float(values["loss"].mean()), "samples": int(n), "kl": float(max(0.0, values["kl"].mean())),
+               "chosen_reward": mean("reward", good), "rejected_reward": mean("reward", ~good),
+               "chosen_logps": mean("logps", good), "rejected_logps": mean("logps", ~good)}
+        out["reward_margin"] = out["chosen_reward"] - out["rejected_reward"]
+        return out
+
+
 class Kto(Preference):
     """Feedback rows -> one KTO loss each, summed; the count of rows."""
 
     ref_columns = REF_COLUMNS
     input_columns = INPUT_COLUMNS
+
+    parts = replace(Preference.parts, data=KtoData, evaluation=KtoEvaluation)
 
     def check_format(self, columns: dict) -> None:
         """kto reads unpaired feedback: the training data must be feedback (a KTO policy may be evaluated on pairs
@@ -41,10 +75,6 @@ class Kto(Preference):
         if train is not None and train != "feedback":
             raise UserError("preference.loss=kto is for unpaired feedback (prompt / completion / label, or messages / "
                             "label); this data is chosen / rejected pairs: use preference.loss=dpo (or auto)")
-
-    def for_data(self, columns: dict) -> Preference:
-        """Itself on feedback; on pairs (``leantrain eval`` of a KTO policy) DPO with these settings."""
-        return self if data_format(columns) in (None, "feedback") else self.as_method("dpo")
 
     def pair_values(self, model, batch: dict) -> tuple[torch.Tensor, dict]:
         """The per-row losses (B,) and what evaluation reports of them (reward, log-prob, KL log-ratio, label)."""
@@ -65,29 +95,6 @@ class Kto(Preference):
         reward, kl = values["reward"].detach(), values["kl"].detach()
         return {"rewards/chosen": ((reward * good).sum(), good.sum()),
                 "rewards/rejected": ((reward * bad).sum(), bad.sum()), "kl": ((kl * weight).sum(), weight.sum())}
-
-    def eval_outputs(self, model, batch: dict) -> tuple:
-        """Per row: its loss, reward, log-prob and KL log-ratio (fp64), and ``desirable`` (its label)."""
-        _, values = self.pair_values(model, batch)
-        return torch.stack([values[k] for k in VALUES], dim=-1).double(), values["desirable"]
-
-    def eval_batch(self, values: torch.Tensor, desirable: torch.Tensor) -> dict:
-        return {**{k: values[:, i] for i, k in enumerate(VALUES)}, "desirable": desirable.double()}
-
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
-        n = len(values["loss"])
-        if not n:
-            return {"loss": math.nan, "samples": 0}
-        good = values["desirable"] > 0.5
-
-        def mean(key: str, rows: np.ndarray) -> float:
-            return float(values[key][rows].mean()) if rows.any() else math.nan
-
-        out = {"loss": float(values["loss"].mean()), "samples": int(n), "kl": float(max(0.0, values["kl"].mean())),
-               "chosen_reward": mean("reward", good), "rejected_reward": mean("reward", ~good),
-               "chosen_logps": mean("logps", good), "rejected_logps": mean("logps", ~good)}
-        out["reward_margin"] = out["chosen_reward"] - out["rejected_reward"]
-        return out
 
 
 METHODS["kto"] = Kto

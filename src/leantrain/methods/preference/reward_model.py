@@ -31,11 +31,77 @@ MODEL_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 RECORD = "reward_model"  # config.json's field: {"center_rewards": ...}
 
 
+class RewardModelData(Task.parts.data):
+    def check(self, columns: dict, cfg=None) -> None:  # noqa: ANN001 - a Config
+        """With the run's ``cfg``: the preference.* keys a reward model does not read (``model.task=auto`` may
+        choose it from the model and the data only)."""
+        if cfg is not None:
+            check_unread_keys(cfg, self.task.name)
+
+    def count(self, dataset, indices) -> int:
+        return int((np.asarray(indices) >= 0).sum())
+
+
+class RewardModelModel(Task.parts.model):
+    def fields(self, label_names: list[str]) -> dict:
+        return dict(num_labels=1, problem_type=self.task.spec.problem_type, id2label={0: "score"}, label2id={"score": 0})
+
+
+class RewardModelReport(Task.parts.report):
+    def saved_config(self, ev: dict | None) -> dict:
+        return {RECORD: {"center_rewards": self.task.center}}
+
+    def card_notes(self, model_config: dict) -> list[str]:
+        center = (model_config.get(RECORD) or {}).get("center_rewards")
+        return ["## Reward model", "", "Trained on chosen / rejected pairs with the Bradley-Terry loss"
+                + (f" and reward centring ({center})" if center else "") + ": the one output is the reward of a "
+                "text, `pipeline(\"text-classification\", function_to_apply=\"none\")` returns it.", ""]
+
+
+class RewardModelStep(Task.parts.step):
+    def forward_loss(self, model, batch: dict):
+        chosen, rejected = self.task.scores(model, L.as_pairs(batch))
+        losses = L.bradley_terry(chosen, rejected, self.task.center)
+        weight = batch.get("loss_weight")
+        weight = torch.ones_like(losses) if weight is None else weight[: losses.shape[0]].to(losses)
+        return (losses * weight).sum(), None
+
+
+class RewardModelEvaluation(Task.parts.evaluation):
+    def outputs(self, model, batch: dict) -> tuple:
+        chosen, rejected = self.task.scores(model, batch)
+        return (torch.stack([chosen, rejected], dim=-1).double(),)
+
+    def batch(self, values: torch.Tensor, labels=None) -> dict:
+        return {"chosen": values[:, 0], "rejected": values[:, 1]}
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        chosen, rejected = values["chosen"], values["rejected"]
+        if not len(chosen):
+            return {"loss": math.nan, "samples": 0}
+        loss = L.bradley_terry(torch.as_tensor(chosen), torch.as_tensor(rejected), self.task.center)
+        return {"accuracy": float((chosen > rejected).mean()), "margin": float((chosen - rejected).mean()),
+                "loss": float(loss.mean()), "samples": int(len(chosen))}
+
+    def headline(self, ev: dict) -> str:
+        return (f"eval pairwise accuracy: {ev['accuracy']:.4f}  margin: {ev['margin']:.4f}  loss: {ev['loss']:.4f} "
+                f"({ev.get('samples', 0)} pairs)")
+
+
+class RewardModelPrediction(Task.parts.prediction):
+    def records(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
+        return [{"score": round(v, 6)} for v in logits.float().squeeze(-1).tolist()]
+
+
 @dataclasses.dataclass(frozen=True)
 class RewardModel(Task):
     """Pairs -> the Bradley-Terry loss of their two scores, summed; the count of pairs."""
 
     center: float = 0.0
+
+    parts = dataclasses.replace(Task.parts, data=RewardModelData, model=RewardModelModel, report=RewardModelReport,
+                                step=RewardModelStep, evaluation=RewardModelEvaluation,
+                                prediction=RewardModelPrediction)
 
     def configured(self, cfg, model_config=None) -> "RewardModel":
         if model_config is not None:
@@ -43,24 +109,6 @@ class RewardModel(Task):
                                                           .get("center_rewards", 0.0)))
         return dataclasses.replace(self, center=cfg.preference.center_rewards).with_traits(
             keeps_dropout=cfg.preference.dropout == "keep")
-
-    def check_data(self, columns: dict, cfg=None) -> None:  # noqa: ANN001 - a Config
-        """With the run's ``cfg``: the preference.* keys a reward model does not read (``model.task=auto`` may
-        choose it from the model and the data only)."""
-        if cfg is not None:
-            check_unread_keys(cfg, self.name)
-
-    def model_fields(self, label_names: list[str]) -> dict:
-        return dict(num_labels=1, problem_type=self.spec.problem_type, id2label={0: "score"}, label2id={"score": 0})
-
-    def saved_config(self, ev: dict | None) -> dict:
-        return {RECORD: {"center_rewards": self.center}}
-
-    def card_notes(self, model_config: dict) -> list[str]:
-        center = (model_config.get(RECORD) or {}).get("center_rewards")
-        return ["## Reward model", "", "Trained on chosen / rejected pairs with the Bradley-Terry loss"
-                + (f" and reward centring ({center})" if center else "") + ": the one output is the reward of a "
-                "text, `pipeline(\"text-classification\", function_to_apply=\"none\")` returns it.", ""]
 
     def scores(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(chosen, rejected) rewards, fp32, from one forward of both halves; a BERT classifier's last layer
@@ -70,41 +118,9 @@ class RewardModel(Task):
             logits = model(**{k: batch[k] for k in MODEL_KEYS if k in batch}).logits.float().squeeze(-1)
         return L.split_pairs(logits)
 
-    def forward_loss(self, model, batch: dict):
-        chosen, rejected = self.scores(model, L.as_pairs(batch))
-        losses = L.bradley_terry(chosen, rejected, self.center)
-        weight = batch.get("loss_weight")
-        weight = torch.ones_like(losses) if weight is None else weight[: losses.shape[0]].to(losses)
-        return (losses * weight).sum(), None
-
-    def count(self, dataset, indices) -> int:
-        return int((np.asarray(indices) >= 0).sum())
-
-    def eval_outputs(self, model, batch: dict) -> tuple:
-        chosen, rejected = self.scores(model, batch)
-        return (torch.stack([chosen, rejected], dim=-1).double(),)
-
-    def eval_batch(self, values: torch.Tensor, labels=None) -> dict:
-        return {"chosen": values[:, 0], "rejected": values[:, 1]}
-
-    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
-        chosen, rejected = values["chosen"], values["rejected"]
-        if not len(chosen):
-            return {"loss": math.nan, "samples": 0}
-        loss = L.bradley_terry(torch.as_tensor(chosen), torch.as_tensor(rejected), self.center)
-        return {"accuracy": float((chosen > rejected).mean()), "margin": float((chosen - rejected).mean()),
-                "loss": float(loss.mean()), "samples": int(len(chosen))}
-
-    def predictions(self, logits: torch.Tensor, label_names: list[str]) -> list[dict]:
-        return [{"score": round(v, 6)} for v in logits.float().squeeze(-1).tolist()]
-
-    def headline(self, ev: dict) -> str:
-        return (f"eval pairwise accuracy: {ev['accuracy']:.4f}  margin: {ev['margin']:.4f}  loss: {ev['loss']:.4f} "
-                f"({ev.get('samples', 0)} pairs)")
-
 
 REWARD_MODEL_TASK = register(RewardModel(
     task_spec(REWARD_MODEL),
     Traits(labels="pairs", unit="pairs", auto_model="AutoModelForSequenceClassification",
            loads_as="text-classification", token_blocks=True, headline_loss=True),
-    None, CardText("reward modelling", "reward model", '"Human: hi Assistant: hello", function_to_apply="none"')))
+    CardText("reward modelling", "reward model", '"Human: hi Assistant: hello", function_to_apply="none"')))

@@ -106,7 +106,7 @@ def test_the_step_keeps_packed_examples_apart(tiny):
     batch = LMCollator(tok.eos_token_id)([dict(r) for r in packed])
     assert "attention_mask" not in batch
     with torch.no_grad():
-        got, _ = get_task("causal-lm").forward_loss(model, batch)
+        got, _ = get_task("causal-lm").step.forward_loss(model, batch)
         alone = sum(per_token_losses(model(input_ids=torch.tensor([r["input_ids"]])).logits[0],
                                      torch.tensor(r["labels"])).sum() for r in rows)
     torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
