@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from leantrain.config.grpo import GrpoConfig
+
 from leantrain.methods import get_task
 from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import rollout as G
@@ -99,7 +101,7 @@ def micro_batch(g) -> dict:
     ("bnpo", -(1.5 * 3 - 0.5 * 1) / 4),  # the micro-batch's token mean
 ])
 def test_the_loss_at_the_sampling_policy_is_minus_the_advantage_per_token(llama, loss, want):
-    task = dataclasses.replace(get_task("grpo"), loss=loss, rewards=(Reward("r", None),))
+    task = dataclasses.replace(get_task("grpo"), grpo=GrpoConfig(loss=loss), rewards=(Reward("r", None),))
     batch = micro_batch(torch.Generator().manual_seed(0))
     loss_sum, metrics = task.step.loss(llama, batch)
     assert loss_sum.item() == pytest.approx(want, rel=1e-6)
@@ -109,7 +111,7 @@ def test_the_loss_at_the_sampling_policy_is_minus_the_advantage_per_token(llama,
 
 
 def test_the_kl_penalty_and_the_ratio_read_the_reference_and_old_log_probs(llama):
-    task = dataclasses.replace(get_task("grpo"), loss="dapo", beta=0.5, rewards=(Reward("r", None),))
+    task = dataclasses.replace(get_task("grpo"), grpo=GrpoConfig(loss="dapo", beta=0.5), rewards=(Reward("r", None),))
     batch = micro_batch(torch.Generator().manual_seed(1))
     logps = task.token_logps(llama, batch).detach()
     batch.update(ref_logps=logps, old_logps=logps - 0.5)  # the policy moved: ratio e^0.5 > 1.2 everywhere
@@ -133,13 +135,12 @@ def test_evaluation_is_one_greedy_completion_per_prompt_whatever_num_generations
     """An eval batch of 3 prompts with grpo.num_generations=4 (not dividing it) is evaluated: one greedy completion
     per prompt, the same as each prompt alone and as under another num_generations, so the eval batch needs no
     multiple of it (no config check)."""
-    from leantrain.modeling.generation.sampling import Sampling
 
     def length(completions, **kwargs):  # noqa: ANN001, ANN202
         return [float(len(c.split())) for c in completions]
 
     def task(g):  # noqa: ANN001, ANN202
-        return dataclasses.replace(get_task("grpo"), num_generations=g, sampling=Sampling(5),
+        return dataclasses.replace(get_task("grpo"), grpo=GrpoConfig(num_generations=g, max_new_tokens=5),
                                    rewards=(Reward("length", length),), processor=_Tok())
 
     ids = torch.randint(2, 32, (3, 4), generator=torch.Generator().manual_seed(2))

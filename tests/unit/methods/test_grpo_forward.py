@@ -15,6 +15,7 @@ import torch
 
 from leantrain.modeling.chunked_loss import install_chunked_loss, keeps_logits
 from leantrain.modeling.switches import enable_checkpointing
+from leantrain.config.grpo import GrpoConfig
 from leantrain.methods import get_task
 from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import rollout as G
@@ -54,7 +55,7 @@ def test_the_batch_holds_each_prompt_once_and_its_completions_cut_at_the_longest
 
 
 def grpo(model):
-    return dataclasses.replace(get_task("grpo"), loss="dapo", beta=0.3, num_iterations=2, reference="live",
+    return dataclasses.replace(get_task("grpo"), grpo=GrpoConfig(loss="dapo", beta=0.3, num_iterations=2), reference="live",
                                rewards=(Reward("r", None),)).model.bind(model)
 
 
@@ -181,10 +182,12 @@ def test_the_memory_models_batch_is_m_prompts_and_their_completions():
     """``leantrain plan`` calibrates on m synthetic rows: each cut at the prompt budget, its next ``max_new_tokens``
     tokens as each of the G completions; the loss runs on it as on a rollout's batch."""
     model = loss_llama()
-    task = dataclasses.replace(grpo(model), num_generations=2, max_new_tokens=3, prompt_tokens=6, beta=0.0)
+    first = grpo(model)
+    task = dataclasses.replace(first, grpo=first.grpo.model_copy(update={"num_generations": 2, "max_new_tokens": 3,
+                                                                   "beta": 0.0}), prompt_tokens=6)
     ids = torch.randint(3, LOSS_VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
     batch = task.model.calibration_batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids,
-                                    "loss_weight": torch.ones(2)})
+                                          "loss_weight": torch.ones(2)})
     assert batch[F.PROMPT_IDS].tolist() == ids[:, :6].tolist()
     assert batch[F.COMPLETION_IDS].tolist() == ids[:, 6:9].repeat_interleave(2, 0).tolist()
     assert batch["old_logps"].shape == (4, 3) and "ref_logps" not in batch  # num_iterations 2, beta 0

@@ -122,7 +122,7 @@ class PreferenceData(CausalLM.parts.data):
     def throughput_tokens(self, dataset, indices) -> int | None:
         """tokens/s counts every non-padding token of both sequences of a pair (KTO: a row and its KL row)."""
         indices = np.asarray(indices, dtype=np.int64)
-        return int(self.task._counts.lengths(dataset, self.task.input_columns)[indices[indices >= 0]].sum())
+        return int(self.counts.lengths(dataset, self.task.input_columns)[indices[indices >= 0]].sum())
 
 
 class PreferenceReport(CausalLM.parts.report):

@@ -1,0 +1,206 @@
+"""GRPO's parts around its step (``grpo.py``): its resumable sampler, its data (the prompts, the reward functions'
+dry run, the tokenizer it decodes with), its model binding (the precision context, the frozen reference, the memory
+model's calibration batch), its evaluation (one greedy completion per prompt, scored) and its report (what the saved
+model records, the card, the KV cache ``leantrain plan`` prices)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import math
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from leantrain.methods.grpo import forward as F
+from leantrain.methods.grpo import rewards as R
+from leantrain.methods.grpo import rollout as G
+from leantrain.methods.lm.causal_lm import CausalLM
+from leantrain.modeling.generation.sampling import backend
+from leantrain.modeling.wrappers import unwrapped
+
+RECORD = "grpo"  # config.json's field: the settings the policy was trained with (the card; eval's default rewards)
+RECORDED = ("rewards", "reward_weights", "num_generations", "max_new_tokens", "loss", "scale_rewards", "beta",
+            "epsilon", "num_iterations")
+
+
+@functools.lru_cache(maxsize=8)
+def loaded_rewards(specs: tuple[str, ...], weights: tuple[float, ...] | None) -> tuple[R.Reward, ...]:
+    """The reward functions, loaded once per run (``configured`` runs several times)."""
+    return tuple(R.load_rewards(list(specs), None if weights is None else list(weights)))
+
+
+class Sampler:
+    """The method's resumable state: each process's sampling generator, seeded by the run's seed and the rank, made
+    on the device at first use; its state checkpointed with the process's (``Step.state``)."""
+
+    def __init__(self, seed: int, rank: int):
+        self.seed = int(seed) * 1000003 + int(rank)
+        self._generator: torch.Generator | None = None
+        self._saved: torch.Tensor | None = None
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        if self._generator is None:
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(self.seed)
+            if self._saved is not None:
+                self._generator.set_state(self._saved.cpu())
+        return self._generator
+
+    def state_dict(self) -> dict:
+        state = self._generator.get_state() if self._generator is not None else self._saved
+        return {"seed": torch.tensor(self.seed), **({"generator": state} if state is not None else {})}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = int(state["seed"])
+        self._saved = state.get("generator")
+        self._generator = None
+
+
+@contextmanager
+def on_first_forward(model, call):  # noqa: ANN001, ANN201 - a model, a callable or None
+    """``call`` made once, at the first forward of ``model`` inside the context (nothing when None)."""
+    if call is None:
+        yield
+        return
+
+    def hook(module, args, kwargs):  # noqa: ANN001, ANN202
+        handle.remove()
+        call()
+
+    handle = unwrapped(model).register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def stop_ids(tokenizer, model) -> list[int]:  # noqa: ANN001
+    """The ids that end a completion: the tokenizer's EOS and the model's generation config's."""
+    found = getattr(getattr(unwrapped(model), "generation_config", None), "eos_token_id", None)
+    ids = [tokenizer.eos_token_id] + (found if isinstance(found, list) else [found])
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def pad_id(tokenizer) -> int:  # noqa: ANN001
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0)
+
+
+class GrpoData(CausalLM.parts.data):
+    def check(self, columns: dict, cfg=None) -> None:  # noqa: ANN001 - a Config
+        """The dry call of the reward functions on the data's first rows (``rewards.check_rewards``), before the model
+        loads: a column a function needs that the data lacks, a wrong return, an exception."""
+        rows = columns.get("first_rows")
+        if cfg is not None and self.task.rewards and rows:
+            R.check_rewards(list(self.task.rewards), rows, conversational=columns.get("prompt") == "messages")
+
+    def generated_tokens(self) -> tuple[int, str]:
+        return self.task.grpo.max_new_tokens, "grpo.max_new_tokens"
+
+    def with_processor(self, processor):  # noqa: ANN001, ANN201 - a tokenizer; a Grpo
+        """Bound to the run's tokenizer (the one its prompt batches are made with): the completions are decoded with it
+        for the rewards."""
+        return dataclasses.replace(self.task, processor=processor)
+
+    def count(self, dataset, indices) -> int:  # noqa: ANN001
+        """Prompts in these rows (the loss's own count is made with its batches: ``Step.batches``)."""
+        return int((np.asarray(indices) >= 0).sum())
+
+
+class GrpoModel(CausalLM.parts.model):
+    def bind(self, model, autocast=None):  # noqa: ANN001, ANN201 - a Grpo
+        """Bound to the model as it starts training: its precision context (generation, evaluation) and, for a KL
+        penalty without LoRA, a frozen copy of it (the reference)."""
+        frozen = self.task.frozen_reference
+        if self.task.reference == "live" and frozen is None:
+            frozen = copy.deepcopy(unwrapped(model)).eval().requires_grad_(False)
+        return dataclasses.replace(self.task, frozen_reference=frozen, policy_autocast=autocast)
+
+    def calibration_batch(self, batch: dict) -> dict:
+        """The memory model's m synthetic rows as a training micro-batch of m prompts, each cut at the prompt budget and
+        followed by ``max_new_tokens`` of its tokens as the G completions, with what ``Step.batches`` adds
+        (advantages, rollout values, old and reference log-probs as configured)."""
+        g, ids = self.task.grpo, batch["input_ids"]
+        width = min(ids.shape[1], self.task.prompt_tokens + g.max_new_tokens)
+        span = min(g.max_new_tokens, width - 1)
+        prompts = ids[:, :width - span]
+        completions = ids[:, width - span:width].repeat_interleave(g.num_generations, 0)
+        n, names = completions.shape[0], G.metric_names(list(self.task.rewards))
+        out = {F.PROMPT_IDS: prompts, F.PROMPT_MASK: torch.ones_like(prompts), F.COMPLETION_IDS: completions,
+               F.COMPLETION_MASK: torch.ones_like(completions), F.COMPLETION_LABELS: completions,
+               "loss_weight": ids.new_ones(n, dtype=torch.float32), "advantages": ids.new_ones(n, dtype=torch.float32),
+               "rollout_values": ids.new_zeros((n, len(names)), dtype=torch.float32)}
+        for key, wanted in (("old_logps", g.num_iterations > 1), ("ref_logps", g.beta > 0)):
+            if wanted:
+                out[key] = ids.new_zeros((n, span), dtype=torch.float32)
+        return out
+
+    def merge_check_value(self, model, batch: dict):  # noqa: ANN001, ANN201
+        """The model's summed loss on the prompts themselves (a batch of prompts has no completions to score)."""
+        mask = batch["prompt_attention_mask"]
+        prompts = {"input_ids": batch["prompt_input_ids"], "attention_mask": mask,
+                   "labels": batch["prompt_input_ids"].masked_fill(mask == 0, G.IGNORE)}
+        return self.task.token_losses(model, prompts).sum()
+
+
+class GrpoEvaluation(CausalLM.parts.evaluation):
+    def outputs(self, model, batch: dict) -> tuple:  # noqa: ANN001
+        """Per prompt: the weighted reward of its greedy completion and each function's score (fp64, NaN: none)."""
+        greedy = dataclasses.replace(self.task.sampling, temperature=0.0)
+        tok = self.task.tokenizer()
+        with self.task.autocast():
+            rollout = backend(self.task.grpo.generation)(
+                model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=1, sampling=greedy,
+                eos_ids=stop_ids(tok, model), pad_id=pad_id(tok))
+        s = G.score(batch, rollout, tok, list(self.task.rewards), 1, step="in evaluation")
+        values = torch.cat([s.rewards[:, None], torch.from_numpy(s.scores)], dim=1)
+        return (values.to(batch["prompt_input_ids"].device),)
+
+    def batch(self, values: torch.Tensor) -> dict:
+        return {"reward": values[:, 0],
+                **{f"rewards/{r.name}": values[:, 1 + j] for j, r in enumerate(self.task.rewards)}}
+
+    def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
+        n = len(values.get("reward", ()))
+        return {**{k: float(np.nanmean(v)) if n and not np.isnan(v).all() else math.nan
+                   for k, v in values.items()}, "samples": int(n)}
+
+    def headline(self, ev: dict) -> str:
+        return f"eval reward: {ev.get('reward', math.nan):.4f} ({ev.get('samples', 0)} prompts, greedy)"
+
+
+class GrpoReport(CausalLM.parts.report):
+    def saved_config(self, ev: dict | None) -> dict:
+        g = self.task.grpo
+        return {RECORD: {"rewards": list(g.rewards), "reward_weights": [r.weight for r in self.task.rewards],
+                         **{k: getattr(g, k) for k in RECORDED[2:]}, "temperature": g.temperature}}
+
+    def card_notes(self, model_config: dict) -> list[str]:
+        rec = model_config.get(RECORD) or {}
+        if not rec:
+            return []
+        return ["## GRPO", "", f"Rewards: {', '.join(rec.get('rewards') or [])}; {rec.get('num_generations')} "
+                f"completions per prompt of at most {rec.get('max_new_tokens')} tokens, loss {rec.get('loss')}, "
+                f"beta {rec.get('beta')}.", ""]
+
+    def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
+        data, ev = config.get("data") or {}, summary.get("eval") or {}
+        rows = [("prompts", data.get("train")), ("eval prompts", data.get("eval")),
+                ("final eval reward (greedy)", ev.get("reward"))]
+        return [(k, v) for k, v in rows if v is not None]
+
+    def plan(self, model) -> dict:  # noqa: ANN001
+        """The KV cache generation holds beside training: micro-batch prompts x G completions x (prompt +
+        max_new_tokens) positions, keys and values of every layer, in the model's compute precision."""
+        c, g = unwrapped(model).config, self.task.grpo
+        heads = getattr(c, "num_attention_heads", 1)
+        kv_heads = getattr(c, "num_key_value_heads", None) or heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        rows = (self.task.micro_batch_size or 1) * g.num_generations
+        positions = self.task.prompt_tokens + g.max_new_tokens
+        element = 2 if self.task.precision in ("bf16", "fp16") else next(unwrapped(model).parameters()).element_size()
+        per_position = 2 * c.num_hidden_layers * kv_heads * head_dim * element
+        return {"grpo_generation": {"rows": rows, "positions": positions, "kv_cache_bytes": rows * positions *
+                                    per_position, "micro_batch_size": self.task.micro_batch_size or "auto"}}
