@@ -2,8 +2,8 @@
 causal-LM text and instruction data; pairs, feedback, scored-pairs: preference data, ``data/lm/preference.py``;
 prompts: GRPO's prompts to be answered, ``data/lm/prompts.py``): load + validate, process with the model's processor,
 collate.
-The engine picks one through the task's modality (``leantrain.methods``: ``Task.modality``, and
-``Task.data_side`` may adapt it) and stays free of task and modality branches."""
+The engine picks one through the task's modality (``leantrain.methods``: ``Task.spec.modality``, and
+``Task.data.side`` may adapt it) and stays free of task and modality branches."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class Modality:
     # "none" | "pairs" | "feedback" | "prompts": what auto reads
     describe: Callable = lambda train, evals, labels: (  # the run's one line about its processed data
         f"{len(train)} train / {len(evals)} eval rows, {len(labels)} label{'s' * (len(labels) != 1)} {labels[:10]}")
-    detected: Callable = lambda rows: {}  # (rows from load_rows) -> what Task.check_data reads of them (eval's format)
+    detected: Callable = lambda rows: {}  # (rows from load_rows) -> what Task.data.check reads of them (eval's format)
 
 
 def _sequences_and_tokens(train, evals, labels) -> str:

@@ -1,6 +1,6 @@
 """Per-row counts of a processed training dataset (a causal LM's target tokens, token classification's labelled
 sub-tokens), read from the dataset once and then summed over a batch's rows on the host: the loss's denominator
-(``Task.count``) without a pass over Arrow at every step."""
+(``Task.data.count``) without a pass over Arrow at every step."""
 
 from __future__ import annotations
 

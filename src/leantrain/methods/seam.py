@@ -9,10 +9,10 @@ and what it returns beside its loss.
   on them (``updates``: each one optimizer and one scheduler step; the loop takes them all in one iteration, so a
   checkpoint never falls inside them). It may also give the ``tokens`` tokens/s credits for the step (this process's,
   a host number or a device scalar, summed over the processes with the count: e.g. the prompt and completion tokens
-  of a rollout; unset: the loaded rows' count, ``Task.throughput_tokens``) and ``samples``, a few JSON-able records of
+  of a rollout; unset: the loaded rows' count, ``Task.data.throughput_tokens``) and ``samples``, a few JSON-able records of
   what it made (e.g. generated completions), which the engine writes to ``completions.jsonl`` at logging steps.
 - Loaded micro-batches may carry non-tensor entries (e.g. a prompt batch's texts and reward columns, as lists): they
-  reach ``step_batches`` as they are; only the tensors are moved to the device.
+  reach ``step.batches`` as they are; only the tensors are moved to the device.
 - ``Task.step.loss(model, batch) -> (loss_sum, step_metrics)``: ``step_metrics`` is ``{name: (sum, count)}`` of device
   tensors (the same names at every call), so that the mean over micro-batches, steps and processes is exact: the
   engine adds them on the device and logs ``sum / count`` under ``name`` at each logging step.
@@ -29,8 +29,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class StepContext:
-    """What ``Task.step_batches`` may use: the model being trained (as placed: DDP-wrapped on several processes), the
-    Accelerator, the optimizer steps done so far, the method's own resumable state (``Task.step_state``, or None),
+    """What ``Task.step.batches`` may use: the model being trained (as placed: DDP-wrapped on several processes), the
+    Accelerator, the optimizer steps done so far, the method's own resumable state (``Task.step.state``, or None),
     and ``generating``: None, or a callable a method that generates calls once its generation has begun (the
     engine's fault injection: a signal that lands during a generation)."""
 

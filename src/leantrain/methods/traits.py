@@ -23,7 +23,7 @@ class Traits:
     """One task's declared traits; the yes/no questions the rest of leantrain asks are its properties."""
 
     labels: str  # what a row is labelled with, as the data side reads it: LABELS ("none": a language model's text)
-    unit: str  # what ``loss_sum`` sums over and ``count`` counts: UNITS
+    unit: str  # what ``step.loss_sum`` sums over and ``count`` counts: UNITS
     auto_model: str  # the transformers Auto class the model is built and saved as
     loads_as: str  # the ``pipeline()`` task of the saved model (the card's pipeline_tag)
     processor: str = "tokenizer"  # what turns its inputs into model inputs: PROCESSORS
@@ -36,7 +36,7 @@ class Traits:
     # cross-entropy needs (efficiency.chunked_loss=auto: leantrain.modeling.output_loss); preference losses do not
     uniform_token_gradients: bool = True
     scratch_needs_tokenizer: bool = False  # a model from a config needs model.tokenizer (causal LM), not model.name's
-    # what the progress line shows at a logging step before lr and speed: the loss and step metrics (``Task.step_loss``)
+    # what the progress line shows at a logging step before lr and speed: the loss and step metrics (``Task.step.loss``)
     progress_keys: tuple[str, ...] = ("loss",)
     model_mapping: str | None = None  # the modeling_auto mapping of model types it takes (model.task=auto), or None
     default_for: tuple[str, ...] = ()  # modalities whose data picks it under model.task=auto

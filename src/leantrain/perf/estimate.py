@@ -81,7 +81,7 @@ def fake_pass(model, task, m: int, seq_len: int, precision: str) -> tuple[int, i
 
 
 def fake_eval_peak(model, task, rows: int, seq_len: int, precision: str) -> int:
-    """Peak live bytes of one evaluation forward (``Task.eval_outputs``: no gradients, eval mode; the task's own
+    """Peak live bytes of one evaluation forward (``Task.evaluation.outputs``: no gradients, eval mode; the task's own
     reference model too) of ``rows`` examples of ``seq_len`` tokens, on fake tensors: what an eval batch of that width
     allocates above the weights, priced without computing it."""
     device = next(model.parameters()).device

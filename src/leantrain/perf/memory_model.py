@@ -111,8 +111,8 @@ def autocast_for(precision: str, device: torch.device):
 
 def calibration_batch(model, task, m: int, seq_len: int, low: int = 0) -> dict:
     """A synthetic batch of ``m`` rows of ``seq_len`` random token ids (from ``low``, below the vocabulary), all
-    attended, weighing 1, with the task's labels for them (``Task.calibration_labels``) and what else its batches
-    carry (``Task.calibration_batch``)."""
+    attended, weighing 1, with the task's labels for them (``Task.model.calibration_labels``) and what else its batches
+    carry (``Task.model.calibration_batch``)."""
     device = next(model.parameters()).device
     vocab = getattr(model.config, "vocab_size", 1000) or 1000
     ids = torch.randint(min(low, vocab - 1), vocab, (m, seq_len), device=device)
@@ -172,7 +172,7 @@ def storage_key(t: torch.Tensor) -> tuple[bool, int]:
 
 def forward_backward(model, task, m: int, seq_len: int, autocast, hooks) -> None:
     """One training forward/backward of ``model`` on random token ids (m x seq_len) through the task's own
-    ``forward_loss`` (a causal LM's over every token, chunked where installed); ``hooks`` around the forward."""
+    ``step.forward_loss`` (a causal LM's over every token, chunked where installed); ``hooks`` around the forward."""
     batch = calibration_batch(model, task, m, seq_len, low=1000)
     with hooks, autocast():
         loss, _ = task.step.forward_loss(model, batch)
@@ -209,7 +209,7 @@ def calibrate(model, seq_len: int, precision: str, checkpointing: bool, per_proc
     caches). Time (``timing``; else call :func:`time_calibrations` on several calibrations at once, interleaved):
     steady-state passes at 1 and at a quarter of the larger size, ``TIME_REPEATS`` times (their spread is the
     noise). ``progress(text)``: told before each pass, with the time left once a pass has been timed. ``task``: whose
-    ``forward_loss`` the passes run."""
+    ``step.forward_loss`` the passes run."""
     device = next(model.parameters()).device
     was_training, was_ckpt = model.training, is_checkpointing(model)
     model.train()

@@ -22,7 +22,7 @@ def _series(records: list[dict[str, Any]], kind: str, key: str) -> tuple[list[fl
     return xs, ys
 
 
-# what every train record holds; any other number in one is a step metric of the method (``Task.step_loss``)
+# what every train record holds; any other number in one is a step metric of the method (``Task.step.loss``)
 TRAIN_RECORD_KEYS = ("type", "step", "epoch", "loss", "lr", "samples_per_second", "tokens_per_second", "grad_norm",
                      "replica_spread", "mfu")
 

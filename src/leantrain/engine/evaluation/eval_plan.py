@@ -28,7 +28,7 @@ def eval_width(eval_batch_size: int | None, micro_batch_size: int) -> int:
 
 
 def with_eval_reference(task: Task, policy, reference, autocast=None) -> Task:
-    """``task`` evaluating ``policy`` against ``reference`` (``Task.with_reference``), the reference given the policy's
+    """``task`` evaluating ``policy`` against ``reference`` (``Task.evaluation.with_reference``), the reference given the policy's
     output layer first (a training run's live reference is a copy of the policy, so it has it already)."""
     if same_output_layer(policy, reference):
         log.info("reference: the policy's chunked output layer (no tokens x vocabulary logits)")

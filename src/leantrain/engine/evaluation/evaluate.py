@@ -40,7 +40,7 @@ def predict_logits(model: nn.Module, loader: DataLoader, accelerator: Accelerato
 
 @torch.no_grad()
 def eval_outputs(model: nn.Module, loader: DataLoader, accelerator: Accelerator, task: Task):
-    """Yield what the task gathers of each eval batch (``Task.eval_outputs``, which runs the forward: logits and
+    """Yield what the task gathers of each eval batch (``Task.evaluation.outputs``, which runs the forward: logits and
     labels by default), from every process's shard, duplicates dropped."""
     was_training = model.training
     model.eval()
@@ -68,4 +68,5 @@ def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, num
     if not values:
         return {}
     values = {k: torch.cat(v).numpy() for k, v in values.items()}
-    return task.evaluation.metrics(values, num_labels) if label_names is None else task.evaluation.all_metrics(values, label_names)
+    ev = task.evaluation
+    return ev.metrics(values, num_labels) if label_names is None else ev.all_metrics(values, label_names)

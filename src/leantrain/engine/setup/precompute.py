@@ -1,4 +1,4 @@
-"""Per-row values a task computes once, before training, with the model as it starts (``Task.precomputed_columns``:
+"""Per-row values a task computes once, before training, with the model as it starts (``Task.data.precomputed_columns``:
 the preference task's reference log-probs under ``preference.reference=precompute``), cached on disk and added to the
 processed datasets as columns, so that every batch carries them and training runs no reference forward.
 

@@ -33,7 +33,7 @@ def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None =
                  saved: dict | None = None, eval_batch_size: int | None = None) -> dict:
     """The JSON written next to the weights: {"task", "data": {<role>_column: name, "max_length": n}, "precision":
     the precision the run trained and evaluated in, "eval_batch_size": the rows a process evaluated at once}, and the
-    task's ``saved`` record (``Task.saved_config``: a preference-tuned policy's method, beta and reference)."""
+    task's ``saved`` record (``Task.report.saved_config``: a preference-tuned policy's method, beta and reference)."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = task.data.sequence_length(cfg.data)  # the one length train, eval, predict and pipeline() cut at
     rendering = {}

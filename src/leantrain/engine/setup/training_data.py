@@ -51,7 +51,7 @@ class TrainingData:
     @property
     def task(self) -> Task:
         """The run's task in the one form everything uses: the registered task configured with the run's settings,
-        as the method for this data (``Task.for_data``), set for the training data (``Task.for_training``), with
+        as the method for this data (``Task.data.for_data``), set for the training data (``Task.data.for_training``), with
         class weights its weighted form; bound to the model by ``bind_model``."""
         if self._task is None:
             task = self.registered.configured(self.config) if self.config is not None else self.registered
@@ -60,12 +60,13 @@ class TrainingData:
         return self._task
 
     def bind_model(self, model, accelerator: Accelerator, batch_size: int) -> None:
-        """Before training, with the model as it starts: the task bound to it (``Task.with_model``: a frozen copy
+        """Before training, with the model as it starts: the task bound to it (``Task.model.bind``: a frozen copy
         where the task keeps one) and the task's precomputed columns added to both splits (``engine.precompute``:
         the reference log-probs, computed once and cached on disk)."""
         task = self.task.model.bind(model, accelerator.autocast)  # the policy's precision context
         self._task = task
-        if not any(task.data.precomputed_columns(list(ds.column_names)) for ds in (self.train, self.eval) if ds is not None):
+        splits = [ds for ds in (self.train, self.eval) if ds is not None]
+        if not any(task.data.precomputed_columns(list(ds.column_names)) for ds in splits):
             return
         if not getattr(model, "is_loaded_in_4bit", False):  # a 4-bit model is on its GPU already
             model.to(accelerator.device)
@@ -142,7 +143,7 @@ def check_task_keys(cfg: Config, task: Task) -> None:
 
 
 def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - PreparedData
-    """The settings the loaded ``data`` can contradict: the task's training settings (``Task.for_training``:
+    """The settings the loaded ``data`` can contradict: the task's training settings (``Task.data.for_training``:
     train.class_weights against the labels, pos_weight), its data check (e.g. preference.loss=kto on pairs, and the
     keys of the method the data selects), the metric ``train.stop_when`` names (eval.mcc: 2 classes)."""
     configured = task.configured(cfg)
@@ -153,7 +154,7 @@ def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - 
 
 
 def check_generation_room(cfg: Config, task: Task, configured: Task, data) -> None:  # noqa: ANN001 - PreparedData
-    """A method that generates after its prompts (``Task.generated_tokens``, GRPO's ``grpo.max_new_tokens``): each
+    """A method that generates after its prompts (``Task.data.generated_tokens``, GRPO's ``grpo.max_new_tokens``): each
     prompt, as it will be cut, with that many new tokens within the model's positions, or a DataError naming the
     file, the lines and the numbers (``PreparedData.room``: the data side renders the prompts, with the run's
     tokenizer, only when its prompt budget and the new tokens do not fit together)."""

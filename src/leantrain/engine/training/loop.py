@@ -1,6 +1,6 @@
 """The training run, readable in one sitting: set up, loop over optimizer steps, evaluate, save, summarise.
 
-Each global step: the micro-batches loaded, the method's batches made from them (``Task.step_batches``: as loaded by
+Each global step: the micro-batches loaded, the method's batches made from them (``Task.step.batches``: as loaded by
 default; the loss's denominator a host count, or a device count summed over the processes once), its updates (one
 optimizer step each, ``engine/training/step.py``; one by default), the record of a logging step (the loss and the method's step
 metrics, reduced over the processes only there), then the evaluation and the checkpoint due at any of its steps: a
@@ -320,7 +320,7 @@ class Loop:
                 self.stop_on_signal(stop)
 
     def make_batches(self, loaded: list[dict], global_batch) -> StepBatches:
-        """The method's batches for this global step (``Task.step_batches``; as loaded by default), with the loss's
+        """The method's batches for this global step (``Task.step.batches``; as loaded by default), with the loss's
         denominator over all processes."""
         run, state = self.run, self.state
         units = run.data.units_in(global_batch)  # the loss's denominator, the task's unit, known on the host

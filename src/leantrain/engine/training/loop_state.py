@@ -4,7 +4,7 @@ The model, the optimizer and the schedule keep their own state; everything else 
 ``LoopState``, owned by the loop: the position (step, epoch, the first batch of the epoch a resumed run starts at,
 the optimizer steps beyond one per global batch: a method may run several updates on one), the loss and the step metrics
 accumulated on the device since the last log, the last evaluation, the best-model record, the random generators and
-the method's own resumable state (``Task.step_state``: e.g. a sampling generator). ``state_dict()`` is what the
+the method's own resumable state (``Task.step.state``: e.g. a sampling generator). ``state_dict()`` is what the
 checkpoint writes (``trainer``: shared by every process, written by rank 0 into ``trainer_state``; ``rank``: each
 process's own RNG, running loss and metrics and method state, in ``rank-<r>``) and ``load_state_dict()`` what a resume
 reads back.
@@ -47,7 +47,7 @@ class LoopState:
     # device scalar when a method counts them after making its batches)
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # step metrics since the last log: [sum, count]
     extra_updates: int = 0  # optimizer steps beyond one per global batch (a method's several updates on one batch)
-    method: object | None = None  # the method's resumable state (``Task.step_state``), attached by ``attach_method``
+    method: object | None = None  # the method's resumable state (``Task.step.state``), attached by ``attach_method``
     method_saved: dict | None = None  # its state as a checkpoint held it, until attached
     eval_step: int = -1  # the step of the last evaluation, and its metrics
     last_eval: dict = field(default_factory=dict)
@@ -101,7 +101,7 @@ class LoopState:
         self.rng = rank.get("rng")
 
     def attach_method(self, method: object | None) -> None:
-        """Hold the method's resumable state (``Task.step_state``: None for most), restored to what the checkpoint
+        """Hold the method's resumable state (``Task.step.state``: None for most), restored to what the checkpoint
         saved of it, if any."""
         self.method = method
         if method is not None and self.method_saved is not None:

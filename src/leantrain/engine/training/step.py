@@ -3,10 +3,10 @@
 step = micro-batches -> the method's loss -> (loss sum, step metrics) -> / global count -> backward -> clip -> step.
 
 The method (a task, ``leantrain.methods``) runs the forward of a micro-batch and gives its loss sum and its
-step metrics (``Task.step_loss``), and says what a unit is (an example, a label, a token); the denominator is the
+step metrics (``Task.step.loss``), and says what a unit is (an example, a label, a token); the denominator is the
 number of units in the *global* batch (all micro-batches, all processes): known on the host from the batch, so that
 no collective and no host sync is needed to normalise, or a device scalar a method counted after making its batches
-(``Task.step_batches``), summed over the processes once (``global_count``). DDP averages gradients over processes, so
+(``Task.step.batches``), summed over the processes once (``global_count``). DDP averages gradients over processes, so
 each process scales its loss by the world size: the all-reduced gradient is then exactly d(sum of losses / global
 count). Gradients are all-reduced once, on the last micro-batch.
 

@@ -137,9 +137,9 @@ AUDIO_CLASSIFICATION = register(Classification(
 # Class weights for single-label classification (``train.class_weights``).
 #
 # The loss of a global batch is sum_i w[y_i] * CE_i / sum_i w[y_i] over its real examples: torch's weighted mean
-# (``F.cross_entropy(weight=w)``). ``WeightedClassification`` gives the engine that: ``loss_sum`` weighs each
+# (``F.cross_entropy(weight=w)``). ``WeightedClassification`` gives the engine that: ``step.loss_sum`` weighs each
 # example's cross-entropy by its class's weight, ``count`` is the sum of the weights of the examples (a float, on the
-# host, from the training labels). Evaluation stays unweighted (``eval_batch`` is the plain classification one).
+# host, from the training labels). Evaluation stays unweighted (``evaluation.batch`` is the plain classification one).
 
 
 def resolve_class_weights(setting, label_names: list[str], labels) -> list[float]:

@@ -10,7 +10,7 @@ writes {"labels": [names above the threshold], "scores": {name: sigmoid}}.
 examples x labels, as ``BCEWithLogitsLoss(pos_weight=w)``'s mean is. ``eval.tune_threshold`` (on by default) picks,
 at each evaluation, the one threshold that maximises micro-F1 on the eval data; the metrics are reported at it
 (``eval.threshold`` in the metrics holds it, ``f1_micro_untuned`` the micro-F1 at the configured threshold) and the
-saved model's config.json keeps it as ``threshold`` (``saved_config``), which predict / eval then use."""
+saved model's config.json keeps it as ``threshold`` (``report.saved_config``), which predict / eval then use."""
 
 from __future__ import annotations
 
@@ -116,12 +116,14 @@ class MultiLabelData(Task.parts.data):
 
     def count(self, dataset, indices) -> int:
         """Examples x labels: the real examples of ``indices`` (padding indices are negative) times the labels
-        (``num_labels``, held since ``for_training``; without it, read from one row)."""
+        (``num_labels``, held since ``data.for_training``; without it, read from one row)."""
         indices = np.asarray(indices, dtype=np.int64)
         real = int((indices >= 0).sum())
         if not real:
             return 0
-        width = self.task.num_labels if self.task.num_labels is not None else len(dataset[int(indices[indices >= 0][0])]["labels"])
+        width = self.task.num_labels
+        if width is None:
+            width = len(dataset[int(indices[indices >= 0][0])]["labels"])
         return real * width
 
 
@@ -182,7 +184,8 @@ class MultiLabelEvaluation(Task.parts.evaluation):
         return out
 
     def label_metrics(self, values: dict[str, np.ndarray], label_names: list[str]) -> dict:
-        return {"f1_per_label": f1_per_label(values["probs"], values["labels"], label_names, self.task.threshold_for(values))}
+        threshold = self.task.threshold_for(values)
+        return {"f1_per_label": f1_per_label(values["probs"], values["labels"], label_names, threshold)}
 
     def headline(self, ev: dict) -> str:
         return (f"eval micro-F1: {ev['f1_micro']:.4f}  macro-F1: {ev['f1_macro']:.4f}  "

@@ -94,7 +94,8 @@ class RegressionReport(Task.parts.report):
 
 class RegressionModel(Task.parts.model):
     def fields(self, label_names: list[str]) -> dict:
-        return dict(num_labels=1, problem_type=self.task.spec.problem_type, id2label={0: "score"}, label2id={"score": 0})
+        return dict(num_labels=1, problem_type=self.task.spec.problem_type, id2label={0: "score"},
+                    label2id={"score": 0})
 
     def calibration_labels(self, model, input_ids: torch.Tensor) -> torch.Tensor:
         return torch.zeros(input_ids.shape[0], device=input_ids.device)  # one score per row
@@ -129,8 +130,8 @@ class RegressionPrediction(Task.parts.prediction):
 @dataclasses.dataclass(frozen=True)
 class Regression(Task):
     """One score per example; ``loss`` (mse / huber) and the target standardisation come from the run's config
-    (``configured``) and its training data (``for_training``), or from a saved model's config (``configured`` with
-    ``model_config``); ``saved_config`` writes them into the saved model's config.json."""
+    (``configured``) and its training data (``data.for_training``), or from a saved model's config (``configured`` with
+    ``model_config``); ``report.saved_config`` writes them into the saved model's config.json."""
 
     loss: str = "mse"
     huber_delta: float = 1.0

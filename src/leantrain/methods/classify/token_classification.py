@@ -108,7 +108,7 @@ class TokenClassificationEvaluation(Task.parts.evaluation):
                 "first": first[mask]}
 
     def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
-        """Token accuracy and loss (entity metrics need the tag names: ``all_metrics``)."""
+        """Token accuracy and loss (entity metrics need the tag names: ``evaluation.all_metrics``)."""
         out = {"token_accuracy": float((values["preds"] == values["labels"]).mean()) if len(values["labels"]) else 0.0,
                "loss": float(values["losses"].mean()) if len(values["losses"]) else 0.0,
                "samples": int(values["first"].sum())}

@@ -185,4 +185,5 @@ GRPO_TASK = register(Grpo(
     Traits(labels="prompts", unit="tokens", auto_model="AutoModelForCausalLM", loads_as="text-generation",
            speed_unit="tokens", token_blocks=True, uniform_token_gradients=False, scratch_needs_tokenizer=True,
            progress_keys=("reward", "reward_std", "kl"), default_for=("prompts",)),
-    CardText("reinforcement learning (GRPO)", "language model trained with GRPO", '"What is 2 + 3?", max_new_tokens=40')))
+    CardText("reinforcement learning (GRPO)", "language model trained with GRPO",
+             '"What is 2 + 3?", max_new_tokens=40')))

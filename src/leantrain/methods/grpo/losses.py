@@ -8,7 +8,7 @@ prompt, the padding, and every token of a truncated completion under ``grpo.mask
 ``loss_weight`` (0 for padding rows, which only keep processes in step).
 
 The loss is ``sum / count`` over the global batch (every micro-batch of the optimizer step, every process): each
-micro-batch gives ``loss_sum`` and ``count`` (``reduce`` / ``count``) and the engine divides the sum of the sums by the
+micro-batch gives ``step.loss_sum`` and ``count`` (``reduce`` / ``count``) and the engine divides the sum of the sums by the
 sum of the counts. So for ``dapo`` (tokens), ``grpo`` (sequences, each its own token mean) and ``dr_grpo`` (sequences x
 ``max_new_tokens``) the loss and its gradient are the same whatever the micro-batches and processes (1x4 == 2x2 ==
 4x1). ``bnpo`` is each micro-batch's token mean, averaged over the micro-batches (TRL's definition): its value depends

@@ -7,7 +7,7 @@ runs the forward and returns the fp32 cross-entropy of each shifted target (posi
 -100 is ignored), through the chunked output layer when ``efficiency.chunked_loss`` installed it (the labels are
 set on the layer for that forward: ``leantrain.modeling.chunked_loss``; the ``tokens x vocab`` logits never exist)
 or from the plain logits; it reads nothing but the batch (input columns and ``labels``), so a task that compares
-sequences (two per row, a frozen reference model) calls it on its own batches and models. ``forward_loss`` is the
+sequences (two per row, a frozen reference model) calls it on its own batches and models. ``step.forward_loss`` is the
 sum over rows of ``loss_weight`` x the row's summed token losses; ``count`` is the sum of
 the rows' ``targets``, read from an array in memory. The engine divides the sum over all micro-batches and processes
 by that count of the global batch, so the loss is the mean over the global batch's target tokens, whatever the

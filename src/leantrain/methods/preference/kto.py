@@ -9,7 +9,7 @@ log-probs were precomputed. The unit is the feedback row.
 
 Evaluation reports TRL's names: the ``kl`` estimate, the rewards and log-probs of the desirable (``chosen_*``) and
 undesirable (``rejected_*``) rows, their margin, the loss. A KTO policy evaluated on pairs (``leantrain eval``) is
-scored as DPO scores them (``for_data``: its rewards are the same log-ratios).
+scored as DPO scores them (``data.for_data``: its rewards are the same log-ratios).
 """
 
 from __future__ import annotations

@@ -1,23 +1,23 @@
 """Preference tuning of a causal LM (``model.task=preference``): the DPO family (DPO, IPO, SimPO, ORPO) on
 chosen/rejected pairs, and what every preference method shares (``preference.*``; the losses:
 ``preference_losses``). KTO, on unpaired feedback, is its own method (``kto``); ``configured`` picks it for
-``preference.loss=kto``, ``for_data`` for ``auto`` on feedback (``METHODS``: the loss that selects each class).
+``preference.loss=kto``, ``data.for_data`` for ``auto`` on feedback (``METHODS``: the loss that selects each class).
 
 Batches (the ``pairs`` data side): ``input_ids`` / ``attention_mask`` / ``labels`` ``(2B, T)``, rows 0..B-1 the
 chosen, rows B..2B-1 the rejected, labels -100 on the prompt and padding; ``ref_logps (B, 2)`` when the reference
 log-probs were precomputed. Both halves go through one forward, and the per-token log-probs come from the chunked
 output layer (``CausalLM.token_losses``): no ``tokens x vocab`` fp32 logits.
 
-The unit is the pair: ``loss_sum`` is the sum of the per-pair losses, the engine divides by the global batch's
+The unit is the pair: ``step.loss_sum`` is the sum of the per-pair losses, the engine divides by the global batch's
 pairs, so the loss is the mean over the pairs of the global batch whatever the layout.
 
 The reference (``preference.reference``, resolved in ``configured``): ``adapter``, the same model with its LoRA
 adapters switched off (peft's ``disable_adapter``), no copy; ``precompute``, the log-probs read from the batch
-(computed once before training by the engine, ``precomputed_columns``); ``live``, a frozen copy made by
-``with_model`` before training; ``none``, no reference (simpo, orpo). The reference runs in eval mode under
+(computed once before training by the engine, ``data.precomputed_columns``); ``live``, a frozen copy made by
+``model.bind`` before training; ``none``, no reference (simpo, orpo). The reference runs in eval mode under
 ``torch.no_grad``: it draws no random numbers, so a resumed run is bitwise the same; and in the policy's precision
 (the adapter's forward is the policy's, precompute's pass runs under the Accelerator's autocast, the live copy under
-the autocast ``with_model`` was given), so the three give the same log-probs.
+the autocast ``model.bind`` was given), so the three give the same log-probs.
 """
 
 from __future__ import annotations
@@ -128,8 +128,9 @@ class PreferenceData(CausalLM.parts.data):
 class PreferenceReport(CausalLM.parts.report):
     def saved_config(self, ev: dict | None) -> dict:
         loss = self.task.loss if self.task.loss != "auto" else "dpo"  # auto is resolved by for_data before training
-        return {RECORD: {**{k: getattr(self.task, k) for k in LOSS_SETTINGS}, "loss": loss, "reference": self.task.reference,
-                         "reference_model": self.task.reference_name}}
+        t = self.task
+        return {RECORD: {**{k: getattr(t, k) for k in LOSS_SETTINGS}, "loss": loss, "reference": t.reference,
+                         "reference_model": t.reference_name}}
 
     def card_notes(self, model_config: dict) -> list[str]:
         rec = model_config.get(RECORD) or {}
@@ -178,8 +179,8 @@ class PreferenceModel(CausalLM.parts.model):
 
     def calibration_batch(self, batch: dict) -> dict:
         """The memory model's m synthetic rows as m pairs; with ``precompute`` carrying reference log-probs as the
-        training batches do (no reference forward in the step). ``adapter`` and ``live`` (bound by ``with_model``)
-        run their reference's no-grad forward in ``forward_loss``, as in training."""
+        training batches do (no reference forward in the step). ``adapter`` and ``live`` (bound by ``model.bind``)
+        run their reference's no-grad forward in ``step.forward_loss``, as in training."""
         pairs = L.as_pairs(batch)
         if self.task.reference != "precompute":
             return pairs
@@ -280,7 +281,7 @@ class Preference(CausalLM):
 
     def configured(self, cfg, model_config=None) -> "Preference":
         """The run's ``preference.*`` as its method (``loss`` auto stays auto until the data is known:
-        ``for_data``), or, with ``model_config``, what a trained model recorded (``leantrain eval``: against a live
+        ``data.for_data``), or, with ``model_config``, what a trained model recorded (``leantrain eval``: against a live
         reference)."""
         if model_config is not None:
             rec = getattr(model_config, RECORD, None) or {}
