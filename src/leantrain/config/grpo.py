@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from leantrain.config.base import Section
-from leantrain.config.tasks import TaskSpec, register_spec
+from leantrain.config.tasks import GRPO  # noqa: F401 - the method's name, with the others in config/tasks.py
 from leantrain.errors import ConfigError
 
 REWARDS_HELP = ("reward functions, each FILE.py:FUNCTION or module:function with TRL's signature f(prompts, "
@@ -86,7 +86,3 @@ def check_grpo_keys(cfg, task) -> None:  # noqa: ANN001 - a Config, a leantrain.
         raise ConfigError(f"grpo.{given[0]}: for GRPO (model.task=grpo, on prompts) only; this run's task is "
                           f"{task.name}")
 
-
-GRPO = "grpo"
-# model.task=grpo is known before any model import (as config/tasks.py's are): the eval reward is its metric
-register_spec(TaskSpec(GRPO, "prompts", "", ("reward",), lower_is_better=()))

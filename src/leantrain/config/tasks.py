@@ -1,9 +1,11 @@
-"""The names of the tasks and what the config checks need of each (``model.task``, the metrics ``train.stop_when`` /
-``checkpoint.best_metric`` may name, the problem_type an override must match), one ``TaskSpec`` per task.
+"""The names of the methods (tasks) and what the config checks need of each (``model.task``, the metrics
+``train.stop_when`` / ``checkpoint.best_metric`` may name, the problem_type an override must match): one ``TaskSpec``
+per method, every built-in one declared in the table below.
 
-This is the low half of the task registry, importable by every layer. The task objects themselves (model class,
-loss, metrics, predictions: ``leantrain.methods``) carry a spec; registering a task there registers its spec
-here, so a new task is one file and one ``register`` call.
+This is the light index of the one method registry (``leantrain.methods``), importable by every layer: the config is
+checked against it before torch or any model loads. A method object carries its spec; ``methods.register`` adds the
+spec of a method registered from outside (a plug-in, a test's method), so a new method is one module and one
+``register`` call. The engine never reads this table: it asks the method.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ TOKEN_CLASSIFICATION = "token-classification"
 CAUSAL_LM = "causal-lm"
 PREFERENCE = "preference"
 REWARD_MODEL = "reward-model"
+GRPO = "grpo"
 
 CLASSIFICATION_METRICS = ("accuracy", "f1_macro", "mcc", "loss")  # mcc: two classes only
 REGRESSION_METRICS = ("pearson", "spearman", "mse", "mae", "loss")
@@ -72,3 +75,4 @@ register_spec(TaskSpec(TOKEN_CLASSIFICATION, "tagged", "token_classification", T
 register_spec(TaskSpec(CAUSAL_LM, "tokens", "", ("loss", "perplexity"), lower_is_better=("loss", "perplexity")))
 register_spec(TaskSpec(PREFERENCE, "pairs-or-feedback", "", PREFERENCE_METRICS))
 register_spec(TaskSpec(REWARD_MODEL, "scored-pairs", "regression", REWARD_MODEL_METRICS))
+register_spec(TaskSpec(GRPO, "prompts", "", ("reward",), lower_is_better=()))  # the eval reward is its metric

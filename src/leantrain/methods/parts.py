@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from leantrain.data.modalities import Modality, for_modality
 from leantrain.methods.seam import StepBatches, StepContext
 
 NOT_MODEL_INPUTS = ("labels", "loss_weight", "length")  # batch columns the loss or the batching reads, not the model
@@ -37,10 +38,11 @@ class Part:
 class Data(Part):
     """How the method reads, checks and counts its data."""
 
-    def side(self, side):  # noqa: ANN001, ANN201 - a leantrain.data.modalities.Modality
-        """The data side (``leantrain.data.modalities.Modality``) the method reads with, built from its modality's:
-        as is, or with its own label reading, processing or collator (``dataclasses.replace``)."""
-        return side
+    def side(self) -> Modality:
+        """The data side (``leantrain.data.modalities.Modality``: loader, processor step, collator) the method reads
+        with: its modality's (``spec.modality``) by default; a method adapts it (its own label reading, processing or
+        collator: ``dataclasses.replace``). The engine asks the method, never the table of data sides."""
+        return for_modality(self.task.spec.modality)
 
     def sequence_length(self, data) -> int:  # noqa: ANN001 - a DataConfig
         """The tokens a row is cut at: ``data.block_size`` for token-block methods (language models, preference pairs,

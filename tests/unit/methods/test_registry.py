@@ -47,3 +47,36 @@ def test_the_engine_imports_no_task_module():
         names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         assert not names & {"check_regression_keys", "check_preference_keys", "check_pos_weight_task",
                             "resolve_class_weights"}, path.name
+
+
+def test_one_registry_the_config_table_is_the_index_of_the_methods():
+    """Every registered method's spec is the config's entry of its name (the config checks model.task and metric names
+    against that light table before torch loads), and every entry is a registered method."""
+    from leantrain.config.tasks import SPECS
+    from leantrain.methods import TASKS
+
+    builtin = {n: t for n, t in TASKS.items() if not n.startswith("seam-")}  # test methods register themselves
+    assert set(builtin) <= set(SPECS) and all(SPECS[n] == t.spec for n, t in builtin.items())
+    assert {n for n in SPECS if not n.startswith(("seam-", "toy-"))} == set(builtin)
+
+
+def test_the_engine_asks_the_method_for_its_data_side():
+    """No module of the engine or the commands reads the data layer's table of data sides: a method's
+    ``data.side()`` is the only way to one."""
+    for path in sorted((REPO / "src" / "leantrain").rglob("*.py")):
+        if path.parent.name in ("data", "lm") or "methods" in path.parts:
+            continue
+        text = path.read_text()
+        assert "MODALITIES" not in text and "for_modality" not in text, path
+
+
+def test_a_method_record_is_small():
+    """What the engine sees of a method: its description (spec, traits, card), its six parts and its settings' entry
+    points; at most 20 members (53 before the parts)."""
+    import dataclasses
+
+    from leantrain.methods import Task
+
+    members = {n for n in dir(Task) if not n.startswith("_")} | {f.name for f in dataclasses.fields(Task)}
+    assert len(members) <= 20, sorted(members)
+    assert {"data", "model", "step", "evaluation", "prediction", "report"} <= members

@@ -17,7 +17,7 @@ from leantrain.config.metric_names import check_metric
 from leantrain.config.training import parse_stop_when
 from leantrain.errors import ConfigError, problems_error
 from leantrain.data.loaders import eval_loader
-from leantrain.data.modalities import Modality, for_modality
+from leantrain.data.modalities import Modality
 from leantrain.engine.evaluation.eval_plan import eval_width
 from leantrain.engine.setup.precompute import with_precomputed
 from leantrain.engine.evaluation.samples import check_sample_prompts
@@ -97,7 +97,7 @@ class TrainingData:
 
 def data_side(task: Task) -> Modality:
     """The data side (loader, processor step, collator) of a task: its modality's, as the task adapts it."""
-    return task.data.side(for_modality(task.spec.modality))
+    return task.data.side()
 
 
 def run_task(cfg: Config) -> Task:
@@ -112,7 +112,7 @@ def run_task_reason(cfg: Config) -> tuple[Task, str]:
     task, why = resolve_task_reason(cfg)
     if cfg.model.task != "auto":
         return task, why
-    labelled = task_for_labels(task, for_modality(task.spec.modality).label_kind(cfg.data))
+    labelled = task_for_labels(task, task.data.side().label_kind(cfg.data))
     return labelled, why if labelled is task else f"{why}, and the labels"
 
 

@@ -109,7 +109,8 @@ class MultiLabelData(Task.parts.data):
                                    pos_weight=None if weights is None else tuple(weights),
                                    prior=None if hot is None else tuple(float(v) for v in prior_logits(hot)))
 
-    def side(self, side):
+    def side(self):  # noqa: ANN201 - a Modality
+        side = super().side()
         return dataclasses.replace(
             side, load_and_validate=functools.partial(side.load_and_validate, labels="label_sets"),
             load_rows=functools.partial(side.load_rows, labels="label_sets"))

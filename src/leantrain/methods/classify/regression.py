@@ -69,7 +69,8 @@ class RegressionData(Task.parts.data):
         log.info("scores standardised: (score - %.6g) / %.6g (training split); predictions are turned back", mean, std)
         return dataclasses.replace(self.task, mean=mean, std=std)
 
-    def side(self, side):
+    def side(self):  # noqa: ANN201 - a Modality
+        side = super().side()
         return dataclasses.replace(side, load_and_validate=functools.partial(side.load_and_validate, labels="scores"),
                                    load_rows=functools.partial(side.load_rows, labels="scores"))
 
