@@ -16,7 +16,8 @@ from contextlib import nullcontext
 import torch
 
 from leantrain.modeling.presets import preset_path
-from leantrain.modeling.generation.sampling import Sampling, generate, prefill
+from leantrain.modeling.generation.decode import generate, prefill
+from leantrain.modeling.generation.sampling import Sampling
 
 PROMPTS = ["What is 17 + 25?", "Name a colour of the sky.", "Write a haiku about rain.",
            "Explain what a prime number is in one sentence."]

@@ -10,8 +10,9 @@ import logging
 import torch
 
 from leantrain.heartbeat import reporting, work
-from leantrain.modeling.generation.prompts import continuations
-from leantrain.modeling.generation.sampling import Sampling, generate
+from leantrain.modeling.generation.continuations import continuations
+from leantrain.modeling.generation.decode import generate
+from leantrain.modeling.generation.sampling import Sampling
 from leantrain.report.progress import Progress, describe_work
 from tests.tiny_models import loss_llama
 

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from leantrain.modeling.chunked_loss import (IGNORE, chunked_layer, keeps_logits, labels_for_loss,
                                              per_token_losses, target_losses)
-from leantrain.modeling.generation.sampling import positions
+from leantrain.modeling.generation.decode import positions
 
 PROMPT_IDS, PROMPT_MASK = "prompt_input_ids", "prompt_attention_mask"
 COMPLETION_IDS, COMPLETION_MASK, COMPLETION_LABELS = "completion_ids", "completion_mask", "completion_labels"

@@ -35,7 +35,9 @@ from leantrain.methods.grpo import losses as L
 from leantrain.methods.grpo import rewards as R
 from leantrain.methods.grpo import rollout as G
 from leantrain.methods.lm.causal_lm import CausalLM
-from leantrain.modeling.generation.sampling import Sampling, backend
+from leantrain.modeling.generation import decode
+from leantrain.modeling.generation.decode import backend
+from leantrain.modeling.generation.sampling import Sampling
 from leantrain.methods.seam import StepBatches
 from leantrain.methods.registry import CardText, Task, register
 from leantrain.methods.traits import Traits
@@ -189,14 +191,10 @@ class Grpo(CausalLM):
 
     def stop_ids(self, model) -> list[int]:
         """The ids that end a completion: the tokenizer's EOS and the model's generation config's."""
-        tok = self.tokenizer()
-        found = getattr(getattr(unwrapped(model), "generation_config", None), "eos_token_id", None)
-        ids = [tok.eos_token_id] + (found if isinstance(found, list) else [found])
-        return sorted({int(i) for i in ids if i is not None})
+        return decode.stop_ids(model, self.tokenizer())
 
     def pad_id(self) -> int:
-        tok = self.tokenizer()
-        return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id or 0)
+        return decode.pad_id(self.tokenizer())
 
     def with_model(self, model, autocast=None) -> "Grpo":
         """Bound to the model as it starts training: its precision context (generation, evaluation) and, for a KL

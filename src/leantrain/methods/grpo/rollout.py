@@ -27,7 +27,7 @@ from leantrain.methods.grpo import losses as L
 from leantrain.methods.grpo import rewards as R
 
 if TYPE_CHECKING:
-    from leantrain.modeling.generation.sampling import Rollout
+    from leantrain.modeling.generation.decode import Rollout
 
 IGNORE = F.IGNORE
 # TRL's names; each row's value (reward_std: the step's global batch std on every row)
