@@ -1,4 +1,4 @@
-"""GRPO rollouts: ``grpo_generation.generate`` (one prefill, the cache repeated G times) against
+"""GRPO rollouts: ``modeling.generation.decode.generate`` (one prefill, the cache repeated G times) against
 ``model.generate(num_return_sequences=G, do_sample=True)`` on SmolLM2-135M-Instruct, fp32 and bf16 autocast,
 interleaved, a few rounds. Every completion runs the full ``--new`` tokens (no EOS for ours, ``min_new_tokens`` for
 HF), so both decode the same number of tokens.

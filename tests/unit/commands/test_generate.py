@@ -1,5 +1,5 @@
-"""Continuations (leantrain.modeling.generation.prompts) and ``leantrain generate`` on a tiny random Llama with a ~90-word
-tokenizer: greedy is the argmax chain and repeatable, batching (left padding) changes nothing, sampling is seeded
+"""Continuations (leantrain.modeling.generation.continuations) and ``leantrain generate`` on a tiny random Llama
+with a ~90-word tokenizer: greedy is the argmax chain and repeatable, batching (left padding) changes nothing, sampling is seeded
 and leaves the caller's RNG alone, the chat template wraps prompts when present, eval mode is restored; a run's
 prompts are rendered as it trained (system prompt, template)."""
 
