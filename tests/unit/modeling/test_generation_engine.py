@@ -135,8 +135,10 @@ def test_decode_step_says_what_it_chose_and_why(tok, monkeypatch):
         growing = prefill(llama(tok), ids, mask)[1]  # transformers' cache, not reserved
     assert D.decode_step(llama(tok), growing).reason == (
         "its KV cache is not reserved (a cache layer other than transformers' DynamicLayer): transformers' forward")
-    lora = get_peft_model(llama(tok), LoraConfig(r=2, target_modules=["q_proj"])).get_base_model()
-    assert D.decode_step(lora).reason.startswith("a layer is not a plain linear or norm (LoRA, quantized)")
+    lora = get_peft_model(llama(tok), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert D.decode_step(lora).reason == (
+        "it is a peft model (LoRA adapters): its layers are not plain linears: transformers' forward")
+    assert D.decode_step(lora.get_base_model()).reason.startswith("a layer is not a plain linear or norm (LoRA, ")
     monkeypatch.setattr(D, "free_bytes", lambda device: 1000)
     step, name, reason = the_step(llama(tok), tok)
     assert name == "transformers" and not isinstance(step, fast_decode.Decoder)

@@ -1,5 +1,6 @@
 """One decoded token per row, computed from the weights directly: the fused decode step of the generation engine
-(GRPO, ``leantrain generate``, sample prompts) for Llama-family models (Llama, SmolLM, Mistral, Qwen2), on a reserved KV cache.
+(GRPO, ``leantrain generate``, sample prompts) for Llama-family models (Llama, SmolLM, Mistral, Qwen2), on a reserved
+KV cache.
 
 A decoded token costs transformers' forward about 45 small operations per layer, each through ``nn.Module`` calls,
 autocast's dispatch and its checks, plus the attention mask built again at every token; for a 135M model at 32 rows
@@ -60,6 +61,8 @@ def takes(model: nn.Module, cache) -> bool:
 def refusal(model: nn.Module, cache=None) -> str | None:
     """Why ``Decoder`` cannot compute ``model``'s forward on ``cache`` (None: it can). ``cache`` None: the model
     alone, as it would be on a reserved cache (the Mistral window against the generation's length unchecked)."""
+    if hasattr(model, "get_base_model"):  # peft's model: its LoRA layers wrap the linears
+        return "it is a peft model (LoRA adapters): its layers are not plain linears"
     config = getattr(model, "config", None)
     kind, inner = getattr(config, "model_type", None), getattr(model, "model", None)
     if kind not in MODEL_TYPES or inner is None or not getattr(inner, "layers", None):
