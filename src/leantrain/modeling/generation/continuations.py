@@ -36,7 +36,7 @@ def continuations(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: i
     """The new text the model writes after each prompt (see the module docstring), in the prompts' order."""
     check_settings(max_new_tokens, temperature, top_p, seed)
     texts, templated = prompt_texts(tokenizer, prompts, chat, system, tools)
-    model = unwrapped(model)  # DDP, compile: the wrapped model (the same weights)
+    model = unwrapped(model)  # DDP, compile: the model inside (the same weights)
     device = next(model.parameters()).device
     sampling = Sampling(max_new_tokens, temperature=temperature, top_p=top_p)
     generator = seeded(device, seed) if temperature > 0 else None
