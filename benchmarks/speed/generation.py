@@ -1,4 +1,4 @@
-"""GRPO rollouts: ``grpo_generation.generate`` (one prefill, the cache repeated G times) against
+"""GRPO rollouts: ``modeling.generation.decode.generate`` (one prefill, the cache repeated G times) against
 ``model.generate(num_return_sequences=G, do_sample=True)`` on SmolLM2-135M-Instruct, fp32 and bf16 autocast,
 interleaved, a few rounds. Every completion runs the full ``--new`` tokens (no EOS for ours, ``min_new_tokens`` for
 HF), so both decode the same number of tokens.
@@ -16,7 +16,8 @@ from contextlib import nullcontext
 import torch
 
 from leantrain.modeling.presets import preset_path
-from leantrain.modeling.generation.sampling import Sampling, generate, prefill
+from leantrain.modeling.generation.decode import generate, prefill
+from leantrain.modeling.generation.sampling import Sampling
 
 PROMPTS = ["What is 17 + 25?", "Name a colour of the sky.", "Write a haiku about rain.",
            "Explain what a prime number is in one sentence."]

@@ -56,7 +56,7 @@ def preset(tmp_path_factory):
 def test_preset_converts_once_reloads_and_generates(preset):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from leantrain.modeling.generation.prompts import continuations
+    from leantrain.modeling.generation.continuations import continuations
 
     cache, folder, again, conversions = preset
     assert again == folder and len(conversions) == 1  # reused after the checksum check

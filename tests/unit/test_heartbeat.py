@@ -1,7 +1,7 @@
 """Progress of long work (leantrain.heartbeat): due only where a sink prints and its interval has passed; the lines
-rank 0 prints (report.progress.Progress, plain mode) with a clock the test moves; GRPO's decoding, transformers'
-generate (leantrain generate, sample prompts) and an evaluation report through it, and reporting changes nothing they
-compute."""
+rank 0 prints (report.progress.Progress, plain mode) with a clock the test moves; the generation engine (GRPO's
+decoding, and continuations: leantrain generate, sample prompts) and an evaluation report through it, and reporting
+changes nothing they compute."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import logging
 import torch
 
 from leantrain.heartbeat import reporting, work
-from leantrain.modeling.generation.prompts import continuations
-from leantrain.modeling.generation.sampling import Sampling, generate
+from leantrain.modeling.generation.continuations import continuations
+from leantrain.modeling.generation.decode import generate
+from leantrain.modeling.generation.sampling import Sampling
 from leantrain.report.progress import Progress, describe_work
 from tests.tiny_models import loss_llama
 
@@ -106,7 +107,7 @@ def test_grpo_decoding_reports_positions_new_tokens_and_rows_done_and_draws_the_
     assert sink.ended == ["generation of 6 rows"]
 
 
-def test_transformers_generate_counts_its_new_tokens(tmp_path):
+def test_continuations_report_each_batch_of_prompts(tmp_path):
     from tests.helpers import make_tiny_lm_tokenizer
 
     tok_dir = make_tiny_lm_tokenizer(tmp_path / "tok")

@@ -25,7 +25,8 @@ from leantrain.engine.setup.run_settings import stored_prompt_format, with_run_s
 from leantrain.heartbeat import reporting
 from leantrain.modeling.positions import position_limit
 from leantrain.errors import UserError
-from leantrain.modeling.generation.prompts import check_room, check_settings, continuations, prompt_lengths, prompt_texts
+from leantrain.modeling.generation.continuations import continuations
+from leantrain.modeling.generation.prompts import check_room, check_settings, prompt_lengths, prompt_texts
 from leantrain.modeling.load import is_adapter_folder, load_adapter_model
 from leantrain.modeling.hubcheck import check_model_name
 from leantrain.modeling.names import resolve_model_name

@@ -1,5 +1,5 @@
-"""Continuations (leantrain.modeling.generation.prompts) and ``leantrain generate`` on a tiny random Llama with a ~90-word
-tokenizer: greedy is the argmax chain and repeatable, batching (left padding) changes nothing, sampling is seeded
+"""Continuations (leantrain.modeling.generation.continuations) and ``leantrain generate`` on a tiny random Llama
+with a ~90-word tokenizer: greedy is the argmax chain and repeatable, batching (left padding) changes nothing, sampling is seeded
 and leaves the caller's RNG alone, the chat template wraps prompts when present, eval mode is restored; a run's
 prompts are rendered as it trained (system prompt, template)."""
 
@@ -13,7 +13,8 @@ import torch
 
 from leantrain.cli import main
 from leantrain.errors import UserError
-from leantrain.modeling.generation.prompts import continuations, prompt_texts
+from leantrain.modeling.generation.continuations import continuations
+from leantrain.modeling.generation.prompts import prompt_texts
 from leantrain.methods import get_task
 from tests.helpers import CHATML, make_tiny_chat_tokenizer, make_tiny_llama, make_tiny_lm_tokenizer
 
@@ -82,13 +83,14 @@ def test_chat_template_applied_when_present(loaded, monkeypatch):
     texts, templated = prompt_texts(tok, ["hello world"])
     assert templated and texts == ["user : hello world assistant :"]
     seen = []
-    generate = model.generate
+    from leantrain.modeling.generation import continuations as module
 
-    def spy(**kwargs):
-        seen.append(tok.batch_decode(kwargs["input_ids"], skip_special_tokens=True))
-        return generate(**kwargs)
+    def spy(model, ids, mask, **kwargs):
+        seen.append(tok.batch_decode(ids, skip_special_tokens=True))
+        return generate(model, ids, mask, **kwargs)
 
-    monkeypatch.setattr(model, "generate", spy)
+    generate = module.generate
+    monkeypatch.setattr(module, "generate", spy)
     auto = continuations(model, tok, ["hello world"], max_new_tokens=4)
     plain = continuations(model, tok, ["hello world"], max_new_tokens=4, chat=False)
     assert seen == [["user : hello world assistant :"], ["hello world"]]

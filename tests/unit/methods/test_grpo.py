@@ -17,7 +17,7 @@ from leantrain.methods import get_task
 from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import rollout as G
 from leantrain.methods.grpo.grpo import Sampler
-from leantrain.modeling.generation.sampling import Rollout
+from leantrain.modeling.generation.decode import Rollout
 from leantrain.methods.grpo.rewards import Reward
 
 

@@ -19,7 +19,7 @@ from leantrain.config.grpo import GrpoConfig
 from leantrain.methods import get_task
 from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import rollout as G
-from leantrain.modeling.generation.sampling import Rollout
+from leantrain.modeling.generation.decode import Rollout
 from leantrain.methods.grpo.rewards import Reward
 from tests.tiny_models import LOSS_VOCAB, loss_llama
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from leantrain.errors import UserError
-from leantrain.modeling.generation.sampling import Sampling, backend, draw, filtered, generate, positions, prefill
+from leantrain.modeling.generation.decode import backend, generate, positions, prefill
+from leantrain.modeling.generation.sampling import Sampling, draw, filtered
 from tests.helpers import WeightCasts
 from tests.tiny_models import loss_llama, tiny_gpt2
 

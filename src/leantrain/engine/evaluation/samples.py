@@ -16,7 +16,8 @@ import logging
 
 from leantrain.data.lm.sft import sample_inputs
 from leantrain.errors import ConfigError
-from leantrain.modeling.generation.prompts import check_room, continuations, prompt_lengths, prompt_texts
+from leantrain.modeling.generation.continuations import continuations
+from leantrain.modeling.generation.prompts import check_room, prompt_lengths, prompt_texts
 from leantrain.methods import Task
 from leantrain.modeling.positions import model_position_limit
 

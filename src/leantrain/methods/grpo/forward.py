@@ -1,7 +1,7 @@
 """The forward of a GRPO training micro-batch: the per-token log-probs of its completions (and their entropy), with
 each prompt encoded once for its G completions where the model allows it.
 
-A training micro-batch holds N left-padded prompts and their N*G right-padded completions (``grpo_rollout``). Two
+A training micro-batch holds N left-padded prompts and their N*G right-padded completions (``rollout``). Two
 ways to the same numbers (tested equal, ``tests/unit/methods/test_grpo_forward.py``):
 
 - **shared prompts** (``shares_prompts``): one forward of the N prompts but their last token with the KV cache and
@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from leantrain.modeling.chunked_loss import (IGNORE, chunked_layer, keeps_logits, labels_for_loss,
                                              per_token_losses, target_losses)
-from leantrain.modeling.generation.sampling import positions
+from leantrain.modeling.generation.decode import positions
 
 PROMPT_IDS, PROMPT_MASK = "prompt_input_ids", "prompt_attention_mask"
 COMPLETION_IDS, COMPLETION_MASK, COMPLETION_LABELS = "completion_ids", "completion_mask", "completion_labels"

@@ -33,12 +33,13 @@ from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import losses as L
 from leantrain.methods.grpo import rollout as G
 from leantrain.methods.grpo.parts import (RECORD, GrpoData, GrpoEvaluation, GrpoModel, GrpoReport, Sampler,
-                                          loaded_rewards, on_first_forward, pad_id, stop_ids)
+                                          loaded_rewards, on_first_forward)
 from leantrain.methods.lm.causal_lm import CausalLM
 from leantrain.methods.registry import CardText, Task, register
 from leantrain.methods.seam import StepBatches
 from leantrain.methods.traits import Traits
-from leantrain.modeling.generation.sampling import Sampling, backend
+from leantrain.modeling.generation.decode import backend, pad_id, stop_ids
+from leantrain.modeling.generation.sampling import Sampling
 from leantrain.modeling.wrappers import frozen_forward, unwrapped
 
 
@@ -81,7 +82,7 @@ class GrpoStep(CausalLM.parts.step):
         with accelerator.autocast(), on_first_forward(model, generating):
             rollout = backend(g.generation)(
                 model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=g.num_generations,
-                sampling=self.task.sampling, eos_ids=stop_ids(tok, model), pad_id=pad_id(tok), generator=generator)
+                sampling=self.task.sampling, eos_ids=stop_ids(model, tok), pad_id=pad_id(tok), generator=generator)
         return G.score(batch, rollout, tok, list(self.task.rewards), g.num_generations, step)
 
     def loss(self, model, batch: dict) -> tuple:  # noqa: ANN001

@@ -18,7 +18,7 @@ from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import rewards as R
 from leantrain.methods.grpo import rollout as G
 from leantrain.methods.lm.causal_lm import CausalLM
-from leantrain.modeling.generation.sampling import backend
+from leantrain.modeling.generation.decode import backend, pad_id, stop_ids
 from leantrain.modeling.wrappers import unwrapped
 
 RECORD = "grpo"  # config.json's field: the settings the policy was trained with (the card; eval's default rewards)
@@ -75,17 +75,6 @@ def on_first_forward(model, call):  # noqa: ANN001, ANN201 - a model, a callable
         yield
     finally:
         handle.remove()
-
-
-def stop_ids(tokenizer, model) -> list[int]:  # noqa: ANN001
-    """The ids that end a completion: the tokenizer's EOS and the model's generation config's."""
-    found = getattr(getattr(unwrapped(model), "generation_config", None), "eos_token_id", None)
-    ids = [tokenizer.eos_token_id] + (found if isinstance(found, list) else [found])
-    return sorted({int(i) for i in ids if i is not None})
-
-
-def pad_id(tokenizer) -> int:  # noqa: ANN001
-    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0)
 
 
 class GrpoData(CausalLM.parts.data):
@@ -153,7 +142,7 @@ class GrpoEvaluation(CausalLM.parts.evaluation):
         with self.task.autocast():
             rollout = backend(self.task.grpo.generation)(
                 model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=1, sampling=greedy,
-                eos_ids=stop_ids(tok, model), pad_id=pad_id(tok))
+                eos_ids=stop_ids(model, tok), pad_id=pad_id(tok))
         s = G.score(batch, rollout, tok, list(self.task.rewards), 1, step="in evaluation")
         values = torch.cat([s.rewards[:, None], torch.from_numpy(s.scores)], dim=1)
         return (values.to(batch["prompt_input_ids"].device),)

@@ -1,11 +1,11 @@
 """What one GRPO step trains on, made from a micro-batch of prompts: the completions sampled by the model
-(``grpo_generation``), their rewards (``grpo_rewards``), and the training rows built from them.
+(``leantrain.modeling.generation``), their rewards (``rewards``), and the training rows built from them.
 
 A training micro-batch is the N prompts as they were generated from (left-padded, ``prompt_input_ids`` /
 ``prompt_attention_mask``) and their N*G completions (``completion_ids``, right-padded to the longest, up to and
 including each one's EOS; ``completion_mask``; ``completion_labels``: the tokens, -100 on the padding and on every
 token of a truncated completion under ``grpo.mask_truncated``). Row ``i*G + j`` is prompt i's j-th completion: a
-prompt's group is one micro-batch's, on one process. Its forward (``grpo_forward``) gives per-token values
+prompt's group is one micro-batch's, on one process. Its forward (``forward``) gives per-token values
 ``(rows, C)``, one per completion position.
 
 ``rollout_values`` (rows, K) carries each row's share of the rollout's metrics (``ROLLOUT_METRICS``, then one per
@@ -27,7 +27,7 @@ from leantrain.methods.grpo import losses as L
 from leantrain.methods.grpo import rewards as R
 
 if TYPE_CHECKING:
-    from leantrain.modeling.generation.sampling import Rollout
+    from leantrain.modeling.generation.decode import Rollout
 
 IGNORE = F.IGNORE
 # TRL's names; each row's value (reward_std: the step's global batch std on every row)
@@ -60,7 +60,7 @@ def repeat(values: list, times: int) -> list:
 def score(batch: dict, rollout: Rollout, tokenizer, rewards: list[R.Reward], num_generations: int,
           step: int | str) -> Scored:
     """Decode the completions of one micro-batch and score them (each reward function once, host side); ``step``
-    names when in an error (``grpo_rewards.score``)."""
+    names when in an error (``rewards.score``)."""
     lengths = rollout.completion_mask.sum(-1).tolist()
     ids = [row[:n] for row, n in zip(rollout.completion_ids.tolist(), lengths)]
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)

@@ -1,5 +1,5 @@
 """KTO (``model.task=preference`` with ``preference.loss=kto``, or ``auto`` on feedback data): preference tuning on
-unpaired desirable / undesirable feedback (``preference_losses.kto``), the settings and the reference of the
+unpaired desirable / undesirable feedback (``losses.kto``), the settings and the reference of the
 preference family (``preference.Preference``), its own batches, loss, checks and evaluation.
 
 Batches (the ``feedback`` data side): ``input_ids`` / ``attention_mask`` / ``labels`` ``(2B, T)``, rows 0..B-1 the

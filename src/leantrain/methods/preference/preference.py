@@ -1,6 +1,6 @@
 """Preference tuning of a causal LM (``model.task=preference``): the DPO family (DPO, IPO, SimPO, ORPO) on
 chosen/rejected pairs, and what every preference method shares (``preference.*``; the losses:
-``preference_losses``). KTO, on unpaired feedback, is its own method (``kto``); ``configured`` picks it for
+``losses``). KTO, on unpaired feedback, is its own method (``kto``); ``configured`` picks it for
 ``preference.loss=kto``, ``data.for_data`` for ``auto`` on feedback (``METHODS``: the loss that selects each class).
 
 Batches (the ``pairs`` data side): ``input_ids`` / ``attention_mask`` / ``labels`` ``(2B, T)``, rows 0..B-1 the

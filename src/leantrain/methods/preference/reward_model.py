@@ -1,5 +1,5 @@
 """A reward model (``model.task=reward-model``): a sequence classifier with one output, trained on chosen / rejected
-pairs with the Bradley-Terry loss -log sigmoid(r_chosen - r_rejected) (``preference_losses.bradley_terry``), plus
+pairs with the Bradley-Terry loss -log sigmoid(r_chosen - r_rejected) (``losses.bradley_terry``), plus
 ``preference.center_rewards`` x (r_chosen + r_rejected)² when set (reward centring).
 
 Batches (the ``scored-pairs`` data side): ``input_ids`` / ``attention_mask`` ``(2B, T)``, rows 0..B-1 the chosen

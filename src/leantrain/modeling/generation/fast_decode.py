@@ -1,5 +1,6 @@
-"""One decoded token per row, computed from the weights directly: the decode step of online methods' generation
-(GRPO) for Llama-family models (Llama, SmolLM, Mistral, Qwen2), on a reserved KV cache.
+"""One decoded token per row, computed from the weights directly: the fused decode step of the generation engine
+(GRPO, ``leantrain generate``, sample prompts) for Llama-family models (Llama, SmolLM, Mistral, Qwen2), on a reserved
+KV cache.
 
 A decoded token costs transformers' forward about 45 small operations per layer, each through ``nn.Module`` calls,
 autocast's dispatch and its checks, plus the attention mask built again at every token; for a 135M model at 32 rows
@@ -22,9 +23,10 @@ same cache to rounding (fp32: 1e-5; bf16: as close to the fp32 logits as transfo
 ``tests/unit/modeling/test_fast_decode.py``); the attention kernel's packing order can differ from transformers' in
 the last bit of a bf16 value, so sampled tokens are draws from the same distribution, not always the same draws.
 
-``decoder(model, cache)`` returns None, and the caller keeps transformers' forward, for anything else: another
-architecture or attention variant (sliding windows, q/k norms), LoRA or quantized layers (peft's and bitsandbytes'
-modules are not plain linears), sharded weights (FSDP, DeepSpeed ZeRO-3), a cache that is not reserved.
+``decoder(model, cache)`` returns None, and the caller keeps transformers' forward, for anything else (``refusal``
+says which): another architecture or attention variant (sliding windows, q/k norms), LoRA or quantized layers (peft's
+and bitsandbytes' modules are not plain linears), sharded weights (FSDP, DeepSpeed ZeRO-3), a cache that is not
+reserved. ``decode_step.decode_step`` makes the choice and says why.
 """
 
 from __future__ import annotations
@@ -53,23 +55,54 @@ def decoder(model: nn.Module, cache) -> "Decoder | None":
 def takes(model: nn.Module, cache) -> bool:
     """Whether ``Decoder`` computes ``model``'s forward: a Llama-family causal LM of plain linear layers and full
     attention, on a cache whose layers are all reserved."""
+    return refusal(model, cache) is None
+
+
+def refusal(model: nn.Module, cache=None) -> str | None:
+    """Why ``Decoder`` cannot compute ``model``'s forward on ``cache`` (None: it can). ``cache`` None: the model
+    alone, as it would be on a reserved cache (the Mistral window against the generation's length unchecked)."""
+    if hasattr(model, "get_base_model"):  # peft's model: its LoRA layers wrap the linears
+        return "it is a peft model (LoRA adapters): its layers are not plain linears"
     config = getattr(model, "config", None)
-    inner = getattr(model, "model", None)
-    if getattr(config, "model_type", None) not in MODEL_TYPES or inner is None or config.hidden_act != "silu":
-        return False
+    kind, inner = getattr(config, "model_type", None), getattr(model, "model", None)
+    if kind not in MODEL_TYPES or inner is None or not getattr(inner, "layers", None):
+        return f"{kind or type(model).__name__} is not Llama-shaped ({', '.join(MODEL_TYPES)})"
+    if config.hidden_act != "silu":
+        return f"its activation is {config.hidden_act}, not silu"
     if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or ())):
-        return False
-    layers, head = getattr(inner, "layers", None), model.get_output_embeddings()
-    cached = getattr(cache, "layers", None)
-    if not layers or not cached or len(cached) != len(layers) or not all(type(c) is ReservedLayer for c in cached):
-        return False
-    if getattr(config, "sliding_window", None) is not None and config.sliding_window < cached[0].capacity:
-        return False  # Mistral's window shorter than the generation
-    linears = [head] + [m for layer in layers for m in (*projections(layer.self_attn), *mlp_weights(layer.mlp))]
-    norms = [inner.norm] + [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
-    return (all(type(m) in LINEARS and plain(m.weight) for m in linears)
+        return "not every layer has full attention (layer_types)"
+    if cache is not None:
+        cached = getattr(cache, "layers", None)
+        if not cached or len(cached) != len(inner.layers) or not all(type(c) is ReservedLayer for c in cached):
+            return "its KV cache is not reserved (a cache layer other than transformers' DynamicLayer)"
+        window = getattr(config, "sliding_window", None)
+        if window is not None and window < cached[0].capacity:
+            return f"its sliding window ({window}) is shorter than the generation ({cached[0].capacity} positions)"
+    if not plain_layers(model):
+        return "a layer is not a plain linear or norm (LoRA, quantized) or its weights are sharded (FSDP, ZeRO-3)"
+    return None
+
+
+def plain_layers(model: nn.Module) -> bool:
+    """Every linear layer, norm and the embeddings of a Llama-shaped ``model`` are plain modules of whole tensors."""
+    inner = model.model
+    norms = [inner.norm] + [n for layer in inner.layers
+                            for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    return (all(type(m) in LINEARS and plain(m.weight) for m in linears(model))
             and all(type(n).__name__ in NORMS and plain(n.weight) for n in norms)
             and plain(inner.embed_tokens.weight) and hasattr(inner, "rotary_emb"))
+
+
+def linears(model: nn.Module) -> list[nn.Module]:
+    """The output layer and every projection of a Llama-shaped ``model``: the weights a ``Decoder`` copies."""
+    layers = model.model.layers
+    return [model.get_output_embeddings()] + [m for layer in layers
+                                               for m in (*projections(layer.self_attn), *mlp_weights(layer.mlp))]
+
+
+def copied_bytes(model: nn.Module, dtype: torch.dtype) -> int:
+    """The bytes of the weight copies a ``Decoder`` of ``model`` makes in ``dtype``."""
+    return sum(m.weight.numel() for m in linears(model)) * torch.empty((), dtype=dtype).element_size()
 
 
 def plain(weight) -> bool:
