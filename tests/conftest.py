@@ -22,6 +22,13 @@ os.environ["TRACKIO_DIR"] = _TRACKIO_DIR
 
 def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ANN001
     shutil.rmtree(_TRACKIO_DIR, ignore_errors=True)
+    # the fork server tests.helpers.cli_process starts (torch and transformers preloaded, ~330 MB) outlived the test
+    # processes that started it, one per xdist worker and run: stop it with them
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
 
 
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001
