@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from leantrain.config.tasks import REWARD_MODEL, task_spec
+from leantrain.modeling.fast_paths import FIRST_TOKEN
 from leantrain.modeling.first_token import first_token_last_layer
 from leantrain.methods.preference import losses as L
 from leantrain.methods.preference.preference import check_unread_keys
@@ -122,5 +123,5 @@ class RewardModel(Task):
 REWARD_MODEL_TASK = register(RewardModel(
     task_spec(REWARD_MODEL),
     Traits(labels="pairs", unit="pairs", auto_model="AutoModelForSequenceClassification",
-           loads_as="text-classification", token_blocks=True, headline_loss=True),
+           loads_as="text-classification", token_blocks=True, headline_loss=True, forward_paths=(FIRST_TOKEN,)),
     CardText("reward modelling", "reward model", '"Human: hi Assistant: hello", function_to_apply="none"')))
