@@ -113,8 +113,8 @@ class RewardModel(Task):
 
     def scores(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(chosen, rejected) rewards, fp32, from one forward of both halves; a BERT classifier's last layer
-        computes only the first token, the one its pooler reads (``modeling/first_token.py``: the same rewards and
-        gradients, about a seventh less work)."""
+        computes only the first token, the one its pooler reads, where the run's connector chose it
+        (``modeling/first_token.py``: the same rewards and gradients, about a seventh less work)."""
         with first_token_last_layer(unwrapped(model)):
             logits = model(**{k: batch[k] for k in MODEL_KEYS if k in batch}).logits.float().squeeze(-1)
         return L.split_pairs(logits)
