@@ -17,7 +17,7 @@ import torch
 
 from leantrain.config import EfficiencyConfig
 from leantrain.engine.devices.efficiency import ModelChoices
-from leantrain.methods.traits import Traits
+from leantrain.methods import Traits
 
 COMMANDS = ("train", "plan", "eval", "generate")
 
