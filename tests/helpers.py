@@ -155,6 +155,22 @@ def gradients(model, batch) -> dict:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def switched(model, eff=None, *, traits=None, choices=None, command: str = "train", device: str = "cpu", **context):
+    """The connector's ``choose_paths`` on ``model`` as ``command`` on ``device`` makes it, with ``eff`` (an
+    EfficiencyConfig; default settings when None) and ``traits`` (text classification's when None): the record
+    (``Paths``). ``context``: the other ``PathsContext`` fields (strategy, generates, micro_batch, ...)."""
+    import torch
+
+    from leantrain.config import EfficiencyConfig
+    from leantrain.engine.devices.connector import choose_paths
+    from leantrain.engine.devices.paths import PathsContext
+    from leantrain.methods import TEXT, get_task
+
+    ctx = PathsContext(command, torch.device(device), eff or EfficiencyConfig(), choices,
+                       traits or get_task(TEXT).traits, **context)
+    return choose_paths(model, ctx)
+
+
 # ------------------------------------------------------------------------------------------------ models
 
 

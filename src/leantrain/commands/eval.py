@@ -24,7 +24,9 @@ from leantrain.config import Config, resolve
 from leantrain.data.loaders import eval_loader
 from leantrain.data.text_loader import first_rows
 from leantrain.engine.devices.accelerator import has_accelerator, setup_logging
+from leantrain.engine.devices.connector import choose_paths
 from leantrain.engine.devices.efficiency import ACCELERATE_PRECISION
+from leantrain.engine.devices.paths import PathsContext
 from leantrain.engine.evaluation.eval_plan import UNRECORDED_WIDTH, planned_eval_width, with_eval_reference
 from leantrain.engine.evaluation.evaluate import evaluate
 from leantrain.engine.evaluation.harness import run_harness
@@ -35,7 +37,6 @@ from leantrain.engine.setup.training_data import data_side
 from leantrain.errors import ConfigError, UserError
 from leantrain.heartbeat import reporting
 from leantrain.modeling import load_processor, load_trained_model
-from leantrain.modeling.chunked_loss import apply_chunked_loss
 from leantrain.modeling.hubcheck import check_model_name, looks_local
 from leantrain.modeling.load import load_config
 from leantrain.modeling.names import resolve_model_name
@@ -60,6 +61,9 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
         return evaluate_as_training(model_dir, task, cfg, output_path, batch_size)
     precision = eval_precision(model_dir, cfg)  # the run's own, so that both report the same metrics
     accelerator, model, side, labels, task = load_trained(model_dir, cfg, precision)
+    paths = choose_paths(model, PathsContext("eval", accelerator.device, traits=task.traits))  # logits of classes
+    for line in paths.lines():
+        log.info(line)
     cfg = with_run_settings(model_dir, cfg, cfg.data.eval)  # the run's columns and max_length, unless set here
     rows, notes = eval_rows(side[0], cfg, require_labels=True, known_labels=labels)
     for n in notes:
@@ -74,7 +78,8 @@ def evaluate_file(model_dir: str, cfg: Config, output_path: str | None, batch_si
     preds = values.get("preds")  # multi-label has probabilities instead
     if classes:
         metrics["per_class"] = per_class(preds, y, labels)
-    result = {"model": model_dir, "data": cfg.data.eval, "precision": precision[0], "eval": metrics}
+    result = {"model": model_dir, "data": cfg.data.eval, "precision": precision[0], "eval": metrics,
+              "paths": paths.record()}
     if accelerator.is_main_process and not classes:
         if output_path:
             write_json(output_path, result)
@@ -127,10 +132,10 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     configured.data.check(detected)  # training's check of the data against the loss, before the model
     configured = configured.data.for_data(detected)  # the method for this data (a KTO policy on pairs: DPO's metrics)
     model = load_trained_model(model_dir, task, mcfg).to(accelerator.device)
-    chunked = apply_chunked_loss(model, cfg.efficiency.chunked_loss, accelerator.device.type,  # as training chose:
-                                 uniform=task.traits.uniform_token_gradients)  # no [B, T, V] logits
-    if chunked:
-        log.info(chunked)
+    paths = choose_paths(model, PathsContext(  # the output loss as training chose it (no [B, T, V] logits), the
+        "eval", accelerator.device, cfg.efficiency, traits=configured.traits))  # decode step, the first-token layer
+    for line in paths.lines():
+        log.info(line)
     tokenizer = load_processor(mcfg, task)
     configured = configured.data.with_processor(tokenizer)  # a method that decodes what it generates keeps it
     for n in notes:
@@ -148,7 +153,7 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     with reporting(progress.sink):
         metrics = evaluate(model, loader, accelerator, 0, configured, [])
     result = {"model": model_dir, "data": cfg.data.eval, "block_size": cfg.data.block_size, "precision": precision,
-              "batch_size": width, "eval": metrics}
+              "batch_size": width, "eval": metrics, "paths": paths.record()}
     if accelerator.is_main_process and output_path:
         write_json(output_path, result)
     return result

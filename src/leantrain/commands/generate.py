@@ -20,6 +20,8 @@ from leantrain.config import resolve
 from leantrain.data.lm.conversation import row_tools
 from leantrain.data.lm.sft import Prompts, sample_inputs
 from leantrain.engine.devices.accelerator import device_type, setup_logging
+from leantrain.engine.devices.connector import choose_paths
+from leantrain.engine.devices.paths import PathsContext
 from leantrain.engine.setup.preflight import check_weights
 from leantrain.engine.setup.run_settings import stored_prompt_format, with_run_settings
 from leantrain.heartbeat import reporting
@@ -134,8 +136,8 @@ def generate(model_name: str, prompts: list[str], *, max_new_tokens: int, temper
              top_p: float = 1.0, seed: int | None = None, chat: bool | None = None, system: str | None = None,
              tools_file: str | None = None, overrides: list[str] = ()) -> dict:
     """Load the model and return {"model", "chat", "system", "temperature", "top_p", "seed", "max_new_tokens",
-    "seconds", "continuations": [{"prompt", "text"}, ...]}. The settings, the prompts and their room in the model's
-    positions are checked before the model loads."""
+    "seconds", "paths" (the attention and the decode step chosen, and why), "continuations": [{"prompt", "text"},
+    ...]}. The settings, the prompts and their room in the model's positions are checked before the model loads."""
     if not prompts:
         raise UserError("leantrain generate needs at least one --prompt")
     blank = [i for i, p in enumerate(prompts, 1) if not p.strip()]
@@ -163,6 +165,9 @@ def generate(model_name: str, prompts: list[str], *, max_new_tokens: int, temper
     log.info("generate: %s (%s, %s), %s, %s", folder, type(model).__name__, model.dtype,
              "chat template" if templated else "raw prompts" if raw else "plain template",
              f"sampling (temperature {temperature}, top_p {top_p}, seed {seed})" if temperature > 0 else "greedy")
+    paths = choose_paths(model, PathsContext("generate", next(model.parameters()).device, generates=True))
+    for line in paths.lines():  # the attention, the decode step
+        log.info(line)
     start = time.perf_counter()
     with reporting(Progress(0, enabled=True, mode=cfg.report.progress).sink):  # long generation: how far
         texts = continuations(model, tokenizer, rendered.texts, max_new_tokens=max_new_tokens,
@@ -170,7 +175,7 @@ def generate(model_name: str, prompts: list[str], *, max_new_tokens: int, temper
     return {"model": folder, "chat": templated, "system": None if raw else cfg.data.system_prompt or None,
             "temperature": temperature, "top_p": top_p, "seed": seed,
             "max_new_tokens": max_new_tokens, "seconds": round(time.perf_counter() - start, 3),
-            "continuations": [{"prompt": p, "text": t} for p, t in zip(prompts, texts)]}
+            "paths": paths.record(), "continuations": [{"prompt": p, "text": t} for p, t in zip(prompts, texts)]}
 
 
 def generate_command(model_name: str, prompts: list[str], overrides: list[str], *, max_new_tokens: int,

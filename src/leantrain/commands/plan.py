@@ -28,7 +28,9 @@ from torch import nn
 from leantrain.config import Config, resolve
 from leantrain.engine.devices.accelerator import make_accelerator, setup_logging
 from leantrain.engine.devices.distributed import strategy_name
-from leantrain.engine.devices.efficiency import install_output_loss, resolve_model_choices, resolve_precision
+from leantrain.engine.devices.connector import choose_paths
+from leantrain.engine.devices.efficiency import resolve_model_choices, resolve_precision
+from leantrain.engine.devices.paths import PathsContext
 from leantrain.engine.setup.preflight import check_max_length
 from leantrain.engine.setup.training_data import prepare_training_data
 from leantrain.errors import UserError
@@ -162,11 +164,11 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     model, trainable = apply_trainable(build_model(cfg.model, data.label_names, data.task,
                                                    attention=choices.attention), cfg.model, cfg.peft)
     model = model.to(device)  # LoRA (peft.*) and model.freeze as the run applies them
-    log.info(choices.apply_recast(model))  # as train does
-    chunked = install_output_loss(model, cfg.efficiency, device, micro, cfg.data.block_size,  # as train does:
-                                  data.task.traits.uniform_token_gradients)  # causal LMs only, on this device
-    if chunked:
-        log.info(chunked)
+    ctx = PathsContext("plan", device, cfg.efficiency, choices, data.task.traits, strategy_name(cfg, nproc, quiet=True),
+                       bool(cfg.report.sample_prompts), micro, cfg.data.block_size)
+    paths = choose_paths(model, ctx)  # what train chooses; the weight casts and the output loss made as train does
+    for line in paths.lines():
+        log.info(line)
     facts = memory_model.model_facts(model, framework_bytes(model, cfg.report.plots))
     budget, budget_source = ((parse_bytes(memory), "--memory") if memory is not None else
                              default_budget(device, local=nproc) if device.type == "cpu" else default_budget(device))
@@ -201,6 +203,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     if trainable.method != "none" or trainable.frozen:
         result["peft"] = trainable.record(cfg.peft)
     result.update(data.task.report.plan(model))  # the preference task: each reference choice's cost
+    result["paths"] = paths.record()
     if as_json:
         print(json.dumps(result, indent=2, default=str))
     else:
@@ -317,6 +320,7 @@ def print_plan(cfg: Config, r: dict, out=None) -> None:
       f"{RUN_ALLOWANCE // 2**20} MiB for evaluation and saving: "
       f"{format_bytes(r['need_bytes'])})\n")
     _print_stage(r, w)
+    _print_paths(r.get("paths") or {}, w)
     if "reference_choices" in r:
         _print_reference(r["reference_choices"], w)
     if "recommendations" not in r:
@@ -335,6 +339,16 @@ def print_plan(cfg: Config, r: dict, out=None) -> None:
         w(f"  within noise: {r['within_noise_of_fastest']} fitting setting(s) have predicted ranges that overlap the "
           "top one's, so their order is not measured: none of them is shown to be the fastest (choose among them by "
           "memory; listed from the fewest changes to your settings; a quieter machine narrows the ranges)\n")
+
+
+def _print_paths(paths: dict, w) -> None:
+    """The fast paths train chooses for this config (the connector's record), one row each: name, value, why."""
+    if not paths:
+        return
+    w("  fast paths (as train chooses them):\n")
+    for name, c in paths.items():
+        value = ("on" if c["value"] else "off") if isinstance(c["value"], bool) else c["value"]
+        w(f"    {name:<24} {str(value):<14} {c['reason']}\n")
 
 
 def _print_reference(pref: dict, w) -> None:

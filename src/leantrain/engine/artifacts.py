@@ -79,6 +79,7 @@ class RunResult:
     skipped_steps: list[int]
     best: dict
     trainable: dict | None = None  # peft / freeze record (modeling.lora.Trainable.record)
+    paths: dict | None = None  # the record of fast paths: {name: {"value", "reason"}} (engine/devices/paths.py)
 
 
 def efficiency_summary(eff, accelerator: Accelerator, model: nn.Module, precision: str, precision_reason: str,
@@ -123,6 +124,7 @@ def build_summary(cfg: Config, accelerator: Accelerator, model: nn.Module, data:
             **data.task.report.summary(data.label_names),  # classification: class_weights; multi-label: pos_weight
         },
         "efficiency": result.efficiency,
+        "paths": result.paths,  # what each fast path chose, and why (engine/devices/connector.py)
         "model": {"name": data.model_name, "class": type(accelerator.unwrap_model(model)).__name__,
                   "parameters": result.counts, "labels": data.label_names,
                   "trainable_parameters": result.counts["trainable"], "total_parameters": result.counts["total"],

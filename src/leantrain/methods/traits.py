@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from leantrain.modeling.fast_paths import FORWARD_PATHS
+
 # the data side's label kinds (auto reads them); prompts: prompts to be answered, no label (GRPO)
 LABELS = ("classes", "scores", "label_sets", "tags", "none", "pairs", "prompts")
 ROW_LABELS = ("classes", "scores", "label_sets", "tags")  # labels a row's prediction is compared with
@@ -42,6 +44,9 @@ class Traits:
     default_for: tuple[str, ...] = ()  # modalities whose data picks it under model.task=auto
     head_lr_factor: float = 1.0  # the classifier head's peak lr / train.lr when train.head_lr is unset (head_start)
     untrained_pooler: str = "pooler"  # what model.pooling=auto does with an untrained-looking BERT pooler (pooling)
+    # the fast paths of the model's forward its step or evaluation may take (``modeling/fast_paths.py``: decode_step,
+    # shared_prompts, first_token): the run's connector decides each of them (engine/devices/paths.py), no other
+    forward_paths: tuple[str, ...] = ()
 
     @property
     def labelled(self) -> bool:
@@ -113,4 +118,6 @@ class Traits:
             out.append(f"loads_as={self.loads_as!r} with {self.auto_model}: a text generator is a causal LM")
         if self.scratch_needs_tokenizer and not self.generates:
             out.append("scratch_needs_tokenizer: only a causal LM takes its vocabulary from model.tokenizer")
+        out += [f"forward_paths: {p!r} is not one of {FORWARD_PATHS}" for p in self.forward_paths
+                if p not in FORWARD_PATHS]
         return out

@@ -19,22 +19,32 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from leantrain.modeling.fast_paths import FIRST_TOKEN, or_probe
 from leantrain.modeling.short_attention import NAME as SHORT_SDPA
 
 ATTENTION = ("sdpa", "eager", SHORT_SDPA)  # the attention functions whose query may be shorter than its keys
 
 
-def last_layer(model: nn.Module) -> nn.Module | None:
-    """The last encoder layer of a BERT sequence classifier whose logits read only the first token (the pooler);
-    None for any other model, attention function or layout."""
-    config = getattr(model, "config", None)
-    bert = getattr(model, "bert", None)
-    if (type(model).__name__ != "BertForSequenceClassification" or bert is None or bert.pooler is None
-            or getattr(config, "_attn_implementation", None) not in ATTENTION or config.is_decoder):
-        return None
+def refusal(model: nn.Module) -> str | None:
+    """Why the first-token last layer does not apply to ``model`` (None: it does): it is no BERT sequence classifier
+    whose logits read only the first token (the pooler), or its attention function cannot take a query shorter than
+    its keys. The engine's connector asks it once (``modeling/fast_paths.py``)."""
+    config, bert = getattr(model, "config", None), getattr(model, "bert", None)
+    if type(model).__name__ != "BertForSequenceClassification" or bert is None:
+        return f"{type(model).__name__} is not a BERT sequence classifier"
+    if bert.pooler is None or config.is_decoder:
+        return "its logits do not read the first token alone (no pooler, or a decoder)"
+    if getattr(config, "_attn_implementation", None) not in ATTENTION:
+        return f"its attention ({config._attn_implementation}) takes no query shorter than its keys"
     layer = bert.encoder.layer[-1]
     has_parts = all(hasattr(layer, p) for p in ("attention", "intermediate", "output", "feed_forward_chunk"))
-    return layer if has_parts and hasattr(layer.attention, "self") else None
+    return None if has_parts and hasattr(layer.attention, "self") else "its last layer is not BERT's layout"
+
+
+def last_layer(model: nn.Module) -> nn.Module | None:
+    """The last encoder layer of a BERT sequence classifier whose logits read only the first token (the pooler);
+    None for any other model, attention function or layout (:func:`refusal` says why)."""
+    return model.bert.encoder.layer[-1] if refusal(model) is None else None
 
 
 def _first_token_forward(layer: nn.Module, hidden_states: torch.Tensor, attention_mask=None, *args, **kwargs):
@@ -63,9 +73,11 @@ def _first_token_forward(layer: nn.Module, hidden_states: torch.Tensor, attentio
 
 @contextmanager
 def first_token_last_layer(model: nn.Module):
-    """Within the ``with``, ``model``'s last layer computes its first position only (see the module docstring);
-    a model this does not apply to (:func:`last_layer` is None) runs as it is."""
-    layer = last_layer(model)
+    """Within the ``with``, ``model``'s last layer computes its first position only (see the module docstring)
+    where the run chose it (``fast_paths.FIRST_TOKEN``, decided by the engine's connector; a model no command set
+    up: where :func:`refusal` finds nothing against it); otherwise the model runs as it is."""
+    chosen = or_probe(model, FIRST_TOKEN, lambda m: refusal(m) is None)
+    layer = last_layer(model) if chosen else None
     if layer is None:
         yield
         return

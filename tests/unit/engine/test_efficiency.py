@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import gradients, text_batch, word_rows, write_rows
+from tests.helpers import gradients, switched, text_batch, word_rows, write_rows
 from tests.tiny_models import loss_llama, tiny_bert_classifier
 from leantrain import train
 from leantrain.config import resolve
@@ -68,14 +68,13 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_bert):
     from transformers import AutoModelForSequenceClassification
 
     from leantrain.config import EfficiencyConfig
-    from leantrain.engine.devices.efficiency import apply_model_switches
 
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2).train()
     batch = text_batch()
     plain = gradients(model, batch)
-    notes = apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True), "cpu")
-    assert model.is_gradient_checkpointing and any("checkpointing: on" in n for n in notes)
+    paths = switched(model, EfficiencyConfig(gradient_checkpointing=True))
+    assert model.is_gradient_checkpointing and "checkpointing: on" in paths["gradient_checkpointing"].line
     ckpt = gradients(model, batch)
     assert ckpt.keys() == plain.keys() and len(plain) > 20
     for k in plain:
@@ -273,10 +272,11 @@ def test_the_resolved_recast_swaps_the_bias_free_linears_or_says_there_are_none(
     from leantrain.engine.devices.efficiency import ModelChoices
 
     choices = ModelChoices(None, "", False, "", True, "auto: on for CPU training")
-    llama, bert = loss_llama(), tiny_bert_classifier()
-    assert "in 15 linear layers" in choices.apply_recast(llama)
-    assert "no bias-free linear layer" in choices.apply_recast(bert)
-    assert "kept for the backward (off)" in ModelChoices(None, "", False, "", False, "off").apply_recast(loss_llama())
+    casts = lambda model, c=choices: switched(model, choices=c)["weight_casts"]  # noqa: E731
+    llama, bert = casts(loss_llama()), casts(tiny_bert_classifier())
+    assert "in 15 linear layers" in llama.line and llama.value is True
+    assert "no bias-free linear layer" in bert.line and bert.value is False
+    assert "kept for the backward (off)" in casts(loss_llama(), ModelChoices(None, "", False, "", False, "off")).line
 
 
 @pytest.mark.parametrize("device, chosen", [("cpu", "chunked loss: on"), ("cuda", "output loss: plain")])

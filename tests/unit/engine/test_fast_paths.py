@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from leantrain.engine.devices.dropout import FastDropout, keep_mask, quantized_p, resolve_dropout, use_fast_dropout
-from tests.helpers import gradients, make_tiny_bert, text_batch
+from leantrain.config import resolve
+from tests.helpers import gradients, make_tiny_bert, switched, text_batch
 
 # ------------------------------------------------------------------------------------------------ dropout
 
@@ -89,14 +90,26 @@ def test_dropout_switched_off_is_not_reported_fast(tiny_bert_dropout):
     line follows the "dropout: off" one (it said "fast (N nn.Dropout modules ...)" for the same N)."""
     from transformers import AutoModelForSequenceClassification
 
-    from leantrain.config import EfficiencyConfig
     from leantrain.engine.devices.dropout import disable_dropout
-    from leantrain.engine.devices.efficiency import apply_model_switches
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert_dropout, num_labels=2).train()
     assert disable_dropout(model) > 0
-    notes = apply_model_switches(model, EfficiencyConfig(), "cpu")
-    assert not [n for n in notes if "dropout" in n], notes
+    paths = switched(model)
+    assert not [n for n in paths.lines() if "dropout" in n], paths.lines()
+    assert not any(isinstance(m, FastDropout) for m in model.modules())
+
+
+def test_the_method_that_switches_dropout_off_is_not_reported_fast(tiny_bert_dropout):
+    """preference.dropout=off (the reward model's traits): every dropout at p = 0, said once, nothing swapped."""
+    from transformers import AutoModelForSequenceClassification
+
+    from leantrain.methods import get_task
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert_dropout, num_labels=2).train()
+    traits = get_task("reward-model").configured(resolve(None, ["model.task=reward-model"])).traits
+    paths = switched(model, traits=traits)
+    assert paths["dropout"].value == "off" and paths["dropout"].line.startswith("dropout: off in ")
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, nn.Dropout))
     assert not any(isinstance(m, FastDropout) for m in model.modules())
 
 
@@ -105,17 +118,16 @@ def test_checkpointing_recomputes_the_same_fast_dropout_masks(tiny_bert_dropout)
     from transformers import AutoModelForSequenceClassification
 
     from leantrain.config import EfficiencyConfig
-    from leantrain.engine.devices.efficiency import apply_model_switches
 
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert_dropout, num_labels=2).train()
-    assert any("dropout: fast" in n for n in apply_model_switches(model, EfficiencyConfig(), "cpu"))
+    assert switched(model)["dropout"].line.startswith("dropout: fast")
     batch = text_batch()
     grads = {}
     for name, seed in (("plain", 1), ("again", 1), ("other", 2)):
         torch.manual_seed(seed)
         grads[name] = gradients(model, batch)
-    apply_model_switches(model, EfficiencyConfig(gradient_checkpointing=True), "cpu")
+    switched(model, EfficiencyConfig(gradient_checkpointing=True))
     torch.manual_seed(1)
     grads["checkpointed"] = gradients(model, batch)
     for k, g in grads["plain"].items():

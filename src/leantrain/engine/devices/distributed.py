@@ -41,11 +41,12 @@ class CommStats:
         return self.allreduce_bytes + self.param_sync_bytes + self.allgather_bytes + self.reduce_scatter_bytes
 
 
-def strategy_name(cfg: Config, world_size: int) -> str:
-    """ddp / fsdp / deepspeed with several processes; "none" for one process, whatever was asked."""
+def strategy_name(cfg: Config, world_size: int, quiet: bool = False) -> str:
+    """ddp / fsdp / deepspeed with several processes; "none" for one process, whatever was asked (said in the log
+    unless ``quiet``)."""
     s = cfg.distributed.strategy
     if world_size == 1:
-        if s in ("ddp", "fsdp"):
+        if s in ("ddp", "fsdp") and not quiet:
             log.info("distributed.strategy=%s with one process: nothing to replicate or shard; plain training", s)
         return "none" if s != "deepspeed" else s
     return "ddp" if s == "auto" else s

@@ -1,5 +1,6 @@
-"""Efficiency switches on the run: mixed precision (chosen before the Accelerator exists), gradient checkpointing,
-torch.compile and the attention implementation (applied to the model before ``accelerator.prepare``)."""
+"""Efficiency choices made before the model exists: mixed precision (before the Accelerator), the attention
+implementation, torch.compile and the weight casts (``resolve_model_choices``), the output loss's sizes; what they
+resolve to is made on the model by the connector's converters (``connector.py``, ``converters.py``)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,12 @@ import torch
 from torch import nn
 
 from leantrain.config import Config, EfficiencyConfig
-from leantrain.engine.devices.dropout import resolve_dropout, use_fast_dropout
 from leantrain.errors import ConfigError
 from leantrain.modeling.attention import attention_support, choose_attention, flash_attn_usable, fp32_uses
 from leantrain.modeling.chunked_loss import apply_chunked_loss, output_layer
 from leantrain.modeling.load import load_config
 from leantrain.modeling.output_loss import plain_logits_bytes
-from leantrain.modeling.switches import enable_checkpointing
 from leantrain.methods import Task
-from leantrain.modeling.weight_casts import install_recast
 from leantrain.perf.auto_micro_batch import default_budget, parse_bytes
 
 log = logging.getLogger("leantrain")
@@ -86,7 +84,7 @@ def resolve_precision(requested: str, device_type: str) -> tuple[str, str]:
     return requested, "as configured"
 
 
-def output_loss_sizes(model: nn.Module, eff: EfficiencyConfig, device: torch.device, micro_batch: int | str,
+def output_loss_sizes(model: nn.Module, eff: EfficiencyConfig, device: torch.device, micro_batch: int | str | None,
                       block_size: int | None) -> tuple[int | None, int | None]:
     """(bytes of a micro-batch's fp32 logits with their gradient, the memory budget) for
     ``efficiency.chunked_loss=auto`` on a CUDA ``device``; (None, None) elsewhere or where not known yet (an auto
@@ -100,38 +98,13 @@ def output_loss_sizes(model: nn.Module, eff: EfficiencyConfig, device: torch.dev
     return plain_logits_bytes(micro_batch * block_size, layer.weight.shape[0]), budget
 
 
-def install_output_loss(model: nn.Module, eff: EfficiencyConfig, device: torch.device, micro_batch: int | str,
+def install_output_loss(model: nn.Module, eff: EfficiencyConfig, device: torch.device, micro_batch: int | str | None,
                         block_size: int | None, uniform: bool) -> str | None:
     """``efficiency.chunked_loss`` on ``model`` as a run on ``device`` with this micro-batch chooses it (the sizes of
-    :func:`output_loss_sizes`): for ``leantrain plan``, which prices what train installs; a note for the log."""
+    :func:`output_loss_sizes`; ``micro_batch`` None: not known, as for ``leantrain eval``): the connector's output loss
+    converter for every command, so that plan prices what train installs; a note for the log."""
     return apply_chunked_loss(model, eff.chunked_loss, device.type,
                               *output_loss_sizes(model, eff, device, micro_batch, block_size), uniform=uniform)
-
-
-def apply_model_switches(model: nn.Module, eff: EfficiencyConfig, device_type: str,
-                         logits_bytes: int | None = None, budget: int | None = None, uniform: bool = True,
-                         choices: ModelChoices | None = None) -> list[str]:
-    """Dropout, the output layer's loss (causal LMs: ``efficiency.chunked_loss``; auto decides from
-    ``logits_bytes`` and ``budget``: :func:`output_loss_sizes`, and from ``uniform``, the task's
-    ``uniform_token_gradients``), the weight casts (as ``choices`` resolved ``efficiency.recast_weights``; none
-    without them) and gradient checkpointing on the (unwrapped) model, before the memory model measures it. Returns
-    notes for the log. (The attention implementation is chosen before the model is built:
-    :func:`resolve_model_choices`.)
-    """
-    notes = []
-    if resolve_dropout(eff.dropout, device_type) == "fast":
-        swapped = use_fast_dropout(model)
-        if swapped:
-            notes.append(f"dropout: fast ({swapped} nn.Dropout modules; masks 4 elements per random draw)")
-    if choices is not None:  # before the chunked loss, whose plain path calls the output layer's class forward
-        notes.append(choices.apply_recast(model))
-    chunked = apply_chunked_loss(model, eff.chunked_loss, device_type, logits_bytes, budget, uniform)  # causal LMs
-    if chunked:
-        notes.append(chunked)
-    if eff.gradient_checkpointing:
-        enable_checkpointing(model)
-        notes.append("gradient checkpointing: on (non-reentrant; activations recomputed in backward)")
-    return notes
 
 
 def choose_recast(requested: str | bool, device_type: str, precision: str, strategy: str, compiled: bool,
@@ -190,19 +163,6 @@ class ModelChoices:
     recast: bool  # efficiency.recast_weights, resolved (choose_recast)
     recast_reason: str
 
-    def attention_note(self, model: nn.Module) -> str:
-        """The implementation the built model uses, and why (logged once)."""
-        return f"attention: {getattr(model.config, '_attn_implementation', None) or 'default'} ({self.attention_reason})"
-
-    def apply_recast(self, model: nn.Module) -> str:
-        """The weight casts as resolved, applied to ``model`` (``install_recast``); the note for the log."""
-        if not self.recast:
-            return f"weight casts: kept for the backward ({self.recast_reason})"
-        swapped = install_recast(model)
-        if not swapped:
-            return "weight casts: kept for the backward (the model has no bias-free linear layer to recast)"
-        return f"weight casts: made again in the backward in {swapped} linear layers ({self.recast_reason})"
-
     def summary(self) -> dict:
         """summary.json's efficiency entries for the choices."""
         return {"attn_implementation_reason": self.attention_reason, "compile_applied": self.compile,
@@ -224,16 +184,6 @@ def resolve_model_choices(cfg: Config, task: Task, device_type: str, precision: 
     recast, recast_why = choose_recast(eff.recast_weights, device_type, precision, cfg.distributed.strategy, compiled,
                                        eff.gradient_checkpointing)
     return ModelChoices(attention, why, compiled, compile_why, recast, recast_why)
-
-
-def compile_model(model: nn.Module, choices: ModelChoices) -> list[str]:
-    """torch.compile in place when ``choices.compile``, before ``accelerator.prepare``. Compilation is lazy: it
-    happens in the first steps (left out of the throughput), and ``compile_seconds()`` reports it separately."""
-    if not choices.compile:
-        return [f"torch.compile: off ({choices.compile_reason})"]
-    model.compile()  # in place: the module keeps its class, state_dict keys and save_pretrained
-    return [f"torch.compile: on ({choices.compile_reason}; compiled lazily in the first steps, recompiles once for "
-            "dynamic shapes)"]
 
 
 def compile_seconds() -> float | None:

@@ -17,6 +17,7 @@ from leantrain.engine.checkpoint.resume import Decision
 from leantrain.engine.checkpoint.save import Checkpointer
 from leantrain.engine.devices.distributed import CommStats
 from leantrain.engine.devices.efficiency import ModelChoices
+from leantrain.engine.devices.paths import Paths
 from leantrain.engine.training.faults import FaultInjector
 from leantrain.engine.setup.training_data import TrainingData
 from leantrain.modeling.lora import Trainable
@@ -61,6 +62,7 @@ class Run:
     comm: CommStats
     choices: ModelChoices
     trainable: Trainable | None = None
+    paths: Paths | None = None  # the record of fast paths (engine/devices/paths.py)
 
     @property
     def cfg(self) -> Config:

@@ -31,10 +31,10 @@ from leantrain.engine.checkpoint.lock import hold as hold_lock, release as relea
 from leantrain.engine.checkpoint.preempt import Preemption
 from leantrain.engine.checkpoint.resume import decide, prior_records, restore, resume_problems
 from leantrain.engine.checkpoint.save import Checkpointer, data_fingerprint
-from leantrain.engine.devices.distributed import distributed_summary, local_sgd, replica_spread
-from leantrain.engine.devices.dropout import disable_dropout
-from leantrain.engine.devices.efficiency import (ACCELERATE_PRECISION, apply_model_switches, compile_model, output_loss_sizes,
-                                         resolve_model_choices, resolve_precision)
+from leantrain.engine.devices.connector import choose_paths, finish_paths
+from leantrain.engine.devices.distributed import distributed_summary, local_sgd, replica_spread, strategy_name
+from leantrain.engine.devices.efficiency import ACCELERATE_PRECISION, resolve_model_choices, resolve_precision
+from leantrain.engine.devices.paths import PathsContext
 from leantrain.engine.evaluation.eval_schedule import eval_due, evaluate_and_log, evaluate_at
 from leantrain.engine.training.faults import FaultInjector
 from leantrain.engine.devices.host_allocator import host_memory
@@ -139,23 +139,20 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
         log.info("%s", note)
     model, trainable = apply_trainable(model, cfg.model, cfg.peft,  # LoRA (peft.*) and model.freeze
                                        gradient_checkpointing=cfg.efficiency.gradient_checkpointing)
-    if not data.task.traits.keeps_dropout and (off := disable_dropout(model)):
-        log.info("dropout: off in %d modules (preference.dropout=off, as TRL's disable_dropout)", off)
     counts = parameter_counts(model)
     log.info("model: %s (%s), %.1fM parameters (%.1fM trainable)", data.model_name, type(model).__name__,
              counts["total"] / 1e6, counts["trainable"] / 1e6)
     micro = "auto" if cfg.train.micro_batch_size == "auto" else layout.micro_batch_size
-    sizes = output_loss_sizes(model, cfg.efficiency, accelerator.device, micro, cfg.data.block_size)
-    notes = [choices.attention_note(model), *apply_model_switches(
-        model, cfg.efficiency, accelerator.device.type, *sizes,
-        uniform=data.task.traits.uniform_token_gradients, choices=choices)]
+    ctx = PathsContext("train", accelerator.device, cfg.efficiency, choices, data.task.traits,
+                       strategy_name(cfg, accelerator.num_processes, quiet=True), bool(cfg.report.sample_prompts),
+                       micro, cfg.data.block_size)
+    paths = choose_paths(model, ctx)  # every fast path decided in one place; the converters made, compile aside
     data.bind_model(model, accelerator, cfg.train.eval_batch_size or 8)  # e.g. reference log-probs, before any resume
     if cfg.train.micro_batch_size == "auto":
         layout = batch_layout(cfg, len(data.train), accelerator.num_processes,
                               auto_micro_batch(cfg, model, data, accelerator, layout, start.precision))
-        notes += layout.notes
-    notes += compile_model(model, choices)
-    for note in notes:
+    finish_paths(model, ctx, paths)  # compile, once the memory planner has measured the eager model
+    for note in [*paths.lines(), *(layout.notes if cfg.train.micro_batch_size == "auto" else ())]:
         log.info(note)
     model.train()
     model, optimizer, scheduler, eval_dl, comm = place(cfg, accelerator, model, layout, data)
@@ -173,7 +170,7 @@ def build_run(start: RunStart, described: RunDescription) -> tuple[Run, LoopStat
     flops = MfuMeter(inner.config, flop_parameters(inner, counts), mean_tokens,
                      accelerator.device, start.precision, accelerator.num_processes)  # MFU is for token models only
     run = Run(start, model, optimizer, scheduler, eval_dl, data, layout, metrics_log, meter, ckpt, flops, faults,
-              counts, comm, choices, trainable)
+              counts, comm, choices, trainable, paths)
     return run, state
 
 
@@ -210,6 +207,7 @@ def finish(loop: Loop, *, wall_seconds: float) -> dict:
         distributed=distributed_summary(cfg, accelerator, model, run.comm, run.meter),
         resumed_from_step=loop.resumed_from_step, skipped_steps=loop.guard.skipped,
         best=loop.best.summary(), trainable=run.trainable.record(cfg.peft) if run.trainable else None,
+        paths=run.paths.record() if run.paths is not None else None,
     )
     summary = save_outputs(cfg, accelerator, model, run.data, result)
     summary["checkpoints"] = run.ckpt.finish()  # only now, with model/ and summary.json written, are they spare

@@ -4,10 +4,11 @@ each prompt encoded once for its G completions where the model allows it.
 A training micro-batch holds N left-padded prompts and their N*G right-padded completions (``rollout``). Two
 ways to the same numbers (tested equal, ``tests/unit/methods/test_grpo_forward.py``):
 
-- **shared prompts** (``shares_prompts``): one forward of the N prompts but their last token with the KV cache and
-  no output layer, the cache repeated G times (``Cache.batch_repeat_interleave``, differentiable: the completions'
-  gradients flow back into the prompt's keys and values), then one forward of each prompt's last token and its
-  completion on that cache, the output layer run once on those positions. The prompt tokens go through the model
+- **shared prompts** (``shares_prompts``: as the run's record of fast paths chose it): one forward of the N prompts
+  but their last token with the KV cache and no output layer, the cache repeated G times
+  (``Cache.batch_repeat_interleave``, differentiable: the completions' gradients flow back into the prompt's keys and
+  values), then one forward of each prompt's last token and its completion on that cache, the output layer run once
+  on those positions. The prompt tokens go through the model
   once instead of G times: with 36-token prompts, 16-token completions and G = 8 the forward and backward see 652
   tokens instead of 1,664, and keep that many positions' activations; the output layer (a 49k x 576 weight for
   SmolLM2) runs in one forward and one backward, not two (its weight cast, gradient and accumulation once).
@@ -24,10 +25,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from leantrain.modeling.chunked_loss import (IGNORE, chunked_layer, keeps_logits, labels_for_loss,
-                                             per_token_losses, target_losses)
+from leantrain.modeling.chunked_loss import IGNORE, chunked_layer, labels_for_loss, per_token_losses, target_losses
+from leantrain.modeling.fast_paths import SHARED_PROMPTS, checkpointed, or_probe, prompt_cache_refusal
 from leantrain.modeling.generation.decode import positions
 
 PROMPT_IDS, PROMPT_MASK = "prompt_input_ids", "prompt_attention_mask"
@@ -35,15 +35,11 @@ COMPLETION_IDS, COMPLETION_MASK, COMPLETION_LABELS = "completion_ids", "completi
 
 
 def shares_prompts(model: nn.Module) -> bool:
-    """Whether ``model``'s forward can encode the prompts once and carry the cache through the backward (module
-    docstring)."""
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
-    if isinstance(getattr(inner, "module", None) or getattr(inner, "_orig_mod", None), nn.Module):
-        return False  # FSDP1, DeepSpeed, compile
-    if not keeps_logits(inner):
-        return False
-    return not any(getattr(m, "gradient_checkpointing", False) is True or type(m).__name__ == "CheckpointWrapper"
-                   or type(m).__name__.startswith("FSDP") for m in inner.modules())
+    """Whether ``model``'s forward encodes the prompts once and carries the cache through the backward (module
+    docstring): as the run chose (``fast_paths.SHARED_PROMPTS``, decided once by the engine's connector from
+    ``fast_paths.prompt_cache_refusal`` and the strategy; a model no command set up: as that probe says), and never
+    while gradient checkpointing is on (the memory planner's calibration passes switch it on and off)."""
+    return bool(or_probe(model, SHARED_PROMPTS, lambda m: prompt_cache_refusal(m) is None)) and not checkpointed(model)
 
 
 def group_size(batch: dict) -> int:

@@ -38,6 +38,7 @@ from leantrain.methods.lm.causal_lm import CausalLM
 from leantrain.methods.registry import CardText, Task, register
 from leantrain.methods.seam import StepBatches
 from leantrain.methods.traits import Traits
+from leantrain.modeling.fast_paths import DECODE_STEP, SHARED_PROMPTS
 from leantrain.modeling.generation.decode import backend, pad_id, stop_ids
 from leantrain.modeling.generation.sampling import Sampling
 from leantrain.modeling.wrappers import frozen_forward, unwrapped
@@ -185,6 +186,7 @@ GRPO_TASK = register(Grpo(
     # advantages weigh a row's tokens by its sign: no Liger (efficiency.chunked_loss); tokens/s: prompt + completion
     Traits(labels="prompts", unit="tokens", auto_model="AutoModelForCausalLM", loads_as="text-generation",
            speed_unit="tokens", token_blocks=True, uniform_token_gradients=False, scratch_needs_tokenizer=True,
-           progress_keys=("reward", "reward_std", "kl"), default_for=("prompts",)),
+           progress_keys=("reward", "reward_std", "kl"), default_for=("prompts",),
+           forward_paths=(DECODE_STEP, SHARED_PROMPTS)),
     CardText("reinforcement learning (GRPO)", "language model trained with GRPO",
              '"What is 2 + 3?", max_new_tokens=40')))

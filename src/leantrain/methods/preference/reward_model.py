@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from leantrain.config.tasks import REWARD_MODEL, task_spec
+from leantrain.modeling.fast_paths import FIRST_TOKEN
 from leantrain.modeling.first_token import first_token_last_layer
 from leantrain.methods.preference import losses as L
 from leantrain.methods.preference.preference import check_unread_keys
@@ -112,8 +113,8 @@ class RewardModel(Task):
 
     def scores(self, model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(chosen, rejected) rewards, fp32, from one forward of both halves; a BERT classifier's last layer
-        computes only the first token, the one its pooler reads (``modeling/first_token.py``: the same rewards and
-        gradients, about a seventh less work)."""
+        computes only the first token, the one its pooler reads, where the run's connector chose it
+        (``modeling/first_token.py``: the same rewards and gradients, about a seventh less work)."""
         with first_token_last_layer(unwrapped(model)):
             logits = model(**{k: batch[k] for k in MODEL_KEYS if k in batch}).logits.float().squeeze(-1)
         return L.split_pairs(logits)
@@ -122,5 +123,5 @@ class RewardModel(Task):
 REWARD_MODEL_TASK = register(RewardModel(
     task_spec(REWARD_MODEL),
     Traits(labels="pairs", unit="pairs", auto_model="AutoModelForSequenceClassification",
-           loads_as="text-classification", token_blocks=True, headline_loss=True),
+           loads_as="text-classification", token_blocks=True, headline_loss=True, forward_paths=(FIRST_TOKEN,)),
     CardText("reward modelling", "reward model", '"Human: hi Assistant: hello", function_to_apply="none"')))

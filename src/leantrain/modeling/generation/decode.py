@@ -33,6 +33,7 @@ import torch
 from leantrain.errors import ConfigError, UserError
 from leantrain.heartbeat import work
 from leantrain.modeling.chunked_loss import keeps_logits
+from leantrain.modeling.fast_paths import DECODE_STEP, decided
 from leantrain.modeling.generation.decode_step import decode_step
 from leantrain.modeling.generation.reserved_cache import reserve
 from leantrain.modeling.generation.sampling import Sampling, pick
@@ -64,7 +65,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_
         reserve(cache, num_generations, capacity=prompt_ids.shape[1] + sampling.max_new_tokens)
         logits = logits.repeat_interleave(num_generations, dim=0)
         mask = prompt_mask.long().repeat_interleave(num_generations, dim=0)
-        choice = decode_step(model, cache)
+        choice = decode_step(model, cache, decided(model, DECODE_STEP))  # the run's choice (engine/devices/paths.py)
         log.debug("generation: the %s decode step (%s)", choice.name, choice.reason)
         what = what or f"generation of {mask.shape[0]} rows"
         return decode(choice.step, logits, mask, sampling, eos, pad_id, generator, what)

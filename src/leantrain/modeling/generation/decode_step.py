@@ -14,6 +14,7 @@ it would be on the engine's reserved cache: what a record of the run's fast path
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, NamedTuple
 
 import torch
@@ -22,6 +23,7 @@ from leantrain.modeling.generation import fast_decode
 from leantrain.units import format_bytes
 
 FUSED, TRANSFORMERS = "fused", "transformers"
+log = logging.getLogger("leantrain")
 
 
 class DecodeChoice(NamedTuple):
@@ -33,12 +35,21 @@ class DecodeChoice(NamedTuple):
     reason: str
 
 
-def decode_step(model, cache=None) -> DecodeChoice:
-    """The decode step for ``model`` (unwrapped) on ``cache`` (the module docstring)."""
+def decode_step(model, cache=None, chosen: str | None = None) -> DecodeChoice:
+    """The decode step for ``model`` (unwrapped) on ``cache`` (the module docstring). ``chosen``: the run's decision
+    (``fast_paths.DECODE_STEP``: the engine's connector asked this function about the model alone, ``cache=None``):
+    ``transformers`` is taken as it is; ``fused`` still needs the cache to allow it (reserved, within a sliding window,
+    room for the weight copies: only the generation knows them), else transformers' forward, with a warning; None
+    (a model no command set up): the model and the cache decide here."""
+    if chosen == TRANSFORMERS:
+        return DecodeChoice(transformers_step(model, cache) if cache is not None else None, TRANSFORMERS,
+                            "the run's choice (its record of fast paths)")
     refused = fast_decode.refusal(model, cache) or no_room(model, cache)
     if refused is None:
         step = fast_decode.Decoder(model, cache) if cache is not None else None
         return DecodeChoice(step, FUSED, f"{model.config.model_type} is Llama-shaped: the fused decode step")
+    if chosen == FUSED:
+        log.warning("decode step: transformers' forward, not the fused step the run chose: %s", refused)
     step = transformers_step(model, cache) if cache is not None else None
     return DecodeChoice(step, TRANSFORMERS, f"{refused}: transformers' forward")
 
