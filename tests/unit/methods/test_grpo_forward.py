@@ -129,7 +129,8 @@ def test_the_concatenated_rows_give_the_whole_sequences_numbers(chunked):
     task = grpo(model)
     whole = F.concatenated(rows())
     seen = []
-    hook = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
+    hook = model.lm_head.register_forward_pre_hook(lambda m, i: seen.append(i[0].shape[1]), prepend=True)  # as
+    # transformers calls it, before the chunked loss's own pre-hook takes its input
     kept = task.token_losses(model, whole, keep=4)
     full = task.token_losses(model, whole)
     hook.remove()
