@@ -35,7 +35,8 @@ Models whose logits are post-processed after the output layer (Gemma's ``final_l
 from __future__ import annotations
 
 import inspect
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F

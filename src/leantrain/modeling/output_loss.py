@@ -13,8 +13,9 @@ one from Liger-Kernel.
 Liger's ``reduction="none"`` computes the gradients in its forward pass and, in releases before its fix
 (linkedin/Liger-Kernel#1298), scales all of them by the first token's incoming gradient. leantrain's loss gives every
 token of a row the row's ``loss_weight`` (rows of weight 0, which only keep processes in step, have their targets
-masked before the kernel, by ``leantrain.modeling.token_losses``: no gradient reaches them): uniform unless a loss weighs tokens differently (preference losses, whose
-task says so with ``Traits(uniform_token_gradients=False)``: ``auto`` does not choose Liger for them).
+masked before the kernel, by ``leantrain.modeling.token_losses``: no gradient reaches them): uniform unless a loss
+weighs tokens differently (preference losses, whose task says so with ``Traits(uniform_token_gradients=False)``:
+``auto`` does not choose Liger for them).
 :func:`liger_token_losses` checks the incoming gradient is uniform over the tokens with a target and stops the run
 (naming the way out) if it is not, rather than train on wrong gradients.
 """
@@ -83,7 +84,8 @@ def _check_uniform(keep: torch.Tensor):
     return check
 
 
-def liger_token_losses(flat: torch.Tensor, layer: nn.Module, targets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def liger_token_losses(flat: torch.Tensor, layer: nn.Module, targets: torch.Tensor,
+                       dtype: torch.dtype) -> torch.Tensor:
     """Per-token losses ``[N]`` (fp32) of the output ``layer`` on the hidden states ``flat [N, H]`` against
     ``targets [N]`` (-100: no loss; the caller masks the targets of rows of weight 0, so that every token with a target
     gets the same incoming gradient in a batch of equal weights), through Liger's fused linear cross-entropy (CUDA),

@@ -23,7 +23,8 @@ of weight 0 masked (their incoming gradient must equal the others': ``output_los
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F

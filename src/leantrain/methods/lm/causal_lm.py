@@ -54,7 +54,7 @@ class CausalLMModel(Task.parts.model):
 class CausalLMStep(Task.parts.step):
     def forward_loss(self, model, batch: dict) -> tuple[torch.Tensor, object]:
         """The weighted sum of the token losses (rows of weight 0, which only keep processes in step, weigh 0; Liger's
-        kernel masks their targets itself: ``leantrain.modeling.output_loss``)."""
+        kernel gets their targets masked: ``leantrain.modeling.token_losses``); no outputs."""
         losses = self.task.forward_token_losses(model, batch, batch["loss_weight"]).losses
         return (losses.sum(-1) * batch["loss_weight"]).sum(), None
 
