@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from leantrain.modeling.chunked_loss import labels_for_loss, per_token_losses
+from leantrain.modeling.token_losses import token_losses
 
 LOSS_VOCAB = 300  # loss_llama's vocabulary: more entries than hidden units, as a real LM
 
@@ -58,15 +58,14 @@ def loss_batch(b: int = 3, t: int = 11, seed: int = 1):
     return ids, labels, weights
 
 
-def losses_and_grads(model, ids, labels, weights, chunked: bool):
-    """Per-token losses and the gradients of their weighted sum, through the chunked output layer or the plain one."""
+def losses_and_grads(model, ids, labels, weights, chunked: bool = True):
+    """Per-token losses and the gradients of their weighted sum, through ``token_losses``: the output loss installed
+    on ``model`` (chunked or Liger), else the plain logits (``chunked`` says which the caller expects)."""
+    from leantrain.modeling.chunked_loss import is_installed
+
+    assert chunked or not is_installed(model), "the plain computation asked of a model with an output loss installed"
     model.zero_grad(set_to_none=True)
-    if chunked:
-        with labels_for_loss(model, labels):
-            out = model(input_ids=ids)
-    else:
-        out = model(input_ids=ids)
-    losses = per_token_losses(out, labels)
+    losses = token_losses(model, lambda: model(input_ids=ids), labels).losses
     (losses * weights).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return losses.detach(), grads

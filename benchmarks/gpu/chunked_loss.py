@@ -3,34 +3,21 @@ vocabulary, then peak allocated memory and time of one forward/backward, plain a
 
     PYTHONPATH=src python -m benchmarks.gpu.chunked_loss [--out results.json]
 
-Needs only torch and transformers (the module is loaded by path when leantrain's config layer is not installed).
+Needs torch, transformers and leantrain's ``modeling`` package (``chunked_loss``, ``token_losses``).
 Times: CUDA events, median of 5 after 2 warm-ups. Memory: torch.cuda.max_memory_allocated above the start of the pass.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 from pathlib import Path
 
 import torch
 
-
-def chunked_module():
-    try:
-        from leantrain.modeling import chunked_loss
-        return chunked_loss
-    except ImportError:  # no pydantic/datasets here: load the one module by path (it needs torch and leantrain.errors)
-        path = Path(__file__).resolve().parents[2] / "src" / "leantrain" / "modeling" / "chunked_loss.py"
-        spec = importlib.util.spec_from_file_location("chunked_loss", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-
-
-CL = chunked_module()
+from leantrain.modeling import chunked_loss as CL
+from leantrain.modeling.token_losses import token_losses
 
 
 def llama(vocab=50257, width=256, layers=4, seq=2048):
@@ -44,13 +31,13 @@ def llama(vocab=50257, width=256, layers=4, seq=2048):
 
 
 def step(model, ids, labels, bf16: bool, chunked: bool):
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-        if chunked:
-            with CL.labels_for_loss(model, labels):
-                out = model(input_ids=ids)
-        else:
-            out = model(input_ids=ids)
-    losses = CL.per_token_losses(out, labels)
+    """One forward (under autocast, as Accelerate wraps it) and backward: the installed loss when ``chunked``."""
+    def forward():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            return model(input_ids=ids)
+
+    assert CL.is_installed(model) == chunked
+    losses = token_losses(model, forward, labels).losses
     losses.sum().backward()
     return losses.detach()
 

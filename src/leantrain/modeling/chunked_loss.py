@@ -2,27 +2,31 @@
 time, so the full ``tokens x vocab`` logits never exist in fp32, in the forward or the backward pass.
 
 For real vocabularies (49k-150k) the logits dominate a causal LM's training memory: at 16 x 512 tokens and 50k words
-the fp32 logits are 1.6 GB, and their gradient as much again. Here the output layer's ``forward`` is replaced on the
-instance (``install_chunked_loss``): while ``labels_for_loss(model, labels)`` is active it returns the per-token
-losses ``[B, T-1]`` (fp32; the loss of predicting ``labels[:, i+1]`` from position ``i``, 0 where that label is -100)
-instead of logits, computed by :class:`ChunkedCrossEntropy`:
+the fp32 logits are 1.6 GB, and their gradient as much again. ``install_chunked_loss`` marks the output layer (its
+chunk size and kernel) and gives it a forward pre-hook that does nothing but inside :func:`final_hidden`: there the
+model's forward runs up to its output layer, the hook keeps the layer's input (the final hidden states of the
+positions the forward keeps) and the dtype the layer's matmul would run in (the forward's autocast dtype, else the
+weight's), and hands the layer no positions (the forward's ``logits`` are empty). The per-token losses are then one
+explicit call (``leantrain.modeling.token_losses.token_losses``, the one every method makes), computed from those
+hidden states and the layer's weight by :class:`ChunkedCrossEntropy` (or Liger's fused kernel:
+``leantrain.modeling.output_loss``):
 
-- forward: for each chunk of ``chunk_tokens`` tokens, logits = hidden @ W^T (in the autocast dtype, as the plain
-  layer would), then in fp32 the log-sum-exp and the target's logit; it keeps the hidden states, the weight, the
-  targets and one fp32 log-sum-exp per token;
+- forward: for each chunk of ``chunk_tokens`` tokens, logits = hidden @ W^T (in that dtype, as the plain layer
+  would), then in fp32 the log-sum-exp and the target's logit; it keeps the hidden states, the weight, the targets
+  and one fp32 log-sum-exp per token;
 - backward: for each chunk again, softmax - one_hot(target) scaled by the incoming gradient gives d(logits) of the
   chunk, from which d(hidden) of the chunk and the chunk's share of d(W) (accumulated in one fp32 buffer).
 
 So the largest temporary is one chunk's ``chunk_tokens x vocab`` fp32 logits (and their gradient in backward), not
-the whole batch's. The causal-LM task (``leantrain.methods.lm.causal_lm``: ``CausalLM.token_losses``) is the one
-caller of ``labels_for_loss`` and ``per_token_losses``: the rest of leantrain asks the task for its loss, and sees
-logits under the name ``logits``. The cost is one more matmul of the output layer (the forward's, again in backward), the same
+the whole batch's. The cost is one more matmul of the output layer (the forward's, again in backward), the same
 recomputation gradient checkpointing makes.
 
-The computation stays inside the model's forward (the output layer is called where the model calls it), so
-state-dict keys are unchanged, tied embeddings stay tied (the weight is the layer's own parameter, read at call time),
-and DDP's and FSDP's hooks run as for the plain layer (FSDP has the weight unsharded during the model's forward).
-Outside ``labels_for_loss`` the layer is the plain one (generation, pipelines, evaluation without labels).
+The forward goes through whatever wraps the model (DDP, FSDP2, compile, peft), so their hooks run as for the plain
+layer; the loss reads the weight right after it: DDP's gradients are all-reduced as any other's, and FSDP2 keeps the
+root's group (the output layer's, with the embeddings) unsharded from its forward to its backward. State-dict keys are
+unchanged and tied embeddings stay tied (the weight is the layer's own parameter, read at call time). Outside
+``final_hidden`` the layer is the plain one (generation, pipelines, evaluation without labels): nothing is stashed on
+it between calls.
 
 Models whose logits are post-processed after the output layer (Gemma's ``final_logit_softcapping``, Cohere's
 ``logit_scale``, Granite's ``logits_scaling``, ...) are refused: :func:`why_not_chunked` says why.
@@ -31,16 +35,15 @@ Models whose logits are post-processed after the output layer (Gemma's ``final_l
 from __future__ import annotations
 
 import inspect
-import types
-from contextlib import contextmanager
-from typing import Iterator
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from leantrain.errors import ConfigError
-from leantrain.modeling.output_loss import choose_output_loss, liger_available, liger_token_losses
+from leantrain.modeling.output_loss import choose_output_loss, liger_available
 from leantrain.modeling.wrappers import unwrapped
 
 IGNORE = -100
@@ -54,6 +57,7 @@ POSTPROCESSING = {"final_logit_softcapping": (None, 0, 0.0), "logit_scale": (Non
                   "output_logits_scaling": (None, 1, 1.0)}
 MARK = "leantrain_chunked_loss"  # attribute on the output layer: its chunk size, set by install_chunked_loss
 KERNEL = "leantrain_loss_kernel"  # attribute on the output layer: "chunked" (here) or "liger" (output_loss)
+CAPTURE = "leantrain_output_capture"  # attribute on the output layer: its Capture, read by its pre-hook
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
@@ -114,19 +118,12 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                 grad_b.to(bias.dtype) if need_b else None, None, None, None)
 
 
-def chunked_token_losses(hidden: torch.Tensor, layer: nn.Module, labels: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
-    """Per-token losses ``[B, T-1]`` (fp32) of the output ``layer`` on ``hidden [B, T, H]`` against the unshifted
-    ``labels [B, T]``, chunk by chunk."""
-    b, t, h = hidden.shape
-    if labels.shape != (b, t):
-        raise ValueError(f"chunked loss: labels {tuple(labels.shape)} do not match the hidden states {(b, t)}")
-    flat = hidden[:, :-1].reshape(-1, h)
-    targets = labels[:, 1:].reshape(-1).to(hidden.device)
-    device = hidden.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else layer.weight.dtype
-    losses = ChunkedCrossEntropy.apply(flat, layer.weight, getattr(layer, "bias", None), targets,
-                                       max(1, int(chunk_tokens)), dtype)
-    return losses.view(b, t - 1)
+def chunked_token_losses(flat: torch.Tensor, layer: nn.Module, targets: torch.Tensor, chunk_tokens: int,
+                         dtype: torch.dtype) -> torch.Tensor:
+    """Per-token losses ``[N]`` (fp32) of the output ``layer`` on the hidden states ``flat [N, H]`` against
+    ``targets [N]`` (-100: no loss), ``chunk_tokens`` at a time, the matmul in ``dtype``."""
+    return ChunkedCrossEntropy.apply(flat, layer.weight, getattr(layer, "bias", None), targets,
+                                     max(1, int(chunk_tokens)), dtype)
 
 
 def output_layer(model: nn.Module) -> nn.Module | None:
@@ -233,10 +230,40 @@ def chunk_tokens_of(layer: nn.Module, device_type: str) -> int:
     return getattr(layer, MARK) or default_chunk_tokens(layer.weight.shape[0], device_type)
 
 
+class Hidden(NamedTuple):
+    """The output layer's input in one forward: ``states [B, T, H]`` (the positions the forward keeps) and the dtype
+    the layer's matmul runs in there (the forward's autocast dtype, else the weight's)."""
+
+    states: torch.Tensor
+    dtype: torch.dtype
+
+
+class Capture:
+    """What the output layer's pre-hook does: nothing (``active`` false), or keep its input (``taken``) and hand the
+    layer no positions. One per layer: a deep copy of the model (a live reference) gets its own."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.taken: Hidden | None = None
+
+
+def _take_input(layer: nn.Module, args: tuple):
+    """The output layer's forward pre-hook: inside :func:`final_hidden`, keep the layer's input and its matmul's dtype,
+    and give the layer no positions (an empty ``[B, 0, H]`` input); elsewhere nothing."""
+    capture = getattr(layer, CAPTURE, None)
+    if capture is None or not capture.active:
+        return None
+    hidden = args[0]
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else layer.weight.dtype
+    capture.taken = Hidden(hidden, dtype)
+    return (hidden.narrow(-2, 0, 0), *args[1:])
+
+
 def install_chunked_loss(model: nn.Module, chunk_tokens: int | None = None, kernel: str = "chunked") -> bool:
-    """Patch the output layer's ``forward`` on the instance (see the module doc). False (and nothing changed) when
-    the model cannot have it (:func:`why_not_chunked` says why); True when installed (or already installed).
-    ``chunk_tokens`` None: :func:`default_chunk_tokens` of the vocabulary on the device the forward runs on.
+    """Mark the output layer and give it its pre-hook (see the module doc). False (and nothing changed) when the
+    model cannot have it (:func:`why_not_chunked` says why); True when installed (or already installed).
+    ``chunk_tokens`` None: :func:`default_chunk_tokens` of the vocabulary on the device the loss runs on.
     ``kernel``: ``chunked`` (:class:`ChunkedCrossEntropy`) or ``liger`` (Liger's fused kernel, CUDA:
     ``leantrain.modeling.output_loss``)."""
     layer = output_layer(model)
@@ -246,25 +273,31 @@ def install_chunked_loss(model: nn.Module, chunk_tokens: int | None = None, kern
         return True
     if why_not_chunked(model) is not None:
         return False
-    plain = layer.forward  # the class's forward, bound
-    unbound = getattr(plain, "__func__", None)  # called on ``self``: a deep copy of the model (a live reference)
-    # must compute with its own weights, not the layer it was copied from
-
-    def forward(self, hidden_states, *args, **kwargs):
-        labels = getattr(self, "leantrain_loss_labels", None)
-        if labels is None or hidden_states.dim() != 3 or hidden_states.shape[:2] != labels.shape:
-            if unbound is not None:
-                return unbound(self, hidden_states, *args, **kwargs)
-            return plain(hidden_states, *args, **kwargs)
-        if getattr(self, KERNEL) == "liger":
-            return liger_token_losses(hidden_states, self, labels, getattr(self, "leantrain_loss_rows", None))
-        return chunked_token_losses(hidden_states, self, labels, chunk_tokens_of(self, hidden_states.device.type))
-
-    layer.forward = types.MethodType(forward, layer)
+    setattr(layer, CAPTURE, Capture())
+    layer.register_forward_pre_hook(_take_input)
     setattr(layer, MARK, int(chunk_tokens or 0))  # 0: the device's default
     setattr(layer, KERNEL, kernel)
-    layer.leantrain_loss_labels = layer.leantrain_loss_rows = None
     return True
+
+
+def final_hidden(model: nn.Module, forward: Callable[[], object]) -> Hidden:
+    """The output layer's input in ``forward()``, a forward of ``model`` (called through whatever wraps it), whose
+    output layer has the chunked loss installed: the forward runs up to the layer, which computes nothing (its
+    ``logits`` are empty; the module doc). Nothing stays on the layer after it."""
+    layer = chunked_layer(model)
+    if layer is None:
+        raise ValueError(f"{type(unwrapped(model)).__name__} has no chunked output layer (install_chunked_loss)")
+    capture = getattr(layer, CAPTURE)
+    capture.active, capture.taken = True, None
+    try:
+        forward()
+        taken = capture.taken
+    finally:
+        capture.active, capture.taken = False, None
+    if taken is None:
+        raise RuntimeError(f"the forward of {type(unwrapped(model)).__name__} never called its output layer: no hidden "
+                           "states to compute the loss from")
+    return taken
 
 
 def same_output_layer(source: nn.Module, target: nn.Module) -> bool:
@@ -284,59 +317,6 @@ def chunked_layer(model: nn.Module) -> nn.Module | None:
 
 def is_installed(model: nn.Module) -> bool:
     return chunked_layer(model) is not None
-
-
-@contextmanager
-def labels_for_loss(model: nn.Module, labels: torch.Tensor | None,
-                    row_weights: torch.Tensor | None = None) -> Iterator[None]:
-    """While active, a model with the chunked loss returns per-token losses ``[B, T-1]`` as ``outputs.logits``
-    for inputs whose ``[B, T]`` matches ``labels``. A no-op for models without it (or ``labels`` None).
-    ``row_weights [B]`` (optional): each row's ``loss_weight``; Liger's kernel masks the targets of rows of weight 0
-    (``leantrain.modeling.output_loss``), the chunked loss needs nothing of them."""
-    layer = chunked_layer(model) if labels is not None else None
-    if layer is None:
-        yield
-        return
-    layer.leantrain_loss_labels, layer.leantrain_loss_rows = labels, row_weights
-    try:
-        yield
-    finally:
-        layer.leantrain_loss_labels = layer.leantrain_loss_rows = None
-
-
-def per_token_losses(outputs, labels: torch.Tensor) -> torch.Tensor:
-    """Per-token losses ``[B, T-1]`` (fp32, 0 where the shifted label is -100) of a causal LM's output for the
-    unshifted ``labels [B, T]``: the model's ``outputs`` (or its ``logits`` tensor): chunked, they are already the
-    losses (2-D); plain, they are computed from the ``[B, T, V]`` logits."""
-    logits = outputs if isinstance(outputs, torch.Tensor) else outputs.logits
-    b, t = labels.shape
-    if logits.dim() == 2:
-        if logits.shape != (b, t - 1):
-            raise ValueError(f"per-token losses {tuple(logits.shape)} do not match labels {(b, t)}")
-        return logits.float()
-    return logit_losses(logits, labels)[0]
-
-
-def logit_losses(logits: torch.Tensor, labels: torch.Tensor, entropy: bool = False):
-    """(per-token losses ``[B, T-1]``, entropy ``[B, T-1]`` or None) of plain ``logits [B, T, V]`` for the unshifted
-    ``labels [B, T]``: position i predicts ``labels[i + 1]`` (``target_losses``)."""
-    return target_losses(logits[:, :-1], labels[:, 1:], entropy)
-
-
-def target_losses(logits: torch.Tensor, targets: torch.Tensor, entropy: bool = False):
-    """(per-token losses ``[B, T]``, entropy ``[B, T]`` or None) of ``logits [B, T, V]``, position i predicting
-    ``targets[i]``: the fp32 log-softmax of each position's logits, then minus the target's (0 where it is -100), as
-    ``F.cross_entropy``; with ``entropy``, each position's ``-sum p log p`` from the same log-softmax (no gradient,
-    one row at a time: no second fp32 copy of the logits)."""
-    b, t = targets.shape
-    logp = logits.float().log_softmax(-1)
-    targets = targets.to(logits.device)
-    losses = F.nll_loss(logp.reshape(-1, logp.shape[-1]), targets.reshape(-1), ignore_index=IGNORE, reduction="none")
-    if not entropy:
-        return losses.view(b, t), None
-    with torch.no_grad():
-        spread = torch.stack([-(row.exp() * row).sum(-1) for row in logp])
-    return losses.view(b, t), spread
 
 
 def apply_chunked_loss(model: nn.Module, setting: bool | str, device_type: str = "cpu",

@@ -13,8 +13,9 @@ one from Liger-Kernel.
 Liger's ``reduction="none"`` computes the gradients in its forward pass and, in releases before its fix
 (linkedin/Liger-Kernel#1298), scales all of them by the first token's incoming gradient. leantrain's loss gives every
 token of a row the row's ``loss_weight`` (rows of weight 0, which only keep processes in step, have their targets
-masked here: no gradient reaches them): uniform unless a loss weighs tokens differently (preference losses, whose
-task says so with ``Traits(uniform_token_gradients=False)``: ``auto`` does not choose Liger for them).
+masked before the kernel, by ``leantrain.modeling.token_losses``: no gradient reaches them): uniform unless a loss
+weighs tokens differently (preference losses, whose task says so with ``Traits(uniform_token_gradients=False)``:
+``auto`` does not choose Liger for them).
 :func:`liger_token_losses` checks the incoming gradient is uniform over the tokens with a target and stops the run
 (naming the way out) if it is not, rather than train on wrong gradients.
 """
@@ -83,23 +84,15 @@ def _check_uniform(keep: torch.Tensor):
     return check
 
 
-def liger_token_losses(hidden: torch.Tensor, layer: nn.Module, labels: torch.Tensor,
-                       row_weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-token losses ``[B, T-1]`` (fp32) of the output ``layer`` on ``hidden [B, T, H]`` against the unshifted
-    ``labels [B, T]``, through Liger's fused linear cross-entropy (CUDA). ``row_weights [B]`` (the rows'
-    ``loss_weight``, optional): rows of weight 0 have their targets masked (losses 0, no gradient), so that every
-    token with a target gets the same incoming gradient in a batch of equal weights."""
+def liger_token_losses(flat: torch.Tensor, layer: nn.Module, targets: torch.Tensor,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """Per-token losses ``[N]`` (fp32) of the output ``layer`` on the hidden states ``flat [N, H]`` against
+    ``targets [N]`` (-100: no loss; the caller masks the targets of rows of weight 0, so that every token with a target
+    gets the same incoming gradient in a batch of equal weights), through Liger's fused linear cross-entropy (CUDA),
+    the matmul in ``dtype`` (the forward's autocast dtype, as the plain layer's)."""
     from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss  # lazy: CUDA
 
-    if row_weights is not None and row_weights.shape == labels.shape[:1]:  # no sync: a where, not an if
-        labels = torch.where((row_weights == 0).to(labels.device)[:, None], IGNORE, labels)
-    b, t, h = hidden.shape
-    flat = hidden[:, :-1].reshape(-1, h).contiguous()
-    targets = labels[:, 1:].reshape(-1).to(hidden.device).contiguous()
-    weight = layer.weight
-    if torch.is_autocast_enabled(hidden.device.type):  # the matmul in the autocast dtype, as the plain layer's
-        dtype = torch.get_autocast_dtype(hidden.device.type)
-        flat, weight = flat.to(dtype), weight.to(dtype)
+    flat, targets, weight = flat.to(dtype).contiguous(), targets.contiguous(), layer.weight.to(dtype)
     bias = getattr(layer, "bias", None)
     losses = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE, reduction="none")(
         weight, flat, targets, bias.to(weight.dtype) if bias is not None else None)
@@ -110,4 +103,4 @@ def liger_token_losses(hidden: torch.Tensor, layer: nn.Module, labels: torch.Ten
                            f"(expected {tuple(targets.shape)}); upgrade liger-kernel or set efficiency.chunked_loss=true")
     if losses.requires_grad:
         losses.register_hook(_check_uniform(targets != IGNORE))
-    return losses.float().view(b, t - 1)
+    return losses.float()

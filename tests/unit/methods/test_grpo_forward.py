@@ -99,8 +99,8 @@ def test_shared_prompts_give_the_numbers_of_the_concatenated_rows(bf16, mask_tru
         shared = task.token_logps(model, batch).detach()
         ref_shared = task.reference_logps(model, batch)
     # each prompt but its last token once, then the prompt's last token and its completion (but the completion's last
-    # token, which predicts nothing: the chunked layer shifts its labels itself and takes every one); the output layer
-    # on no prompt position
+    # token, which predicts nothing: under the chunked loss it is forwarded too, as it always was, for bitwise-equal
+    # runs); the output layer on no prompt position
     assert seen[:2] == [(2, 4), (4, 5 if chunked else 4)] and heads[0] == (2, 0)
     batch = {**batch, "old_logps": shared - 0.3, "ref_logps": ref_shared + 0.05}  # the policy moved: some ratios clip
     got = step(task, model, batch, context)
@@ -129,7 +129,8 @@ def test_the_concatenated_rows_give_the_whole_sequences_numbers(chunked):
     task = grpo(model)
     whole = F.concatenated(rows())
     seen = []
-    hook = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
+    hook = model.lm_head.register_forward_pre_hook(lambda m, i: seen.append(i[0].shape[1]), prepend=True)  # as
+    # transformers calls it, before the chunked loss's own pre-hook takes its input
     kept = task.token_losses(model, whole, keep=4)
     full = task.token_losses(model, whole)
     hook.remove()

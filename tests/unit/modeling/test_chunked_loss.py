@@ -11,8 +11,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from leantrain.errors import ConfigError
 from tests.tiny_models import LOSS_VOCAB, assert_close, loss_batch, loss_llama, losses_and_grads
-from leantrain.modeling.chunked_loss import (apply_chunked_loss, default_chunk_tokens, install_chunked_loss,
-                                             is_installed, labels_for_loss, per_token_losses, why_not_chunked)
+from leantrain.modeling.chunked_loss import (apply_chunked_loss, default_chunk_tokens, final_hidden,
+                                             install_chunked_loss, is_installed, why_not_chunked)
+from leantrain.modeling.token_losses import logit_losses, token_losses
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -42,11 +43,12 @@ def test_gradient_of_the_hidden_states_weight_and_bias_equal_plain():
     labels = torch.randint(0, LOSS_VOCAB, (2, 9))
     labels[1, 3] = -100
     w = torch.rand(2, 8)
-    plain = per_token_losses(layer(hidden), labels)
+    plain = logit_losses(layer(hidden), labels)[0]
     (plain * w).sum().backward()
     want = hidden.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()
     hidden.grad = layer.weight.grad = layer.bias.grad = None
-    chunked = chunked_token_losses(hidden, layer, labels, 5)
+    flat, targets = hidden[:, :-1].reshape(-1, 16), labels[:, 1:].reshape(-1)
+    chunked = chunked_token_losses(flat, layer, targets, 5, torch.float32).view(2, 8)
     (chunked * w).sum().backward()
     assert_close(chunked.detach(), plain.detach(), "losses")
     for got, exp, what in zip((hidden.grad, layer.weight.grad, layer.bias.grad), want, ("hidden", "weight", "bias")):
@@ -109,15 +111,17 @@ def test_state_dict_tied_weights_and_generation_unchanged():
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), gen_before)
-    assert torch.equal(model(input_ids=ids).logits, logits_before)  # outside labels_for_loss: the plain layer
-    with labels_for_loss(model, ids):
-        assert model(input_ids=ids).logits.shape == (1, 3)
-    assert model(input_ids=ids).logits.shape == (1, 4, LOSS_VOCAB)  # the labels are cleared on exit
+    assert torch.equal(model(input_ids=ids).logits, logits_before)  # outside final_hidden: the plain layer
+    seen = []
+    hidden = final_hidden(model, lambda: seen.append(model(input_ids=ids).logits.shape))
+    assert hidden.states.shape == (1, 4, 32) and hidden.dtype == torch.float32
+    assert seen == [(1, 0, LOSS_VOCAB)]  # the output layer computed nothing
+    assert torch.equal(model(input_ids=ids).logits, logits_before)  # the plain layer again after it
 
 
 def test_a_deep_copy_of_an_installed_model_computes_with_its_own_weights():
-    """The live reference is a deep copy of the policy: outside labels_for_loss its output layer is its own plain
-    layer, not the one it was copied from (whose weights train on)."""
+    """The live reference is a deep copy of the policy: its output layer is its own, plain outside the loss and with
+    its own weight in it, not the one it was copied from (whose weights train on)."""
     import copy
 
     model = loss_llama()
@@ -125,12 +129,14 @@ def test_a_deep_copy_of_an_installed_model_computes_with_its_own_weights():
     twin = copy.deepcopy(model)
     ids = torch.tensor([[5, 6, 7, 8]])
     before = twin(input_ids=ids).logits
+    losses = token_losses(twin, lambda: twin(input_ids=ids), ids).losses
     with torch.no_grad():
         model.lm_head.weight.add_(1.0)
     assert torch.equal(twin(input_ids=ids).logits, before)
+    assert torch.equal(token_losses(twin, lambda: twin(input_ids=ids), ids).losses, losses)
 
 
-def test_labels_reach_the_layer_through_a_wrapper():
+def test_the_losses_come_through_a_wrapper():
     class Wrapper(torch.nn.Module):  # as DDP / FSDP1 hold the model in .module
         def __init__(self, module):
             super().__init__()
@@ -139,14 +145,14 @@ def test_labels_reach_the_layer_through_a_wrapper():
         def forward(self, **kw):
             return self.module(**kw)
 
-    model = loss_llama()
+    plain = loss_llama()
+    model = copy.deepcopy(plain)
     install_chunked_loss(model)
     ids, labels, _ = loss_batch()
-    with labels_for_loss(Wrapper(model), labels):
-        out = Wrapper(model)(input_ids=ids)
-    assert out.logits.shape == (3, 10)
-    with labels_for_loss(loss_llama(), labels):  # not installed: a no-op
-        assert loss_llama()(input_ids=ids).logits.shape == (3, 11, LOSS_VOCAB)
+    wrapped = Wrapper(model)
+    losses = token_losses(wrapped, lambda: wrapped(input_ids=ids), labels).losses
+    assert losses.shape == (3, 10)
+    assert_close(losses, token_losses(plain, lambda: plain(input_ids=ids), labels).losses, "per-token losses")
 
 
 def test_models_that_postprocess_their_logits_are_refused():
@@ -195,6 +201,9 @@ def test_the_setting():
     assert default_chunk_tokens(50257, "cuda") == 1024 and default_chunk_tokens(151936, "cuda") == 256
 
 
-def test_per_token_losses_checks_shapes():
+def test_token_losses_checks_shapes():
+    model = loss_llama()
+    install_chunked_loss(model)
+    ids, labels, _ = loss_batch()
     with pytest.raises(ValueError, match="do not match"):
-        per_token_losses(torch.zeros(2, 5), torch.zeros(2, 5, dtype=torch.long))
+        token_losses(model, lambda: model(input_ids=ids), labels[:, 1:])

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from leantrain.modeling.chunked_loss import install_chunked_loss, labels_for_loss, per_token_losses
+from leantrain.modeling.chunked_loss import install_chunked_loss
+from leantrain.modeling.token_losses import token_losses
 from leantrain.modeling.weight_casts import RecastLinear, install_recast
 from tests.helpers import WeightCasts
 from tests.tiny_models import loss_batch, loss_llama
@@ -133,8 +134,12 @@ def test_under_the_chunked_loss_installed_after_it_the_same_gradients():
     grads = []
     for model in (plain, recast):
         model.train()
-        with torch.autocast("cpu", dtype=torch.bfloat16), labels_for_loss(model, labels):  # a forward an autocast,
-            losses = per_token_losses(model(input_ids=ids), labels)  # as Accelerate wraps the model's forward
+
+        def forward(model=model):  # a forward an autocast, as Accelerate wraps the model's forward
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return model(input_ids=ids)
+
+        losses = token_losses(model, forward, labels).losses
         with torch.autocast("cpu", dtype=torch.bfloat16):
             last = model(input_ids=ids, logits_to_keep=1).logits.float()
         ((losses * weights).sum() + last.log_softmax(-1)[..., :5].sum()).backward()

@@ -7,9 +7,9 @@ connector (``engine/devices/connector.py``) applies them in ``ordered(CONVERTERS
 - ``dropout``: ``preference.dropout=off``'s p = 0 (TRL's disable_dropout), else ``efficiency.dropout``'s fast CPU
   dropout (``engine/devices/dropout.py``);
 - ``weight_casts``: autocast's weight casts made again in the backward (``modeling/weight_casts.py``);
-- ``output_loss`` (after ``weight_casts``): ``efficiency.chunked_loss``, the chunked loss or Liger's kernel on a causal
-  LM's output layer. Its plain path calls the output layer's class forward as it is when it is installed: the
-  layer must already be a ``RecastLinear`` for its casts to be made again (``tests/unit/engine/test_paths.py``);
+- ``output_loss``: ``efficiency.chunked_loss``, the chunked loss or Liger's kernel on a causal LM's output layer: a
+  mark and a pre-hook on the layer, which the weight casts' class change keeps, so the two commute
+  (``tests/unit/engine/test_paths.py``);
 - ``gradient_checkpointing``;
 - ``compile`` (after every other, ``late``: made once the memory planner has measured the eager model and the method
   has copied its reference): the compiled graph must see every module as changed.
@@ -161,8 +161,7 @@ def convert_compile(model: nn.Module, ctx: PathsContext, choice: Choice) -> Choi
 CONVERTERS = (
     Converter("dropout", decide_dropout, convert_dropout),
     Converter("weight_casts", decide_recast, convert_recast, priced=True),
-    Converter("output_loss", decide_output_loss, convert_output_loss, after=("weight_casts",),
-              commands=("train", "eval"), priced=True),
+    Converter("output_loss", decide_output_loss, convert_output_loss, commands=("train", "eval"), priced=True),
     Converter("gradient_checkpointing", decide_checkpointing, convert_checkpointing),
     Converter("compile", decide_compile, convert_compile, late=True,
               after=("dropout", "weight_casts", "output_loss", "gradient_checkpointing")),

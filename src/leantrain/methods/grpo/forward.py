@@ -26,8 +26,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from leantrain.modeling.chunked_loss import IGNORE, chunked_layer, labels_for_loss, per_token_losses, target_losses
+from leantrain.modeling.chunked_loss import IGNORE, is_installed
 from leantrain.modeling.fast_paths import SHARED_PROMPTS, checkpointed, or_probe, prompt_cache_refusal
+from leantrain.modeling.token_losses import token_losses
 from leantrain.modeling.generation.decode import positions
 
 PROMPT_IDS, PROMPT_MASK = "prompt_input_ids", "prompt_attention_mask"
@@ -64,17 +65,16 @@ def completion_losses(task, model: nn.Module, batch: dict, entropy: bool = False
     if shares_prompts(model):
         return shared(model, batch, entropy)
     width = batch[COMPLETION_IDS].shape[1]
-    losses, _, spread = task.forward_token_losses(model, concatenated(batch), keep=width, entropy=entropy)
-    return losses, spread
+    return task.forward_token_losses(model, concatenated(batch), keep=width, entropy=entropy)
 
 
 def shared(model: nn.Module, batch: dict, entropy: bool):
     """The prompts but their last token encoded once, their cache repeated for the G completions, then one forward of
     each prompt's last token and its completion on that cache: position 0 (the prompt's last token) predicts
     completion token 0, position j completion token j. The output layer runs on the completion forward's positions
-    alone (the prompt forward keeps no logits: an empty ``logits_to_keep``), through the chunked output layer when
-    it is installed (no entropy then), else from its logits. The prompts are left-padded, so their last column is
-    each real prompt's last token."""
+    alone (the prompt forward keeps no logits: an empty ``logits_to_keep``), its per-token losses through
+    ``token_losses`` (the installed output loss, else the logits). The prompts are left-padded, so their last column
+    is each real prompt's last token."""
     g, prompt_mask, labels = group_size(batch), batch[PROMPT_MASK].long(), batch[COMPLETION_LABELS]
     head, head_mask = batch[PROMPT_IDS][:, :-1], prompt_mask[:, :-1]
     cache = None
@@ -83,16 +83,16 @@ def shared(model: nn.Module, batch: dict, entropy: bool):
         cache = model(input_ids=head, attention_mask=head_mask, position_ids=positions(head_mask), use_cache=True,
                       logits_to_keep=none).cache
         cache.batch_repeat_interleave(g)
-    chunked = chunked_layer(model) is not None
-    keep = labels.shape[1] if chunked else labels.shape[1] - 1  # the chunked layer shifts the labels itself
+    # The completion's last token predicts nothing: left out, but by the installed output loss, which has always
+    # taken it (the same numbers to rounding: kept so that runs stay bitwise what they were)
+    whole = is_installed(model)
+    keep = labels.shape[1] if whole else labels.shape[1] - 1
     last = batch[PROMPT_IDS][:, -1:].repeat_interleave(g, dim=0)
     ids = torch.cat([last, batch[COMPLETION_IDS][:, :keep]], dim=1)
     mask = torch.cat([prompt_mask.repeat_interleave(g, dim=0), batch[COMPLETION_MASK][:, :keep].long()], dim=1)
     start = head_mask.sum(-1, keepdim=True).repeat_interleave(g, dim=0)
     inputs = {"input_ids": ids, "attention_mask": mask, "cache": cache, "use_cache": True,
               "position_ids": start + torch.arange(ids.shape[1], device=ids.device)}
-    if chunked:  # the chunked layer's per-token losses of the shifted labels: completion tokens 0..
-        shifted = torch.cat([torch.full_like(last, IGNORE), labels], dim=1)
-        with labels_for_loss(model, shifted):
-            return per_token_losses(model(**inputs), shifted), None
-    return target_losses(model(**inputs).logits, labels, entropy)
+    if whole:  # position j predicts token j + 1 of [the prompt's last token, the completion]
+        labels = torch.cat([torch.full_like(last, IGNORE), labels], dim=1)
+    return token_losses(model, lambda: model(**inputs), labels, next_token=whole, entropy=entropy)

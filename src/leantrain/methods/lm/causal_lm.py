@@ -2,11 +2,11 @@
 data side: rows of ``input_ids``, unshifted ``labels`` with -100 where there is no target, ``targets`` = how many
 shifted targets a row holds).
 
-The unit is the target token. The task owns its labels and the chunked output layer: ``token_losses(model, batch)``
-runs the forward and returns the fp32 cross-entropy of each shifted target (position i predicts ``labels[i + 1]``;
--100 is ignored), through the chunked output layer when ``efficiency.chunked_loss`` installed it (the labels are
-set on the layer for that forward: ``leantrain.modeling.chunked_loss``; the ``tokens x vocab`` logits never exist)
-or from the plain logits; it reads nothing but the batch (input columns and ``labels``), so a task that compares
+The unit is the target token. The task owns its labels: ``token_losses(model, batch)`` runs the forward and returns
+the fp32 cross-entropy of each shifted target (position i predicts ``labels[i + 1]``; -100 is ignored), through one
+call, ``leantrain.modeling.token_losses.token_losses``: the output loss ``efficiency.chunked_loss`` installed (the
+chunked loss or Liger's kernel, on the forward's final hidden states: the ``tokens x vocab`` logits never exist) or
+the plain logits; it reads nothing but the batch (input columns and ``labels``), so a task that compares
 sequences (two per row, a frozen reference model) calls it on its own batches and models. ``step.forward_loss`` is the
 sum over rows of ``loss_weight`` x the row's summed token losses; ``count`` is the sum of
 the rows' ``targets``, read from an array in memory. The engine divides the sum over all micro-batches and processes
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from leantrain.config.tasks import CAUSAL_LM, task_spec
-from leantrain.modeling.chunked_loss import (chunked_layer, keeps_logits, labels_for_loss, logit_losses,
-                                             per_token_losses)
+from leantrain.modeling.chunked_loss import keeps_logits
+from leantrain.modeling.token_losses import TokenLosses, logit_losses, token_losses
 from leantrain.methods.registry import CardText, Task, register
 from leantrain.methods.traits import Traits
 from leantrain.methods.row_counts import RowCounts
@@ -54,13 +54,13 @@ class CausalLMModel(Task.parts.model):
 class CausalLMStep(Task.parts.step):
     def forward_loss(self, model, batch: dict) -> tuple[torch.Tensor, object]:
         """The weighted sum of the token losses (rows of weight 0, which only keep processes in step, weigh 0; Liger's
-        kernel masks their targets itself: ``leantrain.modeling.output_loss``)."""
-        losses, outputs, _ = self.task.forward_token_losses(model, batch, batch["loss_weight"])
-        return (losses.sum(-1) * batch["loss_weight"]).sum(), outputs
+        kernel gets their targets masked: ``leantrain.modeling.token_losses``); no outputs."""
+        losses = self.task.forward_token_losses(model, batch, batch["loss_weight"]).losses
+        return (losses.sum(-1) * batch["loss_weight"]).sum(), None
 
     def loss_sum(self, outputs, batch: dict) -> torch.Tensor:
         """The loss sum from plain outputs (logits ``[B, T, V]``)."""
-        return (per_token_losses(outputs, batch["labels"]).sum(-1) * batch["loss_weight"]).sum()
+        return (logit_losses(outputs.logits, batch["labels"])[0].sum(-1) * batch["loss_weight"]).sum()
 
 
 class CausalLMData(Task.parts.data):
@@ -121,10 +121,9 @@ class CausalLM(Task):
                                 evaluation=CausalLMEvaluation, report=CausalLMReport)
 
     def forward_token_losses(self, model, batch: dict, row_weights=None, keep: int | None = None,
-                             entropy: bool = False) -> tuple[torch.Tensor, object, torch.Tensor | None]:
-        """(per-token losses, outputs, entropy): ``token_losses``; the forward's outputs when they are the model's own
-        (plain logits), None when the chunked layer computed the losses instead of the logits; with ``entropy`` and
-        plain logits, each position's entropy from the same log-softmax (``logit_losses``), else None.
+                             entropy: bool = False) -> TokenLosses:
+        """(per-token losses, entropy or None) of ``step.forward`` on ``batch``: ``token_losses``, through
+        ``leantrain.modeling.token_losses.token_losses`` (``entropy``: each position's, from plain logits).
         ``row_weights``: the rows' ``loss_weight`` when the losses are weighted by them (Liger's kernel masks the rows
         of weight 0). ``keep``: the last ``keep`` shifted targets alone (``[B, keep]``), the output layer run on their
         positions only (transformers' ``logits_to_keep``; a model without it computes them all, then they are cut)."""
@@ -133,21 +132,17 @@ class CausalLM(Task):
             labels, inputs = labels[:, -(keep + 1):], {**batch, "logits_to_keep": keep + 1}
         elif keep is not None:
             cut = slice(-keep, None)
-        if chunked_layer(model) is None:
-            outputs = self.step.forward(model, inputs)
-            losses, spread = logit_losses(outputs.logits, labels, entropy)
-        else:  # the output layer returns per-token losses for this forward (the row weights: for Liger's kernel)
-            with labels_for_loss(model, labels, row_weights):
-                losses, outputs, spread = per_token_losses(self.step.forward(model, inputs), labels), None, None
-        if cut is not None:
-            losses, spread = losses[:, cut], None if spread is None else spread[:, cut]
-        return losses, outputs, spread
+        out = token_losses(model, lambda: self.step.forward(model, inputs), labels, entropy=entropy,
+                           row_weights=row_weights)
+        if cut is None:
+            return out
+        return TokenLosses(out.losses[:, cut], None if out.entropy is None else out.entropy[:, cut])
 
     def token_losses(self, model, batch: dict, keep: int | None = None) -> torch.Tensor:
         """Per-token losses ``[B, T-1]`` (fp32, 0 where the shifted label is -100) of ``model`` on ``batch``
         (``input_ids``, ``attention_mask``, ..., unshifted ``labels [B, T]``): through the chunked output layer when
         installed, else from the plain logits; ``[B, keep]``: the last ``keep`` alone (``forward_token_losses``)."""
-        return self.forward_token_losses(model, batch, keep=keep)[0]
+        return self.forward_token_losses(model, batch, keep=keep).losses
 
     # -- evaluation
 
