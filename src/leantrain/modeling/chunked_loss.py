@@ -12,8 +12,8 @@ hidden states and the layer's weight by :class:`ChunkedCrossEntropy` (or Liger's
 ``leantrain.modeling.output_loss``):
 
 - forward: for each chunk of ``chunk_tokens`` tokens, logits = hidden @ W^T (in that dtype, as the plain layer
-  would), then in fp32 the log-sum-exp and the target's logit; it keeps the hidden states, the weight, the targets
-  and one fp32 log-sum-exp per token;
+  would), then in fp32 the log-sum-exp and the target's logit (and, when asked, the entropy from the chunk's
+  log-softmax); it keeps the hidden states, the weight, the targets and one fp32 log-sum-exp per token;
 - backward: for each chunk again, softmax - one_hot(target) scaled by the incoming gradient gives d(logits) of the
   chunk, from which d(hidden) of the chunk and the chunk's share of d(W) (accumulated in one fp32 buffer).
 
@@ -62,13 +62,15 @@ CAPTURE = "leantrain_output_capture"  # attribute on the output layer: its Captu
 
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Per-token cross-entropy of ``hidden [N, H] @ weight[V, H]^T (+ bias)`` against ``targets [N]`` (-100:
-    no loss), ``chunk`` tokens at a time; returns ``[N]`` fp32 losses. ``dtype``: the matmul's dtype (autocast)."""
+    no loss), ``chunk`` tokens at a time; returns ``[N]`` fp32 losses and, with ``entropy``, each token's ``[N]``
+    entropy (fp32, no gradient; else an empty tensor). ``dtype``: the matmul's dtype (autocast)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk: int, dtype):
+    def forward(ctx, hidden, weight, bias, targets, chunk: int, dtype, entropy: bool = False):
         n = hidden.shape[0]
         losses = torch.zeros(n, dtype=torch.float32, device=hidden.device)
         lse = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        spread = torch.zeros(n if entropy else 0, dtype=torch.float32, device=hidden.device)
         w = weight.to(dtype)
         b = bias.to(dtype) if bias is not None else None
         for s in range(0, n, chunk):
@@ -78,13 +80,17 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             keep = t != IGNORE
             picked = logits.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
             losses[s:s + chunk] = torch.where(keep, lse[s:s + chunk] - picked, 0.0)
+            if entropy:  # -sum p log p from the chunk's log-softmax, made in place of its logits
+                logp = logits.sub_(lse[s:s + chunk, None])
+                spread[s:s + chunk] = -torch.linalg.vecdot(logp.exp(), logp)
             del logits
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.chunk, ctx.dtype = chunk, dtype
-        return losses
+        ctx.mark_non_differentiable(spread)
+        return losses, spread
 
     @staticmethod
-    def backward(ctx, grad_losses):
+    def backward(ctx, grad_losses, grad_spread):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         chunk, dtype = ctx.chunk, ctx.dtype
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -115,15 +121,17 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                 grad_b += dlogits.sum(0)
             del dlogits, low
         return (grad_h, grad_w.to(weight.dtype) if need_w else None,
-                grad_b.to(bias.dtype) if need_b else None, None, None, None)
+                grad_b.to(bias.dtype) if need_b else None, None, None, None, None)
 
 
 def chunked_token_losses(flat: torch.Tensor, layer: nn.Module, targets: torch.Tensor, chunk_tokens: int,
-                         dtype: torch.dtype) -> torch.Tensor:
-    """Per-token losses ``[N]`` (fp32) of the output ``layer`` on the hidden states ``flat [N, H]`` against
-    ``targets [N]`` (-100: no loss), ``chunk_tokens`` at a time, the matmul in ``dtype``."""
-    return ChunkedCrossEntropy.apply(flat, layer.weight, getattr(layer, "bias", None), targets,
-                                     max(1, int(chunk_tokens)), dtype)
+                         dtype: torch.dtype, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(per-token losses ``[N]``, each token's entropy ``[N]`` or None) (fp32) of the output ``layer`` on the hidden
+    states ``flat [N, H]`` against ``targets [N]`` (-100: no loss), ``chunk_tokens`` at a time, the matmul in
+    ``dtype``; the entropy (no gradient) with ``entropy`` only."""
+    losses, spread = ChunkedCrossEntropy.apply(flat, layer.weight, getattr(layer, "bias", None), targets,
+                                               max(1, int(chunk_tokens)), dtype, entropy)
+    return losses, spread if entropy else None
 
 
 def output_layer(model: nn.Module) -> nn.Module | None:

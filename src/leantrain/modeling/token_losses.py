@@ -10,9 +10,9 @@ it) and returns :class:`TokenLosses`: each target's fp32 cross-entropy (minus it
 - the chunked loss or Liger's fused kernel (``leantrain.modeling.chunked_loss.install_chunked_loss``): the forward
   runs up to the output layer, whose input is taken (``chunked_loss.final_hidden``: the layer computes nothing), then
   the installed kernel computes the losses from it and the layer's weight, in the dtype the forward's autocast gave
-  the layer: :class:`~leantrain.modeling.chunked_loss.ChunkedCrossEntropy` a chunk of tokens at a time, or Liger's
-  kernel (``leantrain.modeling.output_loss``); no ``tokens x vocab`` logits. No entropy there (None): no logits to
-  take it from.
+  the layer: :class:`~leantrain.modeling.chunked_loss.ChunkedCrossEntropy` a chunk of tokens at a time (the entropy
+  too, from each chunk's log-softmax), or Liger's kernel (``leantrain.modeling.output_loss``; no entropy: None); no
+  ``tokens x vocab`` logits.
 
 The targets: ``next_token=True`` (a causal LM's batch): ``labels [B, T]`` as the model's inputs, position i
 predicting ``labels[:, i + 1]``, losses ``[B, T-1]``; ``next_token=False``: ``labels [B, T]`` aligned with the
@@ -37,7 +37,7 @@ from leantrain.modeling.output_loss import liger_token_losses
 
 class TokenLosses(NamedTuple):
     """Per-token losses (fp32, minus each target's log-prob, 0 where it is -100) and each position's entropy (fp32,
-    no gradient; None unless asked, and from the installed kernels)."""
+    no gradient; None unless asked, and from Liger's kernel)."""
 
     losses: torch.Tensor
     entropy: torch.Tensor | None = None
@@ -53,14 +53,14 @@ def token_losses(model: nn.Module, forward: Callable[[], object], labels: torch.
         return TokenLosses(*(logit_losses if next_token else target_losses)(logits, labels, entropy))
     hidden = final_hidden(model, forward)
     states, targets = (hidden.states[:, :-1], labels[:, 1:]) if next_token else (hidden.states, labels)
-    return TokenLosses(kernel_losses(layer, states, targets, hidden.dtype, row_weights))
+    return kernel_losses(layer, states, targets, hidden.dtype, row_weights, entropy)
 
 
 def kernel_losses(layer: nn.Module, states: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype,
-                  row_weights: torch.Tensor | None = None) -> torch.Tensor:
+                  row_weights: torch.Tensor | None = None, entropy: bool = False) -> TokenLosses:
     """Per-token losses ``[B, T]`` (fp32) of the installed output ``layer`` on ``states [B, T, H]`` against
-    ``targets [B, T]`` (position i predicts ``targets[:, i]``), its matmul in ``dtype``: the chunked loss, or Liger's
-    kernel with the targets of rows of weight 0 masked."""
+    ``targets [B, T]`` (position i predicts ``targets[:, i]``), its matmul in ``dtype``: the chunked loss (with
+    ``entropy``, each position's), or Liger's kernel with the targets of rows of weight 0 masked (no entropy)."""
     b, t = targets.shape
     if states.shape[:2] != (b, t):
         raise ValueError(f"output loss: targets {(b, t)} do not match the hidden states {tuple(states.shape[:2])}")
@@ -68,11 +68,10 @@ def kernel_losses(layer: nn.Module, states: torch.Tensor, targets: torch.Tensor,
     if getattr(layer, KERNEL) == "liger":
         if row_weights is not None and row_weights.shape == (b,):  # no sync: a where, not an if
             targets = torch.where((row_weights == 0).to(targets.device)[:, None], IGNORE, targets)
-        losses = liger_token_losses(flat, layer, targets.reshape(-1).to(flat.device), dtype)
-    else:
-        losses = chunked_token_losses(flat, layer, targets.reshape(-1).to(flat.device),
-                                      chunk_tokens_of(layer, flat.device.type), dtype)
-    return losses.view(b, t)
+        return TokenLosses(liger_token_losses(flat, layer, targets.reshape(-1).to(flat.device), dtype).view(b, t))
+    losses, spread = chunked_token_losses(flat, layer, targets.reshape(-1).to(flat.device),
+                                          chunk_tokens_of(layer, flat.device.type), dtype, entropy)
+    return TokenLosses(losses.view(b, t), None if spread is None else spread.view(b, t))
 
 
 def logit_losses(logits: torch.Tensor, labels: torch.Tensor, entropy: bool = False):

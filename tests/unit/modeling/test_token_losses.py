@@ -1,5 +1,6 @@
 """The one call of a causal LM's per-token losses (leantrain.modeling.token_losses): through the installed output loss
-it gives the plain computation's losses (minus the targets' log-probs) and gradients, next-token or aligned targets;
+it gives the plain computation's losses (minus the targets' log-probs), entropy and gradients, next-token or aligned
+targets;
 the forward's autocast dtype reaches the kernel run after it; nothing stays on a module after a forward; a compiled
 model and Liger's kernel (a CPU stand-in) go through the same call."""
 
@@ -48,7 +49,8 @@ def test_the_installed_loss_gives_the_plain_losses_log_probs_and_gradients(next_
         picked = logp.gather(-1, targets.clamp(min=0)[..., None])[..., 0]
     assert_close(-loss_c, torch.where(targets == -100, 0.0, picked), "log-probs")
     assert_close(spread_p, -(logp.exp() * logp).sum(-1), "entropy (plain)")
-    assert spread_c is None  # no logits to take it from
+    assert_close(spread_c, spread_p, "entropy")
+    assert not spread_c.requires_grad
     assert grads_c.keys() == grads_p.keys() and ("lm_head.weight" in grads_c or tied)
     for name in grads_p:
         assert_close(grads_c[name], grads_p[name], name)
@@ -170,3 +172,15 @@ def test_liger_kernel_goes_through_the_same_call(monkeypatch):
 
     token_losses(fused, forward, labels)
     assert StandIn.dtypes == (torch.bfloat16, torch.bfloat16)
+
+
+def test_the_entropy_makes_no_tokens_x_vocab_tensor():
+    from tests.helpers import LargestTensor
+
+    model = loss_llama()
+    assert install_chunked_loss(model, chunk_tokens=16)
+    ids, labels, weights = loss_batch(b=4, t=17)  # 64 targets > hidden 32: tokens x vocab is the largest possible
+    vocab = model.config.vocab_size
+    with LargestTensor() as seen:
+        run(model, ids, labels, weights, entropy=True)
+    assert seen.bytes <= 4 * max(16 * vocab, vocab * 32) < 4 * 64 * vocab, f"a tensor of {seen.bytes} bytes"

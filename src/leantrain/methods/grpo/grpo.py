@@ -88,8 +88,9 @@ class GrpoStep(CausalLM.parts.step):
 
     def loss(self, model, batch: dict) -> tuple:  # noqa: ANN001
         """The loss sum of a training micro-batch and TRL's step metrics: the rollout's (reward, ...), the clipped
-        fraction, the KL (beta > 0) and the entropy of the completions (from the forward's log-softmax, when it has
-        logits); every per-token value is one per completion position (``forward``)."""
+        fraction, the KL (beta > 0) and the entropy of the completions (from the logits' log-softmax, or the chunked
+        loss's chunk by chunk; none from Liger's kernel, which GRPO never gets); every per-token value is one per
+        completion position (``forward``)."""
         g, weights = self.task.grpo, batch["loss_weight"]
         losses, spread = F.completion_losses(self.task, model, batch, entropy=True)
         logps, mask = -losses, completion_mask(batch)
