@@ -79,6 +79,22 @@ def test_reference_logps_are_computed_once_cached_and_read_back(setup, tmp_path,
     assert not list((tmp_path / precompute.FOLDER).glob("*.tmp*"))
 
 
+def test_values_another_output_loss_computed_are_not_read(setup, tmp_path, monkeypatch):
+    """The chunked loss gives the same reference log-probs to rounding, not to the bit: a run with it computes its own
+    rather than read those of a run without it (else a run's result depends on which ran first)."""
+    from leantrain.modeling.chunked_loss import install_chunked_loss
+
+    accelerator, model, task, ds = setup
+    monkeypatch.setattr(precompute, "default_datasets_cache", lambda: tmp_path)
+    plain = precompute.with_precomputed(task, model, ds, collate, accelerator, 3, "train data")
+    chunked = copy.deepcopy(model)
+    assert install_chunked_loss(chunked, chunk_tokens=4)
+    assert precompute.compute_paths(chunked) != precompute.compute_paths(model)
+    again = precompute.with_precomputed(task, chunked, ds, collate, accelerator, 3, "train data")
+    assert len(list((tmp_path / precompute.FOLDER).glob("*.npy"))) == 2
+    np.testing.assert_allclose(again["ref_chosen_logps"], plain["ref_chosen_logps"], rtol=1e-5, atol=1e-5)
+
+
 def test_no_columns_without_precompute(setup):
     accelerator, model, _, ds = setup
     task = get_task("preference").configured(resolve(None, ["preference.reference=live"]))

@@ -3,9 +3,10 @@ the preference task's reference log-probs under ``preference.reference=precomput
 processed datasets as columns, so that every batch carries them and training runs no reference forward.
 
 The cache sits beside the run's processed data (the folder of the dataset's Arrow cache files, else the datasets
-cache), one ``.npy`` file per (model, data, columns, precision): the key is the sha256 of the model's class, config
-and weights, the processed rows' content, the columns and the autocast precision, so another run on the same model
-and data reads it, and anything that changes the values misses it. The file is written to a temporary name and
+cache), one ``.npy`` file per (model, data, columns, arithmetic): the key is the sha256 of the model's class, config
+and weights, the processed rows' content, the columns, the autocast precision and the paths the forward computes
+them by (``compute_paths``: the output loss, the attention implementation), so another run on the same model and data
+reads it, and anything that changes the values, to the last bit, misses it. The file is written to a temporary name and
 renamed (a reader never sees half a file), with a record beside it (``<key>.json``: the sha256 of its bytes and its
 dtype), and checked when read (those bytes, its dtype and shape, finite values); a file that fails the check is
 computed again, with a warning saying why. The main process computes and writes; the others wait and read. The folder is recorded
@@ -29,6 +30,8 @@ from leantrain.data.caches import PRECOMPUTED, default_datasets_cache, record_ca
 from leantrain.data.loaders import eval_loader, to_device
 from leantrain.engine.checkpoint.save import data_fingerprint
 from leantrain.files import sha256_file, write_atomic
+from leantrain.modeling.chunked_loss import KERNEL, chunked_layer
+from leantrain.modeling.wrappers import unwrapped
 
 log = logging.getLogger("leantrain")
 FOLDER = PRECOMPUTED  # listed and cleared by leantrain cache --list / --clear
@@ -44,6 +47,16 @@ def model_fingerprint(model: torch.nn.Module) -> str:
         h.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         h.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def compute_paths(model: torch.nn.Module) -> str:
+    """The paths the model's forward computes its values by, beyond its weights: the output loss installed (chunked,
+    Liger's, or the plain logits) and the attention implementation. Equal numbers to rounding, not to the bit: a run
+    must not read values another path computed (a run's result would then depend on what ran before it)."""
+    layer = chunked_layer(model)
+    loss = getattr(layer, KERNEL, "installed") if layer is not None else "logits"
+    attention = getattr(getattr(unwrapped(model), "config", None), "_attn_implementation", None)
+    return f"output={loss}/attention={attention}"
 
 
 def cache_file(dataset, key: str) -> Path:
@@ -113,7 +126,7 @@ def with_precomputed(task, model, dataset, collator, accelerator: Accelerator, b
         return dataset
     h = hashlib.sha256(model_fingerprint(model).encode())
     h.update(data_fingerprint(dataset).encode())
-    h.update(f"{columns}/{accelerator.mixed_precision}".encode())
+    h.update(f"{columns}/{accelerator.mixed_precision}/{compute_paths(model)}".encode())
     path = cache_file(dataset, h.hexdigest()[:32])
     with accelerator.main_process_first():
         values, problem = read_values(path, len(dataset), len(columns))
