@@ -34,10 +34,7 @@ def load_trained(model_dir: str, cfg: Config, precision: tuple[str, str] | None 
     model_dir = resolve_model_name(model_dir, cfg.model.revision)
     mcfg = cfg.model.model_copy(update={"name": model_dir, "config": None, "config_type": None})
     task = resolve_task(cfg.model_copy(update={"model": mcfg}))
-    if not task.traits.labelled:  # a language model has no labels to predict
-        raise UserError(f"{model_dir} is a language model ({task.name}): it has no labels to predict; continue text with "
-                        f"`leantrain generate {model_dir} --prompt \"...\"`, or measure its loss and perplexity on a "
-                        f"file with `leantrain eval {model_dir} data.eval=path`")
+    task.prediction.check(model_dir)  # a language model has no labels to predict
     labels = trained_label_names(load_config(mcfg))
     if labels is None:
         raise UserError(f"{model_dir} is not a fine-tuned classifier (no label names in its config.json); "
@@ -107,9 +104,7 @@ def predict(model_dir: str, input_path: str, output_path: str, cfg: Config, batc
 def _shown_fields(rows, task: Task, input_path: str, cfg: Config, id_column: str | None) -> dict[str, list]:
     """What each prediction carries beside its label: the user's id column, else the input (text or file path)."""
     if id_column is None:
-        if task.traits.media_inputs:
-            return {"path": rows[task.spec.modality]}  # each prediction names its file
-        return {k: rows[k] for k in ("text", "text_pair", "tokens") if k in rows.column_names}
+        return task.prediction.shown(rows)
     ds = open_rows(input_path, cfg.data).ds
     if id_column not in ds.column_names:
         raise UserError(f"--id-column {id_column!r}: {input_path} has no such column "

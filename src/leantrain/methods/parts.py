@@ -14,6 +14,9 @@ import numpy as np
 
 from leantrain.data.modalities import Modality, for_modality
 from leantrain.methods.seam import StepBatches, StepContext
+from leantrain.modeling.load import load_tokenizer
+from leantrain.modeling.pad_token import set_model_pad_token
+from leantrain.modeling.pooling import apply_pooling
 
 NOT_MODEL_INPUTS = ("labels", "loss_weight", "length")  # batch columns the loss or the batching reads, not the model
 
@@ -112,10 +115,22 @@ class Model(Part):
         return dict(num_labels=len(label_names), id2label={i: n for i, n in enumerate(label_names)},
                     label2id={n: i for i, n in enumerate(label_names)})
 
-    def scratch_fields(self, processor) -> dict:  # noqa: ANN001
+    def scratch_fields(self, cfg) -> dict:  # noqa: ANN001 - a ModelConfig
         """Config fields of a model built from a config (``model.config`` / ``model.config_type``) that follow its
-        processor (causal LM: the tokenizer's vocabulary size and special tokens); none by default."""
+        processor, which it loads from ``cfg`` when it needs it (causal LM: the tokenizer's vocabulary size and special
+        tokens); none by default."""
         return {}
+
+    def finish(self, model, cfg):  # noqa: ANN001, ANN201 - a model, a ModelConfig
+        """A built or loaded model made ready for the method: a sequence classifier's pooler as ``model.pooling`` says
+        (``leantrain.modeling.pooling``, an untrained-looking BERT pooler as its traits say), and a text model whose
+        config has no pad_token_id given the tokenizer's (GPT-2, Llama, ...)."""
+        traits = self.task.traits
+        if traits.sequence_classifier:
+            apply_pooling(model, cfg.pooling, traits.untrained_pooler)
+        if traits.tokenized and getattr(model.config, "pad_token_id", None) is None:
+            set_model_pad_token(model, load_tokenizer(cfg, say=False))
+        return model
 
     def start_head(self, model) -> str | None:  # noqa: ANN001
         """Set a freshly built model's new head before training (multi-label: its bias at the labels' prior); returns
@@ -242,6 +257,16 @@ class Evaluation(Part):
 
 class Prediction(Part):
     """``leantrain predict``: one record per row."""
+
+    def check(self, model_dir: str) -> None:
+        """A UserError (exit 2) when a trained model of this method has nothing to predict; nothing by default."""
+
+    def shown(self, rows) -> dict[str, list]:  # noqa: ANN001 - a datasets.Dataset
+        """What each prediction carries beside its label when no id column is given: its file (images, audio), else
+        its text columns."""
+        if self.task.traits.media_inputs:
+            return {"path": rows[self.task.spec.modality]}
+        return {k: rows[k] for k in ("text", "text_pair", "tokens") if k in rows.column_names}
 
     def records(self, logits, label_names: list[str]) -> list[dict]:  # noqa: ANN001
         """One record per row: e.g. {"label": ..., "score": ...}."""

@@ -45,6 +45,7 @@ class CardText:
     title: str  # "text classification": "# <model>, fine-tuned for <title>"
     noun: str  # "text classifier": "A text classifier fine-tuned from ..."
     example: str  # the argument of the pipeline call in the usage section
+    variable: str = "classifier"  # the usage section's name of the pipeline: "classifier", "generator"
 
 
 @dataclass(frozen=True)

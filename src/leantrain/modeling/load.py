@@ -23,8 +23,7 @@ from leantrain.modeling.hubcheck import check_model_name
 from leantrain.modeling.head_reuse import needs_remap, remap_head
 from leantrain.modeling.names import (CLASSIFIER_ARCHS, PACKAGED_MODEL, packaged_model_path,  # noqa: F401
                                       resolve_model_name)
-from leantrain.modeling.pad_token import ensure_pad_token, set_model_pad_token
-from leantrain.modeling.pooling import apply_pooling
+from leantrain.modeling.pad_token import ensure_pad_token
 from leantrain.modeling.switches import embeddings_of
 from leantrain.modeling.from_scratch import build_processor, check_config_overrides, config_from_spec, from_scratch
 from leantrain.modeling.peft_import import import_peft, peft_quiet
@@ -141,7 +140,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task, extra: dict | No
         except ValueError as e:
             raise UserError(f"cannot build a {task.name} model from {config.model_type!r} config: {e}") from None
         log.info("new model: random initialisation from a %s config (train.seed)", config.model_type)
-        return _with_pad_token(model, cfg, task)
+        return _made_ready(model, cfg, task)
     trained = trained_label_names(config)
     remap = needs_remap(trained, label_names, cfg.reuse_head)  # a fine-tuned head: rows follow the label names
     kwargs = {  # a dict display: an override of a field the task sets (problem_type) is no duplicate keyword
@@ -168,7 +167,7 @@ def build_model(cfg: ModelConfig, label_names: list[str], task, extra: dict | No
         log.info("new weights (initialised from train.seed): %s", ", ".join(fresh[:6]) + (" ..." if len(fresh) > 6 else ""))
     if remap:
         remap_head(model, trained, label_names, cfg.reuse_head)  # logs what it did
-    return _with_pad_token(model, cfg, task)
+    return _made_ready(model, cfg, task)
 
 
 def meta_model(cfg: ModelConfig, task, config=None):  # noqa: ANN001 - a methods Task, a transformers config
@@ -199,9 +198,7 @@ def _scratch_fields(cfg: ModelConfig, task, config) -> dict:  # noqa: ANN001 - a
     """The task's processor-dependent fields of a model from a config (causal LM: vocab_size = len(tokenizer),
     special token ids; ``check_tokenizer_key`` checked model.tokenizer before, with the run). A vocab_size the user set larger than the tokenizer's is kept (e.g. padded to a multiple of
     64); a smaller one cannot hold the token ids: exit 2."""
-    if not task.traits.tokenized:
-        return {}
-    fields = task.model.scratch_fields(load_tokenizer(cfg, say=False))
+    fields = task.model.scratch_fields(cfg)
     given = cfg.config_overrides.get("vocab_size")
     if given is not None and "vocab_size" in fields:
         if given < fields["vocab_size"]:
@@ -213,14 +210,10 @@ def _scratch_fields(cfg: ModelConfig, task, config) -> dict:  # noqa: ANN001 - a
     return fields
 
 
-def _with_pad_token(model, cfg: ModelConfig, task):  # noqa: ANN001 - a leantrain.methods Task
-    """A text model whose config has no pad_token_id takes the tokenizer's (GPT-2, Llama, ...); a sequence
-    classifier's pooler as ``model.pooling`` says (``leantrain.modeling.pooling``)."""
-    if task.traits.sequence_classifier:
-        apply_pooling(model, cfg.pooling, task.traits.untrained_pooler)
-    if task.traits.tokenized and getattr(model.config, "pad_token_id", None) is None:
-        set_model_pad_token(model, load_tokenizer(cfg, say=False))
-    return model
+def _made_ready(model, cfg: ModelConfig, task):  # noqa: ANN001 - a leantrain.methods Task
+    """The model made ready by its method (``Model.finish``: a sequence classifier's pooler, a text model's pad
+    token)."""
+    return task.model.finish(model, cfg)
 
 
 def parameter_numel(p) -> int:

@@ -139,7 +139,7 @@ def write_model_card(
         lines += ["## Throughput and memory", "", *_table(("measure", "value"), cost), ""]
     if versions := summary.get("versions"):
         lines += ["## Framework versions", "", *(f"- {k} {v}" for k, v in versions.items()), ""]
-    var = "generator" if entry.traits.generates else "classifier"
+    var = entry.card.variable
     lines += [
         "## Usage", "", "```python", "from transformers import pipeline", "",
         f'{var} = pipeline("{entry.traits.loads_as}", model="{shown_dir.as_posix()}")  # or its Hub id once pushed',

@@ -180,11 +180,8 @@ class TokenClassification(Task):
     def configured(self, cfg, model_config=None) -> "TokenClassification":
         return dataclasses.replace(self, all_tokens=cfg.data.label_all_tokens, scheme=cfg.eval.tag_scheme)
 
-    # -- training
 
-    # -- evaluation
 
-    # -- prediction
 
 
 TOKEN_CLASSIFICATION_TASK = register(TokenClassification(

@@ -190,4 +190,4 @@ GRPO_TASK = register(Grpo(
            progress_keys=("reward", "reward_std", "kl"), default_for=("prompts",),
            forward_paths=(DECODE_STEP, SHARED_PROMPTS)),
     CardText("reinforcement learning (GRPO)", "language model trained with GRPO",
-             '"What is 2 + 3?", max_new_tokens=40')))
+             '"What is 2 + 3?", max_new_tokens=40', "generator")))

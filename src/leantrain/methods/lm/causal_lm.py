@@ -27,19 +27,23 @@ import numpy as np
 import torch
 
 from leantrain.config.tasks import CAUSAL_LM, task_spec
-from leantrain.modeling.chunked_loss import keeps_logits
-from leantrain.modeling.token_losses import TokenLosses, logit_losses, token_losses
+from leantrain.errors import UserError
 from leantrain.methods.registry import CardText, Task, register
-from leantrain.methods.traits import Traits
 from leantrain.methods.row_counts import RowCounts
+from leantrain.methods.traits import Traits
+from leantrain.modeling.chunked_loss import keeps_logits
+from leantrain.modeling.load import load_tokenizer
+from leantrain.modeling.token_losses import TokenLosses, logit_losses, token_losses
 
 
 class CausalLMModel(Task.parts.model):
     def fields(self, label_names: list[str]) -> dict:
         return {}  # no head to size: the output layer is the vocabulary's
 
-    def scratch_fields(self, tokenizer) -> dict:
-        """Config fields of a model built from a config: the vocabulary and special tokens follow the tokenizer."""
+    def scratch_fields(self, cfg) -> dict:  # noqa: ANN001 - a ModelConfig
+        """Config fields of a model built from a config: the vocabulary and special tokens follow the tokenizer
+        (``model.tokenizer``)."""
+        tokenizer = load_tokenizer(cfg, say=False)
         fields = {"vocab_size": len(tokenizer)}
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             value = getattr(tokenizer, name, None)
@@ -109,16 +113,21 @@ class CausalLMReport(Task.parts.report):
         return [(k, v) for k, v in rows if v is not None]
 
 
+class CausalLMPrediction(Task.parts.prediction):
+    def check(self, model_dir: str) -> None:
+        """A language model has no labels to predict (exit 2): ``leantrain generate`` continues text, ``leantrain eval``
+        measures its loss and perplexity."""
+        raise UserError(f"{model_dir} is a language model ({self.task.name}): it has no labels to predict; continue "
+                        f"text with `leantrain generate {model_dir} --prompt \"...\"`, or measure its loss and "
+                        f"perplexity on a file with `leantrain eval {model_dir} data.eval=path`")
+
+
 @dataclasses.dataclass(frozen=True)
 class CausalLM(Task):
     """Next-token prediction: the loss of each target token, summed; the count of target tokens."""
 
-
-    # -- model
-
-    # -- training
     parts = dataclasses.replace(Task.parts, model=CausalLMModel, step=CausalLMStep, data=CausalLMData,
-                                evaluation=CausalLMEvaluation, report=CausalLMReport)
+                                evaluation=CausalLMEvaluation, prediction=CausalLMPrediction, report=CausalLMReport)
 
     def forward_token_losses(self, model, batch: dict, row_weights=None, keep: int | None = None,
                              entropy: bool = False) -> TokenLosses:
@@ -144,7 +153,6 @@ class CausalLM(Task):
         installed, else from the plain logits; ``[B, keep]``: the last ``keep`` alone (``forward_token_losses``)."""
         return self.forward_token_losses(model, batch, keep=keep).losses
 
-    # -- evaluation
 
 
 CAUSAL_LM_TASK = register(CausalLM(
@@ -152,4 +160,5 @@ CAUSAL_LM_TASK = register(CausalLM(
     Traits(labels="none", unit="tokens", auto_model="AutoModelForCausalLM", loads_as="text-generation",
            speed_unit="tokens", eval_row_kind="blocks", token_blocks=True, headline_loss=True,
            scratch_needs_tokenizer=True, model_mapping="MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
-    CardText("causal language modelling", "causal language model", '"Once upon a time", max_new_tokens=40')))
+    CardText("causal language modelling", "causal language model", '"Once upon a time", max_new_tokens=40',
+             "generator")))

@@ -314,8 +314,6 @@ class Preference(CausalLM):
         """The loss: as configured; auto: kto on unpaired feedback, else dpo."""
         return self.data.for_data(columns).loss
 
-    # -- the reference
-
     # -- what differs by method (the pairs here; ``kto.Kto`` overrides them for feedback rows)
     ref_columns = REF_COLUMNS  # precomputed reference log-probs: chosen, rejected
     input_columns = INPUT_COLUMNS  # the two sequences of a row that tokens/s counts
@@ -363,7 +361,6 @@ class Preference(CausalLM):
                     "rewards/accuracies": (chosen > rejected).to(weight)}
         return {k: ((v * weight).sum(), weight.sum()) for k, v in per_pair.items()}
 
-    # -- evaluation
 
 
 METHODS: dict[str, type[Preference]] = {}  # loss -> the class of its method, when not this family's (kto.py adds KTO)
@@ -374,4 +371,5 @@ PREFERENCE_TASK = register(Preference(
     Traits(labels="pairs", unit="pairs", auto_model="AutoModelForCausalLM", loads_as="text-generation",
            token_blocks=True, headline_loss=True, uniform_token_gradients=False, scratch_needs_tokenizer=True,
            progress_keys=("loss", "rewards/margins")),
-    CardText("preference tuning", "preference-tuned language model", '"Once upon a time", max_new_tokens=40')))
+    CardText("preference tuning", "preference-tuned language model", '"Once upon a time", max_new_tokens=40',
+             "generator")))
