@@ -327,15 +327,32 @@ def is_installed(model: nn.Module) -> bool:
     return chunked_layer(model) is not None
 
 
+OFF = "chunked loss: off"
+
+
+class OutputLossNote(str):
+    """The log line of the output loss a run chose (``apply_chunked_loss``), with what it says apart: ``kind`` (off,
+    plain, liger, chunked) and ``reason`` (the line's parenthesis)."""
+
+    kind: str
+    reason: str
+
+    def __new__(cls, kind: str, head: str, reason: str) -> "OutputLossNote":
+        note = super().__new__(cls, f"{head} ({reason})")
+        note.kind, note.reason = kind, reason
+        return note
+
+
 def apply_chunked_loss(model: nn.Module, setting: bool | str, device_type: str = "cpu",
-                       logits_bytes: int | None = None, budget: int | None = None, uniform: bool = True) -> str | None:
+                       logits_bytes: int | None = None, budget: int | None = None,
+                       uniform: bool = True) -> OutputLossNote | None:
     """``efficiency.chunked_loss`` on a built model: a note for the log (None for a model it does not concern).
     auto: for a causal LM with a vocabulary of at least ``AUTO_MIN_VOCAB`` that can have it, what
     :func:`~leantrain.modeling.output_loss.choose_output_loss` picks on ``device_type`` (Liger's fused kernel unless
     the task's per-token gradients are not ``uniform``, the plain logits when ``logits_bytes`` fit the ``budget``, or
     the chunked loss); true: the chunked loss, or a ConfigError naming why not; false: off."""
     if setting is False or setting == "false":
-        return "chunked loss: off (efficiency.chunked_loss=false)" if is_causal_lm(model) else None
+        return OutputLossNote("off", OFF, "efficiency.chunked_loss=false") if is_causal_lm(model) else None
     auto = setting == "auto"
     if auto:
         if not is_causal_lm(model):
@@ -343,20 +360,22 @@ def apply_chunked_loss(model: nn.Module, setting: bool | str, device_type: str =
         layer = output_layer(model)
         vocab = layer.weight.shape[0] if layer is not None else 0
         if vocab < AUTO_MIN_VOCAB:
-            return f"chunked loss: off (auto: vocabulary {vocab} < {AUTO_MIN_VOCAB}, its logits are small)"
+            return OutputLossNote("off", OFF, f"auto: vocabulary {vocab} < {AUTO_MIN_VOCAB}, its logits are small")
     why = why_not_chunked(model)
     if why is not None:
         if auto:
-            return f"chunked loss: off (auto: {why})"
+            return OutputLossNote("off", OFF, f"auto: {why}")
         raise ConfigError(f"efficiency.chunked_loss=true: {why}; set efficiency.chunked_loss=false (or auto)")
     kernel, reason = (choose_output_loss(device_type, liger_available(), logits_bytes, budget, uniform) if auto
                       else ("chunked", "as configured"))
     if kernel == "plain":
-        return f"output loss: plain logits (auto: {reason})"
+        return OutputLossNote("plain", "output loss: plain logits", f"auto: {reason}")
     install_chunked_loss(model, kernel=kernel)
     vocab = chunked_layer(model).weight.shape[0]
     if kernel == "liger":
-        return f"output loss: Liger fused linear cross-entropy (auto: {reason}; vocabulary {vocab})"
-    return (f"chunked loss: on ({'auto: ' + reason if auto else reason}; vocabulary {vocab}, chunks of "
-            f"{default_chunk_tokens(vocab, 'cpu')} tokens on CPU, {default_chunk_tokens(vocab, 'cuda')} on GPUs; the "
-            "fp32 tokens x vocab logits never exist in training)")
+        return OutputLossNote("liger", "output loss: Liger fused linear cross-entropy",
+                              f"auto: {reason}; vocabulary {vocab}")
+    return OutputLossNote("chunked", "chunked loss: on",
+                          f"{'auto: ' + reason if auto else reason}; vocabulary {vocab}, chunks of "
+                          f"{default_chunk_tokens(vocab, 'cpu')} tokens on CPU, {default_chunk_tokens(vocab, 'cuda')} "
+                          "on GPUs; the fp32 tokens x vocab logits never exist in training")

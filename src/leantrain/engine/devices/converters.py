@@ -30,7 +30,7 @@ from torch import nn
 from leantrain.engine.devices.dropout import disable_dropout, resolve_dropout, use_fast_dropout
 from leantrain.engine.devices.efficiency import install_output_loss
 from leantrain.engine.devices.paths import Choice, PathsContext
-from leantrain.modeling.chunked_loss import KERNEL, chunked_layer, is_causal_lm
+from leantrain.modeling.chunked_loss import is_causal_lm
 from leantrain.modeling.switches import enable_checkpointing
 from leantrain.modeling.weight_casts import install_recast
 
@@ -120,11 +120,7 @@ def decide_output_loss(model: nn.Module, ctx: PathsContext) -> Choice | None:
 def convert_output_loss(model: nn.Module, ctx: PathsContext, choice: Choice) -> Choice | None:
     note = install_output_loss(model, ctx.efficiency, ctx.device, ctx.micro_batch, ctx.block_size,
                                ctx.traits.uniform_token_gradients)
-    if note is None:
-        return None
-    layer = chunked_layer(model)
-    kind = getattr(layer, KERNEL) if layer is not None else "plain" if note.startswith("output loss: plain") else "off"
-    return Choice(kind, note[note.index("(") + 1:].removesuffix(")"), note)
+    return None if note is None else Choice(note.kind, note.reason, str(note))
 
 
 # ------------------------------------------------------------------------------------------ gradient checkpointing

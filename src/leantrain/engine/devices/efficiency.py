@@ -16,7 +16,7 @@ from torch import nn
 from leantrain.config import Config, EfficiencyConfig
 from leantrain.errors import ConfigError
 from leantrain.modeling.attention import attention_support, choose_attention, flash_attn_usable, fp32_uses
-from leantrain.modeling.chunked_loss import apply_chunked_loss, output_layer
+from leantrain.modeling.chunked_loss import OutputLossNote, apply_chunked_loss, output_layer
 from leantrain.modeling.load import load_config
 from leantrain.modeling.output_loss import plain_logits_bytes
 from leantrain.methods import Task
@@ -99,7 +99,7 @@ def output_loss_sizes(model: nn.Module, eff: EfficiencyConfig, device: torch.dev
 
 
 def install_output_loss(model: nn.Module, eff: EfficiencyConfig, device: torch.device, micro_batch: int | str | None,
-                        block_size: int | None, uniform: bool) -> str | None:
+                        block_size: int | None, uniform: bool) -> OutputLossNote | None:
     """``efficiency.chunked_loss`` on ``model`` as a run on ``device`` with this micro-batch chooses it (the sizes of
     :func:`output_loss_sizes`; ``micro_batch`` None: not known, as for ``leantrain eval``): the connector's output loss
     converter for every command, so that plan prices what train installs; a note for the log."""
