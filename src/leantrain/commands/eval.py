@@ -33,7 +33,6 @@ from leantrain.engine.evaluation.harness import run_harness
 from leantrain.engine.setup.preflight import check_max_length, check_output_file, check_weights
 from leantrain.engine.setup.run_settings import (FILE as RUN_FILE, eval_precision, stored_eval_width, trained_task,
                                           with_run_settings)
-from leantrain.engine.setup.training_data import data_side
 from leantrain.errors import ConfigError, UserError
 from leantrain.heartbeat import reporting
 from leantrain.modeling import load_processor, load_trained_model
@@ -126,7 +125,7 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     reference = configured.evaluation.reference_model_name()
     folder = reference_folder(reference, model_dir) if reference else None
     check_weights(model_dir, mcfg.allow_pickle)
-    side = data_side(task)
+    side = task.data.side()
     split, notes = eval_rows(side, cfg, require_labels=False, known_labels=None)
     detected = side.detected(split)
     configured.data.check(detected)  # training's check of the data against the loss, before the model

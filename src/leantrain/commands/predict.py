@@ -13,7 +13,6 @@ from leantrain.config import Config, resolve
 from leantrain.data.loaders import eval_loader
 from leantrain.engine.devices.accelerator import has_accelerator, setup_logging
 from leantrain.engine.evaluation.evaluate import predict_logits
-from leantrain.engine.setup.training_data import data_side
 from leantrain.errors import UserError
 from leantrain.data.text_loader import open_rows
 from leantrain.engine.setup.preflight import check_output_file, check_weights
@@ -51,7 +50,7 @@ def load_trained(model_dir: str, cfg: Config, precision: tuple[str, str] | None 
     model = load_trained_model(model_dir, task, mcfg)
     processor = load_processor(mcfg, task)
     configured = task.configured(cfg, model.config)  # multi-label: the threshold it was saved with
-    return accelerator, accelerator.prepare(model), (data_side(task), processor), labels, configured
+    return accelerator, accelerator.prepare(model), (task.data.side(), processor), labels, configured
 
 
 def logits_in_row_order(accelerator, model, side, rows, cfg: Config, batch_size: int, processed: list | None = None

@@ -17,7 +17,6 @@ from leantrain.config.metric_names import check_metric
 from leantrain.config.training import parse_stop_when
 from leantrain.errors import ConfigError, problems_error
 from leantrain.data.loaders import eval_loader
-from leantrain.data.modalities import Modality
 from leantrain.engine.evaluation.eval_plan import eval_width
 from leantrain.engine.setup.precompute import with_precomputed
 from leantrain.engine.evaluation.samples import check_sample_prompts
@@ -95,10 +94,6 @@ class TrainingData:
                            self.eval_collator or self.collator, num_workers=self.num_workers)
 
 
-def data_side(task: Task) -> Modality:
-    """The data side (loader, processor step, collator) of a task: its modality's, as the task adapts it."""
-    return task.data.side()
-
 
 def run_task(cfg: Config) -> Task:
     """``model.task``, or what ``auto`` decides from the model (``resolve_task``) and then from the training labels
@@ -120,7 +115,7 @@ def load_data(cfg: Config, task: Task):
     """The run's data loaded and validated by the task's data side (no model, no processor): raises DataError
     listing every problem."""
     with using_cache_dir(cfg.data.cache_dir):
-        return data_side(task).load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+        return task.data.side().load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
 
 
 def validate_data(cfg: Config):
@@ -207,7 +202,7 @@ def prepare_training_data(cfg: Config, accelerator: Accelerator, run=None) -> Tr
         log.warning("warning: %s", warning)
     name = model_name(cfg.model) if not (cfg.model.config or cfg.model.config_type) else \
         f"{cfg.model.config or cfg.model.config_type} (from config)"
-    modality = data_side(task)
+    modality = task.data.side()
     processor = load_processor(cfg.model, task)
     with accelerator.main_process_first():
         train = modality.process(data.train, processor, cfg.data, desc="Processing train")
