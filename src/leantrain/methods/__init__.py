@@ -9,6 +9,7 @@ Importing this package registers the built-in methods."""
 from leantrain.methods.registry import (AUDIO, IMAGE, TASKS, TEXT, CardText, Task, auto_model_class, check_config,
                                         default_task, get_task, modality_of, model_inputs, register, task_for_labels,
                                         task_of_config)
+from leantrain.methods.parts import TOKEN_KEYS
 from leantrain.methods.traits import Traits
 from leantrain.methods.classify import classification, multilabel, regression, token_classification  # noqa: F401, E402  (register the built-in tasks)
 from leantrain.methods.lm import causal_lm  # noqa: F401, E402  (registered last: model.task lists it last)
@@ -16,6 +17,6 @@ from leantrain.methods.preference import kto, preference, reward_model  # noqa: 
 from leantrain.methods.grpo import grpo  # noqa: F401, E402  (GRPO: online RL on prompts)
 from leantrain.methods.detect import resolve_task, resolve_task_reason  # noqa: E402
 
-__all__ = ["AUDIO", "IMAGE", "TASKS", "TEXT", "CardText", "Task", "Traits", "auto_model_class", "check_config",
+__all__ = ["AUDIO", "IMAGE", "TASKS", "TEXT", "TOKEN_KEYS", "CardText", "Task", "Traits", "auto_model_class", "check_config",
            "default_task", "get_task", "modality_of", "model_inputs", "register", "resolve_task",
            "resolve_task_reason", "task_for_labels", "task_of_config"]

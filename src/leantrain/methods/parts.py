@@ -13,12 +13,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from leantrain.data.modalities import Modality, for_modality
+from leantrain.errors import ConfigError
 from leantrain.methods.seam import StepBatches, StepContext
+from leantrain.modeling.from_scratch import from_scratch
 from leantrain.modeling.load import load_tokenizer
 from leantrain.modeling.pad_token import set_model_pad_token
 from leantrain.modeling.pooling import apply_pooling
 
 NOT_MODEL_INPUTS = ("labels", "loss_weight", "length")  # batch columns the loss or the batching reads, not the model
+TOKEN_KEYS = ("block_size", "document_separator", "document_mask",  # language models: how text becomes blocks
+              "template", "train_on_prompt", "system_prompt",  # instruction data: how it is rendered, which tokens learn
+              "max_prompt_length")  # preference data: how much of a long prompt is kept
+RENDERING_KEYS = ("format", "prompt")  # instruction / preference data: the format its prompts were rendered in
 
 
 def model_inputs(batch: dict) -> dict:
@@ -53,6 +59,14 @@ class Data(Part):
         saved tokenizer's ``model_max_length``), so that predict, eval and ``pipeline(..., truncation=True)`` cut
         where training did."""
         return data.block_size if self.task.traits.token_blocks else data.max_length
+
+    def saved_settings(self, data, columns: dict) -> tuple[dict, dict]:  # noqa: ANN001 - a DataConfig
+        """(data settings, prompt rendering) kept with the trained model beside its columns and length, so that its
+        ``leantrain eval`` cuts and renders text as the run did: a token-block method's ``TOKEN_KEYS`` and the format
+        its prompts were rendered in (``RENDERING_KEYS`` of the detected ``columns``); none for the others."""
+        if not self.task.traits.token_blocks:
+            return {}, {}
+        return {k: getattr(data, k) for k in TOKEN_KEYS}, {k: columns[k] for k in RENDERING_KEYS if columns.get(k)}
 
     def with_processor(self, processor):  # noqa: ANN001, ANN201 - a tokenizer, image processor...; a Task
         """The method bound to the run's processor (the one its collators are built with): a method that decodes
@@ -114,6 +128,18 @@ class Model(Part):
         """The model config fields the method sets for the data's labels (num_labels, label maps, problem_type)."""
         return dict(num_labels=len(label_names), id2label={i: n for i, n in enumerate(label_names)},
                     label2id={n: i for i, n in enumerate(label_names)})
+
+    def check_keys(self, cfg) -> None:  # noqa: ANN001 - a ModelConfig
+        """Exit 2 naming the key, before any weight loads: a method whose model from a config takes its vocabulary from
+        ``model.tokenizer`` (``traits.scratch_needs_tokenizer``: a causal LM) needs that key."""
+        if from_scratch(cfg) and self.task.traits.scratch_needs_tokenizer and not cfg.tokenizer:
+            key = "model.config" if cfg.config else "model.config_type"
+            raise ConfigError(f"model.tokenizer is required with {key} for model.task={self.task.name}: set "
+                              "model.tokenizer=<a tokenizer folder or Hub id> (the vocabulary the new model is trained on)")
+
+    def check_architecture(self, cfg, config) -> None:  # noqa: ANN001 - a leantrain Config, a transformers config
+        """Exit 2 before any weight loads when the model (its ``config``) cannot be trained by this method; any model
+        its Auto class builds can by default (causal LM: a decoder, ``CausalLMModel``)."""
 
     def scratch_fields(self, cfg) -> dict:  # noqa: ANN001 - a ModelConfig
         """Config fields of a model built from a config (``model.config`` / ``model.config_type``) that follow its
@@ -238,6 +264,13 @@ class Evaluation(Part):
         import torch  # lazy: heavy
 
         return torch.as_tensor(np.asarray(rows["label"]))
+
+    def check_generates(self, key: str) -> None:
+        """``key`` (a setting that generates text with the model: ``report.sample_prompts``, ``eval.harness_tasks``)
+        needs a method whose model generates (``traits.generates``): a ConfigError (exit 2) naming it otherwise."""
+        if not self.task.traits.generates:
+            raise ConfigError(f"{key} is for language models (model.task=causal-lm, sft, grpo, ...): it generates "
+                              f"text with the model; this run trains a {self.task.name} model")
 
     def reference_model_name(self) -> str | None:
         """A model ``leantrain eval`` loads beside a trained one of this method (the preference methods: the reference

@@ -186,17 +186,9 @@ def meta_model(cfg: ModelConfig, task, config=None):  # noqa: ANN001 - a methods
         return None
 
 
-def check_tokenizer_key(cfg: ModelConfig, task) -> None:  # noqa: ANN001 - a leantrain.methods Task
-    """A causal LM built from a config needs ``model.tokenizer`` (the vocabulary it is trained on): exit 2 naming it."""
-    if from_scratch(cfg) and task.traits.scratch_needs_tokenizer and not cfg.tokenizer:
-        key = "model.config" if cfg.config else "model.config_type"
-        raise ConfigError(f"model.tokenizer is required with {key} for model.task={task.name}: set model.tokenizer=<a "
-                          "tokenizer folder or Hub id> (the vocabulary the new model is trained on)")
-
-
 def _scratch_fields(cfg: ModelConfig, task, config) -> dict:  # noqa: ANN001 - a leantrain.methods Task
     """The task's processor-dependent fields of a model from a config (causal LM: vocab_size = len(tokenizer),
-    special token ids; ``check_tokenizer_key`` checked model.tokenizer before, with the run). A vocab_size the user set larger than the tokenizer's is kept (e.g. padded to a multiple of
+    special token ids; ``Model.check_keys`` checked model.tokenizer before, with the run). A vocab_size the user set larger than the tokenizer's is kept (e.g. padded to a multiple of
     64); a smaller one cannot hold the token ids: exit 2."""
     fields = task.model.scratch_fields(cfg)
     given = cfg.config_overrides.get("vocab_size")

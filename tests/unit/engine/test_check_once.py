@@ -19,11 +19,11 @@ from leantrain.engine.setup import preflight, run_description, training_data
 from leantrain.engine.setup.run_file import RUN_FILE
 from leantrain.errors import UserError
 from leantrain.methods import detect
-from leantrain.modeling import load, qlora
+from leantrain.modeling import qlora
 
 CHECKS = (preflight.check_train, preflight.check_max_length, preflight.check_model_plan, preflight.check_attention,
           qlora.check_qlora, qlora.check_qlora_precision, samples.check_sample_prompts, samples.check_sample_room,
-          load.check_tokenizer_key, detect.resolve_task_reason, training_data.run_task_reason,
+          detect.resolve_task_reason, training_data.run_task_reason,
           training_data.check_task_keys, training_data.check_loaded_data, training_data.check_config,
           training_data.check_stop_when, training_data.prepare_training_data)
 

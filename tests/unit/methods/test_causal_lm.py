@@ -185,13 +185,11 @@ def test_auto_picks_causal_lm_and_says_why(tiny, tmp_path):
 
 
 def test_config_without_tokenizer_exits_2_naming_the_key(tmp_path):
-    from leantrain.modeling.load import check_tokenizer_key
-
     cfg = resolve(None, [*TINY_LLAMA, "model.task=causal-lm"])
     with pytest.raises(ConfigError, match="model.tokenizer is required with model.config_type") as e:
-        check_tokenizer_key(cfg.model, get_task("causal-lm"))
+        get_task("causal-lm").model.check_keys(cfg.model)
     assert e.value.exit_code == 2
-    check_tokenizer_key(cfg.model, get_task("text-classification"))  # a classifier takes model.name's tokenizer
+    get_task("text-classification").model.check_keys(cfg.model)  # a classifier takes model.name's tokenizer
 
 
 def test_model_from_config_takes_the_tokenizers_vocabulary(tiny):

@@ -80,3 +80,26 @@ def test_a_method_record_is_small():
     members = {n for n in dir(Task) if not n.startswith("_")} | {f.name for f in dataclasses.fields(Task)}
     assert len(members) <= 20, sorted(members)
     assert {"data", "model", "step", "evaluation", "prediction", "report"} <= members
+
+
+def trait_branches(root) -> list[str]:
+    """``file:line`` of each ``if`` / ``while`` / ternary / comprehension test that reads a method's ``traits``."""
+    hits = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            tests = node.ifs if isinstance(node, ast.comprehension) else (
+                [node.test] if isinstance(node, (ast.If, ast.IfExp, ast.While)) else [])
+            hits += [f"{path.relative_to(root)}:{t.lineno}" for t in tests
+                     if any(isinstance(n, ast.Attribute) and "traits" in (n.attr, getattr(n.value, "attr", None))
+                            for n in ast.walk(t))]
+    return hits
+
+
+def test_few_decisions_outside_the_methods_branch_on_a_methods_traits():
+    """A method decides for itself through its parts (``task.model.check_keys``, ``task.evaluation.check_generates``,
+    ``task.data.saved_settings``...); outside ``methods/`` only the one place that decides the fast paths, eval's choice
+    of rows or pairs and the position-limit check read a trait in a branch: at most 6 (issue 32; 17 before the parts)."""
+    src = REPO / "src" / "leantrain"
+    outside = [h for h in trait_branches(src) if not h.startswith("methods/")]
+    assert len(outside) <= 6, outside
+    assert len(trait_branches(src / "methods")) > 6  # the count sees the branches it is meant to see

@@ -101,9 +101,7 @@ def check_harness(eval_cfg, task) -> None:  # noqa: ANN001 - an EvalConfig and t
     """Before training: ``eval.harness_tasks`` needs a causal LM, lm-eval, and tasks that are defined and load."""
     if not eval_cfg.harness_tasks:
         return
-    if not task.traits.generates:
-        raise UserError(f"eval.harness_tasks: the evaluation harness scores language models; this run trains a "
-                        f"{task.name} model")
+    task.evaluation.check_generates("eval.harness_tasks")
     import_lm_eval()
     manager = task_manager(eval_cfg.harness_dir)
     where = Path(eval_cfg.harness_dir).expanduser().resolve() if eval_cfg.harness_dir else Path.cwd()

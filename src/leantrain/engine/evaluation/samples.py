@@ -29,9 +29,7 @@ def check_sample_prompts(cfg, task: Task) -> None:  # noqa: ANN001 - leantrain C
     prompts = cfg.report.sample_prompts
     if not prompts:
         return
-    if not task.traits.generates:
-        raise ConfigError(f"report.sample_prompts is for language models (model.task=causal-lm); this run's task is "
-                          f"{task.name}")
+    task.evaluation.check_generates("report.sample_prompts")
     empty = [i for i, p in enumerate(prompts) if not p.strip()]
     if empty:
         raise ConfigError(f"report.sample_prompts[{empty[0]}] is empty: give each prompt some text")

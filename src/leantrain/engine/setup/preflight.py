@@ -12,15 +12,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
 from leantrain.engine.devices.accelerator import device_type
 from leantrain.engine.devices.batch_layout import batch_layout
 from leantrain.engine.devices.efficiency import resolve_model_choices, resolve_precision
 from leantrain.engine.evaluation.harness import check_harness
 from leantrain.errors import ConfigError, UserError
 from leantrain.units import format_bytes
-from leantrain.modeling import load_config, model_name
+from leantrain.modeling import load_config
 from leantrain.modeling.from_scratch import check_config_overrides
 from leantrain.modeling.load import meta_model
 from leantrain.modeling.lora import check_rank, lora_parameters, lora_targets
@@ -84,7 +82,7 @@ def check_model_plan(cfg, task: Task, config=None) -> None:  # noqa: ANN001 - le
     the weights and gradients need at the least, against this machine's (exit 2 naming the keys)."""
     config = config if config is not None else load_config(cfg.model)
     check_config_overrides(config, cfg.model.config_overrides)
-    check_causal_attention(cfg, task, config)
+    task.model.check_architecture(cfg, config)  # a causal LM's needs a decoder
     model = meta_model(cfg.model, task, config)
     if model is None:
         return
@@ -95,24 +93,6 @@ def check_model_plan(cfg, task: Task, config=None) -> None:  # noqa: ANN001 - le
         check_rank(model, targets, cfg.peft.r)
         trainable = lora_parameters(model, targets, cfg.peft.r)
     check_planned_memory(cfg, total, trainable)
-
-
-def check_causal_attention(cfg, task: Task, config) -> None:  # noqa: ANN001 - leantrain Config, transformers config
-    """A task trained as a causal LM (``traits.auto_model``: AutoModelForCausalLM; SFT, preference tuning) needs a model
-    whose attention sees only earlier tokens: an encoder (BERT, RoBERTa, ... whose causal-LM class runs bidirectional
-    attention unless its config says ``is_decoder``) would train on what it can see ahead. Exit 2 naming the model
-    type, before any weight loads."""
-    if task.traits.auto_model != "AutoModelForCausalLM":
-        return
-    kind = getattr(config, "model_type", "")
-    decoder = cfg.model.config_overrides.get("is_decoder", getattr(config, "is_decoder", False))
-    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not decoder and not getattr(config, "is_encoder_decoder", False):
-        key = f"model.config={cfg.model.config}" if cfg.model.config else f"model.name={cfg.model.name or model_name(cfg.model)}"
-        raise ConfigError(
-            f"{key}: model type {kind} is an encoder (bidirectional attention: its config has is_decoder=false), and "
-            f"model.task={task.name} trains a causal language model, each token predicted from the ones before it "
-            "(an encoder sees the token it predicts); choose a decoder (e.g. model.name=smollm2-135m), or train this "
-            "model as a reward model (model.task=reward-model) or a classifier")
 
 
 def check_planned_memory(cfg, total: int, trainable: int) -> None:  # noqa: ANN001 - leantrain Config

@@ -17,16 +17,12 @@ from leantrain.data.text_loader import open_rows
 from leantrain.engine.devices.accelerator import device_type
 from leantrain.engine.devices.efficiency import resolve_precision
 from leantrain.errors import UserError
-from leantrain.methods import TASKS, Task, resolve_task
+from leantrain.methods import TASKS, TOKEN_KEYS, Task, resolve_task
 
 log = logging.getLogger("leantrain")
 
 FILE = "leantrain.json"
 COLUMN_KEYS = ("text_column", "text_pair_column", "label_column", "image_column", "audio_column")
-TOKEN_KEYS = ("block_size", "document_separator", "document_mask",  # language models: how text becomes blocks
-              "template", "train_on_prompt", "system_prompt",  # instruction data: how it is rendered, which tokens learn
-              "max_prompt_length")  # preference data: how much of a long prompt is kept
-RENDERING_KEYS = ("format", "prompt")  # instruction / preference data: the format its prompts were rendered in
 
 
 def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None = None,
@@ -36,10 +32,8 @@ def run_settings(cfg: Config, task: Task, columns: dict, precision: str | None =
     task's ``saved`` record (``Task.report.saved_config``: a preference-tuned policy's method, beta and reference)."""
     data = {f"{role}_column": name for role, name in columns.items() if name and f"{role}_column" in COLUMN_KEYS}
     data["max_length"] = task.data.sequence_length(cfg.data)  # the one length train, eval, predict and pipeline() cut at
-    rendering = {}
-    if task.traits.token_blocks:  # a language model's eval cuts the text as the run did
-        data.update({k: getattr(cfg.data, k) for k in TOKEN_KEYS})
-        rendering = {k: columns[k] for k in RENDERING_KEYS if columns.get(k)}
+    tokens, rendering = task.data.saved_settings(cfg.data, columns)  # a language model's eval cuts as the run did
+    data.update(tokens)
     return {"task": task.name, "data": data, **({"prompt_format": rendering} if rendering else {}),
             **({"precision": precision} if precision else {}),
             **({"eval_batch_size": eval_batch_size} if eval_batch_size else {}), **(saved or {})}

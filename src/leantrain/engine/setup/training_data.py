@@ -21,7 +21,6 @@ from leantrain.engine.evaluation.eval_plan import eval_width
 from leantrain.engine.setup.precompute import with_precomputed
 from leantrain.engine.evaluation.samples import check_sample_prompts
 from leantrain.modeling import load_processor, model_name
-from leantrain.modeling.load import check_tokenizer_key
 from leantrain.modeling.positions import model_position_limit
 from leantrain.methods import Task, check_config, resolve_task_reason, task_for_labels
 
@@ -132,7 +131,7 @@ def check_task_keys(cfg: Config, task: Task) -> None:
     """The keys that only some tasks take, against the run's task (exit 2 naming the key): model.tokenizer (a causal
     LM from a config), report.sample_prompts, each task's own keys (``Task.check_config``: the regression keys,
     preference.*, train.pos_weight)."""
-    check_tokenizer_key(cfg.model, task)
+    task.model.check_keys(cfg.model)
     check_sample_prompts(cfg, task)
     check_config(cfg, task)
 

@@ -27,11 +27,12 @@ import numpy as np
 import torch
 
 from leantrain.config.tasks import CAUSAL_LM, task_spec
-from leantrain.errors import UserError
+from leantrain.errors import ConfigError, UserError
 from leantrain.methods.registry import CardText, Task, register
 from leantrain.methods.row_counts import RowCounts
 from leantrain.methods.traits import Traits
 from leantrain.modeling.chunked_loss import keeps_logits
+from leantrain.modeling import model_name
 from leantrain.modeling.load import load_tokenizer
 from leantrain.modeling.token_losses import TokenLosses, logit_losses, token_losses
 
@@ -39,6 +40,23 @@ from leantrain.modeling.token_losses import TokenLosses, logit_losses, token_los
 class CausalLMModel(Task.parts.model):
     def fields(self, label_names: list[str]) -> dict:
         return {}  # no head to size: the output layer is the vocabulary's
+
+    def check_architecture(self, cfg, config) -> None:  # noqa: ANN001 - a leantrain Config, a transformers config
+        """A causal LM (SFT, preference tuning, GRPO) needs a model whose attention sees only earlier tokens: an encoder
+        (BERT, RoBERTa, ... whose causal-LM class runs bidirectional attention unless its config says ``is_decoder``)
+        would train on what it can see ahead. Exit 2 naming the model type, before any weight loads."""
+        from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES  # lazy: heavy
+
+        kind = getattr(config, "model_type", "")
+        decoder = cfg.model.config_overrides.get("is_decoder", getattr(config, "is_decoder", False))
+        if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not decoder and not getattr(config, "is_encoder_decoder", False):
+            key = (f"model.config={cfg.model.config}" if cfg.model.config
+                   else f"model.name={cfg.model.name or model_name(cfg.model)}")
+            raise ConfigError(
+                f"{key}: model type {kind} is an encoder (bidirectional attention: its config has is_decoder=false), "
+                f"and model.task={self.task.name} trains a causal language model, each token predicted from the ones "
+                "before it (an encoder sees the token it predicts); choose a decoder (e.g. model.name=smollm2-135m), "
+                "or train this model as a reward model (model.task=reward-model) or a classifier")
 
     def scratch_fields(self, cfg) -> dict:  # noqa: ANN001 - a ModelConfig
         """Config fields of a model built from a config: the vocabulary and special tokens follow the tokenizer
