@@ -49,6 +49,8 @@ class Rollout:
     completion_ids: torch.Tensor  # (N*G, C) long, right-padded with pad_id
     completion_mask: torch.Tensor  # (N*G, C) 1 on the generated tokens up to and including the first EOS
     truncated: torch.Tensor  # (N*G,) bool: no EOS within max_new_tokens
+    logps: torch.Tensor | None = None  # (N*G, C) fp32: the sampler's log-prob of each token (the model's own
+    # distribution: temperature 1, no top-k/top-p, as training computes it), 0 after a row's EOS; None: not kept
 
 
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_generations: int,
@@ -109,6 +111,7 @@ def decode(step: Callable[..., torch.Tensor], logits: torch.Tensor, mask: torch.
     rows, length = mask.shape
     steps = sampling.max_new_tokens
     ids = torch.full((rows, steps), pad_id, dtype=torch.long, device=mask.device)
+    logps = torch.zeros((rows, steps), dtype=torch.float32, device=mask.device)
     done = torch.zeros(rows, dtype=torch.bool, device=mask.device)
     attention = torch.cat([mask, mask.new_ones(rows, steps)], dim=1)
     position = mask.sum(-1, keepdim=True)  # the next token's position per row
@@ -116,6 +119,7 @@ def decode(step: Callable[..., torch.Tensor], logits: torch.Tensor, mask: torch.
         for taken in range(1, steps + 1):
             token = torch.where(done, pad_id, pick(logits, sampling, generator))
             ids[:, taken - 1] = token
+            logps[:, taken - 1] = token_logps(logits, token).masked_fill(done, 0.0)
             done |= torch.isin(token, eos)
             if taken == steps or bool(done.all()):
                 break
@@ -124,7 +128,13 @@ def decode(step: Callable[..., torch.Tensor], logits: torch.Tensor, mask: torch.
                                         "rows done": int(done.sum())})
             logits, position = step(token, position, attention[:, :length + taken]), position + 1
     ids = ids[:, :taken]
-    return Rollout(ids, completion_mask(ids, eos), ~done)
+    return Rollout(ids, completion_mask(ids, eos), ~done, logps[:, :taken])
+
+
+def token_logps(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """The log-prob of ``token`` (rows,) under each row's ``logits`` (rows, V), in fp32: what the sampler reports."""
+    logits = logits.float()
+    return logits.gather(-1, token[:, None])[:, 0] - logits.logsumexp(-1)
 
 
 def completion_mask(ids: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
