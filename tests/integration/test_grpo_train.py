@@ -39,12 +39,15 @@ def test_the_run_logs_trls_metrics_and_its_completions(grpo):
     train_rows = [r for r in records if r["type"] == "train"]
     assert [r["step"] for r in train_rows] == list(range(1, STEPS + 1))
     for key in ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
-                "rewards/has_digit/mean", "rewards/short/mean", "clip_ratio", "kl", "entropy"):
+                "rewards/has_digit/mean", "rewards/short/mean", "clip_ratio", "kl", "entropy",
+                "sampling/logp_diff_mean", "sampling/logp_diff_max", "sampling/ratio_outside"):
         assert all(key in r for r in train_rows), key
     first = train_rows[0]
     assert 0 <= first["reward"] <= 2 and 0 < first["completions/mean_length"] <= 8
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # the adapters start at zero: the policy is the reference
     assert 0 <= first["frac_reward_zero_std"] <= 1 and 0 <= first["completions/clipped_ratio"] <= 1
+    # the sampler is the model being trained (fp32, the decode loop's cached forward): its log-probs are the trainer's
+    assert all(r["sampling/logp_diff_max"] < 1e-4 and r["sampling/ratio_outside"] == 0 for r in train_rows)
     assert any("eval.reward" in r for r in records)
     samples = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert {s["step"] for s in samples} == set(range(1, STEPS + 1, 2))  # each rollout's, at its first update

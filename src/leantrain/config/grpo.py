@@ -56,6 +56,14 @@ class GrpoConfig(Section):
     generation: Literal["auto", "transformers", "vllm"] = Field(
         "auto", description="what samples the completions: transformers (leantrain's own decode loop on the model "
         "being trained, KV cache); auto = transformers")
+    importance_sampling: Literal["auto", "on", "off"] = Field(
+        "auto", description="correct the loss for the sampler's log-probs differing from the trainer's (another "
+        "engine's kernels, precision or weights; TRL's vllm_importance_sampling_correction, token level, truncated): "
+        "each token's loss times min(exp(trainer logp - sampler logp), grpo.importance_sampling_cap). auto = on with "
+        "grpo.generation=vllm, off with leantrain's own engine (the model being trained samples; the difference is "
+        "still measured: sampling/logp_diff_mean, sampling/logp_diff_max, sampling/ratio_outside)")
+    importance_sampling_cap: float = Field(3.0, gt=0, description="the truncation of the importance-sampling ratio "
+                                           "(TRL's vllm_importance_sampling_cap)")
     log_completions: int = Field(4, ge=0, description="completions written to completions.jsonl at each logging "
                                  "step (prompt, completion, rewards); 0 = none")
 

@@ -15,7 +15,9 @@ and what it returns beside its loss.
   reach ``step.batches`` as they are; only the tensors are moved to the device.
 - ``Task.step.loss(model, batch) -> (loss_sum, step_metrics)``: ``step_metrics`` is ``{name: (sum, count)}`` of device
   tensors (the same names at every call), so that the mean over micro-batches, steps and processes is exact: the
-  engine adds them on the device and logs ``sum / count`` under ``name`` at each logging step.
+  engine adds them on the device and logs ``sum / count`` under ``name`` at each logging step. A name ending in
+  ``PEAK`` (``_max``) is a peak instead: ``(value, count)``, the largest value kept over micro-batches, steps and
+  processes, logged as it is (NaN when no count).
 - ``Task.step.state(seed, rank)``: what the method must carry across a resume (e.g. its sampling generator), an object
   with ``state_dict()`` / ``load_state_dict()`` kept in the loop's state, checkpointed per process, handed back to it
   as ``ctx.state``.
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+PEAK = "_max"  # a step metric whose name ends so is the largest value seen, not a mean
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ batches a method makes, with a device count and two updates each, train exactly 
 
 from __future__ import annotations
 
+import math
+
 import json
 from pathlib import Path
 
@@ -170,6 +172,21 @@ def test_train_step_adds_the_metrics_on_the_device_without_reading_them(methods,
     labels = batch["labels"].float()
     torch.testing.assert_close(running["label_mean"], torch.stack([2 * labels.sum(), torch.tensor(12.0)]))
     assert step_metric_means(running, accelerator)["label_mean"] == pytest.approx(labels.mean().item())
+
+
+def test_a_peak_metric_keeps_the_largest_value_and_a_mean_the_sum_over_the_count():
+    """A name ending in ``_max`` is a peak: the largest value over micro-batches (and processes), NaN when no
+    micro-batch counted one; the other names are means."""
+    from accelerate import Accelerator
+
+    running: dict = {}
+    for value, count in ((2.0, 3.0), (5.0, 1.0), (4.0, 2.0)):
+        add_step_metrics(running, {"diff_max": (torch.tensor(value), torch.tensor(count)),
+                                   "diff": (torch.tensor(value), torch.tensor(count))})
+    add_step_metrics(running, {"none_max": (torch.tensor(7.0), torch.tensor(0.0))})
+    means = step_metric_means(running, Accelerator(cpu=True))
+    assert means["diff_max"] == 5.0 and means["diff"] == pytest.approx(11.0 / 6.0)
+    assert math.isnan(means["none_max"])
 
 
 def test_step_metrics_and_the_method_state_survive_a_checkpoint(tmp_path):

@@ -122,6 +122,26 @@ def test_the_kl_penalty_and_the_ratio_read_the_reference_and_old_log_probs(llama
     assert [float(x) for x in metrics["clip_ratio"]] == [3.0, 4.0]
 
 
+@pytest.mark.parametrize("mode, generation, corrected", [
+    ("auto", "transformers", False), ("auto", "vllm", True), ("on", "transformers", True), ("off", "vllm", False)])
+def test_the_importance_sampling_correction_weighs_each_tokens_loss_by_the_capped_ratio(llama, mode, generation,
+                                                                                          corrected):
+    """The sampler gave each token half the trainer's probability (ratio 2), one token a tenth (ratio 10, capped at
+    3): corrected, each token's loss -A is weighed by its ratio; the metrics measure the gap either way."""
+    g = GrpoConfig(loss="dapo", importance_sampling=mode, generation=generation)
+    task = dataclasses.replace(get_task("grpo"), grpo=g, rewards=(Reward("r", None),))
+    batch = micro_batch(torch.Generator().manual_seed(0))
+    logps = task.token_logps(llama, batch).detach()
+    sampler = logps - math.log(2.0)
+    sampler[0, 2] = logps[0, 2] - math.log(10.0)
+    batch["sampler_logps"] = sampler
+    loss_sum, metrics = task.step.loss(llama, batch)
+    want = -(1.5 * (2 + 2 + 3) - 0.5 * 2) if corrected else -(1.5 * 3 - 0.5 * 1)
+    assert loss_sum.item() == pytest.approx(want, rel=1e-5)
+    assert float(metrics["sampling/logp_diff_max"][0]) == pytest.approx(math.log(10.0), rel=1e-5)
+    assert [float(x) for x in metrics["sampling/ratio_outside"]] == [4.0, 4.0]
+
+
 class _Tok:
     """What the GRPO task's evaluation reads of a tokenizer: the ids, decoded as numbers."""
 

@@ -139,3 +139,26 @@ def test_bnpo_is_each_micro_batchs_token_mean_so_it_depends_on_the_layout():
     assert whole == pytest.approx(dapo)  # one micro-batch: its token mean is dapo's
     split, _ = layout_loss(r, "bnpo", 4)
     assert split != pytest.approx(whole, rel=1e-3)  # the micro-batches' token means, averaged: another number
+
+
+def test_sampling_metrics_measure_the_samplers_distance_from_the_trainer_on_the_tokens_that_count():
+    logps = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
+    sampler = torch.tensor([[-1.0, -2.2, -3.0], [-0.45, -0.5, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])  # the last token of row 2 is padding: its 9.0 is never seen
+    m = L.sampling_metrics(logps, sampler, mask, torch.ones(2))
+    total, count = m["sampling/logp_diff_mean"]
+    assert count.item() == 5 and total.item() == pytest.approx(0.2 + 0.05)
+    assert m["sampling/logp_diff_max"][0].item() == pytest.approx(0.2)
+    # ratios exp(0.2) = 0.82 (outside [0.9, 1.1]) and exp(-0.05) = 0.95 (inside): one of five
+    assert (m["sampling/ratio_outside"][0] / m["sampling/ratio_outside"][1]).item() == pytest.approx(0.2)
+    zero = L.sampling_metrics(logps, sampler, mask, torch.tensor([0.0, 0.0]))  # padding rows count nothing
+    assert zero["sampling/logp_diff_mean"][1].item() == 0
+
+
+def test_the_truncated_importance_ratio_is_the_trainer_over_the_sampler_capped_and_detached():
+    logps = torch.tensor([[-1.0, -1.0, -3.0]], requires_grad=True)
+    sampler = torch.tensor([[-1.0, -1.5, 0.0]])
+    w = L.truncated_ratio(logps, sampler, cap=3.0)
+    assert not w.requires_grad
+    assert w.tolist()[0] == pytest.approx([1.0, math.exp(0.5), math.exp(-3.0)])
+    assert L.truncated_ratio(logps, sampler - 1, cap=2.0).tolist()[0] == pytest.approx([2.0, 2.0, math.exp(-2.0)])

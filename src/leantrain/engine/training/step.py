@@ -17,6 +17,7 @@ Step metrics are ``{name: (sum, count)}`` pairs of device tensors, added on the 
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable
 
 import torch
@@ -26,6 +27,7 @@ from torch.profiler import record_function
 
 from leantrain.engine.devices.distributed import clip_gradients, grad_sync
 from leantrain.methods import Task
+from leantrain.methods.seam import PEAK
 
 
 def train_step(
@@ -99,18 +101,32 @@ def global_counts(count: float | torch.Tensor, tokens: float | torch.Tensor | No
 
 def add_step_metrics(into: dict[str, torch.Tensor], metrics: dict[str, tuple]) -> None:
     """Add a micro-batch's step metrics ``{name: (sum, count)}`` (``sum`` a device tensor, ``count`` a tensor or a
-    number) into the running ``{name: tensor([sum, count])}``, on the device."""
+    number) into the running ``{name: tensor([sum, count])}``, on the device; a peak (a name ending in
+    ``seam.PEAK``) keeps the larger value instead of the sum."""
     for name, (total, count) in metrics.items():
         total = total.detach().float().reshape(())
         pair = torch.stack([total, torch.as_tensor(count, dtype=torch.float32, device=total.device).reshape(())])
-        into[name] = into[name] + pair if name in into else pair
+        if name not in into:
+            into[name] = pair
+        elif name.endswith(PEAK):
+            into[name] = torch.stack([torch.maximum(into[name][0], pair[0]), into[name][1] + pair[1]])
+        else:
+            into[name] = into[name] + pair
 
 
 def step_metric_means(running: dict[str, torch.Tensor], accelerator: Accelerator) -> dict[str, float]:
-    """``{name: sum / count}`` of the running step metrics over every process (NaN for a count of 0): one collective
-    for all of them, stacked, and one host sync; on logging steps only."""
+    """``{name: sum / count}`` of the running step metrics over every process (NaN for a count of 0), a peak's largest
+    value: one collective for the sums (stacked), one more for the peaks when there are any, and one host sync; on
+    logging steps only."""
     if not running:
         return {}
     names = sorted(running)  # the same order on every process
-    totals = accelerator.reduce(torch.stack([running[n] for n in names]), reduction="sum").tolist()
-    return {n: total / count if count else float("nan") for n, (total, count) in zip(names, totals)}
+    stacked = torch.stack([running[n] for n in names])
+    totals = accelerator.reduce(stacked, reduction="sum").tolist()
+    out = {n: total / count if count else float("nan") for n, (total, count) in zip(names, totals)}
+    peaks = [i for i, n in enumerate(names) if n.endswith(PEAK)]
+    if peaks:  # a process that saw none holds -inf, never the maximum
+        seen = torch.where(stacked[peaks, 1] > 0, stacked[peaks, 0], torch.full_like(stacked[peaks, 0], -math.inf))
+        for i, value in zip(peaks, accelerator.reduce(seen, reduction="max").tolist()):
+            out[names[i]] = value if totals[i][1] else float("nan")
+    return out

@@ -97,6 +97,11 @@ class GrpoStep(CausalLM.parts.step):
         old = batch.get("old_logps", logps.detach())
         per_token, clipped = L.surrogate(logps, old, batch["advantages"], g.epsilon, g.resolved_epsilon_high())
         metrics = G.rollout_metrics(batch["rollout_values"], weights, G.metric_names(list(self.task.rewards)))
+        sampler = batch.get(G.SAMPLER_LOGPS)
+        if sampler is not None:  # how far the sampler was from the trainer, and (on) the correction for it
+            metrics.update(L.sampling_metrics(old, sampler, mask, weights))
+            if self.task.corrects_sampling:
+                per_token = per_token * L.truncated_ratio(old, sampler, g.importance_sampling_cap)
         if g.beta > 0:
             kl = L.kl_k3(logps, batch["ref_logps"])
             per_token = per_token + g.beta * kl
@@ -155,6 +160,12 @@ class Grpo(CausalLM):
     def sampling(self) -> Sampling:
         g = self.grpo
         return Sampling(g.max_new_tokens, g.temperature, g.top_p, g.top_k)
+
+    @property
+    def corrects_sampling(self) -> bool:
+        """``grpo.importance_sampling``: on, or auto with another engine sampling (vLLM)."""
+        mode = self.grpo.importance_sampling
+        return mode == "on" or (mode == "auto" and self.grpo.generation == "vllm")
 
     def tokenizer(self):  # noqa: ANN201 - a tokenizer
         """The model's tokenizer, as the run bound it (``Data.with_processor``)."""

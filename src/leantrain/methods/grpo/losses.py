@@ -126,3 +126,26 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) 
     mean over the micro-batches, steps and processes is exact)."""
     m = mask.to(torch.float32) * live(weights).unsqueeze(1)
     return (values.float() * m).sum(), m.sum()
+
+
+RATIO_BAND = (0.9, 1.1)  # sampling/ratio_outside: the share of tokens whose trainer/sampler ratio leaves this band
+
+
+def sampling_metrics(logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
+                     weights: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """How far the sampler's log-probs of the completion tokens are from the trainer's (``logps``, detached): the
+    mean and the largest absolute difference, and the share of tokens whose ratio ``exp(logps - sampler_logps)``
+    is outside ``RATIO_BAND`` (TRL #6789 counts the same for vLLM in bf16)."""
+    diff = (logps.detach().float() - sampler_logps.float())
+    m = mask.to(torch.float32) * live(weights).unsqueeze(1)
+    ratio = diff.exp()
+    outside = ((ratio < RATIO_BAND[0]) | (ratio > RATIO_BAND[1])).float()
+    peak = (diff.abs() * m).max() if m.numel() else diff.new_zeros(())
+    return {"sampling/logp_diff_mean": masked_sum(diff.abs(), mask, weights), "sampling/logp_diff_max": (peak, m.sum()),
+            "sampling/ratio_outside": masked_sum(outside, mask, weights)}
+
+
+def truncated_ratio(logps: torch.Tensor, sampler_logps: torch.Tensor, cap: float) -> torch.Tensor:
+    """The truncated importance-sampling weight per token, ``min(exp(logps - sampler_logps), cap)``, detached (TRL's
+    token-level correction of the sampler's mismatch: the loss was meant for the trainer's distribution)."""
+    return (logps.detach() - sampler_logps).exp().clamp(max=cap)

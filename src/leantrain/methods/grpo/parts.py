@@ -120,7 +120,8 @@ class GrpoModel(CausalLM.parts.model):
         out = {F.PROMPT_IDS: prompts, F.PROMPT_MASK: torch.ones_like(prompts), F.COMPLETION_IDS: completions,
                F.COMPLETION_MASK: torch.ones_like(completions), F.COMPLETION_LABELS: completions,
                "loss_weight": ids.new_ones(n, dtype=torch.float32), "advantages": ids.new_ones(n, dtype=torch.float32),
-               "rollout_values": ids.new_zeros((n, len(names)), dtype=torch.float32)}
+               "rollout_values": ids.new_zeros((n, len(names)), dtype=torch.float32),
+               G.SAMPLER_LOGPS: ids.new_zeros((n, span), dtype=torch.float32)}
         for key, wanted in (("old_logps", g.num_iterations > 1), ("ref_logps", g.beta > 0)):
             if wanted:
                 out[key] = ids.new_zeros((n, span), dtype=torch.float32)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from leantrain.modeling.generation.decode import Rollout
 
 IGNORE = F.IGNORE
+SAMPLER_LOGPS = "sampler_logps"  # (rows, C) the sampler's log-probs of the completion tokens, when it reports them
 # TRL's names; each row's value (reward_std: the step's global batch std on every row)
 ROLLOUT_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
                    "completions/clipped_ratio")
@@ -92,11 +93,14 @@ def training_rows(s: Scored, adv: torch.Tensor, std: torch.Tensor, batch_std: to
     labels = ids.masked_fill(mask == 0, IGNORE)
     if mask_truncated:
         labels[s.rollout.truncated.to(labels.device)] = IGNORE
-    return {F.PROMPT_IDS: s.batch["prompt_input_ids"], F.PROMPT_MASK: s.batch["prompt_attention_mask"],
+    rows = {F.PROMPT_IDS: s.batch["prompt_input_ids"], F.PROMPT_MASK: s.batch["prompt_attention_mask"],
             F.COMPLETION_IDS: ids.to(device), F.COMPLETION_MASK: mask.to(device),
             F.COMPLETION_LABELS: labels.to(device), "advantages": adv.float().to(device),
             "loss_weight": s.batch["loss_weight"].repeat_interleave(num_generations),
             "rollout_values": rollout_values(s, std, batch_std).to(device)}
+    if s.rollout.logps is not None:  # the sampler's own log-probs: the off-policy metrics and correction
+        rows[SAMPLER_LOGPS] = s.rollout.logps[:, :width].float().masked_fill(mask == 0, 0.0).to(device)
+    return rows
 
 
 def tokens(batch: dict) -> torch.Tensor:
