@@ -48,6 +48,14 @@ def test_the_run_logs_trls_metrics_and_its_completions(grpo):
     assert 0 <= first["frac_reward_zero_std"] <= 1 and 0 <= first["completions/clipped_ratio"] <= 1
     # the sampler is the model being trained (fp32, the decode loop's cached forward): its log-probs are the trainer's
     assert all(r["sampling/logp_diff_max"] < 1e-4 and r["sampling/ratio_outside"] == 0 for r in train_rows)
+    # where each step's time went (the CPU runs the device: every phase measured), seconds per step and shares
+    for r in train_rows:
+        assert {"compute", "optimizer"} <= set(r["time_split"]) and sum(r["time_share"].values()) == \
+            pytest.approx(1.0, abs=1e-3)
+    rollouts = [r for r in train_rows if "generation" in r["time_split"]]  # a rollout every second update
+    assert [r["step"] for r in rollouts] == list(range(1, STEPS + 1, 2))
+    assert all(r["time_split"]["generation"] > 0 and {"data", "scoring", "reference"} <= set(r["time_split"])
+               for r in rollouts)
     assert any("eval.reward" in r for r in records)
     samples = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert {s["step"] for s in samples} == set(range(1, STEPS + 1, 2))  # each rollout's, at its first update

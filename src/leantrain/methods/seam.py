@@ -42,6 +42,9 @@ class StepContext:
     accelerator: Any
     step: int
     state: Any = None
+    lap: Any = None  # lap(phase, synced=False): the time since the last lap counted to ``phase`` (the step's time
+    # split: generation, scoring...); where the device runs apart from the host only a phase that ended with a host
+    # read (``synced``) is counted. None: not measured
     generating: Any = None
 
 

@@ -75,6 +75,7 @@ class PhaseClock:
 
     totals: dict[str, float] = field(default_factory=dict)
     _t: float = 0.0
+    _logged: dict[str, float] = field(default_factory=dict)  # the totals at the last ``since_last``
 
     def start(self) -> None:
         self._t = time.perf_counter()
@@ -86,3 +87,29 @@ class PhaseClock:
 
     def summary(self) -> dict[str, float]:
         return {k: round(v, 4) for k, v in self.totals.items()}
+
+    def since_last(self) -> dict[str, float]:
+        """The seconds per phase since the previous call (since the start at the first): a logging window's split."""
+        window = {k: v - self._logged.get(k, 0.0) for k, v in self.totals.items()}
+        self._logged = dict(self.totals)
+        return {k: v for k, v in window.items() if v > 0}
+
+
+def time_split(window: dict[str, float], steps: int) -> dict[str, dict[str, float]]:
+    """A logging window's phases (``PhaseClock.since_last``) as a train record's ``time_split`` (seconds per optimizer
+    step) and ``time_share`` (the share of the measured time)."""
+    total = sum(window.values())
+    if not window or steps <= 0 or total <= 0:
+        return {}
+    return {"time_split": {k: round(v / steps, 4) for k, v in window.items()},
+            "time_share": {k: round(v / total, 4) for k, v in window.items()}}
+
+
+def largest_share(record: dict) -> dict[str, str]:
+    """The progress line's note of where a logged window's time went: its largest phase and share
+    (``{"time": "generation 63%"}``), or nothing when the record has no split."""
+    share = record.get("time_share") or {}
+    if not share:
+        return {}
+    phase = max(share, key=share.get)
+    return {"time": f"{phase} {share[phase]:.0%}"}

@@ -1,5 +1,6 @@
 """Loss curve of a run from its metrics.jsonl records: train loss, eval loss and accuracy (or reward accuracy), a
-panel per step metric of the method (e.g. a reward), learning rate."""
+panel per step metric of the method (e.g. a reward), the share of each phase of the step (``time_share``: data,
+generation, scoring, compute, optimizer...) stacked, learning rate."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _series(records: list[dict[str, Any]], kind: str, key: str) -> tuple[list[fl
 
 # what every train record holds; any other number in one is a step metric of the method (``Task.step.loss``)
 TRAIN_RECORD_KEYS = ("type", "step", "epoch", "loss", "lr", "samples_per_second", "tokens_per_second", "grad_norm",
-                     "replica_spread", "mfu")
+                     "replica_spread", "mfu", "time_split", "time_share")
 
 
 def step_metric_keys(records: list[dict[str, Any]]) -> list[str]:
@@ -34,6 +35,15 @@ def step_metric_keys(records: list[dict[str, Any]]) -> list[str]:
         if r.get("type", "train") == "train":
             keys.update((k, None) for k in r if k not in TRAIN_RECORD_KEYS)
     return list(keys)
+
+
+def time_shares(records: list[dict[str, Any]]) -> tuple[list[float], dict[str, list[float]]]:
+    """(steps, {phase: shares}) of the train records' ``time_share`` (0 where a window had no such phase)."""
+    rows = [r for r in records if r.get("type", "train") == "train" and r.get("time_share")]
+    phases: dict[str, None] = {}
+    for r in rows:
+        phases.update((k, None) for k in r["time_share"])
+    return [float(r["step"]) for r in rows], {k: [float(r["time_share"].get(k, 0.0)) for r in rows] for k in phases}
 
 
 def short_model_name(name: str, limit: int = 48) -> str:
@@ -64,6 +74,8 @@ def plot_loss_curve(records: list[dict[str, Any]], path: str | os.PathLike, titl
         return None
     metrics = [(k, _series(records, "train", k)) for k in step_metric_keys(records)]
     metrics = [(k, series) for k, series in metrics if series[0]]
+    shares = time_shares(records)
+    panels = len(metrics) + (1 if shares[0] else 0)
 
     import matplotlib
 
@@ -71,8 +83,8 @@ def plot_loss_curve(records: list[dict[str, Any]], path: str | os.PathLike, titl
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(
-        2 + len(metrics), 1, sharex=True, figsize=(8, 5.5 + 1.6 * len(metrics)),
-        gridspec_kw={"height_ratios": [3] + [1.2] * len(metrics) + [1]}, constrained_layout=True
+        2 + panels, 1, sharex=True, figsize=(8, 5.5 + 1.6 * panels),
+        gridspec_kw={"height_ratios": [3] + [1.2] * panels + [1]}, constrained_layout=True
     )
     ax, ax_lr = axes[0], axes[-1]
     try:
@@ -80,6 +92,12 @@ def plot_loss_curve(records: list[dict[str, Any]], path: str | os.PathLike, titl
             ax_m.plot(*series, color="tab:red", lw=1.2)
             ax_m.set_ylabel(name, fontsize=8)
             ax_m.grid(alpha=0.3)
+        if shares[0]:  # where each logging window's time went, stacked: generation against training at a glance
+            ax_t = axes[-2]
+            ax_t.stackplot(shares[0], *shares[1].values(), labels=list(shares[1]), alpha=0.8)
+            ax_t.set_ylim(0, 1)
+            ax_t.set_ylabel("time share", fontsize=8)
+            ax_t.legend(loc="upper left", fontsize=7, ncol=min(4, len(shares[1])), framealpha=0.8)
         handles = []
         if train[0]:
             handles += ax.plot(*train, color="tab:blue", lw=1.5, label="train loss")

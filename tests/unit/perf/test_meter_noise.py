@@ -56,6 +56,20 @@ def test_phase_clock_sums_laps_per_phase():
     assert clock._t <= time.perf_counter()
 
 
+def test_a_logging_windows_time_split_is_seconds_per_step_and_shares_of_the_window():
+    from leantrain.perf.meter import largest_share, time_split
+
+    clock = PhaseClock(totals={"data": 1.0, "generation": 6.0})
+    assert clock.since_last() == {"data": 1.0, "generation": 6.0}
+    clock.totals.update(data=2.0, compute=3.0)  # the next window: 1 s of data, 3 s of compute, no generation
+    window = clock.since_last()
+    assert window == {"data": 1.0, "compute": 3.0}
+    rec = time_split(window, steps=2)
+    assert rec == {"time_split": {"data": 0.5, "compute": 1.5}, "time_share": {"data": 0.25, "compute": 0.75}}
+    assert largest_share(rec) == {"time": "compute 75%"} and largest_share({}) == {}
+    assert time_split({}, steps=2) == {} and time_split(window, steps=0) == {}
+
+
 def test_overlap_counts_touching_ranges():
     assert overlap((1, 2), (2, 3)) and overlap((2, 3), (1, 2)) and overlap((1, 5), (2, 3))
     assert not overlap((1, 2), (2.1, 3))

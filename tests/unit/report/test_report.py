@@ -49,6 +49,24 @@ def test_plot_has_a_panel_per_step_metric(tmp_path):
     assert heights[1] > heights[0]
 
 
+def test_plot_stacks_the_time_share_of_each_phase_in_a_panel_of_its_own(tmp_path):
+    from PIL import Image
+
+    from leantrain.report.plots import time_shares
+
+    plain = _records()
+    split = [dict(r, time_split={"generation": 3.0, "compute": 1.0}, time_share={"generation": 0.75, "compute": 0.25})
+             if r["type"] == "train" and r["step"] % 10 == 0 else r for r in plain]
+    split[0] = dict(split[0], time_share={"data": 1.0})  # a phase seen in one window only: 0 in the others
+    steps, shares = time_shares(split)
+    assert steps[:2] == [5.0, 10.0] and list(shares) == ["data", "generation", "compute"]
+    assert shares["data"][:2] == [1.0, 0.0] and shares["generation"][:2] == [0.0, 0.75]
+    assert step_metric_keys(split) == []  # not a step metric of the method
+    heights = [Image.open(plot_loss_curve(records, tmp_path / f"{i}.png")).height
+               for i, records in enumerate((plain, split))]
+    assert heights[1] > heights[0]
+
+
 def _front_matter(text: str) -> dict:
     assert text.startswith("---\n")
     return yaml.safe_load(text.split("---\n")[1])

@@ -55,7 +55,7 @@ from leantrain.optim import state_report
 from leantrain.optim.state import describe as describe_optim_state
 from leantrain.perf.auto_micro_batch import auto_micro_batch
 from leantrain.perf.flops import MfuMeter
-from leantrain.perf.meter import PhaseClock, Throughput
+from leantrain.perf.meter import PhaseClock, Throughput, largest_share, time_split
 from leantrain.perf.profile import StepProfiler
 from leantrain.report.logs import MetricsLog, write_json
 from leantrain.report.progress import Progress
@@ -242,6 +242,7 @@ class Loop:
         self.run, self.state = run, state
         self.resumed_from_step = state.step if state.resumed_from else None
         self.clock = PhaseClock()
+        self.logged_step = state.step  # the step of the last train record: its time split's window starts there
         self.host_is_device = acc.device.type == "cpu"  # compute/optimizer split without any device sync
         self.grad_norm, self.lr = None, None
         self.guard = NonFiniteGuard(cfg, acc, out, np.asarray(run.data.train["length"]), run.layout,
@@ -322,11 +323,17 @@ class Loop:
         denominator over all processes."""
         run, state = self.run, self.state
         units = run.data.units_in(global_batch)  # the loss's denominator, the task's unit, known on the host
-        ctx = StepContext(run.model, run.accelerator, state.step, state.method,
+        ctx = StepContext(run.model, run.accelerator, state.step, state.method, lap=self.method_lap,
                           generating=run.faults.in_generation(state.step + 1))
         made = run.data.task.step.batches(ctx, loaded, units)
         count, tokens = global_counts(made.count, made.tokens, run.accelerator)  # one collective, when any
         return replace(made, count=count, tokens=tokens)
+
+    def method_lap(self, phase: str, synced: bool = False) -> None:
+        """A phase of the method's own batches (``StepContext.lap``) ends: counted where the host runs the device, or
+        where the phase ended with a host read (``synced``: its device work is done)."""
+        if synced or self.host_is_device:
+            self.clock.lap(phase)
 
     def meter_counts(self, global_batch, credit: bool, made_tokens: int | None = None) -> tuple[int, int | None]:
         """The samples and tokens an update counts: the global batch's (the tokens the method made, when it says),
@@ -374,6 +381,8 @@ class Loop:
                 logged = _log_step(run.accelerator, run.model, state, self.grad_norm, self.lr, run.meter,
                                    epoch=state.batches / run.layout.steps_per_epoch)
             logged["mfu"] = run.flops.of(logged["tokens_per_second"])
+            logged.update(time_split(self.clock.since_last(), step - self.logged_step))
+            self.logged_step = step
             run.metrics_log.write(logged)
             run.metrics_log.write_samples(step, samples)
             run.metrics_log.to_trackers({"type": "time_split_seconds", "step": step, **self.clock.summary()})
@@ -382,7 +391,7 @@ class Loop:
             state.metrics.clear()
         shown = (*(k for k in task.traits.progress_keys if logged and k in logged), "lr",
                  f"{task.traits.speed_unit}_per_second")
-        self.progress.update(step, {k: logged[k] for k in shown} if logged else None)
+        self.progress.update(step, {**{k: logged[k] for k in shown}, **largest_share(logged)} if logged else None)
 
     def at_boundary(self, first: int) -> None:
         """After the global step's updates (steps ``first`` + 1 .. ``state.step``): the evaluation and the checkpoint

@@ -54,8 +54,9 @@ class GrpoStep(CausalLM.parts.step):
         """Sample and score each micro-batch of prompts, compute the advantages, build the training micro-batches."""
         model, acc, g = ctx.model, ctx.accelerator, self.task.grpo
         generator = ctx.state.generator(acc.device) if ctx.state is not None else None
-        scored = [self.sample_and_score(model, acc, b, generator, ctx.step + 1, ctx.generating if i == 0 else None)
-                  for i, b in enumerate(micro_batches)]
+        lap = ctx.lap or (lambda phase, synced=False: None)
+        scored = [self.sample_and_score(model, acc, b, generator, ctx.step + 1, lap,
+                                        ctx.generating if i == 0 else None) for i, b in enumerate(micro_batches)]
         batch_std = G.global_std(scored, acc)
         made, tokens = [], 0
         for s in scored:
@@ -70,21 +71,27 @@ class GrpoStep(CausalLM.parts.step):
                     rows["ref_logps"] = self.task.reference_logps(model, rows)
             made.append(rows)
             tokens += int(G.tokens(rows))
+        lap("reference")  # the advantages, rows and the old and reference log-probs
         units = torch.stack([L.count(completion_mask(b), b["loss_weight"], g.loss, g.max_new_tokens)
                              for b in made]).sum()
         samples = G.samples(scored[0], list(self.task.rewards), g.log_completions) if scored else ()
         return StepBatches(made, units, updates=g.num_iterations, tokens=tokens, samples=samples)
 
-    def sample_and_score(self, model, accelerator, batch: dict, generator, step: int,  # noqa: ANN001
+    def sample_and_score(self, model, accelerator, batch: dict, generator, step: int, lap,  # noqa: ANN001
                          generating=None) -> G.Scored:  # noqa: ANN001 - a callable or None
-        """One micro-batch of prompts answered ``num_generations`` times and scored; ``generating`` (fault injection,
-        ``StepContext.generating``) called at the generation's first forward."""
+        """One micro-batch of prompts answered ``num_generations`` times and scored; ``lap`` (``StepContext.lap``)
+        told when each phase ends (both end with a host read: the decode loop reads whether every row is done, the
+        scoring reads the completions); ``generating`` (fault injection, ``StepContext.generating``) called at the
+        generation's first forward."""
         g, tok = self.task.grpo, self.task.tokenizer()
         with accelerator.autocast(), on_first_forward(model, generating):
             rollout = backend(g.generation)(
                 model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=g.num_generations,
                 sampling=self.task.sampling, eos_ids=stop_ids(model, tok), pad_id=pad_id(tok), generator=generator)
-        return G.score(batch, rollout, tok, list(self.task.rewards), g.num_generations, step)
+        lap("generation", synced=True)
+        scored = G.score(batch, rollout, tok, list(self.task.rewards), g.num_generations, step)
+        lap("scoring", synced=True)
+        return scored
 
     def loss(self, model, batch: dict) -> tuple:  # noqa: ANN001
         """The loss sum of a training micro-batch and TRL's step metrics: the rollout's (reward, ...), the clipped
