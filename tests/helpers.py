@@ -638,20 +638,23 @@ class LargestTensor(_DispatchRecorder):
 
 class WeightCasts(_DispatchRecorder):
     """A TorchDispatchMode (as a context manager) that counts the fp32 -> bf16 casts of 2-D tensors (weights) made
-    under it (``count``)."""
+    under it (``count``); with ``of`` (a model), only the casts of its parameters (a decode step's 2-D activations
+    are not counted)."""
 
-    def __init__(self):
+    def __init__(self, of=None):
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
         record = self
         self.count = 0
+        weights = None if of is None else {p.data_ptr() for p in of.parameters()}
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 if func is torch.ops.aten._to_copy.default and args[0].dim() == 2 and \
-                        args[0].dtype == torch.float32 and kwargs.get("dtype") == torch.bfloat16:
+                        args[0].dtype == torch.float32 and kwargs.get("dtype") == torch.bfloat16 and \
+                        (weights is None or args[0].data_ptr() in weights):
                     record.count += 1
                 return func(*args, **kwargs)
 

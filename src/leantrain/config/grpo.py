@@ -30,6 +30,8 @@ class GrpoConfig(Section):
     num_generations: int = Field(8, ge=2, description="completions sampled per prompt: the group its advantages are "
                                  "relative to (at least 2: one answer has nothing to be compared with)")
     max_new_tokens: int = Field(64, gt=0, description="tokens a completion may have; longer ones are cut (truncated)")
+    stop: list[str] = Field(default_factory=list, description="strings that end a completion as its EOS does (vLLM's "
+                            "stop), kept in it with the token that completes them: e.g. [\"</answer>\"]")
     loss: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = Field(
         "dapo", description="how the token losses are averaged. dapo: over every completion token of the global "
         "batch; grpo: each completion's token mean, then the mean over completions; dr_grpo: the token sum over "

@@ -134,16 +134,20 @@ def test_bf16_autocast_is_the_callers():
 
 @pytest.mark.parametrize("sampling", [GREEDY, Sampling(8)], ids=["greedy", "sampled"])
 def test_lora_frozen_weights_are_cast_once_and_the_tokens_are_the_same(sampling):
+    """Through transformers' forward (the step of a model the fused step does not take), under a bf16 autocast."""
     from peft import LoraConfig, get_peft_model
+
+    from leantrain.modeling.fast_paths import DECODE_STEP, decide
 
     lora = get_peft_model(loss_llama(vocab=64), LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"],
                                                            init_lora_weights=False))
+    decide(lora, DECODE_STEP, "transformers")
     ids, mask = prompts()
     frozen = {n for n, p in lora.named_parameters() if not p.requires_grad}
     linears = sum(isinstance(m, torch.nn.Linear) for m in lora.modules())  # LoRA's A and B layers included
 
     def run(cache: bool):
-        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache), WeightCasts() as casts:
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache), WeightCasts(of=lora) as casts:
             out = generate(lora, ids, mask, num_generations=3, sampling=sampling, eos_ids=[EOS], pad_id=PAD,
                            generator=torch.Generator().manual_seed(5))
         return out, casts.count

@@ -34,7 +34,19 @@ def mistral(window=None):
     return MistralForCausalLM(MistralConfig(**SMALL, sliding_window=window))
 
 
-MODELS = {"llama": loss_llama, "llama-biases-llama3-rope": llama_with_biases, "qwen2": qwen2, "mistral": mistral}
+def lora_llama(**config):
+    """A peft LoRA Llama whose adapters are not zero (B random, as after training), on every projection and the
+    output layer; the transformers model inside peft's wrapper, its linears LoRA layers."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(4)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False, **config)
+    return get_peft_model(llama_with_biases(), lora).base_model.model
+
+
+MODELS = {"llama": loss_llama, "llama-biases-llama3-rope": llama_with_biases, "qwen2": qwen2, "mistral": mistral,
+          "llama-lora": lora_llama}
 
 
 def prefilled(model, autocast: bool | str):
@@ -111,17 +123,32 @@ def test_it_drops_the_prefills_weight_casts_and_leaves_the_weights_alone():
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
-def test_anything_else_keeps_transformers_forward():
+def test_lora_adapters_are_folded_into_the_copies_and_peft_wrappers_are_taken():
     from peft import LoraConfig, get_peft_model
 
+    model = lora_llama()
+    assert fast_decode.decoder(model.eval(), prefilled(model, False)[0]) is not None
+    wrapped = get_peft_model(loss_llama(), LoraConfig(r=2, target_modules=["q_proj"]))  # peft's own model
+    assert fast_decode.refusal(wrapped) is None and fast_decode.copied_bytes(wrapped, torch.float32) > 0
+    with wrapped.disable_adapter():  # switched off: its forward is the base model's, the copies would not be
+        assert fast_decode.refusal(wrapped) is not None
+
+
+def test_anything_else_keeps_transformers_forward():
     cache, _, _ = prefilled(loss_llama().eval(), False)
     assert fast_decode.decoder(tiny_gpt2().eval(), cache) is None  # another architecture
     assert fast_decode.decoder(mistral(window=4).eval(), prefilled(mistral(window=4).eval(), False)[0]) is None
-    lora = get_peft_model(loss_llama(), LoraConfig(r=2, target_modules=["q_proj"])).base_model.model
-    assert fast_decode.decoder(lora.eval(), prefilled(lora, False)[0]) is None  # LoRA's layers are not plain
+    for other in (lora_llama(use_dora=True), embedding_lora()):  # DoRA; an adapted embedding
+        assert fast_decode.decoder(other.eval(), prefilled(other, False)[0]) is None
     growing = loss_llama().eval()
     ids = torch.tensor([[5, 6, 7]])
     with torch.no_grad():
         grown = growing(input_ids=ids, use_cache=True).cache  # not reserved
     assert fast_decode.decoder(growing, grown) is None
     assert fast_decode.decoder(growing, prefilled(growing, False)[0]) is not None
+
+
+def embedding_lora():
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(loss_llama(), LoraConfig(r=2, target_modules=["embed_tokens", "q_proj"])).base_model.model

@@ -136,10 +136,79 @@ def test_decode_step_says_what_it_chose_and_why(tok, monkeypatch):
     assert D.decode_step(llama(tok), growing).reason == (
         "its KV cache is not reserved (a cache layer other than transformers' DynamicLayer): transformers' forward")
     lora = get_peft_model(llama(tok), LoraConfig(r=2, target_modules=["q_proj"]))
-    assert D.decode_step(lora).reason == (
-        "it is a peft model (LoRA adapters): its layers are not plain linears: transformers' forward")
-    assert D.decode_step(lora.get_base_model()).reason.startswith("a layer is not a plain linear or norm (LoRA, ")
+    assert D.decode_step(lora).name == D.decode_step(lora.get_base_model()).name == "fused"  # adapters folded in
+    dora = get_peft_model(llama(tok), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
+    assert D.decode_step(dora).reason.startswith("a layer is not a plain linear, LoRA linear or norm (quantized, ")
     monkeypatch.setattr(D, "free_bytes", lambda device: 1000)
     step, name, reason = the_step(llama(tok), tok)
     assert name == "transformers" and not isinstance(step, fast_decode.Decoder)
     assert reason.startswith("its weight copies (") and "do not fit the free memory" in reason
+
+
+def test_rows_that_ended_leave_the_batch_and_the_others_draw_what_they_would_have(tok, monkeypatch):
+    """Sampled rows end at many EOS ids at different times; a reserved cache drops them as they end (the batch
+    shrinks), and every row's tokens, mask and log-probs are those of the same generation keeping every row."""
+    from leantrain.modeling.generation import decode as engine
+
+    model = llama(tok)
+    ids, mask = batch(tok)
+    eos = list(range(0, len(tok), 7))  # a seventh of the vocabulary ends a row: rows end at different times
+
+    def sample():
+        return generate(model, ids, mask, num_generations=4, sampling=Sampling(NEW, temperature=1.0), eos_ids=eos,
+                        pad_id=pad_id(tok), generator=torch.Generator().manual_seed(0))
+
+    kept = []
+    monkeypatch.setattr(engine, "keep_rows", lambda cache, rows: (kept.append(len(rows)), reserve_keep(cache, rows)))
+    shrunk = sample()
+    assert kept and kept == sorted(kept, reverse=True) and kept[-1] < len(PROMPTS) * 4  # the batch shrank
+    monkeypatch.setattr(engine, "COMPACT_AT", 2.0)  # never: every row decodes to the end
+    kept.clear()
+    whole = sample()
+    assert not kept
+    assert torch.equal(shrunk.completion_ids, whole.completion_ids)
+    assert torch.equal(shrunk.completion_mask, whole.completion_mask)
+    assert torch.equal(shrunk.truncated, whole.truncated) and not shrunk.truncated.all()
+    torch.testing.assert_close(shrunk.logps, whole.logps, atol=1e-5, rtol=1e-5)
+    ends = shrunk.completion_mask.sum(-1)
+    assert len(set(ends.tolist())) > 2  # the rows ended at several lengths
+    last = shrunk.completion_ids.gather(1, (ends - 1)[:, None])[:, 0]
+    assert all(t in eos for t in last[~shrunk.truncated].tolist())  # each ended row's last token is an EOS
+
+
+def reserve_keep(cache, rows):
+    from leantrain.modeling.generation.reserved_cache import keep_rows
+
+    keep_rows(cache, rows)
+
+
+def test_a_stop_string_ends_its_row_where_its_last_token_is_written(tok):
+    """The text a row writes is searched (not its ids): a row ends at the token that completes the string, kept
+    with it; the rows that never write it run to max_new_tokens; the mask covers what each row wrote."""
+    from leantrain.modeling.generation.stops import stop_strings
+
+    model = llama(tok)
+    ids, mask = batch(tok)
+    free = ours(model, tok, [tok.eos_token_id])
+    words = tok.batch_decode(free.completion_ids[:, 3:5].tolist(), skip_special_tokens=True)
+    target = words[1].strip()  # row 1's 4th and 5th tokens, as text
+    assert target and all(target not in tok.decode(r[:4], skip_special_tokens=True)
+                          for r in free.completion_ids.tolist())
+    stopped = generate(model, ids, mask, num_generations=1, sampling=Sampling(NEW, temperature=0),
+                       eos_ids=[tok.eos_token_id], pad_id=pad_id(tok), stop=stop_strings(tok, [target]))
+    texts = [tok.decode(r, skip_special_tokens=True) for r in free.completion_ids.tolist()]
+    for row, text in enumerate(texts):
+        n = int(stopped.completion_mask[row].sum())
+        if target in text:  # ends at the first token whose text completes the string
+            first = next(k for k in range(1, NEW + 1)
+                         if target in tok.decode(free.completion_ids[row, :k].tolist(), skip_special_tokens=True))
+            assert n == first and not stopped.truncated[row]
+        else:
+            assert n == NEW and stopped.truncated[row]
+        assert stopped.completion_ids[row, :n].tolist() == free.completion_ids[row, :n].tolist()
+    assert not stopped.truncated[1] and stopped_at_most(stopped, 1, 5)
+    assert stop_strings(tok, []) is None and stop_strings(tok, [""]) is None
+
+
+def stopped_at_most(rollout, row, n) -> bool:
+    return int(rollout.completion_mask[row].sum()) <= n

@@ -41,6 +41,7 @@ from leantrain.methods.traits import Traits
 from leantrain.modeling.fast_paths import DECODE_STEP, SHARED_PROMPTS
 from leantrain.modeling.generation.decode import backend, pad_id, stop_ids
 from leantrain.modeling.generation.sampling import Sampling
+from leantrain.modeling.generation.stops import stop_strings
 from leantrain.modeling.wrappers import frozen_forward, unwrapped
 
 
@@ -87,7 +88,8 @@ class GrpoStep(CausalLM.parts.step):
         with accelerator.autocast(), on_first_forward(model, generating):
             rollout = backend(g.generation)(
                 model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=g.num_generations,
-                sampling=self.task.sampling, eos_ids=stop_ids(model, tok), pad_id=pad_id(tok), generator=generator)
+                sampling=self.task.sampling, eos_ids=stop_ids(model, tok), pad_id=pad_id(tok), generator=generator,
+                stop=stop_strings(tok, g.stop))
         lap("generation", synced=True)
         scored = G.score(batch, rollout, tok, list(self.task.rewards), g.num_generations, step)
         lap("scoring", synced=True)

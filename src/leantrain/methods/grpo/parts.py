@@ -19,11 +19,12 @@ from leantrain.methods.grpo import rewards as R
 from leantrain.methods.grpo import rollout as G
 from leantrain.methods.lm.causal_lm import CausalLM
 from leantrain.modeling.generation.decode import backend, pad_id, stop_ids
+from leantrain.modeling.generation.stops import stop_strings
 from leantrain.modeling.wrappers import unwrapped
 
 RECORD = "grpo"  # config.json's field: the settings the policy was trained with (the card; eval's default rewards)
 RECORDED = ("rewards", "reward_weights", "num_generations", "max_new_tokens", "loss", "scale_rewards", "beta",
-            "epsilon", "num_iterations")
+            "epsilon", "num_iterations", "stop")
 
 
 @functools.lru_cache(maxsize=8)
@@ -143,7 +144,8 @@ class GrpoEvaluation(CausalLM.parts.evaluation):
         with self.task.autocast():
             rollout = backend(self.task.grpo.generation)(
                 model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=1, sampling=greedy,
-                eos_ids=stop_ids(model, tok), pad_id=pad_id(tok))
+                eos_ids=stop_ids(model, tok), pad_id=pad_id(tok),
+                stop=stop_strings(tok, self.task.grpo.stop))
         s = G.score(batch, rollout, tok, list(self.task.rewards), 1, step="in evaluation")
         values = torch.cat([s.rewards[:, None], torch.from_numpy(s.scores)], dim=1)
         return (values.to(batch["prompt_input_ids"].device),)

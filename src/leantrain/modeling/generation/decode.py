@@ -35,11 +35,12 @@ from leantrain.heartbeat import work
 from leantrain.modeling.chunked_loss import keeps_logits
 from leantrain.modeling.fast_paths import DECODE_STEP, decided
 from leantrain.modeling.generation.decode_step import decode_step
-from leantrain.modeling.generation.reserved_cache import reserve
+from leantrain.modeling.generation.reserved_cache import compactable, keep_rows, reserve
 from leantrain.modeling.generation.sampling import Sampling, pick
 from leantrain.modeling.wrappers import frozen_forward, unwrapped
 
 log = logging.getLogger("leantrain")
+COMPACT_AT = 0.25  # the share of the decoding rows that must have ended before the batch drops them
 
 
 @dataclass
@@ -55,9 +56,10 @@ class Rollout:
 
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_generations: int,
              sampling: Sampling, eos_ids, pad_id: int, generator: torch.Generator | None = None,
-             what: str | None = None) -> Rollout:
+             what: str | None = None, stop: Callable[..., torch.Tensor] | None = None) -> Rollout:
     """``num_generations`` completions of each left-padded prompt of ``prompt_ids`` (N, P), ``prompt_mask`` (N, P);
-    ``generator`` on the model's device (None: torch's global one); ``what``: the progress line's name of the work. A
+    ``generator`` on the model's device (None: torch's global one); ``what``: the progress line's name of the work;
+    ``stop``: what ends a row beside its EOS (``stops.StopStrings``). A
     prompt row that is all padding gets finite logits and completions like any other (its loss weight is the
     caller's business)."""
     model = unwrapped(model)
@@ -70,7 +72,7 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_
         choice = decode_step(model, cache, decided(model, DECODE_STEP))  # the run's choice (engine/devices/paths.py)
         log.debug("generation: the %s decode step (%s)", choice.name, choice.reason)
         what = what or f"generation of {mask.shape[0]} rows"
-        return decode(choice.step, logits, mask, sampling, eos, pad_id, generator, what)
+        return decode(choice.step, logits, mask, sampling, eos, pad_id, generator, what, cache, stop)
 
 
 @contextmanager
@@ -105,30 +107,52 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 def decode(step: Callable[..., torch.Tensor], logits: torch.Tensor, mask: torch.Tensor, sampling: Sampling,
-           eos: torch.Tensor, pad_id: int, generator: torch.Generator | None, what: str) -> Rollout:
+           eos: torch.Tensor, pad_id: int, generator: torch.Generator | None, what: str, cache=None,
+           stop: Callable[..., torch.Tensor] | None = None) -> Rollout:
     """Token-by-token decoding from the prompts' last logits; ``mask`` (B, P) the prompts' attention mask; ``step``
-    (token, position, mask) -> the next logits, the token's keys and values added to the cache it decodes on."""
+    (token, position, mask) -> the next logits, the token's keys and values added to ``cache``. A row ends at an EOS
+    or where ``stop`` (``stops.StopStrings``: (ids, rows, taken) -> a bool per decoding row) says its text ended.
+
+    Rows that ended leave the batch: once a quarter of the rows still decoding have ended (``COMPACT_AT``), the
+    others' tokens, positions, masks and cache rows are kept and theirs dropped (a reserved cache, ``keep_rows``; any
+    other cache keeps every row to the end), so a batch no longer computes every row until the longest completion
+    ends. Each dropped row's completion is already written; its later positions are ``pad_id`` with mask 0. The rows
+    left draw the numbers they would have drawn in the whole batch (``sampling.pick``'s ``rows``)."""
     rows, length = mask.shape
     steps = sampling.max_new_tokens
     ids = torch.full((rows, steps), pad_id, dtype=torch.long, device=mask.device)
     logps = torch.zeros((rows, steps), dtype=torch.float32, device=mask.device)
-    done = torch.zeros(rows, dtype=torch.bool, device=mask.device)
+    ends = torch.full((rows,), steps, dtype=torch.long, device=mask.device)  # each row's completion length
+    live = torch.arange(rows, device=mask.device)  # the row of ``ids`` each decoding row writes
+    finished = torch.zeros(rows, dtype=torch.bool, device=mask.device)  # per decoding row
     attention = torch.cat([mask, mask.new_ones(rows, steps)], dim=1)
     position = mask.sum(-1, keepdim=True)  # the next token's position per row
+    shrinks = compactable(cache)
     with work(what, steps, "positions", may_end_early=True) as progress:
         for taken in range(1, steps + 1):
-            token = torch.where(done, pad_id, pick(logits, sampling, generator))
-            ids[:, taken - 1] = token
-            logps[:, taken - 1] = token_logps(logits, token).masked_fill(done, 0.0)
-            done |= torch.isin(token, eos)
-            if taken == steps or bool(done.all()):
+            token = torch.where(finished, pad_id, pick(logits, sampling, generator, (rows, live)))
+            ids[live, taken - 1] = token
+            logps[live, taken - 1] = token_logps(logits, token).masked_fill(finished, 0.0)
+            ended = torch.isin(token, eos) if stop is None else torch.isin(token, eos) | stop(ids, live, taken)
+            ended &= ~finished
+            ends[live] = torch.where(ended, taken, ends[live])
+            finished |= ended
+            decoding = int((~finished).sum())  # the one host read per token: whether to go on (and to compact)
+            if taken == steps or decoding == 0:
                 break
+            if shrinks and len(live) - decoding >= max(1, int(len(live) * COMPACT_AT)):
+                keep = torch.nonzero(~finished)[:, 0]
+                live, finished, token, position, attention = (t[keep] for t in (live, finished, token, position,
+                                                                                 attention))
+                keep_rows(cache, keep)
             if progress.due():  # a clock read; the counts only when a line is wanted (rank 0, every few seconds)
-                progress.update(taken, {"new tokens": int(completion_mask(ids[:, :taken], eos).sum()),
-                                        "rows done": int(done.sum())})
+                progress.update(taken, {"new tokens": int(ends.clamp(max=taken).sum()),
+                                        "rows done": rows - decoding})
             logits, position = step(token, position, attention[:, :length + taken]), position + 1
-    ids = ids[:, :taken]
-    return Rollout(ids, completion_mask(ids, eos), ~done, logps[:, :taken])
+    ids, ended_rows = ids[:, :taken], ends < steps
+    ended_rows[live] |= finished  # a row that ended at the last position
+    completion = (torch.arange(taken, device=ids.device) < ends.clamp(max=taken)[:, None]).long()
+    return Rollout(ids, completion, ~ended_rows, logps[:, :taken])
 
 
 def token_logps(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:

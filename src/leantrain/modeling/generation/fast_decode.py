@@ -23,10 +23,15 @@ same cache to rounding (fp32: 1e-5; bf16: as close to the fp32 logits as transfo
 ``tests/unit/modeling/test_fast_decode.py``); the attention kernel's packing order can differ from transformers' in
 the last bit of a bf16 value, so sampled tokens are draws from the same distribution, not always the same draws.
 
+LoRA (peft's model): each adapted linear's copy is its merged weight, the base weight plus peft's own delta
+(``get_delta_weight``: scaling x B @ A, in fp32) of every active adapter, made once per generation like the other
+copies; the adapters' separate matmuls of transformers' forward become none. The logits equal peft's forward to
+rounding (the sum W x + s B A x computed as (W + s B A) x).
+
 ``decoder(model, cache)`` returns None, and the caller keeps transformers' forward, for anything else (``refusal``
-says which): another architecture or attention variant (sliding windows, q/k norms), LoRA or quantized layers (peft's
-and bitsandbytes' modules are not plain linears), sharded weights (FSDP, DeepSpeed ZeRO-3), a cache that is not
-reserved. ``decode_step.decode_step`` makes the choice and says why.
+says which): another architecture or attention variant (sliding windows, q/k norms), quantized layers, an adapter
+that is not plain LoRA (DoRA and other variants, adapted embeddings, modules_to_save copies), sharded weights (FSDP,
+DeepSpeed ZeRO-3), a cache that is not reserved. ``decode_step.decode_step`` makes the choice and says why.
 """
 
 from __future__ import annotations
@@ -61,8 +66,7 @@ def takes(model: nn.Module, cache) -> bool:
 def refusal(model: nn.Module, cache=None) -> str | None:
     """Why ``Decoder`` cannot compute ``model``'s forward on ``cache`` (None: it can). ``cache`` None: the model
     alone, as it would be on a reserved cache (the Mistral window against the generation's length unchecked)."""
-    if hasattr(model, "get_base_model"):  # peft's model: its LoRA layers wrap the linears
-        return "it is a peft model (LoRA adapters): its layers are not plain linears"
+    model = base_of(model)
     config = getattr(model, "config", None)
     kind, inner = getattr(config, "model_type", None), getattr(model, "model", None)
     if kind not in MODEL_TYPES or inner is None or not getattr(inner, "layers", None):
@@ -79,8 +83,14 @@ def refusal(model: nn.Module, cache=None) -> str | None:
         if window is not None and window < cached[0].capacity:
             return f"its sliding window ({window}) is shorter than the generation ({cached[0].capacity} positions)"
     if not plain_layers(model):
-        return "a layer is not a plain linear or norm (LoRA, quantized) or its weights are sharded (FSDP, ZeRO-3)"
+        return ("a layer is not a plain linear, LoRA linear or norm (quantized, another adapter) or its weights are "
+                "sharded (FSDP, ZeRO-3)")
     return None
+
+
+def base_of(model: nn.Module) -> nn.Module:
+    """The transformers model inside peft's wrapper (its linears the LoRA layers), or ``model`` itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def plain_layers(model: nn.Module) -> bool:
@@ -88,13 +98,42 @@ def plain_layers(model: nn.Module) -> bool:
     inner = model.model
     norms = [inner.norm] + [n for layer in inner.layers
                             for n in (layer.input_layernorm, layer.post_attention_layernorm)]
-    return (all(type(m) in LINEARS and plain(m.weight) for m in linears(model))
+    return (all((type(m) in LINEARS and plain(m.weight)) or lora_linear(m) for m in linears(model))
             and all(type(n).__name__ in NORMS and plain(n.weight) for n in norms)
-            and plain(inner.embed_tokens.weight) and hasattr(inner, "rotary_emb"))
+            and isinstance(inner.embed_tokens, nn.Embedding) and plain(inner.embed_tokens.weight)
+            and hasattr(inner, "rotary_emb"))
+
+
+def lora_linear(m: nn.Module) -> bool:
+    """peft's LoRA linear over a plain linear, its active adapters plain LoRA (no DoRA or other variant), not merged
+    into the base weight, not switched off: its merged weight is ``weight``'s."""
+    base, active = getattr(m, "base_layer", None), getattr(m, "active_adapters", None)
+    if base is None or active is None or not hasattr(m, "get_delta_weight") or not hasattr(m, "lora_A"):
+        return False
+    variants = getattr(m, "lora_variant", {}) or {}
+    return (type(base) in LINEARS and plain(base.weight) and not m.merged and not m.disable_adapters
+            and not any(getattr(m, "use_dora", {}).get(a) or a in variants for a in active))
+
+
+def applied_weight(m: nn.Module) -> torch.Tensor:
+    """A linear's weight as its forward applies it: a LoRA linear's base weight plus each active adapter's delta."""
+    if not hasattr(m, "base_layer"):
+        return m.weight
+    merged = m.base_layer.weight.float()
+    with torch.autocast(merged.device.type, enabled=False):  # B @ A in fp32, not in an open autocast's dtype
+        for adapter in m.active_adapters:
+            if adapter in m.lora_A:
+                merged = merged + m.get_delta_weight(adapter).float()
+    return merged
+
+
+def applied_bias(m: nn.Module) -> torch.Tensor | None:
+    return m.base_layer.bias if hasattr(m, "base_layer") else m.bias
 
 
 def linears(model: nn.Module) -> list[nn.Module]:
     """The output layer and every projection of a Llama-shaped ``model``: the weights a ``Decoder`` copies."""
+    model = base_of(model)
     layers = model.model.layers
     return [model.get_output_embeddings()] + [m for layer in layers
                                                for m in (*projections(layer.self_attn), *mlp_weights(layer.mlp))]
@@ -122,13 +161,13 @@ def fused(layers, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None
     """The weights (and biases) of ``layers`` stacked along their outputs, in ``dtype``: one copy, cast on the way."""
     weight = torch.empty((sum(m.out_features for m in layers), layers[0].in_features), dtype=dtype,
                          device=layers[0].weight.device)
-    has_bias = [m.bias is not None for m in layers]
-    bias = weight.new_zeros(weight.shape[0]) if any(has_bias) else None
+    biases = [applied_bias(m) for m in layers]
+    bias = weight.new_zeros(weight.shape[0]) if any(b is not None for b in biases) else None
     start = 0
-    for m in layers:
-        weight[start:start + m.out_features].copy_(m.weight)
-        if m.bias is not None:
-            bias[start:start + m.out_features].copy_(m.bias)
+    for m, b in zip(layers, biases):
+        weight[start:start + m.out_features].copy_(applied_weight(m))
+        if b is not None:
+            bias[start:start + m.out_features].copy_(b)
         start += m.out_features
     return weight, bias
 
@@ -138,6 +177,7 @@ class Decoder:
     in the compute dtype when it is made, for the generation's lifetime."""
 
     def __init__(self, model: nn.Module, cache):
+        model = base_of(model)
         inner, config = model.model, model.config
         # the prefill's matmul dtype, the cache's (``reserved_cache``): the autocast dtype also where the autocast is
         # only around the model's forward (Accelerate's mixed precision wraps ``forward``), else the weights'

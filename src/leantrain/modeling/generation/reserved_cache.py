@@ -60,6 +60,11 @@ class ReservedLayer(DynamicLayer):
         """The positions reserved."""
         return self._buffers[0].shape[2]
 
+    def keep(self, rows: torch.Tensor) -> None:
+        """Only the cache rows ``rows`` (indices) kept, in that order: a copy of their filled positions' buffers."""
+        self._buffers = tuple(b.index_select(0, rows) for b in self._buffers)
+        self._view(self.keys.shape[-2])
+
     def batch_repeat_interleave(self, repeats: int) -> None:
         raise NotImplementedError("a reserved layer is repeated when it is made (reserve's repeats)")
 
@@ -74,3 +79,15 @@ def reserve(cache, repeats: int, capacity: int):
     for i, layer in enumerate(layers):
         layers[i] = ReservedLayer(layer.keys, layer.values, repeats, capacity)
     return cache
+
+
+def compactable(cache) -> bool:
+    """Whether rows can be dropped from ``cache`` as they end (``keep_rows``): every layer is reserved."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is ReservedLayer for layer in layers)
+
+
+def keep_rows(cache, rows: torch.Tensor) -> None:
+    """Only the rows ``rows`` of a ``compactable`` cache kept, in place."""
+    for layer in cache.layers:
+        layer.keep(rows)

@@ -23,22 +23,31 @@ class Sampling:
     top_k: int = 0
 
 
-def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row: the argmax at temperature 0, else a draw from the filtered distribution."""
+def pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None,
+         rows: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+    """One token per row: the argmax at temperature 0, else a draw from the filtered distribution. ``rows``: (the
+    batch's rows, the ones ``logits`` are of), where some rows left the batch: a uniform number is drawn for every
+    row of the batch and the remaining rows take theirs, so a row's draws do not depend on which others ended."""
     if sampling.temperature == 0:
         return logits.argmax(-1)
     scaled = logits if sampling.temperature == 1 else logits / sampling.temperature  # the same values: one pass less
-    return draw(filtered(scaled, sampling.top_k, sampling.top_p).softmax(-1), generator)
+    return draw(filtered(scaled, sampling.top_k, sampling.top_p).softmax(-1), generator, rows)
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def draw(probs: torch.Tensor, generator: torch.Generator | None,
+         rows: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
     """One index per row of ``probs`` (rows, V), drawn from it by inverting its fp64 CDF at one uniform number per
-    row: the first index whose cumulative probability exceeds it, so a token of probability 0 is never drawn.
+    row (``rows``: of these rows of a larger batch, ``pick``): the first index whose cumulative probability exceeds it,
+    so a token of probability 0 is never drawn.
     ``torch.multinomial`` draws one exponential per vocabulary entry instead: a third of the generation's time at
     49k words on a CPU (``benchmarks/results/grpo.md``)."""
     cdf = probs.double().cumsum(-1)
     total = cdf[:, -1:]
-    u = torch.rand(total.shape, dtype=torch.float64, device=probs.device, generator=generator) * total
+    if rows is None:
+        u = torch.rand(total.shape, dtype=torch.float64, device=probs.device, generator=generator)
+    else:
+        u = torch.rand((rows[0], 1), dtype=torch.float64, device=probs.device, generator=generator)[rows[1]]
+    u = u * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # below the total, whatever the rounding
     return torch.searchsorted(cdf, u, right=True)[:, 0]
 
