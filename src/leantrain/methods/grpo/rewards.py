@@ -273,7 +273,7 @@ def _numeric(column: str) -> Callable:
 
 
 def _math(column: str) -> Callable:
-    def math(completions, **columns) -> list[float]:  # noqa: ANN001
+    def math_answer(completions, **columns) -> list[float]:  # noqa: ANN001
         out = []
         for c, v in zip(completions, columns[column]):
             want = answers.expected(v)
@@ -282,7 +282,7 @@ def _math(column: str) -> Callable:
                                  "a \\boxed{} answer or a GSM8K solution ending in #### N)")
             out.append(float(answers.final_answer(_text(c)) == want))
         return out
-    return math
+    return math_answer
 
 
 FORMATS = {"boxed": answers.boxes_a_number, "gsm8k": answers.ends_with_gsm8k_answer,
