@@ -1,6 +1,6 @@
 """examples/: every YAML loads and validates through the real config loader; the small ones train for 2 steps
-(a tiny random BERT, ViT or Llama, tiny generated data: the examples' data keys are overridden). ddp-cpu.yaml trains as 2
-processes in test_distributed.py, in the launch of its other 2-process runs."""
+(a tiny random BERT, ViT or Llama, tiny generated data: the examples' data keys are overridden). ddp-cpu.yaml trains
+as 2 processes in test_distributed.py, in the launch of its other 2-process runs."""
 
 import random
 import re

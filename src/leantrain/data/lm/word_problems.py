@@ -67,7 +67,8 @@ def ages(rng: random.Random) -> Problem:
     young, d, k, y = rng.randint(3, 12), rng.randint(2, 9), rng.randint(2, 4), rng.randint(2, 10)
     return (f"{c} is {young} years old. {b} is {d} years older than {c}, and {a} is {k} times as old as {b}. How old "
             f"will {a} be in {y} years?",
-            [f"{b} is {young} + {d} = {young + d} years old.", f"{a} is {k} * {young + d} = {k * (young + d)} years old.",
+            [f"{b} is {young} + {d} = {young + d} years old.",
+             f"{a} is {k} * {young + d} = {k * (young + d)} years old.",
              f"In {y} years {a} will be {k * (young + d)} + {y} = {k * (young + d) + y}."], k * (young + d) + y)
 
 
