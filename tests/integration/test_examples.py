@@ -1,6 +1,6 @@
 """examples/: every YAML loads and validates through the real config loader; the small ones train for 2 steps
-(a tiny random BERT or ViT, tiny generated data: the examples' data keys are overridden). ddp-cpu.yaml trains as 2
-processes in test_distributed.py, in the launch of its other 2-process runs."""
+(a tiny random BERT, ViT or Llama, tiny generated data: the examples' data keys are overridden). ddp-cpu.yaml trains
+as 2 processes in test_distributed.py, in the launch of its other 2-process runs."""
 
 import random
 import re
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import REPO, write_rows
+from tests.helpers import CHATML, REPO, TINY_LLAMA, make_tiny_chat_tokenizer, write_jsonl, write_rows
 from leantrain import train
 from leantrain.config import Config, load_yaml, resolve
 
@@ -96,3 +96,17 @@ def test_vit_from_scratch_example_trains_two_steps(tmp_path):
     summary = _run("vit-from-scratch.yaml", tmp_path, [f"data.train={tmp_path / 'train'}",
                                                        f"data.eval={tmp_path / 'test'}", "train.batch_size=8"])
     assert summary["model"]["labels"] == ["dark", "light"]
+
+
+def test_grpo_gsm8k_example_trains_two_steps_on_its_generated_problems(tmp_path):
+    """The example's rewards, weights and data shape (word_problems rows) on a tiny Llama from a config: its math and
+    format rewards pass the dry call and score every completion; 8 new tokens instead of 256."""
+    from leantrain.data.lm import word_problems
+
+    train_rows, eval_rows = word_problems.build(n_train=16, n_eval=4)
+    tok = make_tiny_chat_tokenizer(tmp_path / "tok", chat_template=CHATML)
+    summary = _run("grpo-gsm8k.yaml", tmp_path, [
+        "model.name=null", *TINY_LLAMA, f"model.tokenizer={tok}", "grpo.max_new_tokens=8",
+        f"data.train={write_jsonl(tmp_path / 'train.jsonl', train_rows)}",
+        f"data.eval={write_jsonl(tmp_path / 'eval.jsonl', eval_rows)}"])
+    assert {"rewards/math:answer", "rewards/format:boxed"} <= set(summary["eval"])

@@ -16,7 +16,11 @@ REWARDS_HELP = ("reward functions, each FILE.py:FUNCTION or module:function with
                 "completions, completion_ids, **columns) -> list of floats (None: no score), or a built-in: "
                 "match:COLUMN (1 when the completion, stripped, equals the row's COLUMN), numeric:COLUMN (1 when the "
                 "last number in the completion equals the row's COLUMN), regex:PATTERN (1 when the completion "
-                "matches), length:N (1 at N completion tokens, less the further from N)")
+                "matches), length:N (1 at N completion tokens, less the further from N), math:COLUMN (1 when the "
+                "completion's final answer, the last \\boxed{} else after the last #### else the last number, equals "
+                "the row's COLUMN as a number: 3/4 = 0.75, 1,234 = 1234; a GSM8K solution ending '#### 72' as the "
+                "COLUMN is 72), format:boxed|gsm8k|think (1 when the final answer is a \\boxed{} number | the last "
+                "line is '#### NUMBER' | TRL's think_format_reward: <think>...</think> then the answer)")
 
 
 class GrpoConfig(Section):

@@ -12,7 +12,14 @@ functions' scores with the None left out (TRL's nansum: all None is 0).
 Built-ins (no code): ``match:COLUMN`` 1 when the completion, stripped, equals the row's COLUMN (stripped), else 0;
 ``numeric:COLUMN`` 1 when the last number in the completion equals the row's COLUMN as a number, else 0;
 ``regex:PATTERN`` 1 when the completion matches PATTERN (``re.search``), else 0; ``length:N`` 1 at N completion
-tokens, falling linearly to 0 at 0 and 2N tokens.
+tokens, falling linearly to 0 at 0 and 2N tokens. For math (``answers.py`` says how an answer is read and why):
+``math:COLUMN`` 1 when the completion's final answer (the last ``\\boxed{}``, else after the last ``####``, else the
+last number) equals the row's COLUMN as a number (exact fractions: ``3/4`` = ``0.75``, ``1,234`` = 1234), the
+COLUMN read the same way, so a GSM8K solution ending ``#### 72`` is 72; ``format:boxed`` 1 when the final answer is a
+``\\boxed{}`` holding a number; ``format:gsm8k`` 1 when the last line is ``#### NUMBER``; ``format:think`` TRL's
+``think_format_reward`` (``<think>...</think>`` first, then the answer). TRL's own ``accuracy_reward`` (math_verify)
+runs as ``trl.rewards:accuracy_reward`` where trl and math-verify are installed, on a ``solution`` column and
+conversational prompts (it reads ``completion[0]["content"]``).
 
 Errors: a spec that cannot be loaded (no file, no function, a signature that cannot take the arguments) is a
 ConfigError naming ``grpo.rewards[i]``; a column a function needs that the data lacks, a wrong return (length, a
@@ -39,6 +46,7 @@ from typing import Callable
 import numpy as np
 
 from leantrain.errors import ConfigError, UserError
+from leantrain.methods.grpo import answers
 
 STANDARD = ("prompts", "completions", "completion_ids")  # what every call passes beside the columns
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -264,6 +272,31 @@ def _numeric(column: str) -> Callable:
     return numeric
 
 
+def _math(column: str) -> Callable:
+    def math_answer(completions, **columns) -> list[float]:  # noqa: ANN001
+        out = []
+        for c, v in zip(completions, columns[column]):
+            want = answers.expected(v)
+            if want is None:
+                raise ValueError(f"the column {column!r} holds {v!r}, with no number to compare with (a number, "
+                                 "a \\boxed{} answer or a GSM8K solution ending in #### N)")
+            out.append(float(answers.final_answer(_text(c)) == want))
+        return out
+    return math_answer
+
+
+FORMATS = {"boxed": answers.boxes_a_number, "gsm8k": answers.ends_with_gsm8k_answer,
+           "think": answers.thinks_then_answers}  # format:NAME -> what a completion must satisfy
+
+
+def _format(name: str) -> Callable:
+    check = FORMATS[name]
+
+    def format_(completions, **_) -> list[float]:  # noqa: ANN001
+        return [float(check(_text(c))) for c in completions]
+    return format_
+
+
 def _regex(pattern: str) -> Callable:
     compiled = re.compile(pattern)
 
@@ -281,9 +314,13 @@ def _length(target: int) -> Callable:
 def _builtin(spec: str, key: str) -> tuple[str, Callable]:
     kind, _, arg = spec.partition(":")
     if not arg:
-        raise ConfigError(f"{key}: {kind}: needs its {BUILTINS[kind]} after the colon, e.g. {kind}:"
-                          f"{'answer' if kind in ('match', 'numeric') else '20' if kind == 'length' else '^[0-9]+$'}")
-    if kind == "regex":
+        example = {"length": "20", "regex": "^[0-9]+$", "format": "boxed"}.get(kind, "answer")
+        raise ConfigError(f"{key}: {kind}: needs its {BUILTINS[kind]} after the colon, e.g. {kind}:{example}")
+    if kind == "format":
+        if arg not in FORMATS:
+            raise ConfigError(f"{key}: no format {arg!r}; the formats: {', '.join(FORMATS)}")
+        fn = _format(arg)
+    elif kind == "regex":
         try:
             fn = _regex(arg)
         except re.error as e:
@@ -293,9 +330,10 @@ def _builtin(spec: str, key: str) -> tuple[str, Callable]:
             raise ConfigError(f"{key}: length:N takes a whole number of tokens N >= 1")
         fn = _length(int(arg))
     else:
-        fn = (_match if kind == "match" else _numeric)(arg)
+        fn = {"match": _match, "numeric": _numeric, "math": _math}[kind](arg)
         fn.columns = (arg,)
     return spec, fn
 
 
-BUILTINS = {"match": "COLUMN", "numeric": "COLUMN", "regex": "PATTERN", "length": "N"}
+BUILTINS = {"match": "COLUMN", "numeric": "COLUMN", "math": "COLUMN", "format": "NAME", "regex": "PATTERN",
+            "length": "N"}
