@@ -4,6 +4,8 @@ as a full fine-tune and with LoRA, the same reward function file loaded by both.
     python -m benchmarks.against.grpo_vs_trl                                           # 4 x 8 x 16, 8 steps, 2 rounds
     python -m benchmarks.against.grpo_vs_trl --prompts 2 --generations 4 --new-tokens 8 --steps 2 --repeats 1  # smoke
     python -m benchmarks.against.grpo_vs_trl --json out.json --results benchmarks/results/grpo.md
+    python -m benchmarks.against.grpo_vs_trl --prompt-set word-problems --new-tokens 256 --steps 2 --only trl_full,full \
+        --no-eval                                                   # long completions: GSM8K-style problems, 256 tokens
 
 Needs TRL beside leantrain's environment: `pip install -e '.[bench]' -c constraints.txt` (TRL 1.16 installs beside
 torch 2.13; it is not a leantrain dependency).
@@ -66,13 +68,15 @@ LORA = {"r": 16, "alpha": 32, "dropout": 0.05,
 
 
 def data_files(args) -> tuple[Path, Path]:
-    """The first --steps x --prompts prompts of leantrain's built-in arithmetic task (``data.lm.arithmetic``) and
-    the first --eval-rows of its held-out ones, as JSONL."""
-    from leantrain.data.lm import arithmetic
+    """The first --steps x --prompts prompts of --prompt-set (leantrain's built-in arithmetic task,
+    ``data.lm.arithmetic``: a few tokens answer them; or its GSM8K-style word problems, ``data.lm.word_problems``,
+    asked to reason step by step: completions run to --new-tokens) and the first --eval-rows of its held-out ones, as
+    JSONL."""
+    from leantrain.data.lm import arithmetic, word_problems
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    train, held_out = arithmetic.build()
+    train, held_out = (word_problems if args.prompt_set == "word-problems" else arithmetic).build()
     paths = work / f"train_{args.steps * args.prompts}.jsonl", work / f"eval_{args.eval_rows}.jsonl"
     for path, rows in zip(paths, (train[:args.steps * args.prompts], held_out[:args.eval_rows])):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -219,6 +223,8 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=4, help="prompts per optimizer step (one micro-batch)")
     p.add_argument("--generations", type=int, default=8, help="completions per prompt")
     p.add_argument("--new-tokens", type=int, default=16, help="new tokens at most per completion")
+    p.add_argument("--prompt-set", choices=["arithmetic", "word-problems"], default="arithmetic",
+                   help="the prompts: arithmetic (short answers) or word-problems (reasoning: long completions)")
     p.add_argument("--steps", type=int, default=8, help="optimizer steps (one epoch of steps x prompts prompts)")
     p.add_argument("--eval-rows", type=int, default=100, help="held-out prompts for the greedy reward")
     p.add_argument("--lr-full", type=float, default=3e-5, help="lr of the full fine-tunes (examples/grpo-arithmetic"

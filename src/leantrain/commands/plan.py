@@ -202,7 +202,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     result["trainable_parameters"] = trainable.trainable or result["parameters"]
     if trainable.method != "none" or trainable.frozen:
         result["peft"] = trainable.record(cfg.peft)
-    result.update(data.task.report.plan(model))  # the preference task: each reference choice's cost
+    result.update(data.task.report.plan(model, micro, precision))  # preference: each reference's cost; GRPO: generation
     result["paths"] = paths.record()
     if as_json:
         print(json.dumps(result, indent=2, default=str))
@@ -323,6 +323,8 @@ def print_plan(cfg: Config, r: dict, out=None) -> None:
     _print_paths(r.get("paths") or {}, w)
     if "reference_choices" in r:
         _print_reference(r["reference_choices"], w)
+    if "grpo_generation" in r:
+        _print_generation(r["grpo_generation"], r, w)
     if "recommendations" not in r:
         return
     key = r.get("speed_unit", "samples_per_second")
@@ -349,6 +351,21 @@ def _print_paths(paths: dict, w) -> None:
     for name, c in paths.items():
         value = ("on" if c["value"] else "off") if isinstance(c["value"], bool) else c["value"]
         w(f"    {name:<24} {str(value):<14} {c['reason']}\n")
+
+
+def _print_generation(g: dict, r: dict, w) -> None:
+    """GRPO's generation between the optimizer steps (no gradients, no activations held): the KV cache of its rows,
+    the fused decode step's weight copies and the logits, beside the weights and the optimizer state."""
+    lines = r["lines"]
+    held = sum(lines.get(k, 0) for k in ("framework_overhead", "parameters", "optimizer_state"))
+    peak = held + g["kv_cache_bytes"] + g["decode_copies_bytes"] + g["logits_bytes"]
+    w(f"  generation (between steps: weights and optimizer state held, no gradients): {g['rows']} rows x "
+      f"{g['positions']} positions\n")
+    for label, key in (("KV cache", "kv_cache_bytes"), ("decode step's weight copies", "decode_copies_bytes"),
+                       ("logits", "logits_bytes")):
+        w(f"    {label:<28} {g[key]:>15,} B  {format_bytes(g[key]):>11}\n")
+    where = "below" if peak <= lines["total"] else "ABOVE"
+    w(f"    {'generation peak':<28} {peak:>15,} B  {format_bytes(peak):>11}  ({where} the training peak)\n")
 
 
 def _print_reference(pref: dict, w) -> None:

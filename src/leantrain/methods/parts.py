@@ -333,9 +333,10 @@ class Report(Part):
         perplexity); none by default."""
         return []
 
-    def plan(self, model) -> dict:  # noqa: ANN001
-        """What ``leantrain plan`` adds for this method and model (the preference methods: the memory and time of
-        each reference choice); nothing by default."""
+    def plan(self, model, micro_batch_size: int, precision: str) -> dict:  # noqa: ANN001
+        """What ``leantrain plan`` adds for this method and model at the planned micro-batch and precision (resolved:
+        fp32, bf16, fp16) (the preference methods:
+        the memory and time of each reference choice; GRPO: its generation's memory); nothing by default."""
         return {}
 
 

@@ -89,8 +89,11 @@ def divisors_desc(n: int) -> list[int]:
 
 
 def longest_sequence(cfg: Config, data) -> int:
-    """The sequence length the memory is sized for: data.max_length when padded, else the longest example."""
-    return cfg.data.max_length if cfg.data.batching == "padded" else int(max(data.train["length"]))
+    """The sequence length the memory is sized for: data.max_length when padded, else the longest example; plus the
+    tokens an online method generates after each (GRPO: its training rows are a prompt and a completion)."""
+    longest = cfg.data.max_length if cfg.data.batching == "padded" else int(max(data.train["length"]))
+    generated = data.task.data.generated_tokens()
+    return longest + (generated[0] if generated else 0)
 
 
 def fit_micro_batch(cfg: Config, model, task, per_process: int, seq_len: int, budget: int, precision: str = "fp32",

@@ -157,12 +157,17 @@ def test_leantrain_plan_prints_and_returns_what_train_chooses(grpo):
     root, _, _ = grpo
     args = [*grpo_args(root, root / "unused")[:-1], "efficiency.gradient_checkpointing=true"]  # no output_dir
     run = ok("plan", *args, "--json")
-    paths = json.loads(run.stdout)["paths"]
+    planned = json.loads(run.stdout)
+    paths = planned["paths"]
+    # the training rows are prompts and their completions; generation holds a KV cache of every row's positions
+    gen = planned["grpo_generation"]
+    assert planned["seq_len"] > 8 and gen["positions"] >= 8 and gen["rows"] == 4 * gen["micro_batch_size"]
+    assert gen["kv_cache_bytes"] > 0 and gen["decode_copies_bytes"] > 0 and gen["logits_bytes"] > 0
     assert paths["decode_step"]["value"] == "fused" and paths["gradient_checkpointing"]["value"] is True
     assert paths["shared_prompts"] == {"value": False, "reason": "gradient checkpointing drops the cache "
                                        "(efficiency.gradient_checkpointing=true)"}
     printed = ok("plan", *args).stdout
-    assert "fast paths (as train chooses them):" in printed
+    assert "fast paths (as train chooses them):" in printed and "generation peak" in printed
     assert any(line.split()[:2] == ["decode_step", "fused"] for line in printed.splitlines())
 
 

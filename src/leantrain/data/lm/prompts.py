@@ -2,7 +2,8 @@
 list of ``{role, content}`` messages: conversational) and any other columns, which the reward functions read by name
 (``grpo.rewards``). JSON arrays, JSON lines, CSV and every other source ``data.train`` takes; ``data.eval``, else a
 seeded hold-out of ``data.eval_fraction``. ``data.train`` unset: the built-in arithmetic prompts
-(``leantrain.data.lm.arithmetic``).
+(``leantrain.data.lm.arithmetic``); ``data.train=builtin:word-problems``: the GSM8K-style word problems
+(``leantrain.data.lm.word_problems``), each with its own eval prompts.
 
 DATA CONTRACT (what the GRPO task reads; the names are stable)
 
@@ -30,7 +31,7 @@ import torch
 
 from leantrain.config import DataConfig
 from leantrain.data.caches import using_cache_dir
-from leantrain.data.lm import arithmetic
+from leantrain.data.lm import arithmetic, word_problems
 from leantrain.data.lm import instruction_formats as formats_
 from leantrain.data.lm import preference_formats as pf
 from leantrain.data.lm import rendering as rd
@@ -111,15 +112,34 @@ def _checked(parts: list[Part]) -> None:
         raise data_error(problems)
 
 
+BUILT_IN = {"arithmetic": arithmetic, "word-problems": word_problems}  # data.train=builtin:<name>
+BUILT_IN_PREFIX = "builtin:"
+
+
+def built_in_prompts(train_spec: str | None):  # noqa: ANN201 - a module with files() and DESCRIPTION, or None
+    """The built-in prompt set ``data.train`` names (``builtin:arithmetic``, ``builtin:word-problems``; unset: the
+    arithmetic prompts), or None for the user's own files; an unknown name exits 2 naming the choices."""
+    if train_spec is None:
+        return arithmetic
+    if not str(train_spec).startswith(BUILT_IN_PREFIX):
+        return None
+    name = str(train_spec)[len(BUILT_IN_PREFIX):]
+    if name not in BUILT_IN:
+        raise data_error([f"data.train={train_spec}: no such built-in prompt set; built in: "
+                          f"{', '.join(BUILT_IN_PREFIX + n for n in BUILT_IN)}"])
+    return BUILT_IN[name]
+
+
 def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
                       known_labels=None) -> PreparedData:  # noqa: ANN001
     """Prompt rows (and eval rows), checked: one DataError naming file, line and problem."""
     notes: list[str] = []
     train_spec, eval_spec = cfg.train, cfg.eval
-    if train_spec is None:
-        train_spec, built_in_eval = (str(p) for p in arithmetic.files())
+    built_in = built_in_prompts(train_spec)
+    if built_in is not None:
+        train_spec, built_in_eval = (str(p) for p in built_in.files())
         eval_spec = eval_spec or built_in_eval
-        notes.append(f"data: {arithmetic.DESCRIPTION} (set data.train to use your own)")
+        notes.append(f"data: {built_in.DESCRIPTION} (set data.train to use your own)")
     with using_cache_dir(cfg.cache_dir):
         train, evaluation = open_parts(cfg, train_spec, eval_spec, notes)
     parts = [p for p in (train, evaluation) if p is not None]

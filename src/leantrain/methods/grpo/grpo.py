@@ -139,8 +139,6 @@ class Grpo(CausalLM):
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)  # the grpo.* section
     rewards: tuple = ()  # the reward functions of grpo.rewards, loaded (weights applied)
     reference: str = "none"  # beta > 0: "adapter" (LoRA off) or "live" (a frozen copy); else none
-    micro_batch_size: int | None = None  # prompts a micro-batch holds (``plan``: the KV cache), None: auto
-    precision: str = "auto"  # efficiency.precision (``plan``: the KV cache's element size)
     prompt_tokens: int = 0  # the prompts' budget (data.max_prompt_length or block_size // 2)
     processor: object = dataclasses.field(default=None, compare=False, repr=False)  # the run's tokenizer
     frozen_reference: object = dataclasses.field(default=None, compare=False, repr=False)  # live: the frozen copy
@@ -154,12 +152,11 @@ class Grpo(CausalLM):
         rec = (getattr(model_config, RECORD, None) or {}) if model_config is not None else {}
         given = cfg.grpo.model_fields_set | ({"reward_weights"} if "rewards" in cfg.grpo.model_fields_set else set())
         g = cfg.grpo.model_copy(update={k: v for k, v in rec.items() if k not in given})
-        weights, micro = g.reward_weights, cfg.train.micro_batch_size
+        weights = g.reward_weights
         return dataclasses.replace(
-            self, grpo=g, precision=cfg.efficiency.precision,
+            self, grpo=g,
             rewards=loaded_rewards(tuple(g.rewards), None if weights is None else tuple(weights)) if g.rewards else (),
             reference="none" if g.beta == 0 else "adapter" if cfg.peft.method != "none" else "live",
-            micro_batch_size=micro if isinstance(micro, int) else None,
             prompt_tokens=cfg.data.max_prompt_length or cfg.data.block_size // 2)
 
     def check_config(self, cfg, task: Task) -> None:  # noqa: ANN001 - a Config

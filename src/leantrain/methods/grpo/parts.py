@@ -20,6 +20,8 @@ from leantrain.methods.grpo import rollout as G
 from leantrain.methods.lm.causal_lm import CausalLM
 from leantrain.modeling.generation.decode import backend, pad_id, stop_ids
 from leantrain.modeling.generation.stops import stop_strings
+from leantrain.modeling.fast_paths import DECODE_STEP, decided
+from leantrain.modeling.generation.fast_decode import copied_bytes
 from leantrain.modeling.wrappers import unwrapped
 
 RECORD = "grpo"  # config.json's field: the settings the policy was trained with (the card; eval's default rewards)
@@ -183,16 +185,23 @@ class GrpoReport(CausalLM.parts.report):
                 ("final eval reward (greedy)", ev.get("reward"))]
         return [(k, v) for k, v in rows if v is not None]
 
-    def plan(self, model) -> dict:  # noqa: ANN001
-        """The KV cache generation holds beside training: micro-batch prompts x G completions x (prompt +
-        max_new_tokens) positions, keys and values of every layer, in the model's compute precision."""
+    def plan(self, model, micro_batch_size: int, precision: str) -> dict:  # noqa: ANN001
+        """What generation holds beside the weights and the optimizer state (``leantrain plan``): the KV cache of a
+        micro-batch's prompts x G completions x (prompt + max_new_tokens) positions, keys and values of every layer
+        in the model's compute precision; the fused decode step's weight copies (where the run takes it); the
+        fp32 logits of one token per row, with the sampler's softmax and cumulative sums."""
         c, g = unwrapped(model).config, self.task.grpo
         heads = getattr(c, "num_attention_heads", 1)
         kv_heads = getattr(c, "num_key_value_heads", None) or heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-        rows = (self.task.micro_batch_size or 1) * g.num_generations
+        rows = micro_batch_size * g.num_generations
         positions = self.task.prompt_tokens + g.max_new_tokens
-        element = 2 if self.task.precision in ("bf16", "fp16") else next(unwrapped(model).parameters()).element_size()
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, next(unwrapped(model).parameters()).dtype)
+        element = torch.empty((), dtype=dtype).element_size()
         per_position = 2 * c.num_hidden_layers * kv_heads * head_dim * element
-        return {"grpo_generation": {"rows": rows, "positions": positions, "kv_cache_bytes": rows * positions *
-                                    per_position, "micro_batch_size": self.task.micro_batch_size or "auto"}}
+        fused = decided(unwrapped(model), DECODE_STEP) == "fused"
+        return {"grpo_generation": {
+            "rows": rows, "positions": positions, "kv_cache_bytes": rows * positions * per_position,
+            "decode_copies_bytes": copied_bytes(unwrapped(model), dtype) if fused else 0,
+            "logits_bytes": rows * c.vocab_size * (4 + 4 + 8),  # fp32 logits, probabilities, fp64 cumulative sums
+            "micro_batch_size": micro_batch_size}}

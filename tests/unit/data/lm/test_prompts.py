@@ -182,3 +182,20 @@ def test_data_train_unset_is_the_built_in_arithmetic(tmp_path, monkeypatch):
     assert [m["role"] for m in row["prompt"]] == ["system", "user"] and isinstance(row["answer"], int)
     assert any("built-in arithmetic" in n for n in prepared.notes)
     assert arithmetic.build() == arithmetic.build() and arithmetic.build(seed=1) != arithmetic.build()
+
+
+def test_data_train_names_a_built_in_prompt_set(tmp_path, monkeypatch):
+    """``builtin:word-problems``: the GSM8K-style problems with their own eval prompts, written once into the cache;
+    an unknown name exits 2 naming the key and the choices."""
+    from leantrain.data.lm import word_problems
+
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
+    prepared = SIDE.load_and_validate(cfg(train="builtin:word-problems"), seed=0, batch_size=8)
+    assert (len(prepared.train), len(prepared.eval)) == (word_problems.N_TRAIN, word_problems.N_EVAL)
+    assert {"answer", "solution"} <= set(prepared.train.column_names)
+    assert any("word problems" in n for n in prepared.notes)
+    assert (tmp_path / f"word-problems-v{word_problems.VERSION}" / "train.jsonl").is_file()
+    with pytest.raises(DataError, match=r"data.train=builtin:gsm8k: no such built-in prompt set; built in: "
+                                        r"builtin:arithmetic, builtin:word-problems") as e:
+        SIDE.load_and_validate(cfg(train="builtin:gsm8k"), seed=0, batch_size=8)
+    assert e.value.exit_code == 2
