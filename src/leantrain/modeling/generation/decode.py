@@ -34,6 +34,7 @@ from leantrain.errors import ConfigError, UserError
 from leantrain.heartbeat import work
 from leantrain.modeling.chunked_loss import keeps_logits
 from leantrain.modeling.fast_paths import DECODE_STEP, decided
+from leantrain.modeling.generation import cache_names
 from leantrain.modeling.generation.decode_step import decode_step
 from leantrain.modeling.generation.reserved_cache import reserve
 from leantrain.modeling.generation.sampling import Sampling, pick
@@ -96,7 +97,7 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
     last = {"logits_to_keep": 1} if keeps_logits(model) else {}
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
                 use_cache=True, **last)
-    return out.logits[:, -1].float(), out.cache
+    return out.logits[:, -1].float(), cache_names.returned(out)
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:
