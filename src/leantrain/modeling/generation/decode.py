@@ -18,7 +18,7 @@ whatever autocast the caller opened; in eval mode under ``no_grad`` (the mode re
 weights but the fused step's. Autocast keeps the low-precision copy of a weight for its whole context only when the
 weight is a leaf that requires grad: the frozen weights (LoRA's base model) would be cast again at every decoded
 token, so they are marked as requiring grad for the generation (``casts_kept``: under ``no_grad`` nothing records a
-graph; the same copies, cast once) and put back after. ``backend`` is the seam where another engine (vLLM) plugs in.
+graph; the same copies, cast once) and put back after. ``backends.backend`` picks this engine or vLLM's (``vllm_engine``) for GRPO.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from typing import Callable
 
 import torch
 
-from leantrain.errors import ConfigError, UserError
 from leantrain.heartbeat import work
 from leantrain.modeling.chunked_loss import keeps_logits
 from leantrain.modeling.fast_paths import DECODE_STEP, decided
@@ -156,12 +155,3 @@ def pad_id(tokenizer) -> int:
     pad = getattr(tokenizer, "pad_token_id", None)
     return int(pad if pad is not None else getattr(tokenizer, "eos_token_id", None) or 0)
 
-
-def backend(name: str) -> Callable[..., Rollout]:
-    """The generation engine of ``grpo.generation``: ``auto`` and ``transformers`` are this module's ``generate``."""
-    if name in ("auto", "transformers"):
-        return generate
-    if name == "vllm":
-        raise UserError("grpo.generation=vllm: vLLM is not wired into leantrain yet; use grpo.generation=auto "
-                        "(transformers, with a KV cache)")
-    raise ConfigError(f"grpo.generation={name!r}: expected auto, transformers or vllm")

