@@ -25,6 +25,7 @@ and wakes to be fed; a CPU has no sleep mode, so its engine keeps its memory.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import logging
@@ -127,16 +128,40 @@ class Engine:
 
     @classmethod
     def current(cls, model, settings: VllmSettings) -> "Engine":  # noqa: ANN001
-        """The engine of ``model``'s config and these settings; a different one replaces it (one per process)."""
+        """The engine of ``model`` and these settings: the one built for the same model object (whatever its config
+        says now: a run toggles ``use_cache`` and the like), or for a model of the same architecture and shapes; else a
+        new one replaces it (one per process: its memory is the run's)."""
         base = base_model(unwrapped(model))
-        key = (base.config.to_json_string(), str(parameter_dtype(base)), settings)
-        if cls._instance is None or cls._instance.key != key:
-            cls._instance = None
-            gc.collect()
-            cls._instance = cls(base, settings, key)
+        engine = cls._instance
+        if engine is not None and engine.settings == settings and (engine.model_id == id(base) or
+                                                                    engine.key == identity(base)):
+            engine.model_id = id(base)
+            return engine
+        cls.close_current()
+        cls._instance = cls(base, settings)
         return cls._instance
 
-    def __init__(self, base, settings: VllmSettings, key: tuple):  # noqa: ANN001 - a transformers model
+    @classmethod
+    def close_current(cls) -> None:
+        """This process's engine shut down, if there is one: before another replaces it, and at exit (``atexit``)."""
+        engine, cls._instance = cls._instance, None
+        if engine is not None:
+            engine.close()
+            gc.collect()
+
+    def close(self) -> None:
+        """vLLM's in-process engine shut down now, once. vLLM would do it at exit (a ``weakref.finalize`` holding the
+        engine alive until then) and print a traceback there when the run has destroyed the process groups
+        (``end_processes``), vLLM's among them: its last step, destroying them, then fails, and is let fail quietly."""
+        finalizer = getattr(self.llm.llm_engine.engine_core, "_finalizer", None)
+        if finalizer is None or not finalizer.alive:
+            return
+        try:
+            finalizer()
+        except (ValueError, RuntimeError) as e:  # "Invalid process group specified": gone with the run's
+            log.debug("vLLM shutdown: %s", e)
+
+    def __init__(self, base, settings: VllmSettings):  # noqa: ANN001 - a transformers model
         vllm = imported()
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             raise UserError("grpo.generation=vllm runs in one process for now (one engine per process over a "
@@ -144,7 +169,8 @@ class Engine:
                             "grpo.generation=auto")
         from vllm.platforms import current_platform  # lazy: optional
 
-        self.key, self.signature, self.asleep = key, None, False
+        self.key, self.model_id, self.settings = identity(base), id(base), settings
+        self.signature, self.asleep = None, False
         self.sleeps, self.eagerly = current_platform.is_sleep_mode_available(), current_platform.is_cpu()
         if current_platform.is_cpu() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -164,6 +190,7 @@ class Engine:
                 dtype=parameter_dtype(base), max_model_len=longest, seed=0,
                 gpu_memory_utilization=settings.memory, enable_sleep_mode=self.sleeps,
                 enforce_eager=self.eagerly)
+        atexit.register(Engine.close_current)  # before vLLM's own exit hooks (atexit runs the last registered first)
         log.info("vLLM engine built in %.1f s (%s)", time.perf_counter() - start, config["architectures"][0])
 
     def eager(self):  # noqa: ANN201 - a context manager
@@ -225,6 +252,12 @@ def base_model(model):  # noqa: ANN001, ANN201 - a transformers model, or peft's
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def identity(model) -> tuple:  # noqa: ANN001 - a transformers model
+    """What an engine is built for: the architecture, each weight's name, shape and dtype (the values come later)."""
+    return architecture(model.config), tuple((n.replace(".base_layer.", "."), tuple(p.shape), p.dtype)
+                                             for n, p in model.named_parameters() if ".lora_" not in n)
+
+
 def parameter_dtype(model) -> torch.dtype:  # noqa: ANN001
     """vLLM computes in the weights' dtype (fp32 weights under a bf16 autocast: fp32, closer to the raw model)."""
     return next(model.parameters()).dtype
@@ -237,27 +270,31 @@ def signature(model) -> tuple:  # noqa: ANN001
 
 
 def weights(model):  # noqa: ANN001, ANN201 - an iterator of (HF name, tensor)
-    """The model's weights under their transformers names, each LoRA layer's adapters merged into its base weight
-    (W + scale x B @ A, peft's ``get_delta_weight`` per active adapter: one matrix at a time, no copy of the model)."""
+    """The model's weights under their transformers names, each LoRA layer's adapters merged into its base weight as
+    it is handed over (``merged``: one matrix at a time, no copy of the model)."""
     base = base_model(unwrapped(model))
-    merged = {}
-    for name, module in base.named_modules():
-        if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight"):
-            if getattr(module, "merged", False):
-                continue  # already in the base weight
-            if any(module.lora_magnitude_vector) if hasattr(module, "lora_magnitude_vector") else False:
-                raise UserError("grpo.generation=vllm: DoRA adapters cannot be merged as W + scale x B @ A; use "
-                                "grpo.generation=auto")
-            weight = module.base_layer.weight
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
-            merged[f"{name}.weight"] = weight
+    layers = {f"{name}.weight": m for name, m in base.named_modules()
+              if hasattr(m, "base_layer") and hasattr(m, "get_delta_weight")}
     for name, tensor in base.state_dict().items():
-        if ".lora_" in name or ".lora_magnitude_vector" in name:
+        if ".lora_" in name:
             continue
         name = name.replace(".base_layer.", ".")
-        yield name, merged.get(name, tensor)
+        yield name, merged(layers[name]) if name in layers else tensor
+
+
+def merged(layer) -> torch.Tensor:  # noqa: ANN001 - a peft LoRA layer
+    """W + scale x B @ A of each active adapter (peft's ``get_delta_weight``); W alone when the adapters are merged
+    into it already or switched off."""
+    weight = layer.base_layer.weight
+    if getattr(layer, "merged", False) or getattr(layer, "disable_adapters", False):
+        return weight
+    if any(getattr(layer, "lora_magnitude_vector", ())):
+        raise UserError("grpo.generation=vllm: DoRA adapters cannot be merged as W + scale x B @ A; use "
+                        "grpo.generation=auto")
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A:
+            weight = weight + layer.get_delta_weight(adapter).to(weight.dtype)
+    return weight
 
 
 class process_state_kept:  # noqa: N801 - a context manager read as a phrase
