@@ -17,6 +17,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: make test-vllm r
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: vLLM's CPU default takes nearly all the memory
 
 from leantrain.modeling.generation.decode import generate  # noqa: E402
+from leantrain.report.logs import read_metrics  # noqa: E402
 from leantrain.modeling.generation.sampling import Sampling  # noqa: E402
 from leantrain.modeling.generation.vllm_engine import Engine, VllmSettings  # noqa: E402
 from leantrain.modeling.generation.vllm_engine import generate as vllm_generate  # noqa: E402
@@ -144,3 +145,25 @@ def test_a_model_vllm_cannot_run_exits_2_before_training(tmp_path):
     done = cli_here("train", *grpo_args(root, tmp_path / "run", "grpo.generation=vllm"))
     assert done.returncode == 2 and "heads of 16 dimensions" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_vllm_run_stopped_by_sigterm_resumes(tmp_path):
+    """4 steps; SIGTERM after step 2 (a checkpoint, exit 75), then the same command resumes from step 2 and finishes,
+    a new engine built for it (the stopped run's was shut down with it), as in a new process. Not bitwise the run
+    never stopped, unlike leantrain's engine: at step 3 the same weights, prompts and seeds reach vLLM (checked by
+    hashing them, 2026-12-06), and its samples differ with the engine's history (its batches' order and slots), so only
+    the steps before the stop are compared."""
+    root = write_grpo_files(tmp_path)
+    wide = ["model.config_overrides.hidden_size=128", "model.config_overrides.intermediate_size=256",
+            "train.max_steps=4", "checkpoint.every_steps=1", "grpo.generation=vllm"]
+    ref, resumed = tmp_path / "ref", tmp_path / "resumed"
+    assert cli_here("train", *grpo_args(root, ref, *wide)).returncode == 0
+    stopped = cli_here("train", *grpo_args(root, resumed, *wide), LEANTRAIN_TEST_SIGNAL_AT_STEP="TERM@2")
+    assert stopped.returncode == 75 and not (resumed / "summary.json").exists(), stopped.stderr[-3000:]
+    done = cli_here("train", *grpo_args(root, resumed, *wide))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((resumed / "summary.json").read_text())["train"]["resumed_from_step"] == 2
+    keep = ("step", "loss", "reward", "reward_std", "completions/mean_length", "grad_norm")
+    got, want = ([{k: r[k] for k in keep if k in r} for r in read_metrics(d / "metrics.jsonl") if r["type"] == "train"]
+                 for d in (resumed, ref))
+    assert [r["step"] for r in got] == [1, 2, 3, 4] and got[:2] == want[:2]

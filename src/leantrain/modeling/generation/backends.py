@@ -20,3 +20,9 @@ def backend(name: str, vllm: vllm_engine.VllmSettings | None = None) -> Callable
     if name == "vllm":
         return functools.partial(vllm_engine.generate, settings=vllm or vllm_engine.VllmSettings())
     raise ConfigError(f"grpo.generation={name!r}: expected auto, transformers or vllm")
+
+
+def release() -> None:
+    """The run's end: an engine the run built beside its model shut down (vLLM's: its memory and its process groups,
+    while they still exist), so that the next run in this process starts its own; nothing when none was built."""
+    vllm_engine.Engine.close_current()

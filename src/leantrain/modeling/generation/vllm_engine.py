@@ -143,7 +143,8 @@ class Engine:
 
     @classmethod
     def close_current(cls) -> None:
-        """This process's engine shut down, if there is one: before another replaces it, and at exit (``atexit``)."""
+        """This process's engine shut down, if there is one: at the run's end (``backends.release``), before another
+        replaces it, and at exit (``atexit``)."""
         engine, cls._instance = cls._instance, None
         if engine is not None:
             engine.close()
