@@ -167,3 +167,20 @@ def test_a_vllm_run_stopped_by_sigterm_resumes(tmp_path):
     got, want = ([{k: r[k] for k in keep if k in r} for r in read_metrics(d / "metrics.jsonl") if r["type"] == "train"]
                  for d in (resumed, ref))
     assert [r["step"] for r in got] == [1, 2, 3, 4] and got[:2] == want[:2]
+
+
+def test_what_vllm_cannot_run_is_refused_naming_it():
+    """The checks of ``GrpoModel.check_architecture`` (before any weight loads): an architecture vLLM does not
+    implement, QLoRA's 4-bit base weights; a Llama with heads of 64 dimensions passes."""
+    from transformers import LlamaConfig
+
+    from leantrain.errors import ConfigError
+    from leantrain.modeling.generation.vllm_engine import check_model
+
+    llama = LlamaConfig(hidden_size=128, num_attention_heads=2, architectures=["LlamaForCausalLM"])
+    check_model(llama, where="model.name=tiny")
+    with pytest.raises(ConfigError, match="model.name=x is a NoSuchForCausalLM .*which vLLM does not implement"):
+        check_model(LlamaConfig(hidden_size=128, num_attention_heads=2, architectures=["NoSuchForCausalLM"]),
+                    where="model.name=x")
+    with pytest.raises(ConfigError, match="peft.method=qlora"):
+        check_model(llama, qlora=True)
