@@ -151,8 +151,8 @@ def test_a_vllm_run_stopped_by_sigterm_resumes(tmp_path):
     """4 steps; SIGTERM after step 2 (a checkpoint, exit 75), then the same command resumes from step 2 and finishes,
     a new engine built for it (the stopped run's was shut down with it), as in a new process. Not bitwise the run
     never stopped, unlike leantrain's engine: at step 3 the same weights, prompts and seeds reach vLLM (checked by
-    hashing them, 2026-12-06), and its samples differ with the engine's history (its batches' order and slots), so only
-    the steps before the stop are compared."""
+    hashing them, 2026-12-06) and its samples differ (outside a run the same calls repeat exactly; the cause is not
+    found), so only the steps before the stop are compared."""
     root = write_grpo_files(tmp_path)
     wide = ["model.config_overrides.hidden_size=128", "model.config_overrides.intermediate_size=256",
             "train.max_steps=4", "checkpoint.every_steps=1", "grpo.generation=vllm"]
