@@ -1,18 +1,19 @@
 """vLLM as the generation engine (``grpo.generation=vllm``): the same call and the same ``Rollout`` as
 ``decode.generate``, sampled by a vLLM engine colocated in the training process (TRL's ``vllm_mode="colocate"``).
 
-One engine per process, built at the first call from the model's config alone (``load_format="dummy"``: no weight is
-read from disk, so a model built from a config, loaded from GGUF or under LoRA starts the same way) and fed the
-training model's weights before each generation in which they changed since the last push (``signature``: the
-parameters' in-place version counters, which every optimizer step and every load bumps). vLLM's ``reload_weights``
+One engine per process (shut down at the run's end: ``backends.release``), built at the first call from the model's
+config alone (``load_format="dummy"``: no weight is read from disk, so a model built from a config, loaded from GGUF
+or under LoRA starts the same way) and fed the training model's weights before each generation in which they changed
+since the last push (``signature``: the parameters' in-place version counters, which every optimizer step and every
+load bumps). vLLM's ``reload_weights``
 takes HF names (``weights``: LoRA adapters merged as W + scale x B @ A per layer, no copy of the model) and runs
 ``process_weights_after_loading`` again, which matters on CPU: there vLLM packs each linear layer's weight for
 oneDNN at load and drops the original, so a bare ``model.load_weights`` (what TRL calls) would leave the packed
 copy stale.
 
 Sampling is vLLM's with the caller's settings; its seeds are drawn from the caller's generator (one per prompt, the
-G samples of a prompt seeded by vLLM from it), so a resumed run draws the same seeds; whether vLLM then draws the
-same tokens is vLLM's business (on one machine, one version, it does). Each token's log-prob is vLLM's raw one (the
+G samples of a prompt seeded by vLLM from it), so a resumed run draws the same seeds; vLLM then draws the same
+tokens from the same calls on their own, but not always inside a run (docs/grpo.md: a resume is not bitwise). Each token's log-prob is vLLM's raw one (the
 model's distribution before temperature / top-k / top-p), as ``Rollout.logps`` wants. A row stops at its first token
 of ``eos_ids`` (vLLM's own idea of EOS is switched off: ``ignore_eos``), which the completion keeps, as ours.
 
