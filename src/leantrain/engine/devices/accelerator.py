@@ -14,6 +14,7 @@ import torch
 
 from leantrain.config import Config
 from leantrain.errors import ConfigError
+from leantrain.modeling.generation.backends import release as release_generation
 
 log = logging.getLogger("leantrain")
 
@@ -97,8 +98,9 @@ def make_accelerator(cfg: Config, project_dir: Path | None, mixed_precision: str
 
 
 def end_processes(accelerator) -> None:
-    """The run's end, finished or stopped: trackers closed and the process group destroyed (else gloo aborts at exit
-    under torchrun)."""
+    """The run's end, finished or stopped: a generation engine of its own shut down (vLLM's, which holds process groups
+    too), trackers closed and the process group destroyed (else gloo aborts at exit under torchrun)."""
+    release_generation()
     accelerator.end_training()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -29,6 +29,7 @@ from torch import nn
 from leantrain.modeling.chunked_loss import IGNORE, is_installed
 from leantrain.modeling.fast_paths import SHARED_PROMPTS, checkpointed, or_probe, prompt_cache_refusal
 from leantrain.modeling.token_losses import token_losses
+from leantrain.modeling.generation import cache_names
 from leantrain.modeling.generation.decode import positions
 
 PROMPT_IDS, PROMPT_MASK = "prompt_input_ids", "prompt_attention_mask"
@@ -80,8 +81,8 @@ def shared(model: nn.Module, batch: dict, entropy: bool):
     cache = None
     if head.shape[1]:
         none = torch.zeros(0, dtype=torch.long, device=head.device)  # no output layer on the prompts
-        cache = model(input_ids=head, attention_mask=head_mask, position_ids=positions(head_mask), use_cache=True,
-                      logits_to_keep=none).cache
+        cache = cache_names.returned(model(input_ids=head, attention_mask=head_mask, position_ids=positions(head_mask),
+                                           use_cache=True, logits_to_keep=none))
         cache.batch_repeat_interleave(g)
     # The completion's last token predicts nothing: left out, but by the installed output loss, which has always
     # taken it (the same numbers to rounding: kept so that runs stay bitwise what they were)
@@ -91,7 +92,7 @@ def shared(model: nn.Module, batch: dict, entropy: bool):
     ids = torch.cat([last, batch[COMPLETION_IDS][:, :keep]], dim=1)
     mask = torch.cat([prompt_mask.repeat_interleave(g, dim=0), batch[COMPLETION_MASK][:, :keep].long()], dim=1)
     start = head_mask.sum(-1, keepdim=True).repeat_interleave(g, dim=0)
-    inputs = {"input_ids": ids, "attention_mask": mask, "cache": cache, "use_cache": True,
+    inputs = {"input_ids": ids, "attention_mask": mask, "use_cache": True, **cache_names.passed(cache),
               "position_ids": start + torch.arange(ids.shape[1], device=ids.device)}
     if whole:  # position j predicts token j + 1 of [the prompt's last token, the completion]
         labels = torch.cat([torch.full_like(last, IGNORE), labels], dim=1)

@@ -39,7 +39,9 @@ from leantrain.methods.registry import CardText, Task, register
 from leantrain.methods.seam import StepBatches
 from leantrain.methods.traits import Traits
 from leantrain.modeling.fast_paths import DECODE_STEP, SHARED_PROMPTS
-from leantrain.modeling.generation.decode import backend, pad_id, stop_ids
+from leantrain.modeling.generation import vllm_engine
+from leantrain.modeling.generation.backends import backend
+from leantrain.modeling.generation.decode import pad_id, stop_ids
 from leantrain.modeling.generation.sampling import Sampling
 from leantrain.modeling.generation.stops import stop_strings
 from leantrain.modeling.wrappers import frozen_forward, unwrapped
@@ -86,7 +88,7 @@ class GrpoStep(CausalLM.parts.step):
         generation's first forward."""
         g, tok = self.task.grpo, self.task.tokenizer()
         with accelerator.autocast(), on_first_forward(model, generating):
-            rollout = backend(g.generation)(
+            rollout = self.task.generate(
                 model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=g.num_generations,
                 sampling=self.task.sampling, eos_ids=stop_ids(model, tok), pad_id=pad_id(tok), generator=generator,
                 stop=stop_strings(tok, g.stop))
@@ -160,7 +162,18 @@ class Grpo(CausalLM):
             prompt_tokens=cfg.data.max_prompt_length or cfg.data.block_size // 2)
 
     def check_config(self, cfg, task: Task) -> None:  # noqa: ANN001 - a Config
+        """The ``grpo.*`` keys; with ``grpo.generation=vllm``, that vLLM imports here (exit 2 saying how to install
+        it, before any model loads; the model itself is checked with its config: ``GrpoModel.check_architecture``)."""
         check_grpo_keys(cfg, task)
+        if cfg.grpo.generation == "vllm" and task.traits.labels == "prompts":
+            vllm_engine.imported()
+
+    @property
+    def generate(self):  # noqa: ANN201 - decode.generate's call
+        """The engine of ``grpo.generation`` (``backends``), vLLM's sized for the prompt budget + ``max_new_tokens``."""
+        g = self.grpo
+        settings = vllm_engine.VllmSettings(g.vllm_memory, self.prompt_tokens + g.max_new_tokens)
+        return backend(g.generation, settings)
 
     @property
     def sampling(self) -> Sampling:

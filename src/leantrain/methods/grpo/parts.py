@@ -18,10 +18,11 @@ from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import rewards as R
 from leantrain.methods.grpo import rollout as G
 from leantrain.methods.lm.causal_lm import CausalLM
-from leantrain.modeling.generation.decode import backend, pad_id, stop_ids
-from leantrain.modeling.generation.stops import stop_strings
 from leantrain.modeling.fast_paths import DECODE_STEP, decided
+from leantrain.modeling.generation import vllm_engine
+from leantrain.modeling.generation.decode import pad_id, stop_ids
 from leantrain.modeling.generation.fast_decode import copied_bytes
+from leantrain.modeling.generation.stops import stop_strings
 from leantrain.modeling.wrappers import unwrapped
 
 RECORD = "grpo"  # config.json's field: the settings the policy was trained with (the card; eval's default rewards)
@@ -102,6 +103,13 @@ class GrpoData(CausalLM.parts.data):
 
 
 class GrpoModel(CausalLM.parts.model):
+    def check_architecture(self, cfg, config) -> None:  # noqa: ANN001 - a leantrain Config, a transformers config
+        """A causal LM's checks; with ``grpo.generation=vllm``, a model vLLM can generate for (exit 2 naming it)."""
+        super().check_architecture(cfg, config)
+        if cfg.grpo.generation == "vllm":
+            where = f"model.name={cfg.model.name}" if cfg.model.name else "the model"
+            vllm_engine.check_model(config, qlora=cfg.peft.method == "qlora", where=where)
+
     def bind(self, model, autocast=None):  # noqa: ANN001, ANN201 - a Grpo
         """Bound to the model as it starts training: its precision context (generation, evaluation) and, for a KL
         penalty without LoRA, a frozen copy of it (the reference)."""
@@ -144,7 +152,7 @@ class GrpoEvaluation(CausalLM.parts.evaluation):
         greedy = dataclasses.replace(self.task.sampling, temperature=0.0)
         tok = self.task.tokenizer()
         with self.task.autocast():
-            rollout = backend(self.task.grpo.generation)(
+            rollout = self.task.generate(
                 model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=1, sampling=greedy,
                 eos_ids=stop_ids(model, tok), pad_id=pad_id(tok),
                 stop=stop_strings(tok, self.task.grpo.stop))

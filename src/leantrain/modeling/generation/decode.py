@@ -18,7 +18,7 @@ whatever autocast the caller opened; in eval mode under ``no_grad`` (the mode re
 weights but the fused step's. Autocast keeps the low-precision copy of a weight for its whole context only when the
 weight is a leaf that requires grad: the frozen weights (LoRA's base model) would be cast again at every decoded
 token, so they are marked as requiring grad for the generation (``casts_kept``: under ``no_grad`` nothing records a
-graph; the same copies, cast once) and put back after. ``backend`` is the seam where another engine (vLLM) plugs in.
+graph; the same copies, cast once) and put back after. ``backends.backend`` picks this engine or vLLM's (``vllm_engine``) for GRPO.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Callable
 
 import torch
 
-from leantrain.errors import ConfigError, UserError
 from leantrain.heartbeat import work
 from leantrain.modeling.chunked_loss import keeps_logits
 from leantrain.modeling.fast_paths import DECODE_STEP, decided
+from leantrain.modeling.generation import cache_names
 from leantrain.modeling.generation.decode_step import decode_step
 from leantrain.modeling.generation.reserved_cache import compactable, keep_rows, reserve
 from leantrain.modeling.generation.sampling import Sampling, pick
@@ -98,7 +98,7 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
     last = {"logits_to_keep": 1} if keeps_logits(model) else {}
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
                 use_cache=True, **last)
-    return out.logits[:, -1].float(), out.cache
+    return out.logits[:, -1].float(), cache_names.returned(out)
 
 
 def positions(mask: torch.Tensor) -> torch.Tensor:
@@ -161,12 +161,6 @@ def token_logps(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     return logits.gather(-1, token[:, None])[:, 0] - logits.logsumexp(-1)
 
 
-def completion_mask(ids: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
-    """1 on each row's tokens up to and including its first EOS, 0 after (long, like attention masks)."""
-    hit = torch.isin(ids, eos).long()
-    return ((hit.cumsum(-1) - hit) == 0).long()
-
-
 def stop_ids(model, tokenizer) -> list[int]:
     """The ids that end a completion: the tokenizer's EOS and every EOS of the model's generation config."""
     found = getattr(getattr(unwrapped(model), "generation_config", None), "eos_token_id", None)
@@ -179,12 +173,3 @@ def pad_id(tokenizer) -> int:
     pad = getattr(tokenizer, "pad_token_id", None)
     return int(pad if pad is not None else getattr(tokenizer, "eos_token_id", None) or 0)
 
-
-def backend(name: str) -> Callable[..., Rollout]:
-    """The generation engine of ``grpo.generation``: ``auto`` and ``transformers`` are this module's ``generate``."""
-    if name in ("auto", "transformers"):
-        return generate
-    if name == "vllm":
-        raise UserError("grpo.generation=vllm: vLLM is not wired into leantrain yet; use grpo.generation=auto "
-                        "(transformers, with a KV cache)")
-    raise ConfigError(f"grpo.generation={name!r}: expected auto, transformers or vllm")

@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from leantrain.modeling.generation import fast_decode
+from leantrain.modeling.generation import cache_names, fast_decode
 from leantrain.units import format_bytes
 
 FUSED, TRANSFORMERS = "fused", "transformers"
@@ -58,7 +58,8 @@ def transformers_step(model, cache) -> Callable[..., torch.Tensor]:
     """The decode step through the model's own forward: fp32 logits (rows, V) of one token per row (``Decoder``'s
     signature)."""
     def step(token: torch.Tensor, position: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, cache=cache, use_cache=True)
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position, use_cache=True,
+                    **cache_names.passed(cache))
         return out.logits[:, -1].float()
     return step
 

@@ -27,6 +27,15 @@ class StopStrings:
                                             skip_special_tokens=True)
         return torch.tensor([any(s in t for s in self.strings) for t in tails], dtype=torch.bool, device=ids.device)
 
+    def first_end(self, ids: list[int]) -> int | None:
+        """The length of ``ids`` up to and including the token that first completes a stop string, or None: the
+        same cut as the decode loop's check token by token (for an engine that decodes past it, vLLM's)."""
+        for taken in range(1, len(ids) + 1):
+            tail = self.tokenizer.decode(ids[max(0, taken - self.window):taken], skip_special_tokens=True)
+            if any(s in tail for s in self.strings):
+                return taken
+        return None
+
 
 def stop_strings(tokenizer, strings) -> StopStrings | None:  # noqa: ANN001 - a tokenizer
     """The check for ``strings`` with ``tokenizer``, or None when there are none (no host work per token)."""
