@@ -40,7 +40,7 @@ from leantrain.methods.seam import StepBatches
 from leantrain.methods.traits import Traits
 from leantrain.modeling.fast_paths import DECODE_STEP, SHARED_PROMPTS
 from leantrain.modeling.generation import vllm_engine
-from leantrain.modeling.generation.backends import backend
+from leantrain.modeling.generation.backends import backend, weight_sync
 from leantrain.modeling.generation.decode import pad_id, stop_ids
 from leantrain.modeling.generation.sampling import Sampling
 from leantrain.modeling.generation.stops import stop_strings
@@ -87,6 +87,9 @@ class GrpoStep(CausalLM.parts.step):
         scoring reads the completions); ``generating`` (fault injection, ``StepContext.generating``) called at the
         generation's first forward."""
         g, tok = self.task.grpo, self.task.tokenizer()
+        if self.task.sync_weights is not None:  # another engine's copy of the weights, brought up to date
+            self.task.sync_weights(model)
+            lap("weight_sync", synced=True)
         with accelerator.autocast(), on_first_forward(model, generating):
             rollout = self.task.generate(
                 model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=g.num_generations,
@@ -171,9 +174,17 @@ class Grpo(CausalLM):
     @property
     def generate(self):  # noqa: ANN201 - decode.generate's call
         """The engine of ``grpo.generation`` (``backends``), vLLM's sized for the prompt budget + ``max_new_tokens``."""
+        return backend(self.grpo.generation, self.vllm_settings)
+
+    @property
+    def sync_weights(self):  # noqa: ANN201 - a callable(model) or None
+        """What pushes the trained weights into the engine before it generates (vLLM), or None (leantrain's own)."""
+        return weight_sync(self.grpo.generation, self.vllm_settings)
+
+    @property
+    def vllm_settings(self) -> vllm_engine.VllmSettings:
         g = self.grpo
-        settings = vllm_engine.VllmSettings(g.vllm_memory, self.prompt_tokens + g.max_new_tokens)
-        return backend(g.generation, settings)
+        return vllm_engine.VllmSettings(g.vllm_memory, self.prompt_tokens + g.max_new_tokens)
 
     @property
     def sampling(self) -> Sampling:

@@ -22,6 +22,14 @@ def backend(name: str, vllm: vllm_engine.VllmSettings | None = None) -> Callable
     raise ConfigError(f"grpo.generation={name!r}: expected auto, transformers or vllm")
 
 
+def weight_sync(name: str, vllm: vllm_engine.VllmSettings | None = None) -> Callable[..., None] | None:
+    """What pushes the trained weights into the engine of ``grpo.generation`` before it generates (vLLM's copy of
+    them), or None where the engine samples from the model itself (leantrain's)."""
+    if name == "vllm":
+        return functools.partial(vllm_engine.sync, settings=vllm or vllm_engine.VllmSettings())
+    return None
+
+
 def release() -> None:
     """The run's end: an engine the run built beside its model shut down (vLLM's: its memory and its process groups,
     while they still exist), so that the next run in this process starts its own; nothing when none was built."""

@@ -124,6 +124,12 @@ def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_
     return engine.sample(prompt_ids, prompt_mask, num_generations, sampling, list(eos_ids), pad_id, generator, stop)
 
 
+def sync(model, settings: VllmSettings = VllmSettings()) -> None:  # noqa: ANN001
+    """The model's weights pushed into this process's engine (built at the first call) when they changed: what
+    ``generate`` does first, callable apart so that a step can time it (``time_split``'s ``weight_sync``)."""
+    Engine.current(model, settings).feed(model)
+
+
 class Engine:
     """This process's vLLM engine and what it last received (``signature``); ``current`` builds or reuses it."""
 
