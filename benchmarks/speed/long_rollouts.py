@@ -8,6 +8,7 @@ where the CPU runs it natively. Contenders, interleaved over --rounds, the same 
   hf           transformers ``model.generate(do_sample=True, num_return_sequences=G)`` with the same EOS ids
 
     flock /tmp/leantrain-cpu.lock python -m benchmarks.speed.long_rollouts [--new 256] [--prompts 4] [--rounds 2]
+        [--prompt-set arithmetic]
 
 Measured: new tokens (up to and including each row's EOS) per second of the whole call, the share of rows cut at
 --new (``completions/clipped_ratio``), the mean completion length. Not a test.
@@ -23,15 +24,15 @@ from contextlib import nullcontext
 import torch
 
 from benchmarks.driver.measure import default_precision
-from leantrain.data.lm import word_problems
+from leantrain.data.lm import arithmetic, word_problems
 from leantrain.modeling.generation import decode
 from leantrain.modeling.generation.decode import generate, pad_id, stop_ids
 from leantrain.modeling.generation.sampling import Sampling
 from leantrain.modeling.presets import preset_path
 
 
-def prompts(tok, n: int):
-    rows = word_problems.build()[0][:n]
+def prompts(tok, n: int, prompt_set: str = "word-problems"):
+    rows = (word_problems if prompt_set == "word-problems" else arithmetic).build()[0][:n]
     texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
     tok.padding_side = "left"
     batch = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -71,13 +72,15 @@ def main() -> None:
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--only", default="ours,ours_whole,hf")
+    p.add_argument("--prompt-set", choices=["word-problems", "arithmetic"], default="word-problems",
+                   help="arithmetic: short answers, most rows end long before --new (rows leaving the batch matter)")
     args = p.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = preset_path("smollm2-135m")
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids, mask = prompts(tok, args.prompts)
+    ids, mask = prompts(tok, args.prompts, args.prompt_set)
     bf16 = default_precision() == "bf16"
     runs = {"ours": lambda s: ours(model, tok, ids, mask, args.generations, args.new, s, whole=False),
             "ours_whole": lambda s: ours(model, tok, ids, mask, args.generations, args.new, s, whole=True),
@@ -86,7 +89,7 @@ def main() -> None:
         for r in range(args.rounds):
             for name in args.only.split(","):
                 seconds, lengths = runs[name](r)
-                print(json.dumps({"contender": name, "round": r, "precision": "bf16" if bf16 else "fp32",
+                print(json.dumps({"contender": name, "round": r, "prompt_set": args.prompt_set, "precision": "bf16" if bf16 else "fp32",
                                   "new": args.new, "rows": len(lengths), "seconds": round(seconds, 2),
                                   "new_tokens": int(lengths.sum()),
                                   "new_tokens_per_s": round(float(lengths.sum()) / seconds, 1),

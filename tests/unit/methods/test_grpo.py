@@ -174,3 +174,14 @@ def test_evaluation_is_one_greedy_completion_per_prompt_whatever_num_generations
     assert torch.equal(three, task(3).evaluation.outputs(llama, batch([0, 1, 2]))[0])
     alone = torch.cat([task(4).evaluation.outputs(llama, batch([i]))[0] for i in range(3)])
     assert torch.equal(three, alone)
+
+
+def test_only_another_engine_has_weights_to_push_before_it_generates():
+    """vLLM samples from its own copy of the weights (pushed, and timed as ``weight_sync``); leantrain's engine from
+    the model itself: nothing to push."""
+    from leantrain.modeling.generation import vllm_engine
+
+    own = dataclasses.replace(get_task("grpo"), grpo=GrpoConfig(generation="auto"))
+    assert own.sync_weights is None
+    other = dataclasses.replace(get_task("grpo"), grpo=GrpoConfig(generation="vllm", vllm_memory=0.2))
+    assert other.sync_weights.func is vllm_engine.sync and other.sync_weights.keywords["settings"].memory == 0.2
