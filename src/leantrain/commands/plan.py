@@ -202,7 +202,7 @@ def run_plan(source: str | None, overrides: list[str], memory: str | None = None
     result["trainable_parameters"] = trainable.trainable or result["parameters"]
     if trainable.method != "none" or trainable.frozen:
         result["peft"] = trainable.record(cfg.peft)
-    result.update(data.task.report.plan(model, micro, precision))  # preference: each reference's cost; GRPO: generation
+    result.update(data.task.report.plan(model, per_process, precision))  # preference: each reference's cost; GRPO: generation
     result["paths"] = paths.record()
     if as_json:
         print(json.dumps(result, indent=2, default=str))

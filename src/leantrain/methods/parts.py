@@ -333,9 +333,9 @@ class Report(Part):
         perplexity); none by default."""
         return []
 
-    def plan(self, model, micro_batch_size: int, precision: str) -> dict:  # noqa: ANN001
-        """What ``leantrain plan`` adds for this method and model at the planned micro-batch and precision (resolved:
-        fp32, bf16, fp16) (the preference methods:
+    def plan(self, model, per_process: int, precision: str) -> dict:  # noqa: ANN001
+        """What ``leantrain plan`` adds for this method and model, for ``per_process`` examples a process takes per
+        optimizer step, in ``precision`` (resolved: fp32, bf16, fp16) (the preference methods:
         the memory and time of each reference choice; GRPO: its generation's memory); nothing by default."""
         return {}
 

@@ -161,7 +161,7 @@ def test_leantrain_plan_prints_and_returns_what_train_chooses(grpo):
     paths = planned["paths"]
     # the training rows are prompts and their completions; generation holds a KV cache of every row's positions
     gen = planned["grpo_generation"]
-    assert planned["seq_len"] > 8 and gen["positions"] >= 8 and gen["rows"] == 4 * gen["micro_batch_size"]
+    assert planned["seq_len"] > 8 and gen["positions"] >= 8 and gen["rows"] == 4 * 4  # the step's 4 prompts x G
     assert gen["kv_cache_bytes"] > 0 and gen["decode_copies_bytes"] > 0 and gen["logits_bytes"] > 0
     assert paths["decode_step"]["value"] == "fused" and paths["gradient_checkpointing"]["value"] is True
     assert paths["shared_prompts"] == {"value": False, "reason": "gradient checkpointing drops the cache "

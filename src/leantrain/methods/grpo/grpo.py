@@ -54,12 +54,12 @@ class GrpoStep(CausalLM.parts.step):
         return Sampler(seed, rank)
 
     def batches(self, ctx, micro_batches: list[dict], count) -> StepBatches:  # noqa: ANN001 - a StepContext
-        """Sample and score each micro-batch of prompts, compute the advantages, build the training micro-batches."""
+        """Sample the step's prompts (all this process's micro-batches in one generation), score each micro-batch,
+        compute the advantages, build the training micro-batches."""
         model, acc, g = ctx.model, ctx.accelerator, self.task.grpo
         generator = ctx.state.generator(acc.device) if ctx.state is not None else None
         lap = ctx.lap or (lambda phase, synced=False: None)
-        scored = [self.sample_and_score(model, acc, b, generator, ctx.step + 1, lap,
-                                        ctx.generating if i == 0 else None) for i, b in enumerate(micro_batches)]
+        scored = self.sample_and_score(model, acc, micro_batches, generator, ctx.step + 1, lap, ctx.generating)
         batch_std = G.global_std(scored, acc)
         made, tokens = [], 0
         for s in scored:
@@ -80,23 +80,27 @@ class GrpoStep(CausalLM.parts.step):
         samples = G.samples(scored[0], list(self.task.rewards), g.log_completions) if scored else ()
         return StepBatches(made, units, updates=g.num_iterations, tokens=tokens, samples=samples)
 
-    def sample_and_score(self, model, accelerator, batch: dict, generator, step: int, lap,  # noqa: ANN001
-                         generating=None) -> G.Scored:  # noqa: ANN001 - a callable or None
-        """One micro-batch of prompts answered ``num_generations`` times and scored; ``lap`` (``StepContext.lap``)
+    def sample_and_score(self, model, accelerator, batches: list[dict], generator, step: int, lap,  # noqa: ANN001
+                         generating=None) -> list[G.Scored]:  # noqa: ANN001 - a callable or None
+        """The prompts of ``batches`` (micro-batches) answered ``num_generations`` times in one generation (the
+        training micro-batch is a memory choice; the decode batch is as wide as the step: a step costs as many decode
+        steps whatever the micro-batches), then each micro-batch's completions scored; ``lap`` (``StepContext.lap``)
         told when each phase ends (both end with a host read: the decode loop reads whether every row is done, the
         scoring reads the completions); ``generating`` (fault injection, ``StepContext.generating``) called at the
         generation's first forward."""
         g, tok = self.task.grpo, self.task.tokenizer()
+        ids, mask = G.joined_prompts(batches, pad_id(tok))
         if self.task.sync_weights is not None:  # another engine's copy of the weights, brought up to date
             self.task.sync_weights(model)
             lap("weight_sync", synced=True)
         with accelerator.autocast(), on_first_forward(model, generating):
             rollout = self.task.generate(
-                model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=g.num_generations,
-                sampling=self.task.sampling, eos_ids=stop_ids(model, tok), pad_id=pad_id(tok), generator=generator,
-                stop=stop_strings(tok, g.stop))
+                model, ids, mask, num_generations=g.num_generations, sampling=self.task.sampling,
+                eos_ids=stop_ids(model, tok), pad_id=pad_id(tok), generator=generator, stop=stop_strings(tok, g.stop))
         lap("generation", synced=True)
-        scored = G.score(batch, rollout, tok, list(self.task.rewards), g.num_generations, step)
+        parts = G.split(rollout, [len(b["prompt_input_ids"]) * g.num_generations for b in batches])
+        scored = [G.score(b, part, tok, list(self.task.rewards), g.num_generations, step)
+                  for b, part in zip(batches, parts)]
         lap("scoring", synced=True)
         return scored
 

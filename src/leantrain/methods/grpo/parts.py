@@ -193,16 +193,17 @@ class GrpoReport(CausalLM.parts.report):
                 ("final eval reward (greedy)", ev.get("reward"))]
         return [(k, v) for k, v in rows if v is not None]
 
-    def plan(self, model, micro_batch_size: int, precision: str) -> dict:  # noqa: ANN001
-        """What generation holds beside the weights and the optimizer state (``leantrain plan``): the KV cache of a
-        micro-batch's prompts x G completions x (prompt + max_new_tokens) positions, keys and values of every layer
+    def plan(self, model, per_process: int, precision: str) -> dict:  # noqa: ANN001
+        """What generation holds beside the weights and the optimizer state (``leantrain plan``): the KV cache of the
+        step's prompts on a process (one generation, whatever the micro-batches) x G completions x (prompt +
+        max_new_tokens) positions, keys and values of every layer
         in the model's compute precision; the fused decode step's weight copies (where the run takes it); the
         fp32 logits of one token per row, with the sampler's softmax and cumulative sums."""
         c, g = unwrapped(model).config, self.task.grpo
         heads = getattr(c, "num_attention_heads", 1)
         kv_heads = getattr(c, "num_key_value_heads", None) or heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-        rows = micro_batch_size * g.num_generations
+        rows = per_process * g.num_generations
         positions = self.task.prompt_tokens + g.max_new_tokens
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, next(unwrapped(model).parameters()).dtype)
         element = torch.empty((), dtype=dtype).element_size()
@@ -212,4 +213,4 @@ class GrpoReport(CausalLM.parts.report):
             "rows": rows, "positions": positions, "kv_cache_bytes": rows * positions * per_position,
             "decode_copies_bytes": copied_bytes(unwrapped(model), dtype) if fused else 0,
             "logits_bytes": rows * c.vocab_size * (4 + 4 + 8),  # fp32 logits, probabilities, fp64 cumulative sums
-            "micro_batch_size": micro_batch_size}}
+            "prompts": per_process}}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,8 +25,7 @@ from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import losses as L
 from leantrain.methods.grpo import rewards as R
 
-if TYPE_CHECKING:
-    from leantrain.modeling.generation.decode import Rollout
+from leantrain.modeling.generation.decode import Rollout
 
 IGNORE = F.IGNORE
 SAMPLER_LOGPS = "sampler_logps"  # (rows, C) the sampler's log-probs of the completion tokens, when it reports them
@@ -56,6 +54,29 @@ class Scored:
 
 def repeat(values: list, times: int) -> list:
     return [v for v in values for _ in range(times)]
+
+
+def joined_prompts(batches: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The left-padded prompts of several micro-batches as one batch (ids, mask), each left-padded again to the
+    longest: one generation for the step's prompts."""
+    width = max(b["prompt_input_ids"].shape[1] for b in batches)
+    ids, masks = [], []
+    for b in batches:
+        extra = width - b["prompt_input_ids"].shape[1]
+        ids.append(torch.nn.functional.pad(b["prompt_input_ids"], (extra, 0), value=pad_id))
+        masks.append(torch.nn.functional.pad(b["prompt_attention_mask"], (extra, 0), value=0))
+    return torch.cat(ids), torch.cat(masks)
+
+
+def split(rollout: Rollout, rows: list[int]) -> list[Rollout]:
+    """A rollout of the joined prompts cut back into one per micro-batch (``rows`` each, in order)."""
+    out, start = [], 0
+    for n in rows:
+        cut = slice(start, start + n)
+        out.append(Rollout(rollout.completion_ids[cut], rollout.completion_mask[cut], rollout.truncated[cut],
+                           None if rollout.logps is None else rollout.logps[cut]))
+        start += n
+    return out
 
 
 def score(batch: dict, rollout: Rollout, tokenizer, rewards: list[R.Reward], num_generations: int,

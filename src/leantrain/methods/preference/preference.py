@@ -143,7 +143,7 @@ class PreferenceReport(CausalLM.parts.report):
         return ["## Preference tuning", "",
                 f"Method: {rec.get('loss')}, beta {rec.get('beta')}{extra}; reference: {ref}.", ""]
 
-    def plan(self, model, micro_batch_size: int, precision: str) -> dict:  # noqa: ANN001
+    def plan(self, model, per_process: int, precision: str) -> dict:  # noqa: ANN001
         """Each reference choice with what it costs beside the policy: memory (a frozen copy's weights) and time."""
         inner = unwrapped(model)
         copy_bytes = sum(p.numel() * p.element_size() for n, p in inner.named_parameters() if "lora_" not in n)
