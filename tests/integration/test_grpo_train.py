@@ -62,6 +62,8 @@ def test_the_run_logs_trls_metrics_and_its_completions(grpo):
     assert set(samples[0]) == {"step", "prompt", "completion", "reward", "rewards"}
     assert set(samples[0]["rewards"]) == {"has_digit", "short"}
     assert summary["train"]["tokens_per_second"] > 0
+    assert summary["train"]["generation"] == {"engine": "leantrain (decode.generate)", "max_new_tokens": 8, "stop": [],
+                                              "importance_sampling": False}
     assert summary["eval"]["samples"] == 4 and 0 <= summary["eval"]["reward"] <= 2
 
 

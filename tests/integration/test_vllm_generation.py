@@ -132,7 +132,12 @@ def test_a_grpo_run_generates_with_vllm(tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r.get("type") == "train"]
     assert [r["step"] for r in train] == [1, 2] and all(0 < r["completions/mean_length"] <= 8 for r in train)
-    assert json.loads((out / "summary.json").read_text())["eval"]["samples"] == 4
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eval"]["samples"] == 4
+    generation = summary["train"]["generation"]
+    assert generation["engine"] == "vllm" and generation["importance_sampling"] is True  # auto: on for vLLM
+    # vLLM (fp32 here) against the trainer: the gap measured, and small; its weights pushed, timed apart
+    assert all(r["sampling/logp_diff_max"] < 1e-3 and "weight_sync" in r["time_split"] for r in train)
 
 
 def test_a_model_vllm_cannot_run_exits_2_before_training(tmp_path):

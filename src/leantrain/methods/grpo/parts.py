@@ -174,6 +174,14 @@ class GrpoEvaluation(CausalLM.parts.evaluation):
 
 
 class GrpoReport(CausalLM.parts.report):
+    def summary(self, label_names: list[str]) -> dict:
+        """summary.json's ``train.generation``: the engine that sampled the completions (``paths.decode_step`` is
+        leantrain's own engine's step, which vLLM does not take)."""
+        g = self.task.grpo
+        engine = "vllm" if g.generation == "vllm" else "leantrain (decode.generate)"
+        return {"generation": {"engine": engine, "max_new_tokens": g.max_new_tokens, "stop": list(g.stop),
+                               "importance_sampling": self.task.corrects_sampling}}
+
     def saved_config(self, ev: dict | None) -> dict:
         g = self.task.grpo
         return {RECORD: {"rewards": list(g.rewards), "reward_weights": [r.weight for r in self.task.rewards],
