@@ -68,9 +68,22 @@ def test_need_bytes_puts_the_margin_on_the_training_part_only():
 
 
 def test_longest_sequence_padded_or_the_longest_example():
-    data = SimpleNamespace(train={"length": [5, 41, 17]})
+    from leantrain.methods import get_task
+
+    data = SimpleNamespace(train={"length": [5, 41, 17]}, task=get_task("text-classification"))
     assert longest_sequence(resolve(None, ["data.batching=grouped"]), data) == 41
     assert longest_sequence(resolve(None, ["data.batching=padded", "data.max_length=64"]), data) == 64
+
+
+def test_an_online_methods_rows_are_its_longest_prompt_and_the_tokens_it_generates():
+    """GRPO trains on each prompt followed by up to grpo.max_new_tokens completion tokens: the memory is sized for
+    both (leantrain plan priced the prompt alone before)."""
+    from leantrain.config import resolve as resolved
+    from leantrain.methods import get_task
+
+    cfg = resolved(None, ["model.task=grpo", "grpo.rewards=[numeric:answer]", "grpo.max_new_tokens=256"])
+    data = SimpleNamespace(train={"length": [5, 95, 17]}, task=get_task("grpo").configured(cfg))
+    assert longest_sequence(cfg, data) == 95 + 256
 
 
 def test_cpu_default_budget_is_a_share_of_the_ram_per_local_process(monkeypatch):
