@@ -4,16 +4,16 @@
 One engine per process (shut down at the run's end: ``backends.release``), built at the first call from the model's
 config alone (``load_format="dummy"``: no weight is read from disk, so a model built from a config, loaded from GGUF
 or under LoRA starts the same way) and fed the training model's weights before each generation in which they changed
-since the last push (``signature``: the parameters' in-place version counters, which every optimizer step and every
-load bumps). vLLM's ``reload_weights``
+since the last push (``signature``: the parameters' in-place version counters and sums: a fused optimizer step
+writes the weights without bumping the counters). vLLM's ``reload_weights``
 takes HF names (``weights``: LoRA adapters merged as W + scale x B @ A per layer, no copy of the model) and runs
 ``process_weights_after_loading`` again, which matters on CPU: there vLLM packs each linear layer's weight for
 oneDNN at load and drops the original, so a bare ``model.load_weights`` (what TRL calls) would leave the packed
 copy stale.
 
 Sampling is vLLM's with the caller's settings; its seeds are drawn from the caller's generator (one per prompt, the
-G samples of a prompt seeded by vLLM from it), so a resumed run draws the same seeds; vLLM then draws the same
-tokens from the same calls on their own, but not always inside a run (docs/grpo.md: a resume is not bitwise). Each token's log-prob is vLLM's raw one (the
+G samples of a prompt seeded by vLLM from it), so a resumed run draws the same seeds and vLLM the same tokens (a
+resume is the run that never stopped: tested). Each token's log-prob is vLLM's raw one (the
 model's distribution before temperature / top-k / top-p), as ``Rollout.logps`` wants. A row stops at its first token
 of ``eos_ids`` (vLLM's own idea of EOS is switched off: ``ignore_eos``), which the completion keeps, as ours.
 
@@ -283,9 +283,14 @@ def parameter_dtype(model) -> torch.dtype:  # noqa: ANN001
 
 
 def signature(model) -> tuple:  # noqa: ANN001
-    """Which weights the model has now: each parameter's identity and in-place version (an optimizer step, a noise
-    added under no_grad, a checkpoint loaded all bump it); equal signatures, equal weights."""
-    return tuple((id(p), p._version) for p in unwrapped(model).parameters())
+    """Which weights the model has now: each parameter's identity, in-place version and sum. The version alone is
+    not enough: a fused optimizer step (torch's fused AdamW, leantrain's default) writes the weights without bumping
+    it, and the engine then sampled with the weights of the step before (caught by ``sampling/logp_diff_max``). The
+    sums cost one read of the weights, small beside a push or a generation; equal signatures, equal weights."""
+    params = list(unwrapped(model).parameters())
+    with torch.no_grad():
+        sums = torch.stack([p.detach().sum(dtype=torch.float64) for p in params]).tolist() if params else []
+    return tuple((id(p), p._version, total) for p, total in zip(params, sums))
 
 
 def weights(model):  # noqa: ANN001, ANN201 - an iterator of (HF name, tensor)
