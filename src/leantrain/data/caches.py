@@ -25,6 +25,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Iterator
 
+from leantrain.files import write_atomic
 from leantrain.units import format_bytes
 
 RECORD = "datasets-caches.jsonl"
@@ -34,6 +35,26 @@ _CACHE_DIR: ContextVar[str | None] = ContextVar("leantrain_datasets_cache_dir", 
 
 def leantrain_cache_dir() -> Path:
     return Path(os.environ.get("LEANTRAIN_CACHE") or Path.home() / ".cache" / "leantrain")
+
+
+def write_splits(out_dir: str | os.PathLike, splits) -> tuple[Path, Path]:  # noqa: ANN001 - (train rows, eval rows)
+    """A built-in prompt set's (train, eval) rows written as ``out_dir``/train.jsonl and eval.jsonl, overwriting,
+    each file whole (``write_atomic``); their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = out / "train.jsonl", out / "eval.jsonl"
+    for path, rows in zip(paths, splits):
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+    return paths
+
+
+def cached_splits(folder: str, build) -> tuple[Path, Path]:  # noqa: ANN001 - () -> (train rows, eval rows)
+    """train.jsonl and eval.jsonl of a built-in prompt set, written once into leantrain's cache (``folder``, its
+    version in the name). Safe when several processes call it at once: each file appears whole and every writer
+    writes the same bytes."""
+    out = leantrain_cache_dir() / folder
+    paths = out / "train.jsonl", out / "eval.jsonl"
+    return paths if all(p.is_file() for p in paths) else write_splits(out, build())
 
 
 def datasets_cache_dir() -> str | None:

@@ -16,14 +16,12 @@ two sampling seeds: means 0.16 and 0.28, 8 and 13 of 16 mixed. Generated from a 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
 from pathlib import Path
 
-from leantrain.data.caches import leantrain_cache_dir
-from leantrain.files import write_atomic
+from leantrain.data.caches import cached_splits, write_splits
 
 VERSION = 1
 SEED = 1234
@@ -55,20 +53,12 @@ def build(seed: int = SEED, n_train: int = N_TRAIN, n_eval: int = N_EVAL) -> tup
 
 def write(out_dir: str | os.PathLike) -> tuple[Path, Path]:
     """Write train.jsonl and eval.jsonl into ``out_dir``, overwriting; return their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = out / "train.jsonl", out / "eval.jsonl"
-    for path, rows in zip(paths, build()):
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
-    return paths
+    return write_splits(out_dir, build())
 
 
 def files() -> tuple[Path, Path]:
-    """train.jsonl and eval.jsonl, written once into leantrain's cache (``arithmetic-v<VERSION>``). Safe when several
-    processes call it at once: each file appears whole and every writer writes the same bytes."""
-    out = leantrain_cache_dir() / f"arithmetic-v{VERSION}"
-    paths = out / "train.jsonl", out / "eval.jsonl"
-    return paths if all(p.is_file() for p in paths) else write(out)
+    """train.jsonl and eval.jsonl, written once into leantrain's cache (``arithmetic-v<VERSION>``)."""
+    return cached_splits(f"arithmetic-v{VERSION}", build)
 
 
 if __name__ == "__main__":

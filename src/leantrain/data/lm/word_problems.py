@@ -20,15 +20,13 @@ leantrain's cache), or write them out to read or edit:
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
 from pathlib import Path
 from typing import Callable
 
-from leantrain.data.caches import leantrain_cache_dir
-from leantrain.files import write_atomic
+from leantrain.data.caches import cached_splits, write_splits
 
 VERSION = 1
 SEED = 4321
@@ -152,20 +150,12 @@ def build(seed: int = SEED, n_train: int = N_TRAIN, n_eval: int = N_EVAL) -> tup
 
 def write(out_dir: str | os.PathLike, seed: int = SEED) -> tuple[Path, Path]:
     """Write train.jsonl and eval.jsonl into ``out_dir``, overwriting; return their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = out / "train.jsonl", out / "eval.jsonl"
-    for path, rows in zip(paths, build(seed)):
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
-    return paths
+    return write_splits(out_dir, build(seed))
 
 
 def files() -> tuple[Path, Path]:
-    """train.jsonl and eval.jsonl, written once into leantrain's cache (``word-problems-v<VERSION>``), as
-    ``arithmetic.files``."""
-    out = leantrain_cache_dir() / f"word-problems-v{VERSION}"
-    paths = out / "train.jsonl", out / "eval.jsonl"
-    return paths if all(p.is_file() for p in paths) else write(out)
+    """train.jsonl and eval.jsonl, written once into leantrain's cache (``word-problems-v<VERSION>``)."""
+    return cached_splits(f"word-problems-v{VERSION}", build)
 
 
 if __name__ == "__main__":
