@@ -151,6 +151,8 @@ class GrpoEvaluation(CausalLM.parts.evaluation):
         """Per prompt: the weighted reward of its greedy completion and each function's score (fp64, NaN: none)."""
         greedy = dataclasses.replace(self.task.sampling, temperature=0.0)
         tok = self.task.tokenizer()
+        if self.task.sync_weights is not None:  # another engine's copy of the weights, brought up to date
+            self.task.sync_weights(model)
         with self.task.autocast():
             rollout = self.task.generate(
                 model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=1, sampling=greedy,

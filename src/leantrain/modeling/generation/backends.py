@@ -14,11 +14,12 @@ from leantrain.modeling.generation.decode import Rollout, generate
 
 def backend(name: str, vllm: vllm_engine.VllmSettings | None = None) -> Callable[..., Rollout]:
     """The generation engine of ``grpo.generation``: ``auto`` and ``transformers`` are ``decode.generate``;
-    ``vllm`` is ``vllm_engine.generate`` with ``vllm``'s settings (its memory share, the longest sequence)."""
+    ``vllm`` is ``vllm_engine.generate`` with ``vllm``'s settings (its memory share, the longest sequence), fed by the
+    caller first (``weight_sync``: one read of the weights per generation, timed apart)."""
     if name in ("auto", "transformers"):
         return generate
     if name == "vllm":
-        return functools.partial(vllm_engine.generate, settings=vllm or vllm_engine.VllmSettings())
+        return functools.partial(vllm_engine.generate, settings=vllm or vllm_engine.VllmSettings(), feed=False)
     raise ConfigError(f"grpo.generation={name!r}: expected auto, transformers or vllm")
 
 

@@ -114,13 +114,16 @@ def head_size(config) -> int:  # noqa: ANN001 - a HF config
 
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_generations: int,
              sampling: Sampling, eos_ids, pad_id: int, generator: torch.Generator | None = None,
-             what: str | None = None, stop=None, settings: VllmSettings = VllmSettings()) -> Rollout:  # noqa: ANN001
+             what: str | None = None, stop=None, settings: VllmSettings = VllmSettings(),
+             feed: bool = True) -> Rollout:  # noqa: ANN001
     """``decode.generate``'s call and result, sampled by this process's vLLM engine (built at the first call, fed the
-    model's weights when they changed); ``what`` is unused (vLLM reports no progress here). ``stop``
+    model's weights when they changed; ``feed`` False: the caller has just done that, ``sync``, which reads every
+    weight to tell); ``what`` is unused (vLLM reports no progress here). ``stop``
     (``stops.StopStrings``): each completion cut after the token that completes a stop string, as leantrain's engine
     ends it (the engine has no tokenizer to match text with: it decodes on, and the cut is made here)."""
     engine = Engine.current(model, settings)
-    engine.feed(model)
+    if feed:
+        engine.feed(model)
     return engine.sample(prompt_ids, prompt_mask, num_generations, sampling, list(eos_ids), pad_id, generator, stop)
 
 
