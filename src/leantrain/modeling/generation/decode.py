@@ -133,7 +133,9 @@ def decode(step: Callable[..., torch.Tensor], logits: torch.Tensor, mask: torch.
             token = torch.where(finished, pad_id, pick(logits, sampling, generator, (rows, live)))
             ids[live, taken - 1] = token
             logps[live, taken - 1] = token_logps(logits, token).masked_fill(finished, 0.0)
-            ended = torch.isin(token, eos) if stop is None else torch.isin(token, eos) | stop(ids, live, taken)
+            ended = torch.isin(token, eos)
+            if stop is not None:
+                ended |= stop(ids, live, taken)
             ended &= ~finished
             ends[live] = torch.where(ended, taken, ends[live])
             finished |= ended
