@@ -594,6 +594,34 @@ def grpo_args(root: Path, out: Path, *extra: str) -> list[str]:
             "report.plots=false", "report.progress=none", "efficiency.precision=fp32", f"output_dir={out}", *extra]
 
 
+# ------------------------------------------------------------------------------------------------ distillation
+
+
+def answered_rows(n: int, seed: int) -> list[dict]:
+    """Arithmetic prompts with their ``answer`` and a ``completion`` (the answer as text)."""
+    return [dict(r, completion=r["answer"]) for r in arithmetic_rows(n, seed)]
+
+
+def write_distill_files(root: Path) -> Path:
+    """write_grpo_files(root) (the tiny chat tokenizer, prompts, rewards.py) and root/teacher (a tiny saved Llama with
+    that tokenizer), answered.jsonl (24 prompts with a completion) and answered-eval.jsonl (4); returns root."""
+    write_grpo_files(root)
+    make_tiny_llama(root / "teacher", root / "tok", layers=2, hidden=32)
+    write_jsonl(root / "answered.jsonl", answered_rows(24, 2))
+    write_jsonl(root / "answered-eval.jsonl", answered_rows(4, 3))
+    return root
+
+
+def distill_args(root: Path, out: Path, *extra: str) -> list[str]:
+    """A tiny Llama from a config distilled from root/teacher on write_distill_files(root)'s answered rows: completions
+    of at most 8 tokens, 4 prompts a step in micro-batches of 2, fp32, into ``out``."""
+    return [*TINY_LLAMA, f"model.tokenizer={root / 'tok'}", "model.task=distill", f"distill.teacher={root / 'teacher'}",
+            f"data.train={root / 'answered.jsonl'}", f"data.eval={root / 'answered-eval.jsonl'}",
+            "distill.max_new_tokens=8", "train.batch_size=4", "train.micro_batch_size=2", "train.lr=3e-3",
+            "train.log_every_steps=1", "report.plots=false", "report.progress=none", "efficiency.precision=fp32",
+            f"output_dir={out}", *extra]
+
+
 # ------------------------------------------------------------------------------------------------ memory bounds
 
 

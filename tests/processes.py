@@ -35,13 +35,14 @@ def train_losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["type"] == "train"]
 
 
-def assert_same_training(a: Path, b: Path, atol: float = 2e-5) -> None:
-    """The two run folders end with the same parameters and logged the same per-step losses."""
+def assert_same_training(a: Path, b: Path, atol: float = 2e-5, loss_rel: float = 1e-5) -> None:
+    """The two run folders end with the same parameters and logged the same per-step losses (to ``loss_rel``: a loss
+    near 0 made of near-equal fp32 terms, such as a KL between close distributions, keeps fewer digits)."""
     pa, pb = model_params(a), model_params(b)
     assert pa.keys() == pb.keys()
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=atol, msg=k)
-    assert train_losses(a) == pytest.approx(train_losses(b), rel=1e-5)
+    assert train_losses(a) == pytest.approx(train_losses(b), rel=loss_rel)
 
 
 # One torchrun launch, its 2 workers training several configs in turn: each run's process group meets at a store of
@@ -97,12 +98,12 @@ def train_each(root: Path, runs: list[tuple[Path | None, list[str]]], prelude: s
     assert r.returncode == 0, r.stderr[-4000:]
 
 
-def equals_one_process(path: Path) -> tuple[Path, Path]:
+def equals_one_process(path: Path, loss_rel: float = 1e-5) -> tuple[Path, Path]:
     """The config ``path`` (batch 8, micro-batch 2, 6 steps) trained in this process (1 x accumulation 4) beside its
     2-process run of ``two_processes_each``; both run folders, their training already checked equal."""
     single = train(path, [f"output_dir={path.with_suffix('') / 'single'}"])
     assert single["train"]["accumulation_steps"] == 4 and single["train"]["steps"] == 6
     a, b = path.with_suffix("") / "single", path.with_suffix("") / "p2"
-    assert_same_training(a, b)
+    assert_same_training(a, b, loss_rel=loss_rel)
     assert json.loads((b / "summary.json").read_text())["train"]["accumulation_steps"] == 2
     return a, b

@@ -22,9 +22,10 @@ import torch
 from leantrain import train
 from leantrain.config.read import overrides_tree
 from leantrain.report.logs import read_metrics
-from tests.helpers import (CHATML, SHARED_DATA, TINY_AST, YES_NO, alpaca_rows, grpo_args, make_tiny_chat_tokenizer,
-                           make_tiny_llama, model_params, ner_rows, score_rows, set_rows, shared_data, uneven_rows,
-                           word_rows, write_fsdd4, write_grpo_files, write_jsonl, write_rows)
+from tests.helpers import (CHATML, SHARED_DATA, TINY_AST, YES_NO, alpaca_rows, distill_args, grpo_args,
+                           make_tiny_chat_tokenizer, make_tiny_llama, model_params, ner_rows, score_rows, set_rows,
+                           shared_data, uneven_rows, word_rows, write_distill_files, write_fsdd4, write_grpo_files,
+                           write_jsonl, write_rows)
 from tests.method_tasks import METERED, label_mean, register_methods, unregister_methods
 from tests.processes import equals_one_process, two_processes_each
 
@@ -71,13 +72,16 @@ def _configs(root: Path, bert: Path, llama: Path) -> dict[str, dict]:
 
 def _other_configs(root: Path, bert: Path) -> dict[str, dict]:
     """The metered test method (16 rows, 2 epochs of 2 steps), GRPO, greedy (every process generates what one process
-    would), and audio on an FSDD slice where ../shared/data has one (else its test skips, or fails where the shared
-    data is required); the last three accumulate 2 on 1 process."""
+    would), distillation on the data's completions (off-policy: nothing sampled), and audio on an FSDD slice where
+    ../shared/data has one (else its test skips, or fails where the shared data is required)."""
     grpo = write_grpo_files(root / "grpo-data")
     metered = {"train": str(write_rows(root / "metered-train.csv", word_rows(16, 0, max_words=8, words=YES_NO))),
                "eval": str(write_rows(root / "metered-eval.csv", word_rows(6, 1, max_words=8, words=YES_NO)))}
+    distill = write_distill_files(root / "distill-data")
     configs = {"grpo": overrides_tree(grpo_args(grpo, root / "grpo" / "p2", "train.max_steps=2",
                                                 "grpo.temperature=0.0")),
+               "distill": overrides_tree(distill_args(distill, root / "distill" / "p2", "train.max_steps=6",
+                                                      "train.batch_size=8", "distill.lmbda=0")),
                "metered": {**_config(bert, metered, {"batch_size": 8, "micro_batch_size": 2, "epochs": 2, "lr": 1e-3,
                                                      "log_every_steps": 2, "seed": 3},
                                      checkpoint={"every_steps": 1, "keep": 4}),
@@ -211,6 +215,20 @@ def test_grpo_two_processes_log_the_global_means(two):
     for key in ("reward", "rewards/short/mean", "completions/mean_length", "frac_reward_zero_std"):
         assert first[1][key] == pytest.approx(first[0][key], rel=1e-6), key
     assert first[0]["frac_reward_zero_std"] == 1.0  # greedy: every completion of a group the same
+
+
+def test_distillation_two_processes_accumulation_two_equals_one_process(two):
+    """Off-policy distillation (the data's completions): each micro-batch's divergence summed over its tokens, divided
+    by the step's global token count (a device scalar all-reduced), gives one process's weights and losses; the
+    logged means of both models' log-probs are over both processes' tokens. The divergence of two near-equal tiny
+    models (~0.005 a token) is a difference of fp32 log-probs near -5.8: its last-bit differences move it by ~2e-5
+    of itself."""
+    a, b = equals_one_process(two["distill"], loss_rel=1e-4)
+    ea, eb = _eval(a, b)
+    assert ea["tokens"] == eb["tokens"] and ea["reverse_kl"] == pytest.approx(eb["reverse_kl"], rel=1e-4)
+    first = [next(x for x in read_metrics(d / "metrics.jsonl") if x["type"] == "train") for d in (a, b)]
+    for key in ("kl", "student_logp", "teacher_logp", "completions/mean_length"):
+        assert first[1][key] == pytest.approx(first[0][key], rel=1e-4), key
 
 
 def test_a_methods_step_metrics_are_the_means_over_both_processes(two):

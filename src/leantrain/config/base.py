@@ -41,3 +41,9 @@ class Section(BaseModel):
         """Every number of every section (not the free-form model.config_overrides): finite, sane magnitude."""
         check_number(v)
         return v
+
+    def changed_keys(self) -> list[str]:
+        """The keys whose value is not the default, sorted: what a run gave (the workers read the resolved config,
+        every key written out, so a key counts as given by its value)."""
+        fields = type(self).model_fields
+        return sorted(k for k, f in fields.items() if getattr(self, k) != f.get_default(call_default_factory=True))

@@ -93,16 +93,16 @@ class GrpoConfig(Section):
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
-def check_grpo_keys(cfg, task) -> None:  # noqa: ANN001 - a Config, a leantrain.methods Task
-    """grpo.* keys are for GRPO (a task whose rows are prompts) only; GRPO needs at least one reward function. A key
-    counts as given when its value is not the default (the workers read the resolved config, every key written out)."""
-    online = task.traits.labels == "prompts"
-    if online and not cfg.grpo.rewards:
+def check_grpo_keys(cfg, task, owner: bool) -> None:  # noqa: ANN001 - a Config, a leantrain.methods Task
+    """grpo.* keys are for GRPO (``owner``: the run's task is it) only, but for those another method reads too (its
+    ``GRPO_KEYS_READ``: distillation's eval rewards); GRPO needs at least one reward function. A key counts as given
+    when its value is not the default (the workers read the resolved config, every key written out)."""
+    if owner and not cfg.grpo.rewards:
         raise ConfigError(f"grpo.rewards: {task.name} scores its completions with reward functions and none is "
                           "given; e.g. grpo.rewards=[numeric:answer] or grpo.rewards=[rewards.py:my_reward]")
-    fields = type(cfg.grpo).model_fields
-    given = sorted(k for k, f in fields.items() if getattr(cfg.grpo, k) != f.get_default(call_default_factory=True))
-    if given and not online:
+    read = getattr(task, "GRPO_KEYS_READ", ())
+    given = [k for k in cfg.grpo.changed_keys() if k not in read]
+    if given and not owner:
         raise ConfigError(f"grpo.{given[0]}: for GRPO (model.task=grpo, on prompts) only; this run's task is "
                           f"{task.name}")
 

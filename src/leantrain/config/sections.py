@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import Field, field_validator, model_validator
 
+from leantrain.config.distill import DistillConfig
 from leantrain.config.grpo import GrpoConfig
 from leantrain.config.model_data import DataConfig, ModelConfig
 from leantrain.config.preference import PreferenceConfig, check_preference
@@ -33,6 +34,7 @@ class Config(Section):
     peft: PeftConfig = Field(default_factory=PeftConfig)
     preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
     grpo: GrpoConfig = Field(default_factory=GrpoConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
     output_dir: str | None = Field(None, description="run folder; unset = runs/<date-time>")
 
     @field_validator("output_dir")

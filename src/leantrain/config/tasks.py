@@ -20,6 +20,7 @@ CAUSAL_LM = "causal-lm"
 PREFERENCE = "preference"
 REWARD_MODEL = "reward-model"
 GRPO = "grpo"
+DISTILL = "distill"
 
 CLASSIFICATION_METRICS = ("accuracy", "f1_macro", "mcc", "loss")  # mcc: two classes only
 REGRESSION_METRICS = ("pearson", "spearman", "mse", "mae", "loss")
@@ -76,3 +77,5 @@ register_spec(TaskSpec(CAUSAL_LM, "tokens", "", ("loss", "perplexity"), lower_is
 register_spec(TaskSpec(PREFERENCE, "pairs-or-feedback", "", PREFERENCE_METRICS))
 register_spec(TaskSpec(REWARD_MODEL, "scored-pairs", "regression", REWARD_MODEL_METRICS))
 register_spec(TaskSpec(GRPO, "prompts", "", ("reward",), lower_is_better=()))  # the eval reward is its metric
+register_spec(TaskSpec(DISTILL, "prompts", "", ("kl", "reverse_kl", "forward_kl"),  # the eval divergence to the teacher
+                       lower_is_better=("kl", "reverse_kl", "forward_kl")))

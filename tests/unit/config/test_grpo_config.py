@@ -51,16 +51,18 @@ def test_a_bad_value_exits_2_naming_the_key(overrides, says):
     assert e.value.exit_code == 2
 
 
-def test_grpo_keys_are_refused_on_a_task_that_does_not_read_prompts():
+def test_grpo_keys_are_refused_on_a_task_that_does_not_read_them():
     cfg = resolve(None, ["grpo.num_generations=4"])
-    for name in ("causal-lm", "preference", "text-classification"):
+    for name in ("causal-lm", "preference", "text-classification", "distill"):
         with pytest.raises(ConfigError, match=f"grpo.num_generations: for GRPO .* this run's task is {name}"):
-            check_grpo_keys(cfg, get_task(name))
-    check_grpo_keys(resolve(None, []), get_task("causal-lm"))  # the defaults are set on every run
+            check_grpo_keys(cfg, get_task(name), owner=False)
+    check_grpo_keys(resolve(None, []), get_task("causal-lm"), owner=False)  # the defaults are set on every run
+    # distillation reads the reward functions (its eval's reward), no other grpo key
+    check_grpo_keys(resolve(None, ["grpo.rewards=[numeric:answer]"]), get_task("distill"), owner=False)
 
 
-def test_a_prompts_task_takes_its_keys_and_needs_a_reward():
-    online = get_task("causal-lm").with_traits(labels="prompts")  # the GRPO task's record: its rows are prompts
-    check_grpo_keys(resolve(None, ["grpo.rewards=[numeric:answer]", "grpo.num_generations=4"]), online)
+def test_grpo_takes_its_keys_and_needs_a_reward():
+    grpo = get_task("grpo")
+    check_grpo_keys(resolve(None, ["grpo.rewards=[numeric:answer]", "grpo.num_generations=4"]), grpo, owner=True)
     with pytest.raises(ConfigError, match="grpo.rewards: .* none is given"):
-        check_grpo_keys(resolve(None, ["grpo.num_generations=4"]), online)
+        check_grpo_keys(resolve(None, ["grpo.num_generations=4"]), grpo, owner=True)

@@ -34,7 +34,7 @@ def test_the_records_say_what_each_task_is():
     assert image.media_inputs and not image.tokenized
     assert get_task("reward-model").traits.paired and get_task("reward-model").traits.sequence_classifier
     assert not get_task("preference").traits.evaluated_by_rows and get_task("multi-label").traits.evaluated_by_rows
-    assert [n for n, t in TASKS.items() if t.traits.generates] == ["causal-lm", "preference", "grpo"]
+    assert [n for n, t in TASKS.items() if t.traits.generates] == ["causal-lm", "preference", "grpo", "distill"]
     grpo = get_task("grpo").traits  # labelled by prompts, not by what a row's prediction is compared with
     assert (grpo.speed_unit, grpo.evaluated_by_rows, grpo.uniform_token_gradients) == ("tokens", False, False)
 

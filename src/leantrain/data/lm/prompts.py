@@ -22,6 +22,7 @@ column).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Any, Callable
@@ -46,6 +47,8 @@ from leantrain.errors import DataError
 
 log = logging.getLogger("leantrain")
 PROMPT = "prompt"
+ANSWER = "completion"  # distillation: the prompt's answer (off-policy steps train on it)
+MESSAGES = "messages"
 ANSWERED = ("completion", "response", "output", "chosen", "rejected")  # a column that answers the prompt: other data
 NOT_AUTO = (*ANSWERED, "label")  # model.task=auto: a label beside a prompt is feedback or classification data
 ROLES = ("system", "user", "assistant", "tool")
@@ -69,12 +72,13 @@ def refuse_prompts(ds: datasets.Dataset, where: str) -> None:
                         "functions (grpo.rewards), or add a completion column for SFT")
 
 
-def _not_prompts(part: Part) -> str | None:
-    """What is wrong with a part's columns for this side, or None."""
+def _not_prompts(part: Part, answers: bool = False) -> str | None:
+    """What is wrong with a part's columns for this side, or None; ``answers``: a ``completion`` column is read
+    (distillation's prompt + completion rows)."""
     columns = part.ds.column_names
     if PROMPT not in columns:
         return f"{part.where}: no {PROMPT!r} column; columns found: {', '.join(columns) or 'none'} ({DESCRIPTION})"
-    answered = [c for c in ANSWERED if c in columns]
+    answered = [c for c in ANSWERED if c in columns and not (answers and c == ANSWER)]
     if answered:
         kind = "preference data (model.task=preference)" if pf.table_format(part.ds) is not None else \
             "instruction data (supervised fine-tuning: model.task=causal-lm)"
@@ -101,15 +105,59 @@ def read_prompt(value: Any) -> str | list[dict[str, str]]:
     return messages
 
 
-def _checked(parts: list[Part]) -> None:
+def read_completion(value: Any) -> str:
+    """A row's completion checked: a non-empty text, or one assistant message (TRL's conversational prompt +
+    completion rows); its text. Raises ValueError saying what is wrong."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict) \
+            and value[0].get("role") == "assistant":
+        value = value[0].get("content")
+    if not isinstance(value, str):
+        raise ValueError(f"{ANSWER!r} is {type(value).__name__}, not a text or one assistant message")
+    if not value.strip():
+        raise ValueError(f"{ANSWER!r} is empty")
+    return value
+
+
+def _read_row(row: dict, answers: bool) -> None:
+    read_prompt(row[PROMPT])
+    if answers and ANSWER in row:
+        read_completion(row[ANSWER])
+
+
+def _checked(parts: list[Part], answers: bool = False) -> None:
     problems = []
     for part in parts:
-        wrong = _not_prompts(part)
+        wrong = _not_prompts(part, answers)
         problems += [wrong] if wrong else formats_.check_rows(
             part.ds, PROMPT, part.where, name_row=lambda i, p=part: p.rows([i]),
-            convert=lambda row, _: read_prompt(row[PROMPT]))
+            convert=lambda row, _: _read_row(row, answers))
     if problems:
         raise data_error(problems)
+
+
+def _split_conversations(parts: list[Part]) -> list[Part]:
+    """Parts of ``messages`` rows (a conversation ending with the assistant's turn, TRL's conversational format) as
+    ``prompt`` (the turns before) + ``completion`` (the last turn's text) rows; other parts as they are."""
+    out = []
+    for part in parts:
+        columns = part.ds.column_names
+        if PROMPT in columns or MESSAGES not in columns:
+            out.append(part)
+            continue
+
+        def split(row: dict) -> dict:
+            turns = list(row[MESSAGES] or [])
+            last = turns[-1] if turns else {}
+            answered = isinstance(last, dict) and last.get("role") == "assistant"
+            return {PROMPT: turns[:-1] if answered else turns, ANSWER: last.get("content") if answered else None}
+
+        ds = part.ds.map(split, remove_columns=[MESSAGES], desc="Splitting conversations")
+        missing = [i for i, c in enumerate(ds[ANSWER]) if c is None]
+        if missing:
+            raise data_error([f"{part.where}: {part.rows(missing)}: the conversation does not end with an assistant "
+                              "turn (the completion to learn)"])
+        out.append(dataclasses.replace(part, ds=ds))
+    return out
 
 
 BUILT_IN = {"arithmetic": arithmetic, "word-problems": word_problems}  # data.train=builtin:<name>
@@ -130,9 +178,10 @@ def built_in_prompts(train_spec: str | None):  # noqa: ANN201 - a module with fi
     return BUILT_IN[name]
 
 
-def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
-                      known_labels=None) -> PreparedData:  # noqa: ANN001
-    """Prompt rows (and eval rows), checked: one DataError naming file, line and problem."""
+def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labels=None,  # noqa: ANN001
+                      answers: bool = False) -> PreparedData:
+    """Prompt rows (and eval rows), checked: one DataError naming file, line and problem. ``answers``: prompts may
+    come with a ``completion`` (or as ``messages`` conversations: the last turn is the completion)."""
     notes: list[str] = []
     train_spec, eval_spec = cfg.train, cfg.eval
     built_in = built_in_prompts(train_spec)
@@ -142,8 +191,10 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
         notes.append(f"data: {built_in.DESCRIPTION} (set data.train to use your own)")
     with using_cache_dir(cfg.cache_dir):
         train, evaluation = open_parts(cfg, train_spec, eval_spec, notes)
+    if answers:
+        train, evaluation = (_split_conversations([p])[0] if p is not None else None for p in (train, evaluation))
     parts = [p for p in (train, evaluation) if p is not None]
-    _checked(parts)
+    _checked(parts, answers)
     if cfg.template not in ("auto", "chat", "plain"):
         rd.check_template(cfg.template)
     train_ds, eval_ds = train.ds, evaluation.ds if evaluation is not None else None
@@ -160,13 +211,15 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
     eval_ds = first_rows(eval_ds, cfg.max_eval_samples, "data.max_eval_samples", "eval", notes)
     conversational = not isinstance(train_ds[0][PROMPT], str)
     others = [c for c in train_ds.column_names if c != PROMPT]
-    notes.append(f"data: prompts ({'messages' if conversational else 'texts'}), other columns for the rewards: "
-                 f"{', '.join(others) or 'none'}")
+    answered = answers and ANSWER in train_ds.column_names
+    notes.append(f"data: prompts ({'messages' if conversational else 'texts'})"
+                 + (f" with completions, other columns: {', '.join(c for c in others if c != ANSWER) or 'none'}"
+                    if answered else f", other columns for the rewards: {', '.join(others) or 'none'}"))
     warnings = source_warnings(parts)
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training prompts, fewer than one batch (train.batch_size={batch_size})")
     shown = "messages" if conversational else "text"  # how sample prompts are rendered
-    columns = {"format": "prompts", "prompt": shown,
+    columns = {"format": "prompts", "prompt": shown, **({"answered": answered} if answers else {}),
                "first_rows": train_ds.select(range(min(FIRST_ROWS, len(train_ds)))).to_list()}  # the rewards' dry call
     return PreparedData(train_ds, eval_ds, [], columns, notes, warnings,
                         room=functools.partial(too_long, parts, cfg))
@@ -201,10 +254,13 @@ def too_long(parts: list[Part], cfg: DataConfig, tokenizer: Callable[[], Any], n
     return problems
 
 
-def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_labels=None):  # noqa: ANN001, ANN201
-    """One source of prompts for ``eval``: (rows, notes)."""
+def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_labels=None,  # noqa: ANN001, ANN201
+              answers: bool = False):
+    """One source of prompts for ``eval``: (rows, notes); ``answers`` as ``load_and_validate``'s."""
     part = open_rows(path, cfg)
-    _checked([part])
+    if answers:
+        part = _split_conversations([part])[0]
+    _checked([part], answers)
     return part.ds, [f"data: prompts from {part.name}"]
 
 
@@ -225,11 +281,32 @@ def render_prompt(prompt: str | list[dict[str, str]], tokenizer, rendering: rd.R
     return ids[:last_run(mask)[0]]
 
 
+def render_answered(prompt: str | list[dict[str, str]], completion: str, tokenizer, rendering: rd.Rendering,  # noqa: ANN001
+                    system_prompt: str | None = None) -> tuple[list[int], list[int]]:
+    """(prompt ids, completion ids) of a prompt and its answer as SFT renders the row and trains on it: the completion
+    is the last run of SFT's response mask (the template's end-of-turn or the EOS included), the prompt what comes
+    before it."""
+    if rendering.mode == "raw":
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else read_prompt(prompt)
+        messages = with_system(messages, {}, system_prompt)
+    ids, mask = rd.render([*messages, {"role": "assistant", "content": read_completion(completion)}], tokenizer,
+                          rendering)
+    start, end = last_run(mask)
+    return ids[:start], ids[start:end]
+
+
 def _encode(batch: dict[str, list], tokenizer, rendering: rd.Rendering, budget: int,  # noqa: ANN001
             system_prompt: str | None) -> dict[str, list]:
-    ids = [render_prompt(p, tokenizer, rendering, system_prompt) for p in batch[PROMPT]]
+    if ANSWER in batch:
+        pairs = [render_answered(p, c, tokenizer, rendering, system_prompt)
+                 for p, c in zip(batch[PROMPT], batch[ANSWER])]
+        ids, answers = [p for p, _ in pairs], {"completion_input_ids": [c for _, c in pairs]}
+    else:
+        ids, answers = [render_prompt(p, tokenizer, rendering, system_prompt) for p in batch[PROMPT]], {}
     return {"prompt_input_ids": [x[-budget:] for x in ids], "length": [min(len(x), budget) for x in ids],
-            "trimmed": [len(x) > budget for x in ids]}
+            "trimmed": [len(x) > budget for x in ids], **answers}
 
 
 def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig,  # noqa: ANN001
@@ -256,9 +333,10 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig,  # noqa: ANN0
 
 class PromptCollator:
     """Prompt rows -> left-padded ``prompt_input_ids`` / ``prompt_attention_mask``, ``loss_weight``, and the
-    prompts and other columns as lists."""
+    prompts and other columns as lists; rows with a completion also right-padded ``completion_ids`` /
+    ``completion_mask``."""
 
-    TENSORS = ("prompt_input_ids", "length", "loss_weight")
+    TENSORS = ("prompt_input_ids", "length", "loss_weight", "completion_input_ids")
 
     def __init__(self, pad_token_id: int):
         self.pad_token_id = int(pad_token_id)
@@ -272,9 +350,22 @@ class PromptCollator:
             ids[i, width - k:] = torch.as_tensor(r["prompt_input_ids"], dtype=torch.long)
             mask[i, width - k:] = 1
         others = [c for c in rows[0] if c not in self.TENSORS and c != PROMPT]
-        return {"prompt_input_ids": ids, "prompt_attention_mask": mask,
-                "loss_weight": torch.tensor([float(r.get("loss_weight", 1.0)) for r in rows], dtype=torch.float32),
-                PROMPT: [r[PROMPT] for r in rows], "columns": {c: [r[c] for r in rows] for c in others}}
+        out = {"prompt_input_ids": ids, "prompt_attention_mask": mask,
+               "loss_weight": torch.tensor([float(r.get("loss_weight", 1.0)) for r in rows], dtype=torch.float32),
+               PROMPT: [r[PROMPT] for r in rows], "columns": {c: [r[c] for r in rows] for c in others}}
+        if "completion_input_ids" in rows[0]:
+            out["completion_ids"], out["completion_mask"] = self.completions([r["completion_input_ids"] for r in rows])
+        return out
+
+    def completions(self, answers: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' completions right-padded with the pad id (ids, mask)."""
+        width = max(1, max(len(a) for a in answers))
+        ids = torch.full((len(answers), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(answers), width), dtype=torch.long)
+        for i, a in enumerate(answers):
+            ids[i, :len(a)] = torch.as_tensor(a, dtype=torch.long)
+            mask[i, :len(a)] = 1
+        return ids, mask
 
 
 def collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0,  # noqa: ANN001

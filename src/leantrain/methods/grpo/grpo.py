@@ -171,8 +171,9 @@ class Grpo(CausalLM):
     def check_config(self, cfg, task: Task) -> None:  # noqa: ANN001 - a Config
         """The ``grpo.*`` keys; with ``grpo.generation=vllm``, that vLLM imports here (exit 2 saying how to install
         it, before any model loads; the model itself is checked with its config: ``GrpoModel.check_architecture``)."""
-        check_grpo_keys(cfg, task)
-        if cfg.grpo.generation == "vllm" and task.traits.labels == "prompts":
+        owner = isinstance(task, Grpo)
+        check_grpo_keys(cfg, task, owner)
+        if cfg.grpo.generation == "vllm" and owner:
             vllm_engine.imported()
 
     @property

@@ -53,9 +53,7 @@ LOSS_SETTINGS = ("loss", "beta", "gamma", "label_smoothing", "desirable_weight",
 def check_preference_keys(cfg, task: Task) -> None:  # noqa: ANN001 - a Config
     """preference.* keys are for preference tuning and reward models (chosen / rejected data) only. A key counts as
     given when its value is not the default (the workers read the resolved config, every key written out)."""
-    fields = type(cfg.preference).model_fields
-    given = sorted(k for k, f in fields.items()
-                   if getattr(cfg.preference, k) != f.get_default(call_default_factory=True))
+    given = cfg.preference.changed_keys()
     if given and not task.traits.paired:
         raise ConfigError(f"preference.{given[0]}: for preference tuning and reward models only; this run's task is "
                           f"{task.name} (chosen / rejected or prompt / completion / label data make model.task=auto "

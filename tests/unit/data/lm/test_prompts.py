@@ -199,3 +199,59 @@ def test_data_train_names_a_built_in_prompt_set(tmp_path, monkeypatch):
                                         r"builtin:arithmetic, builtin:word-problems") as e:
         SIDE.load_and_validate(cfg(train="builtin:gsm8k"), seed=0, batch_size=8)
     assert e.value.exit_code == 2
+
+
+# ------------------------------------------------------------------------------------------------ answered prompts
+# (distillation: model.task=distill reads a completion beside each prompt; GRPO's side refuses one, tested above)
+
+
+def answered(tmp_path, tok, rows, **data):
+    c = cfg(train=write(tmp_path / "train.jsonl", rows), eval=write(tmp_path / "eval.jsonl", rows[:1]), **data)
+    prepared = SIDE.load_and_validate(c, seed=0, batch_size=1, answers=True)
+    return prepared, SIDE.process(prepared.train, tok, c, desc="Processing train")
+
+
+@pytest.mark.parametrize("kind", ["chat", "generation", "plain"])
+def test_a_prompt_and_its_completion_are_the_tokens_sft_renders_and_trains_on(tmp_path, tokenizers, kind):
+    """Messages + completion, TRL's conversational prompt + completion (the completion as one assistant message) and
+    a messages conversation give the same ids: the prompt SFT renders before the answer, then the answer's tokens
+    with what the template closes the turn with (SFT's response mask)."""
+    tok = tokenizers[kind]
+    messages = [{"role": "user", "content": Q}]
+    rendering = rd.choose_rendering(tok, "auto", "messages")
+    ids, mask = rd.render([*messages, {"role": "assistant", "content": A}], tok, rendering)
+    want = [ids[i] for i, m in enumerate(mask) if m]
+    for row in ({"prompt": messages, "completion": A}, {"prompt": messages, "completion": [{"role": "assistant",
+                                                                                           "content": A}]},
+                {"messages": [*messages, {"role": "assistant", "content": A}]}):
+        prepared, out = answered(tmp_path, tok, [row])
+        assert out[0]["prompt_input_ids"] == sft_prompt_ids(tok, messages)
+        assert out[0]["completion_input_ids"] == want and prepared.columns["answered"] is True
+    if kind == "chat":
+        assert tok.decode(want).endswith("<|im_end|>\n")
+
+
+def test_a_text_prompt_and_completion_are_joined_as_they_are_with_the_eos(tmp_path, tokenizers):
+    tok = tokenizers["chat"]
+    _, out = answered(tmp_path, tok, [{"prompt": Q, "completion": " 4"}])
+    assert tok.decode(out[0]["prompt_input_ids"]) == Q
+    assert tok.decode(out[0]["completion_input_ids"]) == " 4<|endoftext|>"
+    batch = SIDE.collator(tok, cfg(), train=True)([out[0], {**out[0], "completion_input_ids": [5]}])
+    assert batch["completion_mask"].tolist() == [[1] * len(out[0]["completion_input_ids"]),
+                                                 [1] + [0] * (len(out[0]["completion_input_ids"]) - 1)]
+    assert batch["completion_ids"][1, 1:].eq(tok.pad_token_id or tok.eos_token_id).all()
+
+
+def test_prompts_alone_are_read_and_say_they_have_no_completion(tmp_path, tokenizers):
+    prepared, out = answered(tmp_path, tokenizers["chat"], [{"prompt": Q}])
+    assert prepared.columns["answered"] is False and "completion_input_ids" not in out.column_names
+
+
+@pytest.mark.parametrize("rows,says", [
+    ([{"prompt": Q, "completion": "  "}], r"train.jsonl: line 1: 'completion' is empty"),
+    ([{"prompt": Q, "completion": 4}], r"line 1: 'completion' is int, not a text or one assistant message"),
+    ([{"messages": [{"role": "user", "content": Q}]}], r"line 1: the conversation does not end with an assistant turn"),
+])
+def test_a_bad_completion_is_named_by_file_and_line(tmp_path, tokenizers, rows, says):
+    with pytest.raises(DataError, match=says):
+        answered(tmp_path, tokenizers["chat"], rows)
