@@ -90,7 +90,10 @@ def test_under_rloo_a_row_with_no_other_scored_row_in_its_group_gets_no_advantag
     assert not adv.isnan().any()
 
 
-def test_the_default_baseline_is_grpo_and_an_unknown_one_is_refused():
+def test_the_default_advantage_is_grpo_and_an_unknown_one_is_refused():
+    from leantrain.config.grpo import GrpoConfig
+
+    assert GrpoConfig().advantage == "grpo"
     for scale in ("none", "group", "batch"):
         default, _ = L.advantages(RLOO_REWARDS, 4, scale)
         named, _ = L.advantages(RLOO_REWARDS, 4, scale, baseline="grpo")
