@@ -6,6 +6,7 @@ One LoRA run (KL against the adapters-off model, two updates per rollout) is sha
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -72,10 +73,35 @@ def test_the_lora_policy_loads_as_a_text_generator_without_peft(grpo):
 
     _, out, _ = grpo
     assert not (out / "model" / "adapter_config.json").exists()
-    assert json.loads((out / "model" / "config.json").read_text())["grpo"]["num_generations"] == 4
+    record = json.loads((out / "model" / "config.json").read_text())["grpo"]
+    assert record["num_generations"] == 4 and record["advantage"] == "grpo"  # the default baseline, recorded
     generated = pipeline("text-generation", model=str(out / "model"))("What is 2 + 3?", max_new_tokens=4,
                                                                       do_sample=False)
     assert generated[0]["generated_text"].startswith("What is 2 + 3?")
+
+
+def test_rloo_advantages_train_and_are_recorded_in_the_saved_model(grpo, monkeypatch):
+    """grpo.advantage=rloo (RLOO's leave-one-out baseline) with TRL's RLOO scaling (grpo.scale_rewards=none), 2 steps:
+    the step hands the baseline to losses.advantages, the run finishes, and the saved model records it (config.json's
+    grpo record, the card's GRPO line)."""
+    from leantrain.methods.grpo import losses as L
+
+    root, _, _ = grpo
+    out, seen, advantages = root / "rloo", [], L.advantages
+
+    def spy(*args, **kwargs):
+        seen.append((args[2:], kwargs))
+        return advantages(*args, **kwargs)
+
+    monkeypatch.setattr(L, "advantages", spy)
+    summary = train(None, grpo_args(root, out, "train.max_steps=2", "grpo.advantage=rloo", "grpo.scale_rewards=none"))
+    assert summary["train"]["steps"] == 2
+    assert seen and all(a[0] == "none" and a[2] == "rloo" for a, _ in seen)  # (scale, batch_std, baseline)
+    losses = [r["loss"] for r in read_metrics(out / "metrics.jsonl") if r["type"] == "train"]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    record = json.loads((out / "model" / "config.json").read_text())["grpo"]
+    assert record["advantage"] == "rloo" and record["scale_rewards"] == "none"
+    assert "RLOO's leave-one-out baseline" in (out / "model" / "README.md").read_text()
 
 
 def test_leantrain_eval_gives_the_runs_final_eval_reward(grpo, tmp_path):

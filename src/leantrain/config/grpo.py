@@ -42,8 +42,14 @@ class GrpoConfig(Section):
         "completions x grpo.max_new_tokens; bnpo: each micro-batch's token mean (depends on the micro-batch layout, "
         "as in TRL)")
     scale_rewards: Literal["group", "batch", "none"] = Field(
-        "group", description="the advantage is the reward less its group's mean, divided by the standard deviation "
-        "of its group (group), of the whole batch (batch), or not divided (none: Dr. GRPO)")
+        "group", description="the advantage is the reward less its baseline (grpo.advantage), divided by the standard "
+        "deviation of its group (group), of the whole batch (batch), or not divided (none: Dr. GRPO)")
+    advantage: Literal["grpo", "rloo"] = Field(
+        "grpo", description="the baseline a reward is measured against. grpo: its group's mean; rloo: the mean of the "
+        "OTHER completions of its group (RLOO's leave-one-out baseline, Ahmadian et al. 2024; TRL's RLOOTrainer), "
+        "which makes the advantage G/(G-1) x grpo's (G: the group's scored completions). Either is then divided by "
+        "the standard deviation as grpo.scale_rewards says: for TRL's RLOO defaults (normalize_advantages=False) set "
+        "grpo.scale_rewards=none")
     epsilon: float = Field(0.2, gt=0, lt=1, description="the clipping range: the probability ratio is clipped to "
                            "1 - epsilon .. 1 + epsilon_high")
     epsilon_high: float | None = Field(None, gt=0, description="the upper clipping bound (DAPO's clip-higher: "

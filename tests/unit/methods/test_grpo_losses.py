@@ -44,6 +44,64 @@ def test_an_unscorable_reward_is_left_out_of_its_group_and_gets_no_advantage():
     assert math.isnan(L.std_of(L.moments(torch.tensor([3.0]))).item())
 
 
+# RLOO (grpo.advantage=rloo): two groups of 4, the second with an unscorable completion.
+#   [1, 0, 0, 1]:     the others' means 1/3, 2/3, 2/3, 1/3 -> 2/3, -2/3, -2/3, 2/3
+#   [0.5, 2, NaN, 1]: scored 0.5, 2, 1; the others' means (2 + 1)/2 = 1.5, (0.5 + 1)/2 = 0.75, -, (0.5 + 2)/2 = 1.25
+#                     -> -1, 1.25, 0 (unscorable), -0.25
+RLOO_REWARDS = torch.tensor([1.0, 0, 0, 1, 0.5, 2, NAN, 1], dtype=torch.float64)
+RLOO_CENTRED = [2 / 3, -2 / 3, -2 / 3, 2 / 3, -1.0, 1.25, 0.0, -0.25]
+GROUP_STDS = [math.sqrt(1 / 3)] * 4 + [math.sqrt(7 / 12)] * 4  # Bessel: (4 x 0.25) / 3; (4/9 + 25/36 + 1/36) / 2
+BATCH_STD = math.sqrt((7.25 - 5.5 ** 2 / 7) / 6)  # the 7 scored rewards: sum 5.5, sum of squares 7.25
+
+
+@pytest.mark.parametrize("scale, divisors", [
+    ("none", [1.0] * 8),
+    ("group", [s + 1e-4 for s in GROUP_STDS]),
+    ("batch", [BATCH_STD + 1e-4] * 8),
+])
+def test_rloo_advantages_are_the_reward_less_the_mean_of_the_others_scaled_as_configured(scale, divisors):
+    adv, std = L.advantages(RLOO_REWARDS, 4, scale, baseline="rloo")
+    assert adv.tolist() == pytest.approx([a / d for a, d in zip(RLOO_CENTRED, divisors)])
+    assert std.tolist() == pytest.approx(GROUP_STDS if scale != "batch" else [BATCH_STD] * 8)
+    given, _ = L.advantages(RLOO_REWARDS, 4, scale, batch_std=torch.tensor(2.0), baseline="rloo")
+    if scale == "batch":  # the global batch's std, all-reduced over processes, when given
+        assert given.tolist() == pytest.approx([a / 2.0001 for a in RLOO_CENTRED])
+
+
+def test_without_unscorable_rows_rloo_is_g_over_g_minus_1_times_the_group_relative_advantage():
+    rewards = torch.rand(6 * 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3 - 1
+    rloo, _ = L.advantages(rewards, 5, "none", baseline="rloo")
+    grpo, _ = L.advantages(rewards, 5, "none")
+    assert torch.allclose(rloo, grpo * 5 / 4, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(rloo.view(6, 5).sum(1), torch.zeros(6, dtype=torch.float64), atol=1e-12)  # still centred
+
+
+@pytest.mark.parametrize("scale", ["none", "group", "batch"])
+def test_under_rloo_a_row_with_no_other_scored_row_in_its_group_gets_no_advantage(scale):
+    rewards = torch.tensor([NAN, 3.0, NAN, NAN, 1.0, 0, NAN, NAN, NAN, NAN, NAN, NAN], dtype=torch.float64)
+    adv, _ = L.advantages(rewards, 4, scale, baseline="rloo")
+    # group 1: one scored row (nothing to compare it with); group 2: 1 against 0 and back; group 3: none scored
+    want = [0.0, 0.0, 0.0, 0.0, 1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    if scale == "group":
+        want = [a / (math.sqrt(0.5) + 1e-4) for a in want]
+    if scale == "batch":
+        want = [a / (L.nanstd(rewards).item() + 1e-4) for a in want]
+    assert adv.tolist() == pytest.approx(want)
+    assert not adv.isnan().any()
+
+
+def test_the_default_advantage_is_grpo_and_an_unknown_one_is_refused():
+    from leantrain.config.grpo import GrpoConfig
+
+    assert GrpoConfig().advantage == "grpo"
+    for scale in ("none", "group", "batch"):
+        default, _ = L.advantages(RLOO_REWARDS, 4, scale)
+        named, _ = L.advantages(RLOO_REWARDS, 4, scale, baseline="grpo")
+        assert torch.equal(default, named)
+    with pytest.raises(ValueError, match="unknown GRPO advantage 'ppo'"):
+        L.advantages(RLOO_REWARDS, 4, "none", baseline="ppo")
+
+
 def test_the_surrogate_is_clipped_on_the_side_the_advantage_pushes():
     logps = torch.tensor([[-1.0, -2.0], [-1.0, -2.0]])
     old = torch.tensor([[-1.0, -2.5], [-1.0, -1.5]])  # ratios: 1, e^0.5 = 1.6487; 1, e^-0.5 = 0.6065

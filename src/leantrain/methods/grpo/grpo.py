@@ -7,9 +7,10 @@ One global step, top to bottom (``GrpoStep``; the engine calls ``batches`` then 
    trained (``leantrain.modeling.generation``: no_grad, eval mode, the run's precision, the method's own generator,
    resumed bitwise);
 2. **score**: the reward functions score each completion (``rewards``; ``rollout.score``);
-3. **advantage**: each completion's reward against its group's (``losses.advantages``), made into training rows with
-   the log-probs of the sampling model (``grpo.num_iterations`` > 1) and of the reference (``grpo.beta`` > 0: the same
-   model with its LoRA adapters off, else a frozen copy of the model as it started) (``rollout.training_rows``);
+3. **advantage**: each completion's reward against its group's mean (``grpo.advantage=rloo``: the mean of the
+   group's other completions) (``losses.advantages``), made into training rows with the log-probs of the sampling
+   model (``grpo.num_iterations`` > 1) and of the reference (``grpo.beta`` > 0: the same model with its LoRA adapters
+   off, else a frozen copy of the model as it started) (``rollout.training_rows``);
 4. **loss**: the clipped surrogate (+ beta x k3 KL) summed as the loss type says over a count the step returns as a
    device scalar (``losses.count``), so the loss is the same whatever the micro-batches and processes (but for
    ``bnpo``, per micro-batch by definition); every forward encodes each prompt once for its G completions where the
@@ -63,7 +64,7 @@ class GrpoStep(CausalLM.parts.step):
         batch_std = G.global_std(scored, acc)
         made, tokens = [], 0
         for s in scored:
-            adv, std = L.advantages(s.rewards, g.num_generations, g.scale_rewards, batch_std)
+            adv, std = L.advantages(s.rewards, g.num_generations, g.scale_rewards, batch_std, g.advantage)
             rows = G.training_rows(s, adv, std, batch_std, pad_id(self.task.tokenizer()), g.mask_truncated,
                                    g.num_generations)
             with acc.autocast():

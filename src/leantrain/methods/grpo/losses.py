@@ -1,6 +1,6 @@
-"""GRPO's losses as pure tensor functions: group-relative advantages, the clipped surrogate per token, the k3 KL
-estimate, and the four ways of summing token losses into the loss (TRL's ``GRPOTrainer``: ``_compute_loss`` and
-``_generate_and_score_completions``; the names and numbers its users know).
+"""GRPO's losses as pure tensor functions: group-relative advantages (or RLOO's leave-one-out ones), the clipped
+surrogate per token, the k3 KL estimate, and the four ways of summing token losses into the loss (TRL's
+``GRPOTrainer``: ``_compute_loss`` and ``_generate_and_score_completions``; the names and numbers its users know).
 
 Shapes: a rollout of N prompts x G completions is ``N*G`` rows, row ``i*G + j`` prompt i's j-th completion. Token
 values are ``(rows, T)`` over the shifted targets of a training sequence; ``mask`` is 1 on completion tokens (0 on the
@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 LOSSES = ("dapo", "grpo", "dr_grpo", "bnpo")
+BASELINES = ("grpo", "rloo")  # grpo.advantage
 STD_EPS = 1e-4  # TRL: advantages / (std + 1e-4)
 
 
@@ -49,22 +50,39 @@ def std_of(m: torch.Tensor) -> torch.Tensor:
     return ((squares - total * total / n) / (n - 1)).clamp(min=0).sqrt()
 
 
-def advantages(rewards: torch.Tensor, num_generations: int, scale: str,
-               batch_std: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def advantages(rewards: torch.Tensor, num_generations: int, scale: str, batch_std: torch.Tensor | None = None,
+               baseline: str = "grpo") -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, std) per row of ``rewards (N*G,)`` (NaN: an unscorable completion, every function None): the
-    reward less its group's mean (NaN left out), divided by ``std + 1e-4`` unless ``scale`` is ``none``; ``std`` is
-    the group's (``group``, ``none``) or the global batch's (``batch``: ``batch_std``, else these rewards'), repeated
-    per row (``frac_reward_zero_std`` reads it). An unscorable row's advantage is 0."""
+    reward less its baseline, divided by ``std + 1e-4`` unless ``scale`` is ``none``; ``std`` is the group's
+    (``group``, ``none``) or the global batch's (``batch``: ``batch_std``, else these rewards'), repeated per row
+    (``frac_reward_zero_std`` reads it). The baseline (``grpo.advantage``) is the group's mean (``grpo``) or the mean
+    of the group's other rows (``rloo``, leave-one-out: ``n/(n-1)`` x the ``grpo`` difference for a group of ``n``
+    scored rows), NaN left out either way. An unscorable row's advantage is 0, and under ``rloo`` so is that of a row
+    with no other scored row in its group (nothing to compare it with)."""
     grouped = rewards.view(-1, num_generations)
-    mean = grouped.nanmean(dim=1).repeat_interleave(num_generations)
+    if baseline == "rloo":
+        adv = leave_one_out(grouped).flatten()
+    elif baseline == "grpo":
+        adv = rewards - grouped.nanmean(dim=1).repeat_interleave(num_generations)
+    else:
+        raise ValueError(f"unknown GRPO advantage {baseline!r}; one of {', '.join(BASELINES)}")
     if scale == "batch":
         std = (nanstd(rewards) if batch_std is None else batch_std.to(rewards)).expand_as(rewards)
     else:
         std = nanstd(grouped, dim=1).repeat_interleave(num_generations)
-    adv = rewards - mean
     if scale != "none":
         adv = adv / (std + STD_EPS)
     return torch.nan_to_num(adv, nan=0.0), std
+
+
+def leave_one_out(grouped: torch.Tensor) -> torch.Tensor:
+    """``(N, G)``: each reward less the mean of the other non-NaN rewards of its row (RLOO's baseline); NaN where the
+    reward is NaN or no other reward of its row is scored."""
+    seen = ~grouped.isnan()
+    total = torch.where(seen, grouped, torch.zeros_like(grouped)).sum(dim=1, keepdim=True)
+    others = seen.sum(dim=1, keepdim=True) - 1  # a scored row's scored peers (a NaN row's value is NaN anyway)
+    mean_of_others = (total - grouped) / others.clamp(min=1)
+    return torch.where(others > 0, grouped - mean_of_others, torch.full_like(grouped, float("nan")))
 
 
 def surrogate(logps: torch.Tensor, old_logps: torch.Tensor, adv: torch.Tensor, epsilon: float,

@@ -26,8 +26,8 @@ from leantrain.modeling.generation.stops import stop_strings
 from leantrain.modeling.wrappers import unwrapped
 
 RECORD = "grpo"  # config.json's field: the settings the policy was trained with (the card; eval's default rewards)
-RECORDED = ("rewards", "reward_weights", "num_generations", "max_new_tokens", "loss", "scale_rewards", "beta",
-            "epsilon", "num_iterations", "stop")
+RECORDED = ("rewards", "reward_weights", "num_generations", "max_new_tokens", "loss", "scale_rewards", "advantage",
+            "beta", "epsilon", "num_iterations", "stop")
 
 
 @functools.lru_cache(maxsize=8)
@@ -193,8 +193,9 @@ class GrpoReport(CausalLM.parts.report):
         rec = model_config.get(RECORD) or {}
         if not rec:
             return []
+        rloo = ", RLOO's leave-one-out baseline" if rec.get("advantage") == "rloo" else ""
         return ["## GRPO", "", f"Rewards: {', '.join(rec.get('rewards') or [])}; {rec.get('num_generations')} "
-                f"completions per prompt of at most {rec.get('max_new_tokens')} tokens, loss {rec.get('loss')}, "
+                f"completions per prompt of at most {rec.get('max_new_tokens')} tokens, loss {rec.get('loss')}{rloo}, "
                 f"beta {rec.get('beta')}.", ""]
 
     def card_rows(self, summary: dict, config: dict) -> list[tuple[str, object]]:
