@@ -21,6 +21,9 @@ examples:
   leantrain train --print-config train.batch_size=64
   leantrain train model.name=<image model> data.train=photos/train data.eval=photos/test   # a folder per class
   leantrain train model.config_type=wav2vec2 data.train=clips.csv data.audio_column=file  # from scratch
+  leantrain train examples/grpo-arithmetic.yaml    # GRPO: online RL from reward functions (docs/grpo.md)
+  leantrain train model.name=student/ model.task=distill distill.teacher=teacher/ data.train=prompts.jsonl
+                                                   # on-policy distillation: the teacher scores the student's samples
   leantrain prepare corpus/*.txt model.tokenizer=<folder or hub id> output_dir=shards/   # causal LM text -> token shards
   leantrain inspect path/or/hub-id                 # no argument: the default model (also: minilm)
   leantrain predict runs/x/model --input new.csv --output preds.jsonl

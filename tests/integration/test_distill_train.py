@@ -165,7 +165,18 @@ def test_plan_prices_the_teacher(distilled):
     root, _, _ = distilled
     run = cli_here("plan", *distill_args(root, root / "plan", "train.max_steps=1"), "--json")
     assert run.returncode == 0, run.stderr[-3000:]
-    assert '"distill_teacher"' in run.stdout and str(root / "teacher") in run.stdout
+    teacher = json.loads(run.stdout)["distill_teacher"]
+    params = sum(v.numel() for v in model_params_of(root / "teacher").values())
+    assert teacher["teacher"] == str(root / "teacher") and teacher["parameters"] == params
+    assert teacher["weights_bytes"] == 4 * params  # fp32 run: the teacher in fp32
+    text = cli_here("plan", *distill_args(root, root / "plan", "train.max_steps=1"))
+    assert f"teacher {root / 'teacher'}" in text.stdout and "training peak with it" in text.stdout
+
+
+def model_params_of(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
 
 
 def test_the_process_stops_with_no_traceback_on_a_missing_teacher_at_eval(distilled, tmp_path):

@@ -325,6 +325,8 @@ def print_plan(cfg: Config, r: dict, out=None) -> None:
         _print_reference(r["reference_choices"], w)
     if "grpo_generation" in r:
         _print_generation(r["grpo_generation"], r, w)
+    if "distill_teacher" in r:
+        _print_teacher(r["distill_teacher"], r, w)
     if "recommendations" not in r:
         return
     key = r.get("speed_unit", "samples_per_second")
@@ -366,6 +368,17 @@ def _print_generation(g: dict, r: dict, w) -> None:
         w(f"    {label:<28} {g[key]:>15,} B  {format_bytes(g[key]):>11}\n")
     where = "below" if peak <= lines["total"] else "ABOVE"
     w(f"    {'generation peak':<28} {peak:>15,} B  {format_bytes(peak):>11}  ({where} the training peak)\n")
+
+
+def _print_teacher(t: dict, r: dict, w) -> None:
+    """Distillation's teacher, held beside the student for the whole run (frozen, in the compute dtype), the states it
+    leaves per step and the KV cache of the student's sampling; the training peak with them."""
+    w(f"  teacher {t['teacher']} ({t['parameters'] / 1e6:.1f}M parameters, frozen), added to the above:\n")
+    for label, key in (("weights", "weights_bytes"), ("its states of a step", "states_bytes"),
+                       ("KV cache of the sampling", "kv_cache_bytes")):
+        w(f"    {label:<28} {t[key]:>15,} B  {format_bytes(t[key]):>11}\n")
+    peak = r["lines"]["total"] + t["weights_bytes"] + t["states_bytes"]
+    w(f"    {'training peak with it':<28} {peak:>15,} B  {format_bytes(peak):>11}\n")
 
 
 def _print_reference(pref: dict, w) -> None:
