@@ -64,7 +64,7 @@ def generalized_jsd(student: torch.Tensor, teacher: torch.Tensor, beta: float) -
         return (teacher.exp() * (teacher - student)).sum(-1)
     if beta == 1:
         return (student.exp() * (student - teacher)).sum(-1)
-    mixture = torch.logsumexp(torch.stack([student + math.log(1 - beta), teacher + math.log(beta)]), dim=0)
+    mixture = torch.logaddexp(student + math.log(1 - beta), teacher + math.log(beta))
     return (beta * (teacher.exp() * (teacher - mixture)).sum(-1)
             + (1 - beta) * (student.exp() * (student - mixture)).sum(-1))
 
