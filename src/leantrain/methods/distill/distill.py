@@ -72,7 +72,7 @@ class DistillStep(CausalLM.parts.step):
             task.add_teacher(rows)
         lap("teacher")
         units = torch.stack([D.selected(b).sum() for b in made]).sum()
-        tokens = sum(int(G.tokens(b)) for b in made)
+        tokens = torch.stack([G.tokens(b) for b in made]).sum()  # a device scalar: no host read
         samples = task.samples(micro_batches[0], made[0], on_policy) if made else ()
         return StepBatches(made, units, tokens=tokens, samples=samples)
 
