@@ -162,6 +162,12 @@ class DataConfig(Section):
     train_on_prompt: bool = Field(
         False, description="instruction/chat data: false = loss on the assistant/response tokens only; true = every token"
     )
+    train_on_empty_think: bool = Field(
+        False, description="instruction/chat and preference data: false = an empty <think></think> block in a reply "
+        "(whitespace only inside, as Qwen3-style chat templates insert before every reply) is not learnt, so the "
+        "model is not taught to skip its reasoning; true = learn it like the rest of the reply (data.train_on_prompt="
+        "true learns every token anyway)"
+    )
     system_prompt: str | None = Field(
         None, description="instruction/chat data: the system message of every conversation without one (a row's "
         "own system turn or `system` column wins); unset = none, so a chat template with a default system prompt "

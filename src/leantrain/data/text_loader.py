@@ -38,6 +38,9 @@ class PreparedData:
     # a side whose rows are generated from (prompts): (tokenizer (a callable giving it), new tokens, (positions,
     # where that number comes from), key) -> the problems of the rows too long for the model with the new tokens
     room: Callable | None = field(default=None, repr=False, compare=False)
+    # a side whose rows are rendered into tokens (instruction, preference, prompt data): (tokenizer, n) -> the first n
+    # training rows as the model sees them (``data.lm.masks.RenderedRow``: ids, trained tokens), checked before training
+    rendered: Callable | None = field(default=None, repr=False, compare=False)
 
 
 def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labels: list[str] | None = None,

@@ -22,7 +22,8 @@ from leantrain.modeling.pooling import apply_pooling
 
 NOT_MODEL_INPUTS = ("labels", "loss_weight", "length")  # batch columns the loss or the batching reads, not the model
 TOKEN_KEYS = ("block_size", "document_separator", "document_mask",  # language models: how text becomes blocks
-              "template", "train_on_prompt", "system_prompt",  # instruction data: how it is rendered, which tokens learn
+              "template", "train_on_prompt", "train_on_empty_think",  # instruction data: how it is rendered,
+              "system_prompt",  # which tokens learn
               "max_prompt_length")  # preference data: how much of a long prompt is kept
 RENDERING_KEYS = ("format", "prompt")  # instruction / preference data: the format its prompts were rendered in
 

@@ -17,15 +17,25 @@ import numpy as np
 
 from leantrain.data.lm.conversation import row_tools, tools_note
 from leantrain.data.lm.instruction_formats import FORMATS, check_rows, detect_format, to_messages, unknown_format
-from leantrain.data.lm.rendering import (IGNORE, PLAIN_TEMPLATE, Rendering, choose_rendering, labelled, render,
+from leantrain.data.lm.masks import marked, without_empty_think
+from leantrain.data.lm.rendering import (IGNORE, Rendering, choose_rendering, describe, labelled, render,
                                          template_error)
 from leantrain.data.mapped import tokenizer_map
-from leantrain.errors import problems_error
+from leantrain.errors import DataError, problems_error
+
+
+def render_row(row: dict[str, Any], fmt: str, tokenizer, rendering: Rendering, system_prompt: str | None = None,
+               keep_empty_think: bool = False) -> tuple[list[int], list[bool]]:
+    """(token ids, trained mask) of one row of a detected format: its conversation rendered, without the empty think
+    blocks unless ``keep_empty_think`` (``masks.without_empty_think``). Raises the template's errors, DataError
+    (a template that rewrites earlier turns) and ValueError (a malformed row)."""
+    ids, mask = render(to_messages(row, fmt, system_prompt), tokenizer, rendering, row_tools(row))
+    return ids, mask if keep_empty_think else without_empty_think(ids, mask, tokenizer)
 
 
 def _encode(batch: dict[str, list], indices: list[int], tokenizer, fmt: str, rendering: Rendering,
             train_on_prompt: bool, block_size: int, where: str = "data.train",
-            system_prompt: str | None = None) -> dict[str, list]:
+            system_prompt: str | None = None, keep_empty_think: bool = False) -> dict[str, list]:
     from jinja2 import TemplateError
 
     out: dict[str, list] = {"input_ids": [], "labels": [], "length": [], "targets": [], "truncated": []}
@@ -33,9 +43,11 @@ def _encode(batch: dict[str, list], indices: list[int], tokenizer, fmt: str, ren
     for i in range(n):
         row = {k: v[i] for k, v in batch.items()}
         try:
-            ids, mask = render(to_messages(row, fmt, system_prompt), tokenizer, rendering, row_tools(row))
+            ids, mask = render_row(row, fmt, tokenizer, rendering, system_prompt, keep_empty_think)
         except TemplateError as e:
             raise template_error(e, tokenizer, f"{where}: row {indices[i] + 1}") from None
+        except DataError as e:
+            raise DataError(f"{where}: row {indices[i] + 1}: {e}") from None
         one = labelled(ids, mask, train_on_prompt=train_on_prompt, block_size=block_size)
         if one is None:
             one = {"input_ids": ids[:block_size], "labels": [IGNORE] * min(len(ids), block_size),
@@ -59,8 +71,9 @@ class SftData:
 
 def process(ds: datasets.Dataset, tokenizer, *, block_size: int, template: str = "auto",
             train_on_prompt: bool = False, where: str = "data.train", desc: str = "Rendering",
-            system_prompt: str | None = None) -> SftData:
-    """Rows of an instruction/chat format -> SftData with input_ids, labels, length, targets (cached by datasets)."""
+            system_prompt: str | None = None, keep_empty_think: bool = False) -> SftData:
+    """Rows of an instruction/chat format -> SftData with input_ids, labels, length, targets (cached by datasets);
+    ``keep_empty_think``: data.train_on_empty_think."""
     fmt = detect_format(ds.column_names)
     if fmt is None:
         raise unknown_format(where, ds.column_names)
@@ -70,7 +83,7 @@ def process(ds: datasets.Dataset, tokenizer, *, block_size: int, template: str =
     rendering = choose_rendering(tokenizer, template, fmt)
     out = tokenizer_map(ds, _encode, {"tokenizer": tokenizer, "fmt": fmt, "rendering": rendering,
                                       "train_on_prompt": train_on_prompt, "block_size": block_size, "where": where,
-                                      "system_prompt": system_prompt},
+                                      "system_prompt": system_prompt, "keep_empty_think": keep_empty_think},
                         batched=True, batch_size=256, remove_columns=ds.column_names, desc=desc, with_indices=True)
     truncated = int(np.sum(out.with_format("numpy")["truncated"])) if len(out) else 0
     targets = np.asarray(out["targets"])
@@ -81,9 +94,12 @@ def process(ds: datasets.Dataset, tokenizer, *, block_size: int, template: str =
     out = out.remove_columns(["truncated"])
     data = SftData(out, fmt, rendering, truncated, dropped)
     data.notes.append(f"{where}: instruction data, format {FORMATS[fmt][2]}; rendered with "
-                      f"{_rendering_name(rendering)}; loss on {'every token' if train_on_prompt else 'responses only'}")
+                      f"{describe(rendering)}; loss on {'every token' if train_on_prompt else 'responses only'}")
     if "tools" in ds.column_names:
         data.notes.append(tools_note(where, tokenizer, rendering.chat))
+    if dropped and not truncated:
+        data.notes.append(f"{where}: {dropped} of {len(ds)} examples with no token to learn (an empty assistant "
+                          "mask) were dropped")
     if truncated:
         gone = f"; {dropped} left with no response token were dropped" if dropped else ""
         data.notes.append(f"{where}: {truncated} of {len(ds)} examples longer than data.block_size={block_size} "
@@ -91,26 +107,9 @@ def process(ds: datasets.Dataset, tokenizer, *, block_size: int, template: str =
     return data
 
 
-def _rendering_name(rendering: Rendering) -> str:
-    return {"generation": "the tokenizer's chat template (its {% generation %} marks)",
-            "chat": "the tokenizer's chat template",
-            "raw": "no template (prompt + completion + EOS)"}.get(
-        rendering.mode, "the plain template" + (" (data.template)" if rendering.template != PLAIN_TEMPLATE else ""))
-
-
 def show_example(row: dict[str, Any], tokenizer, open_mark: str = "[[", close_mark: str = "]]") -> str:
     """One processed row as text with the trained spans in [[...]] (what the log prints)."""
-    ids, labels = row["input_ids"], row["labels"]
-    out, i = [], 0
-    while i < len(ids):
-        j = i
-        target = labels[i] != IGNORE
-        while j < len(ids) and (labels[j] != IGNORE) == target:
-            j += 1
-        piece = tokenizer.decode(ids[i:j], skip_special_tokens=False)
-        out.append(f"{open_mark}{piece}{close_mark}" if target else piece)
-        i = j
-    return "".join(out)
+    return marked(row["input_ids"], [y != IGNORE for y in row["labels"]], tokenizer, open_mark, close_mark)
 
 
 # ------------------------------------------------------------------------------------------ packing

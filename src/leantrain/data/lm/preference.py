@@ -135,7 +135,9 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training rows, fewer than one batch (train.batch_size={batch_size})")
     prompt = "text" if pf.to_example(train_ds[0], fmt).textual else "messages"  # how sample prompts are rendered
-    return PreparedData(train_ds, eval_ds, [], {"format": fmt, "prompt": prompt}, notes, warnings)
+    rendered = None if side == "scored-pairs" else \
+        functools.partial(render.rendered_rows, train, fmt, cfg.template, cfg.train_on_empty_think)
+    return PreparedData(train_ds, eval_ds, [], {"format": fmt, "prompt": prompt}, notes, warnings, rendered=rendered)
 
 
 def _check_lengths(cfg: DataConfig) -> list[str]:
@@ -181,8 +183,8 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
         cap = limit
     common = {"batched": True, "batch_size": 256, "remove_columns": dataset.column_names, "desc": desc}
     if side == "feedback":
-        raw = tokenizer_map(dataset, render.encode_feedback, {"tokenizer": tokenizer, "template": cfg.template},
-                            **common)
+        raw = tokenizer_map(dataset, render.encode_feedback, {"tokenizer": tokenizer, "template": cfg.template,
+                                                              "keep_empty_think": cfg.train_on_empty_think}, **common)
         rows, counts = render.feedback_rows(raw["prompt_ids"], raw["completion_ids"], raw["desirable"], budget, cap)
         counts["desirable"] = int(sum(rows["desirable"]))
         out = datasets.Dataset.from_dict(rows)
@@ -190,7 +192,7 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
         encode = render.encode_pairs if side == "pairs" else render.encode_scored
         kwargs = {"tokenizer": tokenizer, "fmt": fmt, "max_prompt": budget, "cap": cap}
         if side == "pairs":
-            kwargs["template"] = cfg.template
+            kwargs.update(template=cfg.template, keep_empty_think=cfg.train_on_empty_think)
         out = tokenizer_map(dataset, encode, kwargs, **common)
         flags = {k: np.asarray(out[k], dtype=bool) for k in ("trimmed", "cut", "tie", "empty")}
         keep = ~(flags["tie"] | flags["empty"])

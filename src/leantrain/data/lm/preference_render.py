@@ -18,8 +18,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from leantrain.data.lm import masks
 from leantrain.data.lm import rendering as rd
 from leantrain.data.lm import preference_formats as pf
+from leantrain.errors import DataError
 
 IGNORE = -100
 Response = tuple[list[int], int]  # a response's tokens after the shared prompt, how many of them lead unlabelled
@@ -67,12 +69,20 @@ def last_run(mask: list[bool]) -> tuple[int, int]:
     return (start, end) if end else (len(mask), len(mask))
 
 
+def render_reply(prompt, response: str, tokenizer, rendering: rd.Rendering,  # noqa: ANN001
+                 keep_empty_think: bool = False) -> tuple[list[int], list[bool]]:
+    """(ids, SFT's response mask) of a prompt and its reply, without the empty think blocks unless
+    ``keep_empty_think`` (data.train_on_empty_think)."""
+    ids, mask = rd.render(conversation(prompt, response, rendering), tokenizer, rendering)
+    return ids, mask if keep_empty_think else masks.without_empty_think(ids, mask, tokenizer)
+
+
 def encode(example: pf.Example, tokenizer, rendering: rd.Rendering,  # noqa: ANN001
-           responses: tuple[str, ...]) -> tuple[list[int], list[Response]]:
+           responses: tuple[str, ...], keep_empty_think: bool = False) -> tuple[list[int], list[Response]]:
     """(the shared prompt's ids, each response's) of one prompt and its responses, as SFT renders them."""
     rendered = []
     for response in responses:
-        ids, mask = rd.render(conversation(example.prompt, response, rendering), tokenizer, rendering)
+        ids, mask = render_reply(example.prompt, response, tokenizer, rendering, keep_empty_think)
         rendered.append((ids, *last_run(mask)))
     first = rendered[0][0]
     shared = len(os.path.commonprefix([ids[:start] for ids, start, _ in rendered]))
@@ -112,14 +122,15 @@ def _appended(out: dict[str, list], values) -> None:  # noqa: ANN001
 
 
 def encode_pairs(batch, tokenizer, fmt: str, template: str, max_prompt: int,  # noqa: ANN001
-                 cap: int) -> dict[str, list]:
+                 cap: int, keep_empty_think: bool = False) -> dict[str, list]:
     """Pair rows -> chosen/rejected input ids and labels, length; flags trimmed / cut / tie / empty for the counts."""
     out: dict[str, list] = {k: [] for k in ("chosen_input_ids", "chosen_labels", "rejected_input_ids",
                                             "rejected_labels", "length", "trimmed", "cut", "tie", "empty")}
     for row in _rows(batch):
         ex = pf.to_pair(row, fmt)
         prompt, [(chosen, c_lead), (rejected, r_lead)] = encode(
-            ex, tokenizer, policy_rendering(tokenizer, template, ex.textual), (ex.chosen, ex.rejected))
+            ex, tokenizer, policy_rendering(tokenizer, template, ex.textual), (ex.chosen, ex.rejected),
+            keep_empty_think)
         p, c, trimmed, cut_c = fit(prompt, chosen, max_prompt, cap)
         _, r, _, cut_r = fit(prompt, rejected, max_prompt, cap)
         c_ids, c_labels = labelled(p, c, c_lead)
@@ -130,13 +141,13 @@ def encode_pairs(batch, tokenizer, fmt: str, template: str, max_prompt: int,  # 
     return out
 
 
-def encode_feedback(batch, tokenizer, template: str) -> dict[str, list]:  # noqa: ANN001
+def encode_feedback(batch, tokenizer, template: str, keep_empty_think: bool = False) -> dict[str, list]:  # noqa: ANN001
     """Feedback rows -> prompt ids, completion ids, desirable (the KL rows are paired after, across rows)."""
     out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "desirable": []}
     for row in _rows(batch):
         ex = pf.to_feedback(row)
         prompt, [(completion, _)] = encode(ex, tokenizer, policy_rendering(tokenizer, template, ex.textual),
-                                           (ex.chosen,))  # one response: no lead
+                                           (ex.chosen,), keep_empty_think)  # one response: no lead
         _appended(out, (prompt, completion, int(ex.desirable)))
     return out
 
@@ -195,3 +206,31 @@ def feedback_rows(prompts: list[list[int]], completions: list[list[int]], desira
         counts["cut"] += cut
         _appended(out, (ids, labels, desirable[i], kl_ids, kl_labels, max(len(ids), len(kl_ids))))
     return out, counts
+
+
+# ------------------------------------------------------------------------------------------ the first rows, shown
+
+
+def rendered_rows(part, fmt: str, template: str, keep_empty_think: bool, tokenizer,  # noqa: ANN001 - a sources.Part
+                  n: int) -> list[masks.RenderedRow]:
+    """The first ``n`` rows of ``part`` as the policy sees them: each response (chosen and rejected, or a feedback
+    row's completion) with the tokens the preference loss covers, the final reply, named by file and line."""
+    from jinja2 import TemplateError
+
+    out = []
+    for i in range(min(n, len(part.ds))):
+        where = (part.where, part.rows([i]))
+        row = part.ds[i]
+        ex = pf.to_feedback(row) if fmt == "feedback" else pf.to_pair(row, fmt)
+        rendering = policy_rendering(tokenizer, template, ex.textual)
+        replies = [(("desirable" if ex.desirable else "undesirable"), ex.chosen)] if fmt == "feedback" else \
+            [("chosen", ex.chosen), ("rejected", ex.rejected)]
+        for title, response in replies:
+            try:
+                ids, mask = render_reply(ex.prompt, response, tokenizer, rendering, keep_empty_think)
+            except (TemplateError, DataError) as e:
+                out.append(masks.unrendered(*where, rendering, e, title))
+                continue
+            start, end = last_run(mask)
+            out.append(masks.RenderedRow(*where, rendering, ids, [start <= k < end for k in range(len(ids))], title))
+    return out

@@ -34,6 +34,7 @@ from leantrain.config import DataConfig
 from leantrain.data.caches import using_cache_dir
 from leantrain.data.lm import arithmetic, word_problems
 from leantrain.data.lm import instruction_formats as formats_
+from leantrain.data.lm import masks
 from leantrain.data.lm import preference_formats as pf
 from leantrain.data.lm import rendering as rd
 from leantrain.data.lm.collate import pad_id_of
@@ -222,7 +223,8 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
     columns = {"format": "prompts", "prompt": shown, **({"answered": answered} if answers else {}),
                "first_rows": train_ds.select(range(min(FIRST_ROWS, len(train_ds)))).to_list()}  # the rewards' dry call
     return PreparedData(train_ds, eval_ds, [], columns, notes, warnings,
-                        room=functools.partial(too_long, parts, cfg))
+                        room=functools.partial(too_long, parts, cfg),
+                        rendered=functools.partial(rendered_rows, train, cfg))
 
 
 def too_long(parts: list[Part], cfg: DataConfig, tokenizer: Callable[[], Any], new_tokens: int,
@@ -278,7 +280,16 @@ def render_prompt(prompt: str | list[dict[str, str]], tokenizer, rendering: rd.R
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else read_prompt(prompt)
     messages = with_system(messages, {}, system_prompt)
     ids, mask = rd.render([*messages, {"role": "assistant", "content": "0"}], tokenizer, rendering)
-    return ids[:last_run(mask)[0]]
+    return ids[:_answer_start(mask, rendering, tokenizer)]
+
+
+def _answer_start(mask: list[bool], rendering: rd.Rendering, tokenizer) -> int:  # noqa: ANN001
+    """Where the (last) answer begins in a rendered conversation: the start of the last run of its response mask;
+    a DataError when the mask is empty (the prompt cannot be told from the answer)."""
+    if not any(mask):
+        raise DataError(f"the assistant mask is empty: {rd.describe(rendering, tokenizer)} marks no token of the "
+                        f"answer, so the prompt cannot be cut where the answer begins; {masks.FIX_EMPTY}")
+    return last_run(mask)[0]
 
 
 def render_answered(prompt: str | list[dict[str, str]], completion: str, tokenizer, rendering: rd.Rendering,  # noqa: ANN001
@@ -293,8 +304,30 @@ def render_answered(prompt: str | list[dict[str, str]], completion: str, tokeniz
         messages = with_system(messages, {}, system_prompt)
     ids, mask = rd.render([*messages, {"role": "assistant", "content": read_completion(completion)}], tokenizer,
                           rendering)
-    start, end = last_run(mask)
+    start, end = _answer_start(mask, rendering, tokenizer), last_run(mask)[1]
     return ids[:start], ids[start:end]
+
+
+def rendered_rows(part: Part, cfg: DataConfig, tokenizer, n: int) -> list[masks.RenderedRow]:  # noqa: ANN001
+    """The first ``n`` rows of ``part`` as the model sees them, named by file and line: a prompt as it is asked
+    (nothing trained), a prompt with a completion (distillation) with the completion's tokens trained."""
+    from jinja2 import TemplateError
+
+    out = []
+    for i in range(min(n, len(part.ds))):
+        row, where = part.ds[i], (part.where, part.rows([i]))
+        rendering = policy_rendering(tokenizer, cfg.template, isinstance(row[PROMPT], str))
+        try:
+            if row.get(ANSWER) is not None:
+                prompt, answer = render_answered(row[PROMPT], row[ANSWER], tokenizer, rendering, cfg.system_prompt)
+                out.append(masks.RenderedRow(*where, rendering, prompt + answer,
+                                             [False] * len(prompt) + [True] * len(answer)))
+            else:
+                ids = render_prompt(row[PROMPT], tokenizer, rendering, cfg.system_prompt)
+                out.append(masks.RenderedRow(*where, rendering, ids, [False] * len(ids), "prompt", kind="prompt"))
+        except (TemplateError, DataError, ValueError) as e:
+            out.append(masks.unrendered(*where, rendering, e, "prompt"))
+    return out
 
 
 def _encode(batch: dict[str, list], tokenizer, rendering: rd.Rendering, budget: int,  # noqa: ANN001

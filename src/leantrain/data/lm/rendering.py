@@ -54,6 +54,21 @@ def choose_rendering(tokenizer, template: str, fmt: str) -> Rendering:
     return Rendering("plain", template)
 
 
+def describe(rendering: Rendering, tokenizer=None) -> str:  # noqa: ANN001
+    """How rows are rendered, for the log and the messages: the template and where it comes from (the tokenizer's
+    chat template, named when ``tokenizer`` is given; the plain template; data.template; none)."""
+    of = f" of {getattr(tokenizer, 'name_or_path', '') or 'the tokenizer'}" if tokenizer is not None else ""
+    if rendering.mode == "generation":
+        return f"the tokenizer's chat template{of} (its {{% generation %}} marks)"
+    if rendering.mode == "chat":
+        return f"the tokenizer's chat template{of}"
+    if rendering.mode == "raw":
+        return "no template (prompt + completion + EOS)"
+    custom = rendering.template not in (None, PLAIN_TEMPLATE)
+    return f"the plain template (data.template={rendering.template!r})" if custom and tokenizer is not None else \
+        "the plain template" + (" (data.template)" if custom else "")
+
+
 PLACEHOLDERS = ("system", "prompt", "response")
 _PLACEHOLDER = re.compile(r"\{(\w*)\}")
 

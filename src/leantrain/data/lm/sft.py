@@ -7,6 +7,7 @@ call, so the engine, the task and predict/eval stay free of branches."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 from typing import Iterator
@@ -16,6 +17,7 @@ import datasets
 from leantrain.config import DataConfig
 from leantrain.data.lm import instructions as ins
 from leantrain.data.lm import instruction_formats as formats_
+from leantrain.data.lm import masks
 from leantrain.data.lm import rendering as rd
 from leantrain.data.lm import preference_formats as pf
 from leantrain.data.caches import using_cache_dir
@@ -159,7 +161,29 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int,
                             "drop them")
     if len(train_ds) < batch_size:
         warnings.append(f"only {len(train_ds)} training examples, fewer than one batch (train.batch_size={batch_size})")
-    return PreparedData(train_ds, eval_ds, [], {"format": fmt}, notes, warnings)
+    return PreparedData(train_ds, eval_ds, [], {"format": fmt}, notes, warnings,
+                        rendered=functools.partial(rendered_rows, train, fmt, cfg))
+
+
+def rendered_rows(part: Part, fmt: str, cfg: DataConfig, tokenizer, n: int) -> list[masks.RenderedRow]:  # noqa: ANN001
+    """The first ``n`` rows of ``part`` as training renders them, each named by its file and line; a row that cannot
+    be rendered carries why (a template that fails or rewrites earlier turns)."""
+    from jinja2 import TemplateError
+
+    rendering = rd.choose_rendering(tokenizer, cfg.template, fmt)
+    out = []
+    for i in range(min(n, len(part.ds))):
+        where = (part.where, part.rows([i]))
+        try:
+            ids, mask = ins.render_row(part.ds[i], fmt, tokenizer, rendering, cfg.system_prompt,
+                                       cfg.train_on_empty_think)
+        except (TemplateError, DataError, ValueError) as e:
+            out.append(masks.unrendered(*where, rendering, e))
+            continue
+        everything = cfg.train_on_prompt  # every token is learnt: nothing to check
+        out.append(masks.RenderedRow(*where, rendering, ids, [True] * len(ids) if everything else mask,
+                                     kind="all" if everything else "response"))
+    return out
 
 
 def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_labels=None):  # noqa: ANN001
@@ -189,7 +213,7 @@ def process(dataset: datasets.Dataset, tokenizer, cfg: DataConfig, desc: str = "
     where = {"Processing train": "data.train", "Processing eval": "data.eval"}.get(desc, "data")
     data = ins.process(dataset, tokenizer, block_size=size, template=cfg.template,
                        train_on_prompt=cfg.train_on_prompt, where=where, desc=desc,
-                       system_prompt=cfg.system_prompt)
+                       system_prompt=cfg.system_prompt, keep_empty_think=cfg.train_on_empty_think)
     for note in data.notes:
         log.info(note)
     if len(data.dataset) and where != "data.eval":

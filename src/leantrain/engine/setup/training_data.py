@@ -5,8 +5,10 @@ label names, the processor, and the task that counts the loss's units."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from accelerate import Accelerator
@@ -17,6 +19,7 @@ from leantrain.config.metric_names import check_metric
 from leantrain.config.training import parse_stop_when
 from leantrain.errors import ConfigError, problems_error
 from leantrain.data.loaders import eval_loader
+from leantrain.data.lm import masks
 from leantrain.engine.evaluation.eval_plan import eval_width
 from leantrain.engine.setup.precompute import with_precomputed
 from leantrain.engine.evaluation.samples import check_sample_prompts
@@ -143,11 +146,27 @@ def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - 
     configured = task.configured(cfg)
     configured.data.for_training(lambda: data.train["label"], data.label_names)  # class weights, pos_weight
     configured.data.check(data.columns, cfg)  # and the keys of the method the data selects (loss=auto)
-    check_generation_room(cfg, task, configured, data)
+    tokenizer = functools.cache(lambda: load_processor(cfg.model, task))  # loaded once, when a check needs it
+    check_rendered_rows(data, tokenizer)
+    check_generation_room(cfg, task, configured, data, tokenizer)
     check_stop_when(cfg, len(data.label_names), task)
 
 
-def check_generation_room(cfg: Config, task: Task, configured: Task, data) -> None:  # noqa: ANN001 - PreparedData
+def check_rendered_rows(data, tokenizer: Callable) -> None:  # noqa: ANN001 - PreparedData
+    """The first training rows as the model will see them (``PreparedData.rendered``: instruction, preference and
+    prompt data, rendered with the run's tokenizer, ``tokenizer()``), checked by ``data.lm.masks``: a reply with no
+    token to learn, or whose trained tokens miss the end-of-turn, or a prompt that does not end with the opening of
+    the assistant's turn, is a DataError naming the file, the row and the template."""
+    if data.rendered is None:
+        return
+    tok = tokenizer()
+    found = masks.problems(data.rendered(tok, masks.FIRST_ROWS), tok)
+    if found:
+        raise problems_error(found, [masks.HINT])
+
+
+def check_generation_room(cfg: Config, task: Task, configured: Task, data,  # noqa: ANN001 - PreparedData
+                          tokenizer: Callable | None = None) -> None:
     """A method that generates after its prompts (``Task.data.generated_tokens``, GRPO's ``grpo.max_new_tokens``): each
     prompt, as it will be cut, with that many new tokens within the model's positions, or a DataError naming the
     file, the lines and the numbers (``PreparedData.room``: the data side renders the prompts, with the run's
@@ -158,7 +177,7 @@ def check_generation_room(cfg: Config, task: Task, configured: Task, data) -> No
     limit = model_position_limit(cfg)
     if limit is None:
         return
-    problems = data.room(lambda: load_processor(cfg.model, task), wanted[0], limit, wanted[1])
+    problems = data.room(tokenizer or (lambda: load_processor(cfg.model, task)), wanted[0], limit, wanted[1])
     if problems:
         raise problems_error(problems)
 
