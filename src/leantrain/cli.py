@@ -26,6 +26,7 @@ examples:
                                                    # on-policy distillation: the teacher scores the student's samples
   leantrain prepare corpus/*.txt model.tokenizer=<folder or hub id> output_dir=shards/   # causal LM text -> token shards
   leantrain inspect path/or/hub-id                 # no argument: the default model (also: minilm)
+  leantrain inspect smollm2-135m data.train=chat.jsonl --render 3   # rows as the model sees them
   leantrain predict runs/x/model --input new.csv --output preds.jsonl
   leantrain eval runs/x/model data.eval=dev.csv
   leantrain eval runs/x/model --harness my_tasks/ --tasks arith,qa --output m.json   # lm-evaluation-harness
@@ -33,6 +34,15 @@ examples:
   leantrain export runs/x/model --format gguf --outtype q8_0   # -> runs/x/model.q8_0.gguf + Modelfile (Ollama)
   leantrain plan my.yaml --memory 8GiB --json
   leantrain bench my.yaml --sweep optim.name=adamw,adafactor,adamw8bit,sgd train.max_steps=20 output_dir=runs/b
+"""
+
+
+INSPECT_EXAMPLES = """\
+examples:
+  leantrain inspect smollm2-135m                   # the model's config and parameter counts
+  leantrain inspect smollm2-135m data.train=chat.jsonl --render 3      # 3 rows as training renders them, [[trained]]
+  leantrain inspect my.yaml --render 2 --json      # the run's data and tokenizer: ids, tokens, trained mask
+  leantrain inspect model.config_type=llama model.tokenizer=tok/ data.train=pairs.jsonl --render 1   # chosen, rejected
 """
 
 
@@ -99,9 +109,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     t.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     _launch_options(t)
 
-    i = sub.add_parser("inspect", help="a model's config and parameter counts (total / trainable / embeddings)")
-    i.add_argument("name", nargs="?", default=None,
-                   help="Hub id, local folder or minilm (the packaged model); default: the default model")
+    i = sub.add_parser("inspect", help="a model's config and parameter counts (total / trainable / embeddings); "
+                       "with --render N, the first N training rows as the model sees them, trained tokens marked",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=INSPECT_EXAMPLES)
+    i.add_argument("args", nargs="*", metavar="[NAME | CONFIG.yaml] [key=value ...]",
+                   help="a Hub id, local folder or minilm (the packaged model; default: the default model); with "
+                   "--render, also a YAML config and key=value overrides (data.train, model.tokenizer, data.*)")
+    i.add_argument("--render", type=int, default=None, metavar="N",
+                   help="show the first N rows of data.train rendered as training renders them, the tokens the loss "
+                   "covers in [[...]], then check them as training does (exit 2 on a problem); no model loads")
     i.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     pr = sub.add_parser("predict", help="predict labels for a file with a fine-tuned model folder",
@@ -251,9 +267,24 @@ def _cmd_train(ns) -> int:
 
 
 def _cmd_inspect(ns) -> int:
-    from leantrain.commands.inspect import inspect_command  # lazy: torch and transformers load for the command only
+    positional = [v for v in ns.args if "=" not in v]
+    overrides = [v for v in ns.args if "=" in v]
+    if ns.render is None:
+        from leantrain.commands.inspect import inspect_command  # lazy: torch and transformers load for the command
 
-    return inspect_command(ns.name, as_json=ns.json)
+        if overrides or len(positional) > 1:
+            raise UserError(f"leantrain inspect takes one model name ({' '.join(ns.args)} given); key=value "
+                            "overrides go with --render N (the rendered training rows)")
+        return inspect_command(positional[0] if positional else None, as_json=ns.json)
+    from leantrain.commands.inspect_rows import render_command  # lazy: transformers loads for the command only
+
+    configs = [v for v in positional if v.endswith((".yaml", ".yml"))]
+    names = [v for v in positional if v not in configs]
+    if len(configs) > 1 or len(names) > 1:
+        raise UserError(f"expected at most one config file and one model name, got {', '.join(positional)}; "
+                        "overrides are written key=value")
+    overrides = [f"model.name={n}" for n in names] + overrides
+    return render_command(configs[0] if configs else None, overrides, ns.render, as_json=ns.json)
 
 
 def _cmd_predict(ns) -> int:

@@ -167,7 +167,8 @@ def test_an_empty_think_block_is_not_learnt_unless_kept(toks, name, mode):
     assert trained(ids, mask, tok) == [f"{A}<|im_end|>\n", "6.<|im_end|>\n"]
     assert "<think>\n\n</think>\n\n" + A in tok.decode(ids)  # still in the input: only the loss leaves it out
     ids, kept = ins.render_row({"messages": MULTI}, "messages", tok, rendering, keep_empty_think=True)
-    assert trained(ids, kept, tok) == [f"<think>\n\n</think>\n\n{A}<|im_end|>\n", "<think>\n\n</think>\n\n6.<|im_end|>\n"]
+    think = "<think>\n\n</think>\n\n"
+    assert trained(ids, kept, tok) == [f"{think}{A}<|im_end|>\n", f"{think}6.<|im_end|>\n"]
 
 
 def test_a_think_block_with_reasoning_is_learnt(toks):
