@@ -30,12 +30,13 @@ def rendered(cfg: Config, n: int) -> tuple[list[masks.RenderedRow], object]:
 def row_text(row: masks.RenderedRow, tokenizer, block_size: int) -> str:  # noqa: ANN001
     """One rendered row for the terminal: a header (file, row, part, tokens, trained, template), then the text with
     the trained tokens in [[...]]."""
+    template = describe(row.rendering, tokenizer)
+    if row.problem:
+        return f"=== {row.name}: {template}\ncannot be rendered: {row.problem}"
     what = "nothing trained" if row.kind == "prompt" else f"{sum(row.trained)} trained"
-    head = f"=== {row.name}: {len(row.ids)} tokens, {what}; {describe(row.rendering, tokenizer)}"
+    head = f"=== {row.name}: {len(row.ids)} tokens, {what}; {template}"
     if row.kind != "prompt" and len(row.ids) > block_size:
         head += f"; longer than data.block_size={block_size}: training keeps the first {block_size}"
-    if row.problem:
-        return f"{head}\ncannot be rendered: {row.problem}"
     return f"{head}\n{masks.marked(row.ids, row.trained, tokenizer)}"
 
 
