@@ -10,7 +10,8 @@ and what it returns beside its loss.
   checkpoint never falls inside them). It may also give the ``tokens`` tokens/s credits for the step (this process's,
   a host number or a device scalar, summed over the processes with the count: e.g. the prompt and completion tokens
   of a rollout; unset: the loaded rows' count, ``Task.data.throughput_tokens``) and ``samples``, a few JSON-able records of
-  what it made (e.g. generated completions), which the engine writes to ``completions.jsonl`` at logging steps.
+  what it made (e.g. generated completions), or a callable making them (decoding them reads the device: the engine
+  calls it only where it writes them, ``completions.jsonl`` on the main process at logging steps).
 - Loaded micro-batches may carry non-tensor entries (e.g. a prompt batch's texts and reward columns, as lists): they
   reach ``step.batches`` as they are; only the tensors are moved to the device.
 - ``Task.step.loss(model, batch) -> (loss_sum, step_metrics)``: ``step_metrics`` is ``{name: (sum, count)}`` of device
@@ -26,7 +27,7 @@ and what it returns beside its loss.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 PEAK = "_max"  # a step metric whose name ends so is the largest value seen, not a mean
 
@@ -59,4 +60,4 @@ class StepBatches:
     count: Any
     updates: int = 1
     tokens: Any = None
-    samples: tuple | list = ()
+    samples: tuple | list | Callable[[], list] = ()

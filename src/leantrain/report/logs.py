@@ -56,10 +56,14 @@ class MetricsLog:
     def samples_path(self) -> Path:
         return self.path.with_name(COMPLETIONS)
 
-    def write_samples(self, step: int, samples) -> None:  # noqa: ANN001 - JSON-able records
-        """A method's sample records of ``step`` (``StepBatches.samples``), appended to completions.jsonl; the
-        trackers that take tables get them as the table ``completions``."""
-        if not self.path or not samples:
+    def write_samples(self, step: int, samples) -> None:  # noqa: ANN001 - JSON-able records, or a callable
+        """A method's sample records of ``step`` (``StepBatches.samples``: the records, or a callable making them,
+        called here only: on the main process at a logging step), appended to completions.jsonl; the trackers that
+        take tables get them as the table ``completions``."""
+        if not self.path:
+            return
+        samples = samples() if callable(samples) else samples
+        if not samples:
             return
         rows = [_clean({"step": step, **dict(r)}) for r in samples]
         with self.samples_path.open("a") as f:

@@ -23,6 +23,7 @@ in ``parts.py``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from contextlib import nullcontext
 
 import torch
@@ -73,7 +74,7 @@ class DistillStep(CausalLM.parts.step):
         lap("teacher")
         units = torch.stack([D.selected(b).sum() for b in made]).sum()
         tokens = torch.stack([G.tokens(b) for b in made]).sum()  # a device scalar: no host read
-        samples = task.samples(micro_batches[0], made[0], on_policy) if made else ()
+        samples = functools.partial(task.samples, micro_batches[0], made[0], on_policy) if made else ()
         return StepBatches(made, units, tokens=tokens, samples=samples)
 
     def loss(self, model, batch: dict) -> tuple:  # noqa: ANN001

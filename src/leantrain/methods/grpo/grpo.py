@@ -24,6 +24,7 @@ completions left out) and ``eval.rewards/<fn>``. The parts around the step (data
 from __future__ import annotations
 
 import dataclasses
+import functools
 from contextlib import nullcontext
 
 import torch
@@ -78,7 +79,7 @@ class GrpoStep(CausalLM.parts.step):
         lap("reference")  # the advantages, rows and the old and reference log-probs
         units = torch.stack([L.count(completion_mask(b), b["loss_weight"], g.loss, g.max_new_tokens)
                              for b in made]).sum()
-        samples = G.samples(scored[0], list(self.task.rewards), g.log_completions) if scored else ()
+        samples = functools.partial(G.samples, scored[0], list(self.task.rewards), g.log_completions) if scored else ()
         return StepBatches(made, units, updates=g.num_iterations, tokens=tokens, samples=samples)
 
     def sample_and_score(self, model, accelerator, batches: list[dict], generator, step: int, lap,  # noqa: ANN001
