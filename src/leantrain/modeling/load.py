@@ -84,13 +84,14 @@ def load_tokenizer(cfg: ModelConfig, *, say: bool = True):
     return tokenizer
 
 
-def load_processor(cfg: ModelConfig, task):  # noqa: ANN001 - a leantrain.methods Task
-    """The model's own processor: tokenizer (text), image processor (images) or feature extractor (audio).
+def load_processor(cfg: ModelConfig, task, *, say: bool = True):  # noqa: ANN001 - a leantrain.methods Task
+    """The model's own processor: tokenizer (text), image processor (images) or feature extractor (audio); ``say``:
+    as ``load_tokenizer``'s (the data checks' early load is quiet, the run's own load says it).
 
     A model trained from scratch (model.config / model.config_type) gets one built from its config."""
     kind = task.traits.processor
     if kind == "tokenizer":
-        return load_tokenizer(cfg)
+        return load_tokenizer(cfg, say=say)
     if from_scratch(cfg):
         return build_processor(load_config(cfg), kind)
     from transformers import AutoFeatureExtractor, AutoImageProcessor

@@ -146,7 +146,8 @@ def check_loaded_data(cfg: Config, task: Task, data) -> None:  # noqa: ANN001 - 
     configured = task.configured(cfg)
     configured.data.for_training(lambda: data.train["label"], data.label_names)  # class weights, pos_weight
     configured.data.check(data.columns, cfg)  # and the keys of the method the data selects (loss=auto)
-    tokenizer = functools.cache(lambda: load_processor(cfg.model, task))  # loaded once, when a check needs it
+    # loaded once, when a check needs it, quietly: the run's own load says what it chose (the pad token)
+    tokenizer = functools.cache(lambda: load_processor(cfg.model, task, say=False))
     check_rendered_rows(data, tokenizer)
     check_generation_room(cfg, task, configured, data, tokenizer)
     check_stop_when(cfg, len(data.label_names), task)
@@ -177,7 +178,7 @@ def check_generation_room(cfg: Config, task: Task, configured: Task, data,  # no
     limit = model_position_limit(cfg)
     if limit is None:
         return
-    problems = data.room(tokenizer or (lambda: load_processor(cfg.model, task)), wanted[0], limit, wanted[1])
+    problems = data.room(tokenizer or (lambda: load_processor(cfg.model, task, say=False)), wanted[0], limit, wanted[1])
     if problems:
         raise problems_error(problems)
 
