@@ -21,7 +21,7 @@ ARCHITECTURE = SRC.parents[1] / "docs" / "architecture.md"
 LAYERS = {
     "leantrain.errors": 0, "leantrain.version": 0, "leantrain.units": 0, "leantrain.files": 0, "leantrain.processes": 0,
     "leantrain.heartbeat": 0,
-    "leantrain.config": 1,
+    "leantrain.config": 1, "leantrain.environments": 1,
     "leantrain.data": 2, "leantrain.modeling": 2, "leantrain.optim": 2,
     "leantrain.methods": 3,
     "leantrain.perf": 4, "leantrain.report": 4,

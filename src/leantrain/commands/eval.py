@@ -125,7 +125,7 @@ def evaluate_as_training(model_dir: str, task: Task, cfg: Config, output_path: s
     reference = configured.evaluation.reference_model_name()
     folder = reference_folder(reference, model_dir) if reference else None
     check_weights(model_dir, mcfg.allow_pickle)
-    side = task.data.side()
+    side = configured.data.side()  # as the method reads it with the recorded settings (GRPO's environment)
     split, notes = eval_rows(side, cfg, require_labels=False, known_labels=None)
     detected = side.detected(split)
     configured.data.check(detected)  # training's check of the data against the loss, before the model

@@ -31,9 +31,9 @@ templates (hermes, llama, mistral), ``base.py`` the classes and their loading.
 """
 
 from leantrain.environments.base import Environment, ToolEnvironment, load_environment, schemas
-from leantrain.environments.tool_calls import (MalformedToolCall, ToolCall, call_format, parse_tool_calls,
+from leantrain.environments.tool_calls import (FALLBACK_FORMAT, MalformedToolCall, ToolCall, call_format, parse_tool_calls,
                                                template_format)
 from leantrain.environments.tools import ToolResult, run_tool, tool_schema
 
-__all__ = ["Environment", "MalformedToolCall", "ToolCall", "ToolEnvironment", "ToolResult", "call_format",
+__all__ = ["FALLBACK_FORMAT", "Environment", "MalformedToolCall", "ToolCall", "ToolEnvironment", "ToolResult", "call_format",
            "load_environment", "parse_tool_calls", "run_tool", "schemas", "template_format", "tool_schema"]

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 
 FORMATS = ("hermes", "llama", "mistral")
+FALLBACK_FORMAT = "hermes"  # the format leantrain writes into the system message where a template has none
 EXPECTED = {"hermes": '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>',
             "llama": '{"name": "<tool name>", "parameters": {<arguments as JSON>}}',
             "mistral": '[TOOL_CALLS][{"name": "<tool name>", "arguments": {<arguments as JSON>}}]'}

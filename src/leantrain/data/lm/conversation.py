@@ -62,12 +62,23 @@ def template_takes_tools(tokenizer) -> bool:  # noqa: ANN001
     return isinstance(template, str) and "tools" in template
 
 
-def tools_in_system(messages: list[dict[str, str]], tools: list[dict]) -> list[dict[str, str]]:
-    """The tool schemas written into the system turn (appended to it, or a system turn of their own)."""
-    text = TOOLS_HEADER + "\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+def tools_in_system(messages: list[dict[str, str]], tools: list[dict], how: str = "") -> list[dict[str, str]]:
+    """The tool schemas written into the system turn (appended to it, or a system turn of their own); ``how``: how to
+    call them (a prompt to be answered with tool calls: ``environments.call_format``), after the schemas."""
+    text = TOOLS_HEADER + "\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + (f"\n\n{how}" if how
+                                                                                                 else "")
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
+
+
+def placed_tools(messages: list[dict[str, str]], tools: list[dict] | None, tokenizer, chat: bool,  # noqa: ANN001
+                 how: str = "") -> tuple[list[dict[str, str]], list[dict] | None]:
+    """(messages, tools for the chat template): the schemas as ``tools=`` where the chat template (``chat``: it
+    renders the conversation) reads them, else written into the system message (``tools_in_system``, with ``how``)."""
+    if not tools or (chat and template_takes_tools(tokenizer)):
+        return messages, tools or None
+    return tools_in_system(messages, tools, how), None
 
 
 def prompt_context(tokenizer, system_prompt: str | None, tools: list[dict] | None,  # noqa: ANN001

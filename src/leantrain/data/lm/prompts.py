@@ -38,18 +38,20 @@ from leantrain.data.lm import masks
 from leantrain.data.lm import preference_formats as pf
 from leantrain.data.lm import rendering as rd
 from leantrain.data.lm.collate import pad_id_of
-from leantrain.data.lm.conversation import with_system
+from leantrain.data.lm.conversation import row_tools, with_system
 from leantrain.data.lm.preference import prompt_budget
 from leantrain.data.lm.preference_render import last_run, policy_rendering
 from leantrain.data.mapped import tokenizer_map
 from leantrain.data.sources import Part
 from leantrain.data.text_loader import PreparedData, data_error, first_rows, open_parts, open_rows, source_warnings
+from leantrain.environments import FALLBACK_FORMAT, call_format
 from leantrain.errors import DataError
 
 log = logging.getLogger("leantrain")
 PROMPT = "prompt"
 ANSWER = "completion"  # distillation: the prompt's answer (off-policy steps train on it)
 MESSAGES = "messages"
+TOOLS = "tools"  # a row's tool schemas (JSON): rendered for the chat template or into the system message
 ANSWERED = ("completion", "response", "output", "chosen", "rejected")  # a column that answers the prompt: other data
 NOT_AUTO = (*ANSWERED, "label")  # model.task=auto: a label beside a prompt is feedback or classification data
 ROLES = ("system", "user", "assistant", "tool")
@@ -121,6 +123,7 @@ def read_completion(value: Any) -> str:
 
 def _read_row(row: dict, answers: bool) -> None:
     read_prompt(row[PROMPT])
+    row_tools(row)
     if answers and ANSWER in row:
         read_completion(row[ANSWER])
 
@@ -180,9 +183,10 @@ def built_in_prompts(train_spec: str | None):  # noqa: ANN201 - a module with fi
 
 
 def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labels=None,  # noqa: ANN001
-                      answers: bool = False) -> PreparedData:
+                      answers: bool = False, opening: Callable[[Part], Part] | None = None) -> PreparedData:
     """Prompt rows (and eval rows), checked: one DataError naming file, line and problem. ``answers``: prompts may
-    come with a ``completion`` (or as ``messages`` conversations: the last turn is the completion)."""
+    come with a ``completion`` (or as ``messages`` conversations: the last turn is the completion). ``opening``: each
+    part's rows made into prompts first (an environment's opening messages and tools: GRPO's ``grpo.environment``)."""
     notes: list[str] = []
     train_spec, eval_spec = cfg.train, cfg.eval
     built_in = built_in_prompts(train_spec)
@@ -194,6 +198,8 @@ def load_and_validate(cfg: DataConfig, *, seed: int, batch_size: int, known_labe
         train, evaluation = open_parts(cfg, train_spec, eval_spec, notes)
     if answers:
         train, evaluation = (_split_conversations([p])[0] if p is not None else None for p in (train, evaluation))
+    if opening is not None:
+        train, evaluation = (opening(p) if p is not None else None for p in (train, evaluation))
     parts = [p for p in (train, evaluation) if p is not None]
     _checked(parts, answers)
     if cfg.template not in ("auto", "chat", "plain"):
@@ -241,7 +247,9 @@ def too_long(parts: list[Part], cfg: DataConfig, tokenizer: Callable[[], Any], n
     for part in parts:
         textual = isinstance(part.ds[0][PROMPT], str) if len(part.ds) else True
         rendering = policy_rendering(tok, cfg.template, textual)
-        lengths = [min(len(render_prompt(p, tok, rendering, cfg.system_prompt)), budget) for p in part.ds[PROMPT]]
+        tools = part.ds[TOOLS] if TOOLS in part.ds.column_names else [None] * len(part.ds)
+        lengths = [min(len(render_prompt(p, tok, rendering, cfg.system_prompt, t)), budget)
+                   for p, t in zip(part.ds[PROMPT], tools)]
         over = [i for i, n in enumerate(lengths) if n + new_tokens > positions]
         if not over:
             continue
@@ -257,11 +265,13 @@ def too_long(parts: list[Part], cfg: DataConfig, tokenizer: Callable[[], Any], n
 
 
 def load_rows(path: str, cfg: DataConfig, *, require_labels: bool = True, known_labels=None,  # noqa: ANN001, ANN201
-              answers: bool = False):
-    """One source of prompts for ``eval``: (rows, notes); ``answers`` as ``load_and_validate``'s."""
+              answers: bool = False, opening: Callable[[Part], Part] | None = None):
+    """One source of prompts for ``eval``: (rows, notes); ``answers``, ``opening`` as ``load_and_validate``'s."""
     part = open_rows(path, cfg)
     if answers:
         part = _split_conversations([part])[0]
+    if opening is not None:
+        part = opening(part)
     _checked([part], answers)
     return part.ds, [f"data: prompts from {part.name}"]
 
@@ -272,14 +282,18 @@ def detected(rows: datasets.Dataset) -> dict:
 
 
 def render_prompt(prompt: str | list[dict[str, str]], tokenizer, rendering: rd.Rendering,  # noqa: ANN001
-                  system_prompt: str | None = None) -> list[int]:
+                  system_prompt: str | None = None, tools: Any = None) -> list[int]:
     """A prompt's token ids as SFT renders them before the answer: the conversation with an assistant turn rendered
-    by ``rendering.render``, cut where the response mask begins (raw: the text with the special tokens)."""
+    by ``rendering.render``, cut where the response mask begins (raw: the text with the special tokens). ``tools``:
+    the row's tool schemas (its ``tools`` column), for the chat template, or written into the system message with
+    how to call them (``environments.call_format``) where the template does not read them."""
     if rendering.mode == "raw":
         return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else read_prompt(prompt)
     messages = with_system(messages, {}, system_prompt)
-    ids, mask = rd.render([*messages, {"role": "assistant", "content": "0"}], tokenizer, rendering)
+    schemas = row_tools({"tools": tools})
+    ids, mask = rd.render([*messages, {"role": "assistant", "content": "0"}], tokenizer, rendering, schemas,
+                          call_format(FALLBACK_FORMAT) if schemas else "")
     return ids[:_answer_start(mask, rendering, tokenizer)]
 
 
@@ -323,7 +337,7 @@ def rendered_rows(part: Part, cfg: DataConfig, tokenizer, n: int) -> list[masks.
                 out.append(masks.RenderedRow(*where, rendering, prompt + answer,
                                              [False] * len(prompt) + [True] * len(answer)))
             else:
-                ids = render_prompt(row[PROMPT], tokenizer, rendering, cfg.system_prompt)
+                ids = render_prompt(row[PROMPT], tokenizer, rendering, cfg.system_prompt, row.get(TOOLS))
                 out.append(masks.RenderedRow(*where, rendering, ids, [False] * len(ids), "prompt", kind="prompt"))
         except (TemplateError, DataError, ValueError) as e:
             out.append(masks.unrendered(*where, rendering, e, "prompt"))
@@ -337,7 +351,9 @@ def _encode(batch: dict[str, list], tokenizer, rendering: rd.Rendering, budget: 
                  for p, c in zip(batch[PROMPT], batch[ANSWER])]
         ids, answers = [p for p, _ in pairs], {"completion_input_ids": [c for _, c in pairs]}
     else:
-        ids, answers = [render_prompt(p, tokenizer, rendering, system_prompt) for p in batch[PROMPT]], {}
+        tools = batch.get(TOOLS) or [None] * len(batch[PROMPT])
+        ids, answers = [render_prompt(p, tokenizer, rendering, system_prompt, t)
+                        for p, t in zip(batch[PROMPT], tools)], {}
     return {"prompt_input_ids": [x[-budget:] for x in ids], "length": [min(len(x), budget) for x in ids],
             "trimmed": [len(x) > budget for x in ids], **answers}
 

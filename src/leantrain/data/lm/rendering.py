@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from leantrain.data.lm.conversation import template_takes_tools, tools_in_system
+from leantrain.data.lm.conversation import placed_tools
 from leantrain.errors import DataError
 
 IGNORE = -100
@@ -93,11 +93,11 @@ def plain_prompt(prompt: str, template: str, system: str = "") -> str:
 
 
 def render(messages: list[dict[str, str]], tokenizer, rendering: Rendering,
-           tools: list[dict] | None = None) -> tuple[list[int], list[bool]]:
+           tools: list[dict] | None = None, how: str = "") -> tuple[list[int], list[bool]]:
     """(token ids, is-response mask) of one conversation; every assistant turn (and the end-of-turn / EOS after it)
-    is marked. ``tools``: the row's tool schemas, for the chat template (``tools=``) or the system message."""
-    if tools and not (rendering.chat and template_takes_tools(tokenizer)):
-        messages, tools = tools_in_system(messages, tools), None
+    is marked. ``tools``: the row's tool schemas, for the chat template (``tools=``) or the system message (with
+    ``how``: how to call them, ``conversation.placed_tools``)."""
+    messages, tools = placed_tools(messages, tools, tokenizer, rendering.chat, how)
     if rendering.mode == "generation":
         enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, tools=tools,
                                             return_assistant_tokens_mask=True)

@@ -141,6 +141,8 @@ def _hash_array(h, arr) -> None:  # noqa: ANN001 - hashlib object, pyarrow Array
 
     if arr.null_count:
         h.update(np.asarray(arr.is_null()).tobytes())
+    if pa.types.is_null(arr.type):  # all null: the mask says it all (its values as numpy are object pointers)
+        return
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
         h.update(np.asarray(pc.fill_null(pc.list_value_length(arr), 0), dtype=np.int64).tobytes())
         _hash_array(h, pc.list_flatten(arr))

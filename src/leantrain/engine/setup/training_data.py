@@ -117,7 +117,9 @@ def load_data(cfg: Config, task: Task):
     """The run's data loaded and validated by the task's data side (no model, no processor): raises DataError
     listing every problem."""
     with using_cache_dir(cfg.data.cache_dir):
-        return task.data.side().load_and_validate(cfg.data, seed=cfg.train.seed, batch_size=cfg.train.batch_size)
+        # the method as configured reads its data (GRPO's environment opens each row's episode)
+        return task.configured(cfg).data.side().load_and_validate(cfg.data, seed=cfg.train.seed,
+                                                                  batch_size=cfg.train.batch_size)
 
 
 def validate_data(cfg: Config):

@@ -31,9 +31,12 @@ import torch
 
 from leantrain.config.grpo import GRPO, GrpoConfig, check_grpo_keys
 from leantrain.config.tasks import task_spec
+from leantrain.environments import load_environment, schemas
+from leantrain.methods.grpo import episodes as E
 from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import losses as L
 from leantrain.methods.grpo import rollout as G
+from leantrain.methods.grpo.env_tokens import tool_format
 from leantrain.methods.grpo.parts import (RECORD, GrpoData, GrpoEvaluation, GrpoModel, GrpoReport, Sampler,
                                           loaded_rewards, on_first_forward)
 from leantrain.methods.lm.causal_lm import CausalLM
@@ -95,6 +98,8 @@ class GrpoStep(CausalLM.parts.step):
         if self.task.sync_weights is not None:  # another engine's copy of the weights, brought up to date
             self.task.sync_weights(model)
             lap("weight_sync", synced=True)
+        if self.task.environment is not None:
+            return self.episodes(model, accelerator, batches, ids, mask, generator, step, lap, generating)
         with accelerator.autocast(), on_first_forward(model, generating):
             rollout = self.task.generate(
                 model, ids, mask, num_generations=g.num_generations, sampling=self.task.sampling,
@@ -102,6 +107,22 @@ class GrpoStep(CausalLM.parts.step):
         lap("generation", synced=True)
         parts = G.split(rollout, [len(b["prompt_input_ids"]) * g.num_generations for b in batches])
         scored = [G.score(b, part, tok, list(self.task.rewards), g.num_generations, step)
+                  for b, part in zip(batches, parts)]
+        lap("scoring", synced=True)
+        return scored
+
+    def episodes(self, model, accelerator, batches: list[dict], ids, mask, generator, step: int, lap,  # noqa: ANN001
+                 generating=None) -> list[G.Scored]:  # noqa: ANN001
+        """``sample_and_score`` of a multi-turn run: the step's episodes (``episodes.run``: every turn one generation
+        of the episodes still going), then each micro-batch's scored (``rollout.score_episodes``)."""
+        g, tok = self.task.grpo, self.task.tokenizer()
+        with accelerator.autocast(), on_first_forward(model, generating):
+            eps = E.run(self.task.generate, model, ids, mask, [row for b in batches for row in E.prompt_rows(b)],
+                        self.task.episode_settings(model), num_generations=g.num_generations,
+                        sampling=self.task.sampling, tokenizer=tok, eos_ids=stop_ids(model, tok), pad_id=pad_id(tok),
+                        generator=generator, stop=stop_strings(tok, g.stop), lap=lap)
+        parts = G.split_episodes(eps, [len(b["prompt_input_ids"]) * g.num_generations for b in batches])
+        scored = [G.score_episodes(b, part, tok, list(self.task.rewards), g.num_generations, step)
                   for b, part in zip(batches, parts)]
         lap("scoring", synced=True)
         return scored
@@ -116,7 +137,7 @@ class GrpoStep(CausalLM.parts.step):
         logps, mask = -losses, completion_mask(batch)
         old = batch.get("old_logps", logps.detach())
         per_token, clipped = L.surrogate(logps, old, batch["advantages"], g.epsilon, g.resolved_epsilon_high())
-        metrics = G.rollout_metrics(batch["rollout_values"], weights, G.metric_names(list(self.task.rewards)))
+        metrics = G.rollout_metrics(batch["rollout_values"], weights, self.task.metric_names)
         sampler = batch.get(G.SAMPLER_LOGPS)
         if sampler is not None:  # how far the sampler was from the trainer, and (on) the correction for it
             metrics.update(L.sampling_metrics(old, sampler, mask, weights))
@@ -149,6 +170,7 @@ class Grpo(CausalLM):
 
     grpo: GrpoConfig = dataclasses.field(default_factory=GrpoConfig)  # the grpo.* section
     rewards: tuple = ()  # the reward functions of grpo.rewards, loaded (weights applied)
+    environment: type | None = None  # grpo.environment's class, loaded
     reference: str = "none"  # beta > 0: "adapter" (LoRA off) or "live" (a frozen copy); else none
     prompt_tokens: int = 0  # the prompts' budget (data.max_prompt_length or block_size // 2)
     processor: object = dataclasses.field(default=None, compare=False, repr=False)  # the run's tokenizer
@@ -167,6 +189,7 @@ class Grpo(CausalLM):
         return dataclasses.replace(
             self, grpo=g,
             rewards=loaded_rewards(tuple(g.rewards), None if weights is None else tuple(weights)) if g.rewards else (),
+            environment=load_environment(g.environment, "grpo.environment") if g.environment else None,
             reference="none" if g.beta == 0 else "adapter" if cfg.peft.method != "none" else "live",
             prompt_tokens=cfg.data.max_prompt_length or cfg.data.block_size // 2)
 
@@ -191,12 +214,25 @@ class Grpo(CausalLM):
     @property
     def vllm_settings(self) -> vllm_engine.VllmSettings:
         g = self.grpo
-        return vllm_engine.VllmSettings(g.vllm_memory, self.prompt_tokens + g.max_new_tokens)
+        return vllm_engine.VllmSettings(g.vllm_memory, self.prompt_tokens + g.episode_tokens())
 
     @property
     def sampling(self) -> Sampling:
         g = self.grpo
         return Sampling(g.max_new_tokens, g.temperature, g.top_p, g.top_k)
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The names of a training micro-batch's ``rollout_values`` columns (``rollout.metric_names``)."""
+        return G.metric_names(list(self.rewards), self.environment is not None)
+
+    def episode_settings(self, model) -> E.Settings:  # noqa: ANN001
+        """What an episode runs with (``episodes.Settings``): the environment, its tools as the prompts were rendered
+        with them, the tool-call format of the model's template (``env_tokens.tool_format``), the limits."""
+        g, tok = self.grpo, self.tokenizer()
+        tools = schemas(self.environment) or None
+        return E.Settings(self.environment, tools, tool_format(tok), g.tool_timeout, g.max_turns, g.episode_tokens(),
+                          frozenset(int(i) for i in stop_ids(model, tok)))
 
     @property
     def corrects_sampling(self) -> bool:

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from leantrain.methods.grpo import env_rows
+from leantrain.methods.grpo import episodes as E
 from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import rewards as R
 from leantrain.methods.grpo import rollout as G
@@ -27,7 +29,8 @@ from leantrain.modeling.wrappers import unwrapped
 
 RECORD = "grpo"  # config.json's field: the settings the policy was trained with (the card; eval's default rewards)
 RECORDED = ("rewards", "reward_weights", "num_generations", "max_new_tokens", "loss", "scale_rewards", "advantage",
-            "beta", "epsilon", "num_iterations", "stop")
+            "beta", "epsilon", "num_iterations", "stop", "environment", "max_turns", "max_episode_tokens",
+            "tool_timeout")
 
 
 @functools.lru_cache(maxsize=8)
@@ -82,6 +85,16 @@ def on_first_forward(model, call):  # noqa: ANN001, ANN201 - a model, a callable
 
 
 class GrpoData(CausalLM.parts.data):
+    def side(self):  # noqa: ANN201 - a Modality
+        """The prompts' side; with an environment, each row's prompt its opening messages (``env_rows.opening``)."""
+        side, env = super().side(), self.task.environment
+        if env is None:
+            return side
+        opened = functools.partial(env_rows.opening, env)
+        return dataclasses.replace(
+            side, load_and_validate=lambda cfg, **kw: side.load_and_validate(cfg, opening=opened, **kw),
+            load_rows=lambda path, cfg, **kw: side.load_rows(path, cfg, opening=opened, **kw))
+
     def check(self, columns: dict, cfg=None) -> None:  # noqa: ANN001 - a Config
         """The dry call of the reward functions on the data's first rows (``rewards.check_rewards``), before the model
         loads: a column a function needs that the data lacks, a wrong return, an exception."""
@@ -90,7 +103,11 @@ class GrpoData(CausalLM.parts.data):
             R.check_rewards(list(self.task.rewards), rows, conversational=columns.get("prompt") == "messages")
 
     def generated_tokens(self) -> tuple[int, str]:
-        return self.task.grpo.max_new_tokens, "grpo.max_new_tokens"
+        g = self.task.grpo
+        if g.environment is not None:
+            return g.episode_tokens(), "grpo.max_episode_tokens" if g.max_episode_tokens else \
+                "grpo.max_turns x grpo.max_new_tokens"
+        return g.max_new_tokens, "grpo.max_new_tokens"
 
     def with_processor(self, processor):  # noqa: ANN001, ANN201 - a tokenizer; a Grpo
         """Bound to the run's tokenizer (the one its prompt batches are made with): the completions are decoded with it
@@ -127,7 +144,7 @@ class GrpoModel(CausalLM.parts.model):
         span = min(g.max_new_tokens, width - 1)
         prompts = ids[:, :width - span]
         completions = ids[:, width - span:width].repeat_interleave(g.num_generations, 0)
-        n, names = completions.shape[0], G.metric_names(list(self.task.rewards))
+        n, names = completions.shape[0], self.task.metric_names
         out = {F.PROMPT_IDS: prompts, F.PROMPT_MASK: torch.ones_like(prompts), F.COMPLETION_IDS: completions,
                F.COMPLETION_MASK: torch.ones_like(completions), F.COMPLETION_LABELS: completions,
                "loss_weight": ids.new_ones(n, dtype=torch.float32), "advantages": ids.new_ones(n, dtype=torch.float32),
@@ -153,18 +170,29 @@ class GrpoEvaluation(CausalLM.parts.evaluation):
         tok = self.task.tokenizer()
         if self.task.sync_weights is not None:  # another engine's copy of the weights, brought up to date
             self.task.sync_weights(model)
+        ids, mask, stop = batch["prompt_input_ids"], batch["prompt_attention_mask"], stop_strings(tok, self.task.grpo.stop)
         with self.task.autocast():
-            rollout = self.task.generate(
-                model, batch["prompt_input_ids"], batch["prompt_attention_mask"], num_generations=1, sampling=greedy,
-                eos_ids=stop_ids(model, tok), pad_id=pad_id(tok),
-                stop=stop_strings(tok, self.task.grpo.stop))
-        s = G.score(batch, rollout, tok, list(self.task.rewards), 1, step="in evaluation")
-        values = torch.cat([s.rewards[:, None], torch.from_numpy(s.scores)], dim=1)
-        return (values.to(batch["prompt_input_ids"].device),)
+            if self.task.environment is not None:  # an episode per prompt, greedy at every turn
+                eps = E.run(self.task.generate, model, ids, mask, E.prompt_rows(batch),
+                            self.task.episode_settings(model),
+                            num_generations=1, sampling=greedy, tokenizer=tok, eos_ids=stop_ids(model, tok),
+                            pad_id=pad_id(tok), stop=stop)
+            else:
+                rollout = self.task.generate(model, ids, mask, num_generations=1, sampling=greedy,
+                                             eos_ids=stop_ids(model, tok), pad_id=pad_id(tok), stop=stop)
+        if self.task.environment is not None:
+            s = G.score_episodes(batch, eps, tok, list(self.task.rewards), 1, step="in evaluation")
+            extra = [eps.stats]
+        else:
+            s, extra = G.score(batch, rollout, tok, list(self.task.rewards), 1, step="in evaluation"), []
+        values = torch.cat([s.rewards[:, None], torch.from_numpy(s.scores), *extra], dim=1)
+        return (values.to(ids.device),)
 
     def batch(self, values: torch.Tensor) -> dict:
-        return {"reward": values[:, 0],
-                **{f"rewards/{r.name}": values[:, 1 + j] for j, r in enumerate(self.task.rewards)}}
+        names = [f"rewards/{r.name}" for r in self.task.rewards]
+        if self.task.environment is not None:
+            names += ["rewards/environment", *E.STATS]
+        return {"reward": values[:, 0], **{n: values[:, 1 + j] for j, n in enumerate(names)}}
 
     def metrics(self, values: dict[str, np.ndarray], num_labels: int) -> dict:
         n = len(values.get("reward", ()))
@@ -181,8 +209,10 @@ class GrpoReport(CausalLM.parts.report):
         leantrain's own engine's step, which vLLM does not take)."""
         g = self.task.grpo
         engine = "vllm" if g.generation == "vllm" else "leantrain (decode.generate)"
+        episodes = {"environment": g.environment, "max_turns": g.max_turns, "max_episode_tokens": g.episode_tokens(),
+                    "tool_timeout": g.tool_timeout} if g.environment else {}
         return {"generation": {"engine": engine, "max_new_tokens": g.max_new_tokens, "stop": list(g.stop),
-                               "importance_sampling": self.task.corrects_sampling}}
+                               "importance_sampling": self.task.corrects_sampling, **episodes}}
 
     def saved_config(self, ev: dict | None) -> dict:
         g = self.task.grpo
@@ -215,7 +245,7 @@ class GrpoReport(CausalLM.parts.report):
         kv_heads = getattr(c, "num_key_value_heads", None) or heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
         rows = per_process * g.num_generations
-        positions = self.task.prompt_tokens + g.max_new_tokens
+        positions = self.task.prompt_tokens + g.episode_tokens()  # an episode: every turn after the prompt
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, next(unwrapped(model).parameters()).dtype)
         element = torch.empty((), dtype=dtype).element_size()
         per_position = 2 * c.num_hidden_layers * kv_heads * head_dim * element

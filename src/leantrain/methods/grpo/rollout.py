@@ -15,12 +15,14 @@ that count (``Grpo.step_loss``), so the logged means are exact over micro-batche
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from leantrain.methods.grpo import episodes as E
 from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import losses as L
 from leantrain.methods.grpo import rewards as R
@@ -30,13 +32,16 @@ from leantrain.modeling.generation.decode import Rollout
 IGNORE = F.IGNORE
 SAMPLER_LOGPS = "sampler_logps"  # (rows, C) the sampler's log-probs of the completion tokens, when it reports them
 # TRL's names; each row's value (reward_std: the step's global batch std on every row)
+ENV_REWARD = "rewards/environment/mean"  # a multi-turn run's: the environment's reward, as a function's
 ROLLOUT_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
                    "completions/clipped_ratio")
 
 
-def metric_names(rewards: list[R.Reward]) -> tuple[str, ...]:
-    """The names of ``rollout_values``' columns, in order."""
-    return (*ROLLOUT_METRICS, *(f"rewards/{r.name}/mean" for r in rewards))
+def metric_names(rewards: list[R.Reward], episodes: bool = False) -> tuple[str, ...]:
+    """The names of ``rollout_values``' columns, in order; ``episodes``: a multi-turn run's (the environment's reward
+    as one more function, then the episodes' statistics: ``episodes.STATS``)."""
+    own = (ENV_REWARD, *E.STATS) if episodes else ()
+    return (*ROLLOUT_METRICS, *(f"rewards/{r.name}/mean" for r in rewards), *own)
 
 
 @dataclass
@@ -50,6 +55,7 @@ class Scored:
     scores: np.ndarray  # (rows, F), NaN where a function had no score
     rewards: torch.Tensor  # (rows,) fp64: the weighted sum, NaN for an unscorable completion
     live: torch.Tensor  # (rows,) bool: the rows of real prompts (not padding)
+    episodes: E.Episodes | None = None  # multi-turn: the environment's rewards, the statistics, the messages
 
 
 def repeat(values: list, times: int) -> list:
@@ -73,9 +79,20 @@ def split(rollout: Rollout, rows: list[int]) -> list[Rollout]:
     out, start = [], 0
     for n in rows:
         cut = slice(start, start + n)
-        out.append(Rollout(rollout.completion_ids[cut], rollout.completion_mask[cut], rollout.truncated[cut],
-                           None if rollout.logps is None else rollout.logps[cut]))
+        out.append(Rollout(*(None if t is None else t[cut] for t in (getattr(rollout, f.name) for f in
+                                                                      dataclasses.fields(rollout)))))
         start += n
+    return out
+
+
+def split_episodes(episodes: E.Episodes, rows: list[int]) -> list[E.Episodes]:
+    """The episodes of the joined prompts cut back into one set per micro-batch, as ``split``."""
+    out, start = [], 0
+    for part in split(episodes.rollout, rows):
+        cut = slice(start, start + len(part.completion_ids))
+        out.append(E.Episodes(part, episodes.answers[cut], episodes.env_rewards[cut], episodes.stats[cut],
+                              episodes.messages[cut]))
+        start = cut.stop
     return out
 
 
@@ -95,6 +112,27 @@ def score(batch: dict, rollout: Rollout, tokenizer, rewards: list[R.Reward], num
     return Scored(batch, rollout, texts, ids, scores, torch.from_numpy(combined), live.cpu())
 
 
+def score_episodes(batch: dict, episodes: E.Episodes, tokenizer, rewards: list[R.Reward], num_generations: int,
+                   step: int | str) -> Scored:
+    """A micro-batch's episodes scored: each one's reward is the environment's (the sum of what its steps returned)
+    plus ``rewards``' weighted sum on its last answer, the None of either left out (NaN: neither had one)."""
+    trained = episodes.rollout.trained.cpu()
+    ids = [row[keep].tolist() for row, keep in zip(episodes.rollout.completion_ids.cpu(), trained)]
+    prompts = repeat(batch["prompt"], num_generations)
+    columns = {k: repeat(v, num_generations) for k, v in (batch.get("columns") or {}).items()}
+    scores = R.score(rewards, prompts, episodes.answers, ids, columns, conversational=not isinstance(prompts[0], str),
+                     step=step)
+    own = R.combine(scores, rewards)
+    own[np.isnan(scores).all(axis=1)] = np.nan
+    env = episodes.env_rewards.numpy()
+    both = np.stack([own, env], axis=1)
+    combined = np.nansum(both, axis=1)
+    combined[np.isnan(both).all(axis=1)] = np.nan
+    live = batch["loss_weight"].repeat_interleave(num_generations) != 0
+    return Scored(batch, episodes.rollout, episodes.answers, ids, np.concatenate([scores, env[:, None]], axis=1),
+                  torch.from_numpy(combined), live.cpu(), episodes)
+
+
 def global_std(scored: list[Scored], accelerator) -> torch.Tensor:  # noqa: ANN001 - an Accelerator
     """The standard deviation of every reward of the step (all micro-batches and processes; TRL's ``reward_std``,
     and the scale of ``scale_rewards=batch``): one collective of three numbers."""
@@ -112,6 +150,8 @@ def training_rows(s: Scored, adv: torch.Tensor, std: torch.Tensor, batch_std: to
     width = max(1, int(mask.sum(-1).max()))  # the longest completion
     ids, mask = s.rollout.completion_ids[:, :width].masked_fill(mask[:, :width] == 0, pad_id), mask[:, :width]
     labels = ids.masked_fill(mask == 0, IGNORE)
+    if s.rollout.trained is not None:  # an episode's environment tokens: read, not trained
+        labels = labels.masked_fill(~s.rollout.trained[:, :width].to(labels.device), IGNORE)
     if mask_truncated:
         labels[s.rollout.truncated.to(labels.device)] = IGNORE
     rows = {F.PROMPT_IDS: s.batch["prompt_input_ids"], F.PROMPT_MASK: s.batch["prompt_attention_mask"],
@@ -140,7 +180,7 @@ def rollout_values(s: Scored, std: torch.Tensor, batch_std: torch.Tensor) -> tor
     zero_std = torch.isclose(std, torch.zeros_like(std)).double()
     columns = [s.rewards, batch_std.double().expand(rows), zero_std,
                s.rollout.completion_mask.sum(-1).double().cpu(), s.rollout.truncated.double().cpu(),
-               *torch.from_numpy(s.scores).T]
+               *torch.from_numpy(s.scores).T, *([] if s.episodes is None else s.episodes.stats.T)]
     return torch.stack([c.double() for c in columns], dim=1).float()
 
 
@@ -158,8 +198,13 @@ def samples(s: Scored, rewards: list[R.Reward], limit: int) -> list[dict]:
     out = []
     for i in torch.nonzero(s.live).flatten().tolist()[:limit]:
         prompt = s.batch["prompt"][i // (len(s.ids) // len(s.batch["prompt"]))]
-        out.append({"prompt": prompt, "completion": s.texts[i], "reward": number(s.rewards[i].item()),
-                    "rewards": {r.name: number(s.scores[i, j]) for j, r in enumerate(rewards)}})
+        record = {"prompt": prompt, "completion": s.texts[i], "reward": number(s.rewards[i].item()),
+                  "rewards": {r.name: number(s.scores[i, j]) for j, r in enumerate(rewards)}}
+        if s.episodes is not None:  # the whole episode, and what it took
+            record["rewards"]["environment"] = number(s.scores[i, len(rewards)])
+            record["episode"] = s.episodes.messages[i]
+            record.update({k.split("/")[1]: int(v) for k, v in zip(E.STATS, s.episodes.stats[i].tolist())})
+        out.append(record)
     return out
 
 

@@ -52,6 +52,8 @@ class Rollout:
     truncated: torch.Tensor  # (N*G,) bool: no EOS within max_new_tokens
     logps: torch.Tensor | None = None  # (N*G, C) fp32: the sampler's log-prob of each token (the model's own
     # distribution: temperature 1, no top-k/top-p, as training computes it), 0 after a row's EOS; None: not kept
+    trained: torch.Tensor | None = None  # (N*G, C) bool: the tokens the model wrote (multi-turn episodes: not the
+    # environment's, which it reads but is not trained on); None: every token of the mask
 
 
 def generate(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_generations: int,

@@ -41,3 +41,14 @@ def test_a_selection_is_fingerprinted_by_the_rows_it_holds():
     held = ds.select([1, 3])
     assert data_fingerprint(held) == data_fingerprint(datasets.Dataset.from_list([ds[1], ds[3]]))
     assert data_fingerprint(held) != data_fingerprint(ds.select([1, 2]))
+
+
+def test_a_column_of_nulls_fingerprints_the_same_every_time():
+    """An all-None column (Arrow's null type: a GRPO environment without tools) is hashed by its mask, not by the
+    addresses of the None objects numpy would give."""
+    import datasets
+
+    rows = {"prompt": ["a", "b"], "tools": [None, None]}
+    first = data_fingerprint(datasets.Dataset.from_dict(rows))
+    assert all(data_fingerprint(datasets.Dataset.from_dict(dict(rows))) == first for _ in range(3))
+    assert data_fingerprint(datasets.Dataset.from_dict({"prompt": ["a", "b"], "tools": ["x", None]})) != first
