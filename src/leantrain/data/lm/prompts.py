@@ -32,7 +32,7 @@ import torch
 
 from leantrain.config import DataConfig
 from leantrain.data.caches import using_cache_dir
-from leantrain.data.lm import arithmetic, word_problems
+from leantrain.data.lm import arithmetic, calculator_problems, word_problems
 from leantrain.data.lm import instruction_formats as formats_
 from leantrain.data.lm import masks
 from leantrain.data.lm import preference_formats as pf
@@ -164,12 +164,12 @@ def _split_conversations(parts: list[Part]) -> list[Part]:
     return out
 
 
-BUILT_IN = {"arithmetic": arithmetic, "word-problems": word_problems}  # data.train=builtin:<name>
+BUILT_IN = {"arithmetic": arithmetic, "word-problems": word_problems, "calculator": calculator_problems}  # data.train=builtin:<name>
 BUILT_IN_PREFIX = "builtin:"
 
 
 def built_in_prompts(train_spec: str | None):  # noqa: ANN201 - a module with files() and DESCRIPTION, or None
-    """The built-in prompt set ``data.train`` names (``builtin:arithmetic``, ``builtin:word-problems``; unset: the
+    """The built-in prompt set ``data.train`` names (``builtin:arithmetic``, ``builtin:word-problems``, ``builtin:calculator``; unset: the
     arithmetic prompts), or None for the user's own files; an unknown name exits 2 naming the choices."""
     if train_spec is None:
         return arithmetic

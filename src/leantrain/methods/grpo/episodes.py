@@ -144,15 +144,14 @@ def _take_turn(e: Episode, rollout: Rollout, r: int, settings: Settings, tokeniz
     ended_by = ids[-1:] if ids and ids[-1] in settings.eos_ids else []  # the end of turn the model sampled
     text = tokenizer.decode(ids[:-1] if ended_by else ids, skip_special_tokens=True)
     e.answer = text
-    if cut:  # no end of turn within the budget: the episode ends, cut
-        e.done = e.truncated = True
-        e.messages.append({"role": "assistant", "content": text})
-        return
-    new, reward, done = _stepped(e, text)
+    new, reward, done = _stepped(e, text)  # a cut turn too: its reward (the environment's reply is not read)
     if reward is not None:
         e.rewards.append(reward)
     before = list(e.messages)
-    e.messages += [{"role": "assistant", "content": text}, *new]
+    e.messages += [{"role": "assistant", "content": text}, *([] if cut else new)]
+    if cut:  # no end of turn within the budget: the episode ends, cut
+        e.done = e.truncated = True
+        return
     if done or last or not new:
         e.done = True
         return

@@ -115,7 +115,8 @@ def score(batch: dict, rollout: Rollout, tokenizer, rewards: list[R.Reward], num
 def score_episodes(batch: dict, episodes: E.Episodes, tokenizer, rewards: list[R.Reward], num_generations: int,
                    step: int | str) -> Scored:
     """A micro-batch's episodes scored: each one's reward is the environment's (the sum of what its steps returned)
-    plus ``rewards``' weighted sum on its last answer, the None of either left out (NaN: neither had one)."""
+    plus ``rewards``' weighted sum on its last answer, the None of either left out (NaN: neither had one; 0 when there
+    are no reward functions: an episode its environment never rewarded, cut or out of turns, failed)."""
     trained = episodes.rollout.trained.cpu()
     ids = [row[keep].tolist() for row, keep in zip(episodes.rollout.completion_ids.cpu(), trained)]
     prompts = repeat(batch["prompt"], num_generations)
@@ -127,7 +128,9 @@ def score_episodes(batch: dict, episodes: E.Episodes, tokenizer, rewards: list[R
     env = episodes.env_rewards.numpy()
     both = np.stack([own, env], axis=1)
     combined = np.nansum(both, axis=1)
-    combined[np.isnan(both).all(axis=1)] = np.nan
+    if rewards:  # NaN where neither scored; without reward functions an episode the environment never rewarded
+        combined[np.isnan(both).all(axis=1)] = np.nan  # (cut, out of turns) failed its task: 0
+
     live = batch["loss_weight"].repeat_interleave(num_generations) != 0
     return Scored(batch, episodes.rollout, episodes.answers, ids, np.concatenate([scores, env[:, None]], axis=1),
                   torch.from_numpy(combined), live.cpu(), episodes)

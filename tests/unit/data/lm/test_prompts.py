@@ -196,9 +196,26 @@ def test_data_train_names_a_built_in_prompt_set(tmp_path, monkeypatch):
     assert any("word problems" in n for n in prepared.notes)
     assert (tmp_path / f"word-problems-v{word_problems.VERSION}" / "train.jsonl").is_file()
     with pytest.raises(DataError, match=r"data.train=builtin:gsm8k: no such built-in prompt set; built in: "
-                                        r"builtin:arithmetic, builtin:word-problems") as e:
+                                        r"builtin:arithmetic, builtin:word-problems, builtin:calculator") as e:
         SIDE.load_and_validate(cfg(train="builtin:gsm8k"), seed=0, batch_size=8)
     assert e.value.exit_code == 2
+
+
+def test_the_calculator_problems_need_a_calculator(tmp_path, monkeypatch):
+    """``builtin:calculator``: one-step problems whose answers are products of two-digit numbers or three-digit sums
+    and differences, each row's answer the arithmetic of the numbers in its question."""
+    import re
+
+    from leantrain.data.lm import calculator_problems
+
+    monkeypatch.setenv("LEANTRAIN_CACHE", str(tmp_path))
+    prepared = SIDE.load_and_validate(cfg(train="builtin:calculator"), seed=0, batch_size=8)
+    assert (len(prepared.train), len(prepared.eval)) == (calculator_problems.N_TRAIN, calculator_problems.N_EVAL)
+    for row in prepared.train.select(range(50)):
+        a, b = (int(x) for x in re.findall(r"\d+", row["question"]))
+        assert row["answer"] in (a * b, a + b, a - b) and min(a, b) >= 12
+        assert row["prompt"][-1] == {"role": "user", "content": row["question"]}
+    assert calculator_problems.build() == calculator_problems.build()
 
 
 # ------------------------------------------------------------------------------------------------ answered prompts
