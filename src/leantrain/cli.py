@@ -22,6 +22,8 @@ examples:
   leantrain train model.name=<image model> data.train=photos/train data.eval=photos/test   # a folder per class
   leantrain train model.config_type=wav2vec2 data.train=clips.csv data.audio_column=file  # from scratch
   leantrain train examples/grpo-arithmetic.yaml    # GRPO: online RL from reward functions (docs/grpo.md)
+  leantrain train examples/grpo-calculator.yaml    # multi-turn GRPO: the model calls a calculator tool
+  leantrain train ... grpo.environment=my_env.py:MathEnv grpo.max_turns=4   # your environment (docs/environments.md)
   leantrain train model.name=student/ model.task=distill distill.teacher=teacher/ data.train=prompts.jsonl
                                                    # on-policy distillation: the teacher scores the student's samples
   leantrain prepare corpus/*.txt model.tokenizer=<folder or hub id> output_dir=shards/   # causal LM text -> token shards
