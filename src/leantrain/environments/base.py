@@ -10,15 +10,12 @@ with no arguments, sets ``tool_format`` (the chat template's, or ``hermes``) and
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import sys
-from pathlib import Path
 
 from leantrain.environments.tool_calls import MalformedToolCall, parse_tool_calls
 from leantrain.environments.tools import run_tool, tool_schema
 from leantrain.errors import ConfigError
+from leantrain.environments.user_code import load_module
 
 
 class Environment:
@@ -109,7 +106,7 @@ def load_environment(spec: str, key: str) -> type[Environment]:
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
         raise ConfigError(f"{key}: not FILE.py:ClassName or module:ClassName (e.g. my_env.py:Calculator)")
-    module = _module_from_file(where, key) if where.endswith(".py") else _module(where, key)
+    module = load_module(where, key, "environment", "FILE.py:ClassName")
     env_class = getattr(module, name, None)
     if env_class is None:
         defined = sorted(n for n, v in vars(module).items()
@@ -134,26 +131,3 @@ def load_environment(spec: str, key: str) -> type[Environment]:
     except ConfigError as e:
         raise ConfigError(f"{key}: {e}") from None
     return env_class
-
-
-def _module_from_file(path: str, key: str):  # noqa: ANN202 - a module
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(f"{key}: no file {file} (relative paths are read from {Path.cwd()})")
-    name = f"leantrain_environment_{file.stem}"
-    module_spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # where dataclasses and pickle look a class's module up
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:
-        del sys.modules[name]
-        raise ConfigError(f"{key}: {file} fails to load: {type(e).__name__}: {e}") from e
-    return module
-
-
-def _module(name: str, key: str):  # noqa: ANN202 - a module
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:
-        raise ConfigError(f"{key}: cannot import module {name!r} ({e}); a file is written FILE.py:ClassName") from e

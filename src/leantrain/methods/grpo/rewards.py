@@ -33,20 +33,18 @@ with the original exception's text, which is chained).
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import inspect
 import math
 import numbers
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from leantrain.errors import ConfigError, UserError
 from leantrain.methods.grpo import answers
+from leantrain.environments.user_code import load_module
 
 STANDARD = ("prompts", "completions", "completion_ids")  # what every call passes beside the columns
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -153,7 +151,7 @@ def _imported(spec: str, key: str) -> tuple[str, Callable]:
     if not sep or not where or not name:
         raise ConfigError(f"{key}: not FILE.py:FUNCTION, module:function or a built-in ({', '.join(BUILTINS)}: "
                           "e.g. numeric:answer)")
-    module = _module_from_file(where, key) if where.endswith(".py") else _module(where, key)
+    module = load_module(where, key, "rewards", "FILE.py:FUNCTION")
     fn = getattr(module, name, None)
     if fn is None:
         defined = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
@@ -161,26 +159,6 @@ def _imported(spec: str, key: str) -> tuple[str, Callable]:
     if not callable(fn):
         raise ConfigError(f"{key}: {where}'s {name!r} is a {type(fn).__name__}, not a function")
     return getattr(fn, "__name__", name), fn
-
-
-def _module_from_file(path: str, key: str):  # noqa: ANN202 - a module
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(f"{key}: no file {file} (relative paths are read from {Path.cwd()})")
-    module_spec = importlib.util.spec_from_file_location(f"leantrain_rewards_{file.stem}", file)
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:
-        raise ConfigError(f"{key}: {file} fails to load: {type(e).__name__}: {e}") from e
-    return module
-
-
-def _module(name: str, key: str):  # noqa: ANN202 - a module
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:
-        raise ConfigError(f"{key}: cannot import module {name!r} ({e}); a file is written FILE.py:FUNCTION") from e
 
 
 def _check_signature(fn: Callable, key: str) -> None:
