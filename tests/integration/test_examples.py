@@ -110,3 +110,18 @@ def test_grpo_gsm8k_example_trains_two_steps_on_its_generated_problems(tmp_path)
         f"data.train={write_jsonl(tmp_path / 'train.jsonl', train_rows)}",
         f"data.eval={write_jsonl(tmp_path / 'eval.jsonl', eval_rows)}"])
     assert {"rewards/math:answer", "rewards/format:boxed"} <= set(summary["eval"])
+
+
+def test_grpo_calculator_example_runs_its_environment_for_two_steps(tmp_path):
+    """The example's environment (examples/calculator_env.py) and built-in problems on a tiny Llama from a config:
+    the rows open as its episodes, the episodes are logged with their statistics; 8 new tokens a turn."""
+    from leantrain.data.lm import calculator_problems
+
+    train_rows, eval_rows = calculator_problems.build(n_train=16, n_eval=4)
+    tok = make_tiny_chat_tokenizer(tmp_path / "tok", chat_template=CHATML)
+    summary = _run("grpo-calculator.yaml", tmp_path, [
+        "model.name=null", *TINY_LLAMA, f"model.tokenizer={tok}", "grpo.max_new_tokens=8",
+        f"grpo.environment={EXAMPLES / 'calculator_env.py'}:Calculator",
+        f"data.train={write_jsonl(tmp_path / 'train.jsonl', train_rows)}",
+        f"data.eval={write_jsonl(tmp_path / 'eval.jsonl', eval_rows)}"])
+    assert {"episodes/turns", "episodes/tool_calls", "rewards/environment"} <= set(summary["eval"])
