@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
 import pytest
 
@@ -45,9 +44,12 @@ def divide(a: float, b: float) -> float:
     return a / b
 
 
+RELEASE = threading.Event()  # set by the hang tests when done: an abandoned worker thread then ends
+
+
 def sleepy() -> str:
-    """Sleep for a long time."""
-    time.sleep(30)
+    """Hang until released (no time limit of its own: only the tool's time limit stops it)."""
+    RELEASE.wait()
     return "awake"
 
 
@@ -110,6 +112,7 @@ def test_a_tool_that_raises():
 
 
 def test_a_tool_that_hangs_is_stopped_by_the_alarm():
+    RELEASE.clear()
     result = run_tool(TOOLS, "sleepy", {}, 0.2)
     assert result.error and "time limit of 0.2 s" in result.content
 
@@ -131,9 +134,11 @@ def test_the_alarm_puts_back_the_previous_handler_and_timer():
 
 def test_a_tool_that_hangs_in_a_worker_thread_is_abandoned():
     results = []
+    RELEASE.clear()
     worker = threading.Thread(target=lambda: results.append(run_tool(TOOLS, "sleepy", {}, 0.2)))
     worker.start()
     worker.join(20)
+    RELEASE.set()  # the abandoned call returns; nothing is left hanging
     assert not worker.is_alive() and results[0].error and "time limit" in results[0].content
 
 

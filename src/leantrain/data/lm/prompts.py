@@ -391,13 +391,7 @@ class PromptCollator:
         self.pad_token_id = int(pad_token_id)
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        width = max(len(r["prompt_input_ids"]) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            k = len(r["prompt_input_ids"])
-            ids[i, width - k:] = torch.as_tensor(r["prompt_input_ids"], dtype=torch.long)
-            mask[i, width - k:] = 1
+        ids, mask = padded([r["prompt_input_ids"] for r in rows], self.pad_token_id, left=True)
         others = [c for c in rows[0] if c not in self.TENSORS and c != PROMPT]
         out = {"prompt_input_ids": ids, "prompt_attention_mask": mask,
                "loss_weight": torch.tensor([float(r.get("loss_weight", 1.0)) for r in rows], dtype=torch.float32),
@@ -408,13 +402,20 @@ class PromptCollator:
 
     def completions(self, answers: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows' completions right-padded with the pad id (ids, mask)."""
-        width = max(1, max(len(a) for a in answers))
-        ids = torch.full((len(answers), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(answers), width), dtype=torch.long)
-        for i, a in enumerate(answers):
-            ids[i, :len(a)] = torch.as_tensor(a, dtype=torch.long)
-            mask[i, :len(a)] = 1
-        return ids, mask
+        return padded(answers, self.pad_token_id)
+
+
+def padded(rows: list[list[int]], pad_id: int, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as one batch (ids, mask: 1 on the tokens), padded with ``pad_id`` on the right, or on the left
+    (``left``: prompts to be continued); at least one column."""
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        at = slice(width - len(r), width) if left else slice(0, len(r))
+        ids[i, at] = torch.as_tensor(r, dtype=torch.long)
+        mask[i, at] = 1
+    return ids, mask
 
 
 def collator(tokenizer, cfg: DataConfig, *, train: bool, seed: int = 0,  # noqa: ANN001

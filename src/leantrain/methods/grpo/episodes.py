@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from leantrain.data.lm.prompts import padded
 from leantrain.methods.grpo import env_rows
 from leantrain.methods.grpo.env_tokens import environment_ids
 from leantrain.modeling.generation.decode import Rollout
@@ -106,13 +107,14 @@ def run(generate, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ro
             rollout = generate(model, prompt_ids, prompt_mask, num_generations=num_generations, sampling=step,
                                eos_ids=eos_ids, pad_id=pad_id, generator=generator, stop=stop)
         else:
-            ids, mask = _left_padded([prompts[k // num_generations] + episodes[k].ids for k in live], pad_id,
-                                     prompt_ids.device)
+            ids, mask = (t.to(prompt_ids.device) for t in padded(
+                [prompts[k // num_generations] + episodes[k].ids for k in live], pad_id, left=True))
             rollout = generate(model, ids, mask, num_generations=1, sampling=step, eos_ids=eos_ids, pad_id=pad_id,
                                generator=generator, stop=stop)
         lap("generation", synced=True)
-        for r, k in enumerate(live):
-            _take_turn(episodes[k], rollout, r, settings, tokenizer, last=turn == settings.max_turns - 1)
+        turns = _turns(rollout)  # the turn's rows read from the device once
+        for (ids, logps, truncated), k in zip(turns, live):
+            _take_turn(episodes[k], ids, logps, truncated, settings, tokenizer, last=turn == settings.max_turns - 1)
         lap("environment", synced=True)
     return _collected(episodes, pad_id, prompt_ids.device)
 
@@ -130,14 +132,21 @@ def _begin(settings: Settings, row: dict) -> Episode:
     return Episode(env, [dict(m) for m in messages])
 
 
-def _take_turn(e: Episode, rollout: Rollout, r: int, settings: Settings, tokenizer, last: bool) -> None:  # noqa: ANN001
-    """Episode ``e`` takes row ``r`` of a turn's rollout: its tokens (trained), then the environment's step, then
+def _turns(rollout: Rollout) -> list[tuple[list[int], list[float] | None, bool]]:
+    """Each row of a turn's rollout on the host: (its tokens, the sampler's log-probs of them or None, truncated)."""
+    lengths = rollout.completion_mask.sum(-1).tolist()
+    ids = [row[:n] for row, n in zip(rollout.completion_ids.tolist(), lengths)]
+    logps = [row[:n] for row, n in zip(rollout.logps.float().tolist(), lengths)] if rollout.logps is not None \
+        else [None] * len(ids)
+    return list(zip(ids, logps, rollout.truncated.tolist()))
+
+
+def _take_turn(e: Episode, ids: list[int], logps: list[float] | None, truncated: bool, settings: Settings,
+               tokenizer, last: bool) -> None:  # noqa: ANN001
+    """Episode ``e`` takes one row of a turn (``_turns``): its tokens (trained), then the environment's step, then
     (unless the episode ends) the environment's reply as tokens (not trained)."""
-    n = int(rollout.completion_mask[r].sum())
-    ids = rollout.completion_ids[r, :n].tolist()
-    logps = rollout.logps[r, :n].float().tolist() if rollout.logps is not None else None
     budget = settings.max_tokens - len(e.ids)
-    cut = n > budget or bool(rollout.truncated[r])
+    cut = len(ids) > budget or truncated
     ids, logps = ids[:budget], (logps[:budget] if logps is not None else None)
     e.add(ids, True, logps)
     e.turns += 1
@@ -191,31 +200,14 @@ def _shown(messages: list[dict]) -> str:
     return repr(text if len(text) <= 80 else text[:77] + "...")
 
 
-def _left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = 1
-    return ids.to(device), mask.to(device)
-
-
 def _collected(episodes: list[Episode], pad_id: int, device) -> Episodes:  # noqa: ANN001
     """The episodes as one right-padded rollout: ids, mask (1 on every token of the episode), truncated, the
     sampler's log-probs (0 on the environment's tokens), ``trained``."""
-    width = max(1, max(len(e.ids) for e in episodes))
-    rows = len(episodes)
-    ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((rows, width), dtype=torch.long)
-    trained = torch.zeros((rows, width), dtype=torch.bool)
-    logps = torch.zeros((rows, width), dtype=torch.float32)
+    ids, mask = padded([e.ids for e in episodes], pad_id)
+    trained = padded([[int(t) for t in e.trained] for e in episodes], 0)[0].bool()
+    logps = torch.zeros(ids.shape, dtype=torch.float32)
     for i, e in enumerate(episodes):
-        n = len(e.ids)
-        ids[i, :n] = torch.as_tensor(e.ids, dtype=torch.long)
-        mask[i, :n] = 1
-        trained[i, :n] = torch.as_tensor(e.trained, dtype=torch.bool)
-        logps[i, :n] = torch.as_tensor(e.logps, dtype=torch.float32)
+        logps[i, :len(e.logps)] = torch.as_tensor(e.logps, dtype=torch.float32)
     rollout = Rollout(ids.to(device), mask.to(device), torch.tensor([e.truncated for e in episodes]).to(device),
                       logps.to(device), trained.to(device))
     rewards = torch.tensor([sum(e.rewards) if e.rewards else math.nan for e in episodes], dtype=torch.float64)

@@ -103,13 +103,8 @@ def score(batch: dict, rollout: Rollout, tokenizer, rewards: list[R.Reward], num
     lengths = rollout.completion_mask.sum(-1).tolist()
     ids = [row[:n] for row, n in zip(rollout.completion_ids.tolist(), lengths)]
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    prompts = repeat(batch["prompt"], num_generations)
-    columns = {k: repeat(v, num_generations) for k, v in (batch.get("columns") or {}).items()}
-    scores = R.score(rewards, prompts, texts, ids, columns, conversational=not isinstance(prompts[0], str), step=step)
-    combined = R.combine(scores, rewards)
-    combined[np.isnan(scores).all(axis=1)] = np.nan  # unscorable: left out of its group's mean (TRL)
-    live = batch["loss_weight"].repeat_interleave(num_generations) != 0
-    return Scored(batch, rollout, texts, ids, scores, torch.from_numpy(combined), live.cpu())
+    scores, combined, live = _scored(batch, texts, ids, rewards, num_generations, step)
+    return Scored(batch, rollout, texts, ids, scores, torch.from_numpy(combined), live)
 
 
 def score_episodes(batch: dict, episodes: E.Episodes, tokenizer, rewards: list[R.Reward], num_generations: int,
@@ -119,21 +114,27 @@ def score_episodes(batch: dict, episodes: E.Episodes, tokenizer, rewards: list[R
     are no reward functions: an episode its environment never rewarded, cut or out of turns, failed)."""
     trained = episodes.rollout.trained.cpu()
     ids = [row[keep].tolist() for row, keep in zip(episodes.rollout.completion_ids.cpu(), trained)]
-    prompts = repeat(batch["prompt"], num_generations)
-    columns = {k: repeat(v, num_generations) for k, v in (batch.get("columns") or {}).items()}
-    scores = R.score(rewards, prompts, episodes.answers, ids, columns, conversational=not isinstance(prompts[0], str),
-                     step=step)
-    own = R.combine(scores, rewards)
-    own[np.isnan(scores).all(axis=1)] = np.nan
+    scores, own, live = _scored(batch, episodes.answers, ids, rewards, num_generations, step)
     env = episodes.env_rewards.numpy()
     both = np.stack([own, env], axis=1)
     combined = np.nansum(both, axis=1)
     if rewards:  # NaN where neither scored; without reward functions an episode the environment never rewarded
         combined[np.isnan(both).all(axis=1)] = np.nan  # (cut, out of turns) failed its task: 0
-
-    live = batch["loss_weight"].repeat_interleave(num_generations) != 0
     return Scored(batch, episodes.rollout, episodes.answers, ids, np.concatenate([scores, env[:, None]], axis=1),
-                  torch.from_numpy(combined), live.cpu(), episodes)
+                  torch.from_numpy(combined), live, episodes)
+
+
+def _scored(batch: dict, texts: list[str], ids: list[list[int]], rewards: list[R.Reward], num_generations: int,
+            step: int | str) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """(each function's scores, their weighted sum: NaN where none scored, the rows of real prompts) of a micro-batch's
+    completions ``texts`` / ``ids``, its prompts and columns repeated for their ``num_generations`` completions."""
+    prompts = repeat(batch["prompt"], num_generations)
+    columns = {k: repeat(v, num_generations) for k, v in (batch.get("columns") or {}).items()}
+    scores = R.score(rewards, prompts, texts, ids, columns, conversational=not isinstance(prompts[0], str), step=step)
+    combined = R.combine(scores, rewards)
+    combined[np.isnan(scores).all(axis=1)] = np.nan  # unscorable: left out of its group's mean (TRL)
+    live = batch["loss_weight"].repeat_interleave(num_generations) != 0
+    return scores, combined, live.cpu()
 
 
 def global_std(scored: list[Scored], accelerator) -> torch.Tensor:  # noqa: ANN001 - an Accelerator
