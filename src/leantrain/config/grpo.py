@@ -96,6 +96,10 @@ class GrpoConfig(Section):
         "(truncated); unset = grpo.max_turns x grpo.max_new_tokens")
     tool_timeout: float = Field(10.0, gt=0, description="grpo.environment: seconds a tool call may run; one past it "
                                 "is stopped and its result is an error message the model reads")
+    episode_cache: Literal["keep", "prefill"] = Field(
+        "keep", description="grpo.environment: how a later turn starts: keep = each episode's KV cache kept from its "
+        "last turn, only the environment's reply prefilled (more memory between turns); prefill = the episode's whole "
+        "sequence encoded again at every turn (benchmarks/results/grpo.md measures both)")
     log_completions: int = Field(4, ge=0, description="completions written to completions.jsonl at each logging "
                                  "step (prompt, completion, rewards); 0 = none")
 
@@ -137,7 +141,7 @@ def check_grpo_keys(cfg, task, owner: bool) -> None:  # noqa: ANN001 - a Config,
         check_episode_keys(cfg.grpo)
 
 
-EPISODE_KEYS = ("max_turns", "max_episode_tokens", "tool_timeout")
+EPISODE_KEYS = ("max_turns", "max_episode_tokens", "tool_timeout", "episode_cache")
 
 
 def check_episode_keys(g: GrpoConfig) -> None:

@@ -4,8 +4,10 @@ answers again, until the environment says done, ``grpo.max_turns`` turns were ta
 
 Every turn is one call of the run's generation engine (``Grpo.generate``) on the episodes still going: the first on
 the prompts, ``num_generations`` samples each, as a single-turn step samples (so one turn is exactly GRPO's
-rollout); a later one on each episode's prompt + everything after it so far, one sample each (re-prefilled: the
-cache of the previous turn is not kept). Token-in/token-out: the tokens the model sampled are kept as sampled, the
+rollout); a later one on each episode's prompt + everything after it so far, one sample each: with
+``grpo.episode_cache=keep`` the cache of the previous turn continued (``turns.Turns``: only the last sampled token
+and the environment's reply prefilled), with ``prefill`` (or a model whose cache cannot be kept) the whole sequence
+encoded again. Token-in/token-out: the tokens the model sampled are kept as sampled, the
 environment's reply is tokenized once (``env_tokens``) and appended; the model's tokens are trained, the
 environment's are attended to but not trained (``Rollout.trained``).
 
@@ -30,6 +32,7 @@ from leantrain.data.lm.prompts import padded
 from leantrain.methods.grpo import env_rows
 from leantrain.methods.grpo.env_tokens import environment_ids
 from leantrain.modeling.generation.decode import Rollout
+from leantrain.modeling.generation.turns import Turns
 from leantrain.errors import UserError
 
 log = logging.getLogger("leantrain")
@@ -74,6 +77,7 @@ class Settings:
     max_turns: int
     max_tokens: int
     eos_ids: frozenset = frozenset()  # the ids that end the model's turn (``decode.stop_ids``)
+    keep_cache: bool = False  # grpo.episode_cache=keep: a later turn continues the cache (``turns.Turns``)
 
 
 @dataclass
@@ -88,15 +92,17 @@ class Episodes:
     messages: list[list[dict]]
 
 
-def run(generate, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, rows: list[dict],  # noqa: ANN001
+def run(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, rows: list[dict],  # noqa: ANN001
         settings: Settings, *, num_generations: int, sampling, tokenizer, eos_ids, pad_id: int,  # noqa: ANN001
         generator=None, stop=None, lap=None) -> Episodes:  # noqa: ANN001
     """The episodes of the left-padded prompts (``rows``: each prompt's data row, for ``reset``), ``num_generations``
-    each, turn by turn through ``generate`` (``decode.generate``'s signature); ``lap(phase)`` told when each
-    generation and each round of environment steps ends."""
+    each, turn by turn on leantrain's generation engine (``turns.Turns``); ``lap(phase)`` told when each generation
+    and each round of environment steps ends."""
     lap = lap or (lambda phase, synced=False: None)
     episodes = [_begin(settings, row) for row in rows for _ in range(num_generations)]
     prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
+    engine = Turns(model, eos_ids=eos_ids, pad_id=pad_id, generator=generator, stop=stop, keep=settings.keep_cache)
+    before: dict[int, int] = {}  # episode -> its row in the last turn
     for turn in range(settings.max_turns):
         live = [k for k, e in enumerate(episodes) if not e.done]
         if not live:
@@ -104,13 +110,11 @@ def run(generate, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ro
         room = min(sampling.max_new_tokens, max(settings.max_tokens - len(episodes[k].ids) for k in live))
         step = dataclasses.replace(sampling, max_new_tokens=room)
         if turn == 0:  # the prompts, G samples each: a single-turn step's rollout
-            rollout = generate(model, prompt_ids, prompt_mask, num_generations=num_generations, sampling=step,
-                               eos_ids=eos_ids, pad_id=pad_id, generator=generator, stop=stop)
-        else:
-            ids, mask = (t.to(prompt_ids.device) for t in padded(
-                [prompts[k // num_generations] + episodes[k].ids for k in live], pad_id, left=True))
-            rollout = generate(model, ids, mask, num_generations=1, sampling=step, eos_ids=eos_ids, pad_id=pad_id,
-                               generator=generator, stop=stop)
+            rollout = engine.first(prompt_ids, prompt_mask, num_generations=num_generations, sampling=step)
+        else:  # each episode's sequence so far continued: its cache kept, or encoded again (``Turns.next``)
+            rollout = engine.next([before[k] for k in live],
+                                  [prompts[k // num_generations] + episodes[k].ids for k in live], sampling=step)
+        before = {k: i for i, k in enumerate(live)}
         lap("generation", synced=True)
         turns = _turns(rollout)  # the turn's rows read from the device once
         for (ids, logps, truncated), k in zip(turns, live):

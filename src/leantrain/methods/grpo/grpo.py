@@ -117,7 +117,7 @@ class GrpoStep(CausalLM.parts.step):
         of the episodes still going), then each micro-batch's scored (``rollout.score_episodes``)."""
         g, tok = self.task.grpo, self.task.tokenizer()
         with accelerator.autocast(), on_first_forward(model, generating):
-            eps = E.run(self.task.generate, model, ids, mask, [row for b in batches for row in E.prompt_rows(b)],
+            eps = E.run(model, ids, mask, [row for b in batches for row in E.prompt_rows(b)],
                         self.task.episode_settings(model), num_generations=g.num_generations,
                         sampling=self.task.sampling, tokenizer=tok, eos_ids=stop_ids(model, tok), pad_id=pad_id(tok),
                         generator=generator, stop=stop_strings(tok, g.stop), lap=lap)
@@ -232,7 +232,7 @@ class Grpo(CausalLM):
         g, tok = self.grpo, self.tokenizer()
         tools = schemas(self.environment) or None
         return E.Settings(self.environment, tools, tool_format(tok), g.tool_timeout, g.max_turns, g.episode_tokens(),
-                          frozenset(int(i) for i in stop_ids(model, tok)))
+                          frozenset(int(i) for i in stop_ids(model, tok)), g.episode_cache == "keep")
 
     @property
     def corrects_sampling(self) -> bool:

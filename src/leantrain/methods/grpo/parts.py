@@ -173,7 +173,7 @@ class GrpoEvaluation(CausalLM.parts.evaluation):
         ids, mask, stop = batch["prompt_input_ids"], batch["prompt_attention_mask"], stop_strings(tok, self.task.grpo.stop)
         with self.task.autocast():
             if self.task.environment is not None:  # an episode per prompt, greedy at every turn
-                eps = E.run(self.task.generate, model, ids, mask, E.prompt_rows(batch),
+                eps = E.run(model, ids, mask, E.prompt_rows(batch),
                             self.task.episode_settings(model),
                             num_generations=1, sampling=greedy, tokenizer=tok, eos_ids=stop_ids(model, tok),
                             pad_id=pad_id(tok), stop=stop)
@@ -210,7 +210,7 @@ class GrpoReport(CausalLM.parts.report):
         g = self.task.grpo
         engine = "vllm" if g.generation == "vllm" else "leantrain (decode.generate)"
         episodes = {"environment": g.environment, "max_turns": g.max_turns, "max_episode_tokens": g.episode_tokens(),
-                    "tool_timeout": g.tool_timeout} if g.environment else {}
+                    "tool_timeout": g.tool_timeout, "episode_cache": g.episode_cache} if g.environment else {}
         return {"generation": {"engine": engine, "max_new_tokens": g.max_new_tokens, "stop": list(g.stop),
                                "importance_sampling": self.task.corrects_sampling, **episodes}}
 

@@ -110,7 +110,8 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
 
 def decode(step: Callable[..., torch.Tensor], logits: torch.Tensor, mask: torch.Tensor, sampling: Sampling,
            eos: torch.Tensor, pad_id: int, generator: torch.Generator | None, what: str, cache=None,
-           stop: Callable[..., torch.Tensor] | None = None) -> Rollout:
+           stop: Callable[..., torch.Tensor] | None = None,
+           set_aside: Callable[..., None] | None = None) -> Rollout:
     """Token-by-token decoding from the prompts' last logits; ``mask`` (B, P) the prompts' attention mask; ``step``
     (token, position, mask) -> the next logits, the token's keys and values added to ``cache``. A row ends at an EOS
     or where ``stop`` (``stops.StopStrings``: (ids, rows, taken) -> a bool per decoding row) says its text ended.
@@ -119,7 +120,8 @@ def decode(step: Callable[..., torch.Tensor], logits: torch.Tensor, mask: torch.
     others' tokens, positions, masks and cache rows are kept and theirs dropped (a reserved cache, ``keep_rows``; any
     other cache keeps every row to the end), so a batch no longer computes every row until the longest completion
     ends. Each dropped row's completion is already written; its later positions are ``pad_id`` with mask 0. The rows
-    left draw the numbers they would have drawn in the whole batch (``sampling.pick``'s ``rows``)."""
+    left draw the numbers they would have drawn in the whole batch (``sampling.pick``'s ``rows``). ``set_aside(cache,
+    live, finished)`` is told before rows are dropped (``turns``: the dropped rows' cache kept for their next turn)."""
     rows, length = mask.shape
     steps = sampling.max_new_tokens
     ids = torch.full((rows, steps), pad_id, dtype=torch.long, device=mask.device)
@@ -145,6 +147,8 @@ def decode(step: Callable[..., torch.Tensor], logits: torch.Tensor, mask: torch.
             if taken == steps or decoding == 0:
                 break
             if shrinks and len(live) - decoding >= max(1, int(len(live) * COMPACT_AT)):
+                if set_aside is not None:
+                    set_aside(cache, live, finished)
                 keep = torch.nonzero(~finished)[:, 0]
                 live, finished, token, position, attention = (t[keep] for t in (live, finished, token, position,
                                                                                  attention))

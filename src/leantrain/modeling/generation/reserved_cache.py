@@ -35,6 +35,15 @@ class ReservedLayer(DynamicLayer):
         self._buffers = tuple(self._reserve(t, repeats, capacity, dtype) for t in (keys, values))
         self._view(keys.shape[-2])
 
+    @classmethod
+    def of_buffers(cls, keys: torch.Tensor, values: torch.Tensor, length: int) -> "ReservedLayer":
+        """A layer over buffers already made (rows, heads, capacity, dim), their first ``length`` positions filled."""
+        layer = cls.__new__(cls)
+        DynamicLayer.__init__(layer)
+        layer.device, layer.is_initialized, layer._buffers = keys.device, True, (keys, values)
+        layer._view(length)
+        return layer
+
     @staticmethod
     def _reserve(t: torch.Tensor, repeats: int, capacity: int, dtype: torch.dtype) -> torch.Tensor:
         b, h, n, d = t.shape
@@ -91,3 +100,19 @@ def keep_rows(cache, rows: torch.Tensor) -> None:
     """Only the rows ``rows`` of a ``compactable`` cache kept, in place."""
     for layer in cache.layers:
         layer.keep(rows)
+
+
+def gathered(cache, pieces: list, rows: int, length: int, capacity: int) -> None:
+    """``cache``'s layers made anew, in place, as reserved layers of ``rows`` rows with room for ``capacity``
+    positions, the first ``length`` filled from ``pieces``: each ``(to, taken, layers)``, the rows ``to`` of the new
+    cache filled from the rows ``taken`` of ``layers`` (per layer the keys and values of rows set aside: (r, heads,
+    positions, dim)). A piece's positions past ``length`` are left out; a row's positions past its piece's are zeros
+    (attention masks them: zeros, not whatever memory held, so a masked position cannot bring a NaN in)."""
+    for i in range(len(cache.layers)):
+        keys, values = pieces[0][2][i]
+        buffers = tuple(t.new_zeros((rows, t.shape[1], capacity, t.shape[3])) for t in (keys, values))
+        for to, taken, layers in pieces:
+            for buffer, part in zip(buffers, layers[i]):
+                n = min(part.shape[2], length)
+                buffer[:, :, :n].index_copy_(0, to, part.index_select(0, taken)[:, :, :n])
+        cache.layers[i] = ReservedLayer.of_buffers(*buffers, length)
