@@ -107,7 +107,9 @@ def gathered(cache, pieces: list, rows: int, length: int, capacity: int) -> None
     positions, the first ``length`` filled from ``pieces``: each ``(to, taken, layers)``, the rows ``to`` of the new
     cache filled from the rows ``taken`` of ``layers`` (per layer the keys and values of rows set aside: (r, heads,
     positions, dim)). A piece's positions past ``length`` are left out; a row's positions past its piece's are zeros
-    (attention masks them: zeros, not whatever memory held, so a masked position cannot bring a NaN in)."""
+    (attention masks them: zeros, not whatever memory held, so a masked position cannot bring a NaN in). Layer by
+    layer, each piece's entry of a layer let go once copied (the lists are emptied as they are read): the old cache
+    and the new are held together one layer at a time, not whole."""
     for i in range(len(cache.layers)):
         keys, values = pieces[0][2][i]
         buffers = tuple(t.new_zeros((rows, t.shape[1], capacity, t.shape[3])) for t in (keys, values))
@@ -115,4 +117,6 @@ def gathered(cache, pieces: list, rows: int, length: int, capacity: int) -> None
             for buffer, part in zip(buffers, layers[i]):
                 n = min(part.shape[2], length)
                 buffer[:, :, :n].index_copy_(0, to, part.index_select(0, taken)[:, :, :n])
+            layers[i] = None
+        keys = values = None
         cache.layers[i] = ReservedLayer.of_buffers(*buffers, length)

@@ -146,5 +146,5 @@ class Turns:
             to = (where[taken] == p).nonzero()[:, 0]
             if len(to):
                 pieces.append((to, slot[taken[to]], layers))
+        self.pieces = []  # the rows not going on let go now; the others as they are copied
         gathered(self.cache, pieces, len(taken), length, capacity)
-        self.pieces = []
