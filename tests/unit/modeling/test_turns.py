@@ -2,7 +2,8 @@
 turn is ``decode.generate``'s, token for token (rows leaving the batch set aside, not lost); a later turn, given the
 rows in another order with replies of different lengths appended, continues each row's cache and gives the logits a
 re-prefill of the whole sequences gives (fp32, to 1e-4 in the sampler's log-probs) and the same greedy tokens, on a
-tiny Llama (the fused decode step), a tiny Llama whose rows never leave the batch, and through transformers' forward."""
+tiny Llama (the fused decode step), through transformers' forward, and on a tiny GPT-2 (absolute positions: a
+continued row's positions count its real tokens), with and without rows leaving the batch."""
 
 from __future__ import annotations
 
@@ -51,9 +52,16 @@ def sequences(rollout, rows):
     return out
 
 
-@pytest.fixture(params=["fused", "transformers"])
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=256)).eval()
+
+
+@pytest.fixture(params=["fused", "transformers", "gpt2"])
 def model(request):
-    m = llama()
+    m = gpt2() if request.param == "gpt2" else llama()
     if request.param == "transformers":
         decide(m, DECODE_STEP, D.TRANSFORMERS)
     return m
