@@ -2,7 +2,7 @@
 answers again, until the environment says done, ``grpo.max_turns`` turns were taken or the episode's token budget
 (``grpo.max_episode_tokens``) is spent.
 
-Every turn is one call of the run's generation engine (``Grpo.generate``) on the episodes still going: the first on
+Every turn is one generation of leantrain's engine (``turns.Turns``) on the episodes still going: the first on
 the prompts, ``num_generations`` samples each, as a single-turn step samples (so one turn is exactly GRPO's
 rollout); a later one on each episode's prompt + everything after it so far, one sample each: with
 ``grpo.episode_cache=keep`` the cache of the previous turn continued (``turns.Turns``: only the last sampled token

@@ -61,8 +61,7 @@ class Turns:
               sampling: Sampling) -> Rollout:
         """The first turn: ``num_generations`` completions of each left-padded prompt (``decode.generate``'s)."""
         if not self.keep:
-            return generate(self.model, prompt_ids, prompt_mask, num_generations=num_generations, sampling=sampling,
-                            eos_ids=self.eos, pad_id=self.pad_id, generator=self.generator, stop=self.stop)
+            return self._generated(prompt_ids, prompt_mask, num_generations, sampling)
         with frozen_forward(self.model), casts_kept(self.model):
             logits, self.cache = prefill(self.model, prompt_ids, prompt_mask)
             reserve(self.cache, num_generations, capacity=prompt_ids.shape[1] + sampling.max_new_tokens)
@@ -82,8 +81,7 @@ class Turns:
         ``kept``, each sequence is encoded again whole (``decode.generate``)."""
         if not self.kept:
             ids, mask = self._left_padded(sequences, self.model.get_output_embeddings().weight.device)
-            return generate(self.model, ids, mask, num_generations=1, sampling=sampling, eos_ids=self.eos,
-                            pad_id=self.pad_id, generator=self.generator, stop=self.stop)
+            return self._generated(ids, mask, 1, sampling)
         taken = torch.as_tensor(rows, dtype=torch.long, device=self.valid.device)
         valid = self.valid.index_select(0, taken)
         fresh = [s[int(n):] for s, n in zip(sequences, valid.sum(-1).tolist())]
@@ -97,6 +95,11 @@ class Turns:
         with frozen_forward(self.model), casts_kept(self.model):
             logits = self._prefilled(block, mask)
             return self._decoded(logits, mask, sampling)
+
+    def _generated(self, ids: torch.Tensor, mask: torch.Tensor, num_generations: int, sampling: Sampling) -> Rollout:
+        """``decode.generate`` of left-padded ``ids``: nothing kept after it."""
+        return generate(self.model, ids, mask, num_generations=num_generations, sampling=sampling, eos_ids=self.eos,
+                        pad_id=self.pad_id, generator=self.generator, stop=self.stop)
 
     def _left_padded(self, rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Token rows as one left-padded batch: ids (padded with ``pad_id``) and mask (1 on the tokens)."""
