@@ -4,9 +4,9 @@ numbers: finite, within a magnitude no key means, and not so small that float32 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 MAX_MAGNITUDE = 1e9  # no float key means anything beyond this (train.epochs=1e300 is a typo, not a plan)
@@ -34,6 +34,17 @@ def check_number(v: Any) -> None:
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _on_off(cls, v: Any, info: ValidationInfo) -> Any:
+        """``key=off`` / ``key=on`` on a key whose choices include the word: YAML 1.1 reads the words as booleans
+        (``off`` is False), the key means the word."""
+        if isinstance(v, bool):
+            kind, word = cls.model_fields[info.field_name].annotation, "on" if v else "off"
+            if get_origin(kind) is Literal and word in get_args(kind):
+                return word
+        return v
 
     @field_validator("*", mode="after")
     @classmethod

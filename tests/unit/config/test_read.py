@@ -40,6 +40,17 @@ def test_overrides_as_the_mapping_a_config_file_would_hold(tmp_path):
     assert resolve(tmp_path / "c.yaml") == resolve(None, overrides)
 
 
+def test_on_and_off_are_the_words_where_a_key_takes_them_and_booleans_elsewhere():
+    """YAML 1.1 reads on/off as booleans: a key whose choices are words gets the word back, a boolean key the bool."""
+    cfg = resolve(None, ["grpo.importance_sampling=off", "grpo.skip_zero_advantage=off", "preference.dropout=off",
+                         "grpo.mask_truncated=on"])
+    assert (cfg.grpo.importance_sampling, cfg.grpo.skip_zero_advantage, cfg.preference.dropout) == ("off",) * 3
+    assert cfg.grpo.mask_truncated is True
+    assert resolve(None, ["grpo.importance_sampling=on"]).grpo.importance_sampling == "on"
+    with pytest.raises(ConfigError, match="grpo.episode_cache"):  # no such word among its choices: still refused
+        resolve(None, ["grpo.episode_cache=off"])
+
+
 def test_override_into_a_value_or_onto_a_section_is_refused():
     with pytest.raises(ConfigError, match="'lr' is a value, not a section"):
         resolve(None, ["train.lr=1", "train.lr.x=2"])
