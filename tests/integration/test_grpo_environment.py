@@ -113,14 +113,16 @@ def test_keeping_the_cache_between_turns_samples_what_re_prefilling_samples(chat
     episodes = [[json.loads(line)["episode"] for line in (o / "completions.jsonl").read_text().splitlines()]
                 for o in (out, again)]
     assert episodes[0] == episodes[1] and len(episodes[0]) > 0
-    kept, prefilled = ([r for r in read_metrics(o / "metrics.jsonl") if r["type"] == "train"] for o in (out, again))
+    kept, prefilled = [[r for r in read_metrics(o / "metrics.jsonl") if r["type"] == "train"] for o in (out, again)]
     for a, b in zip(kept, prefilled):
         for key in ("episodes/turns", "episodes/length", "rewards/environment/mean"):
             assert a[key] == b[key], key
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
-        # the sampler's log-probs (the kept cache's) against the training forward's: fp32 rounding, as re-prefilled
-        # (a continued turn one position off measures about 1e-4)
-        assert a["sampling/logp_diff_max"] < 1e-5 and b["sampling/logp_diff_max"] < 1e-5
+    # the sampler's log-probs (the kept cache's) against the training forward's: fp32 rounding, as re-prefilled (a
+    # continued turn one position off measures about 1e-4); "nan" on a step whose groups were all flat (no token
+    # trained: grpo.skip_zero_advantage)
+    gaps = [r["sampling/logp_diff_max"] for r in kept + prefilled if r["sampling/logp_diff_max"] != "nan"]
+    assert len(gaps) >= 2 and max(gaps) < 1e-5
 
 
 def test_the_environments_tokens_are_not_trained(chatty, monkeypatch):

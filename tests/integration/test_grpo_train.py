@@ -104,6 +104,29 @@ def test_rloo_advantages_train_and_are_recorded_in_the_saved_model(grpo, monkeyp
     assert "RLOO's leave-one-out baseline" in (out / "model" / "README.md").read_text()
 
 
+def test_groups_with_nothing_to_learn_skipped_train_the_model_that_training_them_gives(grpo):
+    """The default (grpo.skip_zero_advantage=auto, beta 0, loss dapo) against every group trained: the same
+    completions and rewards, the same losses and weights to rounding (fp32), for a run where groups were flat."""
+    root, _, _ = grpo
+    runs = {}
+    for mode in ("auto", "off"):
+        out = root / f"flat-{mode}"
+        summary = train(None, grpo_args(root, out, "train.max_steps=3", f"grpo.skip_zero_advantage={mode}",
+                                        f"grpo.rewards=[{root / 'rewards.py'}:has_digit]"))
+        runs[mode] = ([r for r in read_metrics(out / "metrics.jsonl") if r["type"] == "train"], model_params(out),
+                      summary)
+    (skipped, weights, summary), (every, want, plain) = runs["auto"], runs["off"]
+    assert summary["train"]["zero_advantage_groups"] == "skipped" and plain["train"]["zero_advantage_groups"] == \
+        "trained"
+    assert any(0 < r["frac_reward_zero_std"] < 1 for r in every)  # groups to skip, and groups to train
+    for a, b in zip(skipped, every):
+        for key in ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6), key  # every row's, summed in other groupings
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-7)
+    for name, tensor in want.items():  # AdamW moves an element of near-zero gradient by its rounding: atol under 1%
+        torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=2e-5)  # of one step's update (lr 3e-3)
+
+
 def test_leantrain_eval_gives_the_runs_final_eval_reward(grpo, tmp_path):
     root, out, summary = grpo
     report = tmp_path / "m.json"

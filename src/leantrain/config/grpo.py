@@ -63,6 +63,12 @@ class GrpoConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of tokens with this much "
                          "probability; 1 = off")
     top_k: int = Field(0, ge=0, description="sample among the k most likely tokens; 0 = off")
+    skip_zero_advantage: Literal["auto", "off"] = Field(
+        "auto", description="a group whose completions all got the same reward (every advantage 0: TRL's "
+        "frac_reward_zero_std) has no gradient when grpo.beta=0. auto: such groups are left out of the forward and "
+        "backward (the loss, its gradient and its denominator the same to rounding; the reward metrics still count "
+        "them; entropy, clip_ratio and sampling/* are then over the trained groups, nan on a step with none); never "
+        "with grpo.beta > 0 or grpo.loss=bnpo, where they change the loss. off: every group trained, as TRL does")
     mask_truncated: bool = Field(False, description="completions cut at grpo.max_new_tokens (no end of sequence) "
                                  "are left out of the loss (DAPO's overlong filtering)")
     generation: Literal["auto", "transformers", "vllm"] = Field(

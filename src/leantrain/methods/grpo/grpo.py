@@ -33,6 +33,7 @@ from leantrain.config.grpo import GRPO, GrpoConfig, check_grpo_keys
 from leantrain.config.tasks import task_spec
 from leantrain.environments import load_environment, schemas
 from leantrain.methods.grpo import episodes as E
+from leantrain.methods.grpo import flat_groups
 from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import losses as L
 from leantrain.methods.grpo import rollout as G
@@ -66,22 +67,24 @@ class GrpoStep(CausalLM.parts.step):
         lap = ctx.lap or (lambda phase, synced=False: None)
         scored = self.sample_and_score(model, acc, micro_batches, generator, ctx.step + 1, lap, ctx.generating)
         batch_std = G.global_std(scored, acc)
-        made, tokens = [], 0
+        made = []
         for s in scored:
             adv, std = L.advantages(s.rewards, g.num_generations, g.scale_rewards, batch_std, g.advantage)
-            rows = G.training_rows(s, adv, std, batch_std, pad_id(self.task.tokenizer()), g.mask_truncated,
-                                   g.num_generations)
+            made.append(G.training_rows(s, adv, std, batch_std, pad_id(self.task.tokenizer()), g.mask_truncated,
+                                        g.num_generations))
+        tokens = sum(int(G.tokens(rows)) for rows in made)  # every row's, and the loss's denominator over every row
+        units = torch.stack([L.count(completion_mask(b), b["loss_weight"], g.loss, g.max_new_tokens)
+                             for b in made]).sum()
+        if flat_groups.skips(g):  # groups with every advantage 0 have no gradient: not computed
+            made = flat_groups.trained(made, g.num_generations, pad_id(self.task.tokenizer()), acc)
+        for rows in made:
             with acc.autocast():
                 if g.num_iterations > 1:
                     with frozen_forward(unwrapped(model)) as inner:
                         rows["old_logps"] = self.task.token_logps(inner, rows)
                 if g.beta > 0:
                     rows["ref_logps"] = self.task.reference_logps(model, rows)
-            made.append(rows)
-            tokens += int(G.tokens(rows))
         lap("reference")  # the advantages, rows and the old and reference log-probs
-        units = torch.stack([L.count(completion_mask(b), b["loss_weight"], g.loss, g.max_new_tokens)
-                             for b in made]).sum()
         samples = functools.partial(G.samples, scored[0], list(self.task.rewards), g.log_completions) if scored else ()
         return StepBatches(made, units, updates=g.num_iterations, tokens=tokens, samples=samples)
 
@@ -137,7 +140,8 @@ class GrpoStep(CausalLM.parts.step):
         logps, mask = -losses, completion_mask(batch)
         old = batch.get("old_logps", logps.detach())
         per_token, clipped = L.surrogate(logps, old, batch["advantages"], g.epsilon, g.resolved_epsilon_high())
-        metrics = G.rollout_metrics(batch["rollout_values"], weights, self.task.metric_names)
+        metrics = G.rollout_metrics(batch["rollout_values"], batch.get(flat_groups.ROLLOUT_WEIGHTS, weights),
+                                    self.task.metric_names)
         sampler = batch.get(G.SAMPLER_LOGPS)
         if sampler is not None:  # how far the sampler was from the trainer, and (on) the correction for it
             metrics.update(L.sampling_metrics(old, sampler, mask, weights))

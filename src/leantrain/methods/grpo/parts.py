@@ -16,6 +16,7 @@ import torch
 
 from leantrain.methods.grpo import env_rows
 from leantrain.methods.grpo import episodes as E
+from leantrain.methods.grpo import flat_groups
 from leantrain.methods.grpo import forward as F
 from leantrain.methods.grpo import rewards as R
 from leantrain.methods.grpo import rollout as G
@@ -206,13 +207,15 @@ class GrpoEvaluation(CausalLM.parts.evaluation):
 class GrpoReport(CausalLM.parts.report):
     def summary(self, label_names: list[str]) -> dict:
         """summary.json's ``train.generation``: the engine that sampled the completions (``paths.decode_step`` is
-        leantrain's own engine's step, which vLLM does not take)."""
+        leantrain's own engine's step, which vLLM does not take); ``train.zero_advantage_groups``: whether the groups
+        with every advantage 0 were trained or skipped (``flat_groups``)."""
         g = self.task.grpo
         engine = "vllm" if g.generation == "vllm" else "leantrain (decode.generate)"
         episodes = {"environment": g.environment, "max_turns": g.max_turns, "max_episode_tokens": g.episode_tokens(),
                     "tool_timeout": g.tool_timeout, "episode_cache": g.episode_cache} if g.environment else {}
         return {"generation": {"engine": engine, "max_new_tokens": g.max_new_tokens, "stop": list(g.stop),
-                               "importance_sampling": self.task.corrects_sampling, **episodes}}
+                               "importance_sampling": self.task.corrects_sampling, **episodes},
+                "zero_advantage_groups": "skipped" if flat_groups.skips(g) else "trained"}
 
     def saved_config(self, ev: dict | None) -> dict:
         g = self.task.grpo
