@@ -33,6 +33,8 @@ Contenders:
   base       no training: the held-out reward of the base model (the bar both must clear)
   full_ckpt, lora_ckpt   (not run by default: --only) leantrain with efficiency.gradient_checkpointing=true, TRL's
              default: what the memory gap is made of
+  full_every, lora_every (not run by default: --only) leantrain with grpo.skip_zero_advantage=off: every group
+             trained, its flat groups (every advantage 0, no gradient) too, as TRL does: what skipping them saves
 
 Measured, the same way for every contender: tokens/s = the prompt + completion tokens of the rollouts (prompt
 tokens without padding, completion tokens up to and including the first EOS) over the seconds of the training loop,
@@ -60,7 +62,7 @@ from benchmarks.driver.tables import median, ratio as ratio_of
 from benchmarks.driver.trl import bench_main, leantrain_eval, leantrain_train, loop_clock, run_worker, script_parser
 
 START = time.perf_counter()
-CONTENDERS = ["trl_full", "full", "trl_lora", "lora", "base"]  # full_ckpt, lora_ckpt: by --only
+CONTENDERS = ["trl_full", "full", "trl_lora", "lora", "base"]  # full_ckpt, lora_ckpt, full_every, lora_every: --only
 MODEL, SEED = "smollm2-135m", 0
 REWARD = "benchmarks/against/grpo_reward.py:correct"
 LORA = {"r": 16, "alpha": 32, "dropout": 0.05,
@@ -183,13 +185,15 @@ def run_leantrain(args, name: str, out: Path) -> dict:
     lora = ["peft.method=lora", f"peft.r={LORA['r']}", f"peft.alpha={LORA['alpha']}", f"peft.dropout={LORA['dropout']}",
             f"peft.target_modules=[{','.join(LORA['targets'])}]"] if name.startswith("lora") else []
     ckpt = ["efficiency.gradient_checkpointing=true"] if name.endswith("_ckpt") else []
+    every = ["grpo.skip_zero_advantage=off"] if name.endswith("_every") else []
     summary, result = leantrain_train(
         args, out, f"model.name={MODEL}", f"data.train={train}", f"data.eval={held_out}", "data.max_eval_samples=4",
         "data.batching=dynamic", f"train.batch_size={args.prompts}", f"train.micro_batch_size={args.prompts}",
         "train.epochs=1", f"train.lr={args.lr_lora if lora else args.lr_full}", "optim.warmup_ratio=0",
         "optim.weight_decay=0", f"train.seed={SEED}", "train.log_every_steps=1", *grpo_overrides(args),
         f"grpo.num_generations={args.generations}", "grpo.loss=dapo", "grpo.beta=0", "grpo.temperature=1.0",
-        "report.plots=false", "report.progress=plain", "checkpoint.every_steps=0", *lora, *ckpt, *args.leantrain_set)
+        "report.plots=false", "report.progress=plain", "checkpoint.every_steps=0", *lora, *ckpt, *every,
+        *args.leantrain_set)
     tr = summary["train"]
     records = [json.loads(line) for line in open(out / "run" / "metrics.jsonl")]
     rewards = [r["reward"] for r in records if r.get("type") == "train" and "reward" in r]

@@ -1,7 +1,7 @@
 """grpo.generation=vllm against leantrain's own engine, in one process on this machine: the vLLM engine's build time,
 the time to push the trained weights into it (what every GRPO step after an update pays), and tokens/s of the same
 sampling (N prompts x G completions x T new tokens, fp32, temperature 1, no EOS: every row T tokens) through both.
-Rounds alternate the two engines; the median is reported. Run it in the vLLM environment (``make test-vllm`` builds
+Rounds alternate the two engines after a warm-up round of at most 16 new tokens; the median is reported. Run it in the vLLM environment (``make test-vllm`` builds
 ``.venv-vllm``), from the repository root:
 
     VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m benchmarks.speed.vllm_generation            # a tiny Llama
@@ -66,12 +66,14 @@ def main() -> None:
         pushes.append(time.perf_counter() - start)
 
     rates = {"vllm": [], "leantrain": []}
-    engines = {"vllm": lambda g: vllm_generate(model, ids, mask, **call, generator=g, settings=settings),
-               "leantrain": lambda g: generate(model, ids, mask, **call, generator=g)}
-    for round_ in range(args.rounds + 1):  # round 0 warms up
+    warm = dict(call, sampling=Sampling(min(16, args.tokens), temperature=1.0))
+    engines = {"vllm": lambda g, w: vllm_generate(model, ids, mask, **(warm if w else call), generator=g,
+                                                  settings=settings),
+               "leantrain": lambda g, w: generate(model, ids, mask, **(warm if w else call), generator=g)}
+    for round_ in range(args.rounds + 1):  # round 0 warms up, on at most 16 new tokens
         for name, run in engines.items():
             start = time.perf_counter()
-            out = run(torch.Generator().manual_seed(round_))
+            out = run(torch.Generator().manual_seed(round_), round_ == 0)
             seconds = time.perf_counter() - start
             if round_:
                 rates[name].append(int(out.completion_mask.sum()) / seconds)
