@@ -104,15 +104,19 @@ def test_rloo_advantages_train_and_are_recorded_in_the_saved_model(grpo, monkeyp
     assert "RLOO's leave-one-out baseline" in (out / "model" / "README.md").read_text()
 
 
-def test_groups_with_nothing_to_learn_skipped_train_the_model_that_training_them_gives(grpo):
+@pytest.mark.parametrize("extra", [(), ("peft.method=lora", "peft.r=4", "peft.dropout=0", "grpo.num_iterations=2")],
+                         ids=["full", "lora-two-updates"])
+def test_groups_with_nothing_to_learn_skipped_train_the_model_that_training_them_gives(grpo, extra):
     """The default (grpo.skip_zero_advantage=auto, beta 0, loss dapo) against every group trained: the same
-    completions and rewards, the same losses and weights to rounding (fp32), for a run where groups were flat."""
+    completions and rewards, the same losses and weights to rounding (fp32), for a run where groups were flat; with
+    LoRA and two updates per rollout too (the sampling model's log-probs computed on the trained groups only; no
+    LoRA dropout: its masks follow the rows of each micro-batch)."""
     root, _, _ = grpo
     runs = {}
     for mode in ("auto", "off"):
-        out = root / f"flat-{mode}"
+        out = root / f"flat-{mode}-{len(extra)}"
         summary = train(None, grpo_args(root, out, "train.max_steps=3", f"grpo.skip_zero_advantage={mode}",
-                                        f"grpo.rewards=[{root / 'rewards.py'}:has_digit]"))
+                                        f"grpo.rewards=[{root / 'rewards.py'}:has_digit]", *extra))
         runs[mode] = ([r for r in read_metrics(out / "metrics.jsonl") if r["type"] == "train"], model_params(out),
                       summary)
     (skipped, weights, summary), (every, want, plain) = runs["auto"], runs["off"]

@@ -13,9 +13,9 @@ completion's tokens still count under ``dapo``), the tokens tokens/s credits, th
 ``ROLLOUT_WEIGHTS``), the optimizer step (a process with no group left to train runs one token of a flat group
 weighing 0 instead: every process runs as many forwards and backwards, every weight gets its gradient of 0 and the
 optimizer steps as it would, Adam's moments included).
-What changes: the loss and its gradient to rounding (the groups are trained in other micro-batches), and the
-token metrics of the forward (``entropy``, ``clip_ratio``, ``sampling/*``) are over the trained groups (NaN on a
-step with none).
+What changes: the loss and its gradient to rounding (the groups are trained in other micro-batches; under dropout
+the masks drawn differ with the rows: the same gradient in distribution), and the token metrics of the forward
+(``entropy``, ``clip_ratio``, ``sampling/*``) are over the trained groups (NaN on a step with none).
 
 Never with ``beta > 0`` (the KL term has a gradient at advantage 0) or ``loss=bnpo`` (each micro-batch's token mean:
 its value depends on the rows in it): ``skips``.
