@@ -28,6 +28,7 @@ import math
 import torch
 
 from leantrain.methods.grpo import forward as F
+from leantrain.methods.grpo.rollout import stacked
 
 ROLLOUT_WEIGHTS = "rollout_weights"  # (rows,) the weights of a micro-batch's ``rollout_values`` rows, when those are
 # not its trained rows (skipped groups' values go with the first micro-batch)
@@ -55,10 +56,11 @@ def trained(made: list[dict], num_generations: int, pad_id: int, accelerator) ->
     micro-batches, as ``rollout.training_rows`` made them) packed into micro-batches of as many prompts, as many
     as the process that needs most needs, a process with fewer padded with one token of a flat group weighing 0
     (``weightless``); every row's rollout values go with the first. ``made`` itself when every group learns."""
-    flags = [learning(b, num_generations).cpu() for b in made]
+    prompts = [b[F.PROMPT_IDS].shape[0] for b in made]
+    flags = torch.cat([learning(b, num_generations) for b in made]).cpu().split(prompts)  # one host read
     keep = [(i, j) for i, f in enumerate(flags) for j in torch.nonzero(f).flatten().tolist()]
     flat = [(i, j) for i, f in enumerate(flags) for j in torch.nonzero(~f).flatten().tolist()]
-    per = max(b[F.PROMPT_IDS].shape[0] for b in made)
+    per = max(prompts)
     needed = agreed(max(1, math.ceil(len(keep) / per)), accelerator)
     if not flat:
         return made
@@ -80,15 +82,9 @@ def weightless(made: list[dict], group: tuple[int, int]) -> dict:
     of exactly 0 at the cost of one token."""
     i, j = group
     row = j * F.group_size(made[i])  # the group's first
-    out = {}
-    for key, value in made[i].items():
-        if key in PROMPT_KEYS:
-            out[key] = value[j:j + 1]
-        elif isinstance(value, torch.Tensor) and value.dim() >= 1:
-            first = value[row:row + 1]
-            out[key] = first[:, :1] if value.dim() == 2 and key != "rollout_values" else first
-        else:
-            out[key] = value
+    cut = {"prompt": lambda v: v[j:j + 1], "tokens": lambda v: v[row:row + 1, :1], "rows": lambda v: v[row:row + 1],
+           "other": lambda v: v}
+    out = {key: cut[kind(key, value)](value) for key, value in made[i].items()}
     out["loss_weight"] = torch.zeros_like(out["loss_weight"])
     return out
 
@@ -109,21 +105,24 @@ def gathered(made: list[dict], groups: list[tuple[int, int]], num_generations: i
     g = num_generations
     out = {}
     for key, value in made[groups[0][0]].items():
-        if key in PROMPT_KEYS:
-            parts = [made[i][key][j:j + 1] for i, j in groups]
-            out[key] = padded(parts, pad_id if key == F.PROMPT_IDS else 0, left=True)
-        elif isinstance(value, torch.Tensor) and value.dim() >= 1:
-            parts = [made[i][key][j * g:(j + 1) * g] for i, j in groups]
-            fill = pad_id if key == F.COMPLETION_IDS else ROW_FILL.get(key, 0)
-            out[key] = padded(parts, fill, left=False) if value.dim() == 2 and key != "rollout_values" \
-                else torch.cat(parts)
-        else:
+        part = kind(key, value)
+        if part == "prompt":
+            out[key] = stacked([made[i][key][j:j + 1] for i, j in groups], pad_id if key == F.PROMPT_IDS else 0,
+                               left=True)
+        elif part == "other":
             out[key] = value
+        else:
+            rows = [made[i][key][j * g:(j + 1) * g] for i, j in groups]
+            fill = pad_id if key == F.COMPLETION_IDS else ROW_FILL.get(key, 0)
+            out[key] = stacked(rows, fill, left=False) if part == "tokens" else torch.cat(rows)
     return out
 
 
-def padded(parts: list[torch.Tensor], fill, left: bool) -> torch.Tensor:  # noqa: ANN001 - a number
-    """``(rows, width)`` tensors stacked, each padded with ``fill`` to the widest (on the left or the right)."""
-    width = max(p.shape[1] for p in parts)
-    pads = [(width - p.shape[1], 0) if left else (0, width - p.shape[1]) for p in parts]
-    return torch.cat([torch.nn.functional.pad(p, pad, value=fill) for p, pad in zip(parts, pads)])
+def kind(key: str, value) -> str:  # noqa: ANN001 - a tensor or anything a batch carries
+    """What a training micro-batch's entry holds: ``prompt`` (N, P) left-padded, ``tokens`` (N*G, C) one value per
+    completion position, ``rows`` (N*G, ...) one per completion, ``other`` (not per prompt or row)."""
+    if key in PROMPT_KEYS:
+        return "prompt"
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return "other"
+    return "tokens" if value.dim() == 2 and key != "rollout_values" else "rows"

@@ -67,16 +67,15 @@ class GrpoStep(CausalLM.parts.step):
         lap = ctx.lap or (lambda phase, synced=False: None)
         scored = self.sample_and_score(model, acc, micro_batches, generator, ctx.step + 1, lap, ctx.generating)
         batch_std = G.global_std(scored, acc)
-        made = []
+        made, pad = [], pad_id(self.task.tokenizer())
         for s in scored:
             adv, std = L.advantages(s.rewards, g.num_generations, g.scale_rewards, batch_std, g.advantage)
-            made.append(G.training_rows(s, adv, std, batch_std, pad_id(self.task.tokenizer()), g.mask_truncated,
-                                        g.num_generations))
+            made.append(G.training_rows(s, adv, std, batch_std, pad, g.mask_truncated, g.num_generations))
         tokens = sum(int(G.tokens(rows)) for rows in made)  # every row's, and the loss's denominator over every row
         units = torch.stack([L.count(completion_mask(b), b["loss_weight"], g.loss, g.max_new_tokens)
                              for b in made]).sum()
         if flat_groups.skips(g):  # groups with every advantage 0 have no gradient: not computed
-            made = flat_groups.trained(made, g.num_generations, pad_id(self.task.tokenizer()), acc)
+            made = flat_groups.trained(made, g.num_generations, pad, acc)
         for rows in made:
             with acc.autocast():
                 if g.num_iterations > 1:

@@ -65,13 +65,15 @@ def repeat(values: list, times: int) -> list:
 def joined_prompts(batches: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The left-padded prompts of several micro-batches as one batch (ids, mask), each left-padded again to the
     longest: one generation for the step's prompts."""
-    width = max(b["prompt_input_ids"].shape[1] for b in batches)
-    ids, masks = [], []
-    for b in batches:
-        extra = width - b["prompt_input_ids"].shape[1]
-        ids.append(torch.nn.functional.pad(b["prompt_input_ids"], (extra, 0), value=pad_id))
-        masks.append(torch.nn.functional.pad(b["prompt_attention_mask"], (extra, 0), value=0))
-    return torch.cat(ids), torch.cat(masks)
+    return (stacked([b["prompt_input_ids"] for b in batches], pad_id, left=True),
+            stacked([b["prompt_attention_mask"] for b in batches], 0, left=True))
+
+
+def stacked(parts: list[torch.Tensor], fill, left: bool) -> torch.Tensor:  # noqa: ANN001 - a number
+    """``(rows, width)`` tensors as one, each padded with ``fill`` to the widest (on the left or the right)."""
+    width = max(p.shape[1] for p in parts)
+    pads = [(width - p.shape[1], 0) if left else (0, width - p.shape[1]) for p in parts]
+    return torch.cat([torch.nn.functional.pad(p, pad, value=fill) for p, pad in zip(parts, pads)])
 
 
 def split(rollout: Rollout, rows: list[int]) -> list[Rollout]:
